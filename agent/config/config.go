@@ -1,0 +1,68 @@
+// Package config holds the settings of `mqlet agent`: their defaults, the YAML config file, the
+// MQLET_* environment variables and the command-line flags, merged in that order of precedence
+// and validated as a whole before the agent touches anything, the way kubelet validates its
+// KubeletConfiguration at start.
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Config is the effective configuration of the agent. The JSON tags are the YAML keys of the
+// config file (sigs.k8s.io/yaml goes through JSON).
+type Config struct {
+	NodeName            string   `json:"nodeName"`
+	StateDir            string   `json:"stateDir"`
+	ContainerdAddress   string   `json:"containerdAddress"`
+	ContainerdNamespace string   `json:"containerdNamespace"`
+	ManifestDir         string   `json:"manifestDir"`
+	ImagePreloadDir     string   `json:"imagePreloadDir"`
+	APISocket           string   `json:"apiSocket"`
+	LogLevel            string   `json:"logLevel"`
+	LogFormat           string   `json:"logFormat"`
+	Once                bool     `json:"once"`
+	OnceTimeout         Duration `json:"onceTimeout"`
+	RelistPeriod        Duration `json:"relistPeriod"`
+	ContainerdTimeout   Duration `json:"containerdTimeout"`
+	PlainHTTPRegistries []string `json:"plainHTTPRegistries"`
+	RegistryCAFile      string   `json:"registryCAFile"`
+}
+
+// Defaults returns the built-in settings. NodeName comes from the hostname, lowercased because
+// node names must be DNS-1123 subdomains and many boards ship with names like "RaspberryPi";
+// if the hostname cannot be read it is left empty and Validate asks for --node-name.
+func Defaults() Config {
+	host, _ := os.Hostname()
+	return Config{
+		NodeName:            strings.ToLower(host),
+		StateDir:            "/var/lib/mqlet",
+		ContainerdAddress:   "/run/containerd/containerd.sock",
+		ContainerdNamespace: "mqlet",
+		ManifestDir:         "/etc/mqlet/pods",
+		ImagePreloadDir:     "/var/lib/mqlet/images",
+		APISocket:           "/run/mqlet/mqlet.sock",
+		LogLevel:            "info",
+		LogFormat:           "text",
+		Once:                false,
+		OnceTimeout:         Duration{5 * time.Minute},
+		RelistPeriod:        Duration{10 * time.Second},
+		ContainerdTimeout:   Duration{10 * time.Second},
+		PlainHTTPRegistries: nil,
+		RegistryCAFile:      "",
+	}
+}
+
+// StatePath is the bbolt database that holds desired pods, statuses and the outbox.
+func (c Config) StatePath() string { return filepath.Join(c.StateDir, "state.db") }
+
+// LogDir is where container logs are written, one directory per pod.
+func (c Config) LogDir() string { return filepath.Join(c.StateDir, "logs") }
+
+// ContainerdSocketPath is ContainerdAddress without an optional "unix://" prefix, which is what
+// the containerd client dials.
+func (c Config) ContainerdSocketPath() string {
+	return strings.TrimPrefix(c.ContainerdAddress, "unix://")
+}

@@ -1,0 +1,343 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Flags is embedded in the kong command of `mqlet agent`. The setting flags are pointers (and a
+// slice) so that an absent flag stays nil and does not override the file or the environment;
+// for that reason none of them has a kong `default` tag and the defaults are written in the help.
+type Flags struct {
+	Config string `name:"config" env:"MQLET_CONFIG" placeholder:"FILE" help:"YAML config file (see configs/mqlet.yaml); flags and MQLET_* variables override it (default none)."`
+
+	NodeName            *string        `name:"node-name" placeholder:"NAME" help:"Name of this node, a DNS-1123 subdomain (default the hostname, lowercased)."`
+	StateDir            *string        `name:"state-dir" placeholder:"DIR" help:"Directory for the state database and container logs (default /var/lib/mqlet)."`
+	ContainerdAddress   *string        `name:"containerd-address" placeholder:"SOCKET" help:"containerd socket, a path or unix://path (default /run/containerd/containerd.sock)."`
+	ContainerdNamespace *string        `name:"containerd-namespace" placeholder:"NS" help:"containerd namespace that holds mqlet's containers and images (default mqlet)."`
+	ManifestDir         *string        `name:"manifest-dir" placeholder:"DIR" help:"Directory of static pod manifests (default /etc/mqlet/pods)."`
+	ImagePreloadDir     *string        `name:"image-preload-dir" placeholder:"DIR" help:"Image archives imported at start when not already present (default /var/lib/mqlet/images)."`
+	APISocket           *string        `name:"api-socket" placeholder:"SOCKET" help:"Unix socket of the local API used by the mqlet CLI (default /run/mqlet/mqlet.sock)."`
+	LogLevel            *string        `name:"log-level" placeholder:"LEVEL" help:"Log level: debug, info, warn or error (default info)."`
+	LogFormat           *string        `name:"log-format" placeholder:"FORMAT" help:"Log format: text or json (default text)."`
+	Once                *bool          `name:"once" help:"Start the pods once, wait for them to run or finish, then exit (default false)."`
+	OnceTimeout         *time.Duration `name:"once-timeout" placeholder:"DURATION" help:"How long --once waits for the pods (default 5m)."`
+	RelistPeriod        *time.Duration `name:"relist-period" placeholder:"DURATION" help:"Period of the containerd relist that catches missed events, at least 1s (default 10s)."`
+	ContainerdTimeout   *time.Duration `name:"containerd-timeout" placeholder:"DURATION" help:"Timeout for connecting to containerd (default 10s)."`
+	PlainHTTPRegistries []string       `name:"plain-http-registry" placeholder:"HOST[:PORT]" help:"Registry pulled over plain HTTP instead of TLS; repeatable or comma-separated (default none)."`
+	RegistryCAFile      *string        `name:"registry-ca-file" placeholder:"FILE" help:"Extra CA bundle (PEM) trusted for TLS registries (default none)."`
+}
+
+// setting ties one Config field to its YAML key, flag and environment variable, so that every
+// message can name a setting the way the user may have written it.
+type setting struct {
+	key   string
+	flag  string
+	env   string
+	field func(c *Config) any // pointer to the Config field
+}
+
+func settings() []setting {
+	return []setting{
+		{"nodeName", "node-name", "MQLET_NODE_NAME", func(c *Config) any { return &c.NodeName }},
+		{"stateDir", "state-dir", "MQLET_STATE_DIR", func(c *Config) any { return &c.StateDir }},
+		{"containerdAddress", "containerd-address", "MQLET_CONTAINERD_ADDRESS", func(c *Config) any { return &c.ContainerdAddress }},
+		{"containerdNamespace", "containerd-namespace", "MQLET_CONTAINERD_NAMESPACE", func(c *Config) any { return &c.ContainerdNamespace }},
+		{"manifestDir", "manifest-dir", "MQLET_MANIFEST_DIR", func(c *Config) any { return &c.ManifestDir }},
+		{"imagePreloadDir", "image-preload-dir", "MQLET_IMAGE_PRELOAD_DIR", func(c *Config) any { return &c.ImagePreloadDir }},
+		{"apiSocket", "api-socket", "MQLET_API_SOCKET", func(c *Config) any { return &c.APISocket }},
+		{"logLevel", "log-level", "MQLET_LOG_LEVEL", func(c *Config) any { return &c.LogLevel }},
+		{"logFormat", "log-format", "MQLET_LOG_FORMAT", func(c *Config) any { return &c.LogFormat }},
+		{"once", "once", "MQLET_ONCE", func(c *Config) any { return &c.Once }},
+		{"onceTimeout", "once-timeout", "MQLET_ONCE_TIMEOUT", func(c *Config) any { return &c.OnceTimeout }},
+		{"relistPeriod", "relist-period", "MQLET_RELIST_PERIOD", func(c *Config) any { return &c.RelistPeriod }},
+		{"containerdTimeout", "containerd-timeout", "MQLET_CONTAINERD_TIMEOUT", func(c *Config) any { return &c.ContainerdTimeout }},
+		{"plainHTTPRegistries", "plain-http-registry", "MQLET_PLAIN_HTTP_REGISTRIES", func(c *Config) any { return &c.PlainHTTPRegistries }},
+		{"registryCAFile", "registry-ca-file", "MQLET_REGISTRY_CA_FILE", func(c *Config) any { return &c.RegistryCAFile }},
+	}
+}
+
+const (
+	envPrefix     = "MQLET_"
+	envConfig     = "MQLET_CONFIG"
+	envTestPrefix = "MQLET_TEST_"
+)
+
+// Load builds the effective config: Defaults, then the YAML file (f.Config, or MQLET_CONFIG from
+// environ when the flag is empty), then MQLET_* variables from environ, then the flags that were
+// given; then it validates. Every problem found is reported, joined into one error, so that a
+// broken unit file is fixed in one round trip instead of one error per restart.
+func Load(f Flags, environ []string) (Config, error) {
+	c := Defaults()
+	origin := map[string]string{} // YAML key -> where its current value came from
+	env := parseEnviron(environ)
+	var errs []error
+
+	path := f.Config
+	if path == "" {
+		path = env[envConfig]
+	}
+	if path != "" {
+		errs = append(errs, applyFile(&c, origin, path)...)
+	}
+	errs = append(errs, applyEnv(&c, origin, env)...)
+	applyFlags(&c, origin, f)
+
+	for _, fe := range c.validate() {
+		fe.Origin = origin[fe.Key]
+		errs = append(errs, fe)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+// parseEnviron turns os.Environ-style entries into a map; the first entry for a name wins, as
+// with os.Getenv.
+func parseEnviron(environ []string) map[string]string {
+	env := make(map[string]string, len(environ))
+	for _, kv := range environ {
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok {
+			continue
+		}
+		if _, seen := env[name]; !seen {
+			env[name] = value
+		}
+	}
+	return env
+}
+
+func applyFile(c *Config, origin map[string]string, path string) []error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return []error{fmt.Errorf("config file (--config): %w", err)}
+	}
+	// Strict conversion rejects duplicate keys, which otherwise silently keep the last one.
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return []error{fmt.Errorf("config file %s: %w", path, err)}
+	}
+	if string(js) == "null" { // empty or comments-only file
+		return nil
+	}
+	// Decoding key by key, rather than into Config at once, lets each error name its key
+	// (encoding/json drops the field name from errors returned by UnmarshalJSON) and
+	// matches keys exactly (encoding/json would accept "statedir" for "stateDir").
+	var doc map[string]json.RawMessage
+	if err := json.Unmarshal(js, &doc); err != nil {
+		return []error{fmt.Errorf("config file %s: top level must be a mapping of settings: %w", path, err)}
+	}
+	byKey := map[string]setting{}
+	for _, s := range settings() {
+		byKey[s.key] = s
+	}
+	keys := make([]string, 0, len(doc))
+	for k := range doc {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var errs []error
+	for _, k := range keys {
+		s, ok := byKey[k]
+		if !ok {
+			errs = append(errs, fmt.Errorf("config file %s: unknown key %q%s", path, k, suggestKey(k)))
+			continue
+		}
+		if string(doc[k]) == "null" {
+			continue // "key:" with no value leaves the setting unset, as in Kubernetes objects
+		}
+		if err := decodeJSONValue(doc[k], s.field(c)); err != nil {
+			errs = append(errs, fmt.Errorf("config file %s: key %s: %w", path, k, err))
+			continue
+		}
+		origin[k] = "config file " + path
+	}
+	return errs
+}
+
+// decodeJSONValue decodes one value into a temporary so a bad value leaves the field untouched.
+func decodeJSONValue(raw json.RawMessage, dst any) error {
+	switch p := dst.(type) {
+	case *string:
+		var v string
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return fmt.Errorf("got %s, want a string%s", describeJSON(raw), quoteHint(raw))
+		}
+		*p = v
+	case *bool:
+		var v bool
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return fmt.Errorf("got %s, want true or false", describeJSON(raw))
+		}
+		*p = v
+	case *Duration:
+		var v Duration
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return err
+		}
+		*p = v
+	case *[]string:
+		var v []string
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return fmt.Errorf("got %s, want a list of strings", describeJSON(raw))
+		}
+		if len(v) == 0 {
+			v = nil // "[]" and an absent key mean the same
+		}
+		*p = v
+	default:
+		panic(fmt.Sprintf("config: no decoder for %T", dst))
+	}
+	return nil
+}
+
+// describeJSON names the YAML type of a value converted to JSON, for type-mismatch messages.
+func describeJSON(raw json.RawMessage) string {
+	kind := "a number"
+	switch raw[0] {
+	case '"':
+		kind = "a string"
+	case 't', 'f':
+		kind = "a bool"
+	case '[':
+		kind = "a list"
+	case '{':
+		kind = "a mapping"
+	}
+	return fmt.Sprintf("%s (%s)", kind, raw)
+}
+
+// quoteHint explains the classic YAML trap: unquoted yes/no/on/off are booleans and 0755 or
+// 1e3 are numbers, so a string setting needs quotes.
+func quoteHint(raw json.RawMessage) string {
+	switch raw[0] {
+	case '"', '[', '{':
+		return ""
+	}
+	return "; quote the value in YAML"
+}
+
+func suggestKey(k string) string {
+	for _, s := range settings() {
+		if strings.EqualFold(s.key, k) {
+			return fmt.Sprintf(" (did you mean %q? keys are case-sensitive)", s.key)
+		}
+	}
+	return ""
+}
+
+func applyEnv(c *Config, origin map[string]string, env map[string]string) []error {
+	byEnv := map[string]setting{}
+	for _, s := range settings() {
+		byEnv[s.env] = s
+	}
+	names := make([]string, 0, len(env))
+	for name := range env {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var errs []error
+	for _, name := range names {
+		if !strings.HasPrefix(name, envPrefix) || name == envConfig || strings.HasPrefix(name, envTestPrefix) {
+			continue
+		}
+		s, ok := byEnv[name]
+		if !ok {
+			// A typo in a unit file's Environment= would otherwise be ignored without a trace.
+			errs = append(errs, fmt.Errorf("unknown environment variable %s (MQLET_* variables are reserved for settings; see mqlet agent --help)", name))
+			continue
+		}
+		if err := setFromString(s.field(c), env[name]); err != nil {
+			errs = append(errs, fmt.Errorf("environment variable %s=%q (%s, --%s): %w", name, env[name], s.key, s.flag, err))
+			continue
+		}
+		origin[s.key] = "environment variable " + name
+	}
+	return errs
+}
+
+func setFromString(dst any, s string) error {
+	switch p := dst.(type) {
+	case *string:
+		*p = s
+	case *bool:
+		v, err := strconv.ParseBool(s)
+		if err != nil {
+			return errors.New("not a bool: want true or false")
+		}
+		*p = v
+	case *Duration:
+		v, err := parseDuration(s)
+		if err != nil {
+			return err
+		}
+		p.Duration = v
+	case *[]string:
+		*p = splitList(s)
+	default:
+		panic(fmt.Sprintf("config: no parser for %T", dst))
+	}
+	return nil
+}
+
+// splitList splits a comma-separated list, dropping blanks so "a, b," means [a b].
+func splitList(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+func applyFlags(c *Config, origin map[string]string, f Flags) {
+	str := func(dst *string, v *string, key, flag string) {
+		if v != nil {
+			*dst = *v
+			origin[key] = "flag --" + flag
+		}
+	}
+	dur := func(dst *Duration, v *time.Duration, key, flag string) {
+		if v != nil {
+			dst.Duration = *v
+			origin[key] = "flag --" + flag
+		}
+	}
+	str(&c.NodeName, f.NodeName, "nodeName", "node-name")
+	str(&c.StateDir, f.StateDir, "stateDir", "state-dir")
+	str(&c.ContainerdAddress, f.ContainerdAddress, "containerdAddress", "containerd-address")
+	str(&c.ContainerdNamespace, f.ContainerdNamespace, "containerdNamespace", "containerd-namespace")
+	str(&c.ManifestDir, f.ManifestDir, "manifestDir", "manifest-dir")
+	str(&c.ImagePreloadDir, f.ImagePreloadDir, "imagePreloadDir", "image-preload-dir")
+	str(&c.APISocket, f.APISocket, "apiSocket", "api-socket")
+	str(&c.LogLevel, f.LogLevel, "logLevel", "log-level")
+	str(&c.LogFormat, f.LogFormat, "logFormat", "log-format")
+	if f.Once != nil {
+		c.Once = *f.Once
+		origin["once"] = "flag --once"
+	}
+	dur(&c.OnceTimeout, f.OnceTimeout, "onceTimeout", "once-timeout")
+	dur(&c.RelistPeriod, f.RelistPeriod, "relistPeriod", "relist-period")
+	dur(&c.ContainerdTimeout, f.ContainerdTimeout, "containerdTimeout", "containerd-timeout")
+	if f.PlainHTTPRegistries != nil {
+		// Repeated flags replace the list from the file/env rather than extend it, so the
+		// command line alone shows the whole effective list.
+		c.PlainHTTPRegistries = nil
+		for _, r := range f.PlainHTTPRegistries {
+			c.PlainHTTPRegistries = append(c.PlainHTTPRegistries, splitList(r)...)
+		}
+		origin["plainHTTPRegistries"] = "flag --plain-http-registry"
+	}
+	str(&c.RegistryCAFile, f.RegistryCAFile, "registryCAFile", "registry-ca-file")
+}
