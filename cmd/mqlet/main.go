@@ -1,13 +1,45 @@
+// Command mqlet is the edge agent (`mqlet agent`) and its local CLI.
 package main
 
 import (
-	_ "github.com/alecthomas/kong"
-	_ "github.com/containerd/containerd"
-	_ "github.com/fsnotify/fsnotify"
-	_ "go.etcd.io/bbolt"
-	_ "k8s.io/api/core/v1"
-	_ "k8s.io/apimachinery/pkg/util/yaml"
-	_ "sigs.k8s.io/yaml"
+	"fmt"
+	"os"
+
+	"github.com/alecthomas/kong"
 )
 
-func main() {}
+// Stamped by the Makefile with -ldflags "-X main.version=... -X main.commit=...".
+var (
+	version = "dev"
+	commit  = "unknown"
+)
+
+type cli struct {
+	Agent    AgentCmd    `cmd:"" help:"Run the agent daemon."`
+	Pods     PodsCmd     `cmd:"" help:"List the pods of the local agent."`
+	Describe DescribeCmd `cmd:"" help:"Show details of an object of the local agent."`
+	Image    ImageCmd    `cmd:"" help:"Import and list images in containerd (works without the agent)."`
+	Version  VersionCmd  `cmd:"" help:"Print the version."`
+}
+
+// VersionCmd prints the build's version and commit.
+type VersionCmd struct{}
+
+// Run prints "mqlet VERSION (commit COMMIT)".
+func (VersionCmd) Run() error {
+	fmt.Printf("mqlet %s (commit %s)\n", version, commit)
+	return nil
+}
+
+func main() {
+	var c cli
+	ctx := kong.Parse(&c,
+		kong.Name("mqlet"),
+		kong.Description("mqlet runs Kubernetes pods on containerd on edge devices."),
+		kong.UsageOnError(),
+	)
+	if err := ctx.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "mqlet:", err)
+		os.Exit(1)
+	}
+}

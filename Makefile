@@ -1,0 +1,52 @@
+# mqlet build, test and demo. Everything that needs root-level set-up (containerd, registry, test
+# images) is done by scripts/testenv.sh, which both `make demo` and `make test` call.
+SHELL := /bin/bash
+export PATH := /usr/local/go/bin:$(PATH)
+
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+GOBUILD := CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)"
+TESTENV := /run/mqlet-test/env
+
+.PHONY: build cross test unit demo demo-down bench testenv testenv-down vet clean
+
+build:
+	$(GOBUILD) -o bin/mqlet ./cmd/mqlet
+
+cross:
+	GOOS=linux GOARCH=amd64 $(GOBUILD) -o bin/mqlet-linux-amd64 ./cmd/mqlet
+	GOOS=linux GOARCH=arm64 $(GOBUILD) -o bin/mqlet-linux-arm64 ./cmd/mqlet
+	GOOS=linux GOARCH=arm GOARM=7 $(GOBUILD) -o bin/mqlet-linux-armv7 ./cmd/mqlet
+	@ls -l bin/mqlet-linux-*
+
+testenv:
+	bash scripts/testenv.sh
+
+testenv-down:
+	bash scripts/testenv-down.sh
+
+# All tests, against the real containerd and registry that testenv starts. MQLET_TEST_REQUIRE makes
+# a missing environment a failure instead of a skip.
+test: testenv
+	set -a && . $(TESTENV) && set +a && MQLET_TEST_REQUIRE=1 go test -count=1 -timeout 20m ./...
+
+# Pure-logic tests only; no containerd needed.
+unit:
+	go test -count=1 -short ./...
+
+demo: build testenv
+	bash scripts/demo.sh
+
+demo-down:
+	bash scripts/demo.sh down
+
+bench: testenv
+	bash scripts/bench.sh
+
+vet:
+	go vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+
+clean:
+	rm -rf bin

@@ -1,0 +1,372 @@
+// Package agent is the kubelet core of mqlet: it takes desired pods from its sources, records them
+// in the store before acting, and runs one pod worker per pod against containerd. Data flows one
+// way: source -> store -> workers -> containerd; containerd events and relists -> status -> store.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mqlet/mqlet/agent/manifest"
+	"github.com/mqlet/mqlet/agent/pod"
+	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/hw"
+	"github.com/mqlet/mqlet/store"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// fileSource prefixes the store's Source of pods that come from the manifest dir.
+const fileSource = "file:"
+
+// Options are the parts of the configuration the core needs.
+type Options struct {
+	NodeName     string
+	ManifestDir  string
+	PreloadDir   string
+	RelistPeriod time.Duration
+	Log          *slog.Logger
+}
+
+// Agent runs pods. Create it with New, then Run.
+type Agent struct {
+	opts Options
+	rt   *runtime.Runtime
+	db   *store.DB
+	log  *slog.Logger
+	src  *manifest.Dir
+
+	mu      sync.Mutex
+	workers map[types.UID]*pod.Worker
+	desired map[types.UID]store.DesiredPod
+	runCtx  context.Context
+	wg      sync.WaitGroup
+
+	synced   atomic.Bool // the manifest dir was read once and workers started
+	relistOK atomic.Bool
+	problems atomic.Pointer[[]manifest.Problem]
+	hostIP   string
+}
+
+// New wires an agent from an open store and a connected runtime; it owns neither.
+func New(opts Options, rt *runtime.Runtime, db *store.DB) *Agent {
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.RelistPeriod == 0 {
+		opts.RelistPeriod = 10 * time.Second
+	}
+	return &Agent{
+		opts: opts, rt: rt, db: db, log: opts.Log,
+		src:     manifest.NewDir(opts.ManifestDir, opts.NodeName),
+		workers: map[types.UID]*pod.Worker{},
+		desired: map[types.UID]store.DesiredPod{},
+		hostIP:  hw.HostIP(),
+	}
+}
+
+// Run restores pods from the store, then follows the manifest dir and containerd until ctx ends.
+// On return pods keep running, as with kubelet: stopping the agent is not stopping the workload.
+func (a *Agent) Run(ctx context.Context) error {
+	if err := a.start(ctx); err != nil {
+		return err
+	}
+	go a.followEvents(ctx)
+	go a.relistLoop(ctx)
+	err := a.src.Watch(ctx, 30*time.Second, func(s manifest.Snapshot) { a.applySnapshot(s) })
+	a.wg.Wait()
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// start restores workers for every desired pod in the store before any source is read, so a node
+// that boots with no network and an unreadable manifest dir still runs what it ran before.
+func (a *Agent) start(ctx context.Context) error {
+	a.runCtx = ctx
+	a.preload(ctx)
+	pods, err := a.db.ListDesired()
+	if err != nil {
+		return err
+	}
+	statuses, err := a.db.ListStatus()
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, d := range pods {
+		a.desired[d.Pod.UID] = d
+		a.startWorker(d.Pod, statuses[d.Pod.UID])
+	}
+	a.log.Info("restored pods from the store", "pods", len(pods))
+	return a.removeOrphans(ctx)
+}
+
+// preload imports image archives dropped in the preload dir (OTA images, offline factory nodes)
+// that containerd does not have yet. A bad archive is logged and skipped: it must not stop the node.
+func (a *Agent) preload(ctx context.Context) {
+	if a.opts.PreloadDir == "" {
+		return
+	}
+	entries, err := os.ReadDir(a.opts.PreloadDir)
+	if err != nil {
+		if !os.IsNotExist(err) {
+			a.log.Warn("image preload dir unreadable", "dir", a.opts.PreloadDir, "err", err)
+		}
+		return
+	}
+	for _, e := range entries {
+		if e.IsDir() || !(strings.HasSuffix(e.Name(), ".tar") || strings.HasSuffix(e.Name(), ".tar.gz")) {
+			continue
+		}
+		path := filepath.Join(a.opts.PreloadDir, e.Name())
+		names, err := a.rt.ImportArchiveIfMissing(ctx, path)
+		if err != nil {
+			a.log.Error("image preload failed", "archive", path, "err", err)
+			continue
+		}
+		if len(names) > 0 {
+			a.log.Info("preloaded images", "archive", path, "images", names)
+		}
+	}
+}
+
+// startWorker must be called with a.mu held.
+func (a *Agent) startWorker(p *v1.Pod, prev *v1.PodStatus) {
+	w := pod.NewWorker(p, prev, pod.Env{
+		Runtime:  a.rt,
+		Log:      a.log,
+		HostIP:   a.hostIP,
+		OnStatus: a.onStatus,
+		OnGone:   a.onGone,
+	})
+	a.workers[p.UID] = w
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		w.Run(a.runCtx)
+	}()
+}
+
+func (a *Agent) onStatus(p *v1.Pod, st v1.PodStatus) {
+	if err := a.db.PutStatus(p.UID, &st); err != nil {
+		a.log.Error("store pod status", "pod", p.Namespace+"/"+p.Name, "err", err)
+	}
+}
+
+func (a *Agent) onGone(p *v1.Pod) {
+	if err := a.db.DeleteStatus(p.UID); err != nil {
+		a.log.Error("delete pod status", "pod", p.Namespace+"/"+p.Name, "err", err)
+	}
+	a.mu.Lock()
+	// A pod re-added while it was terminating gets a fresh worker from its desired entry.
+	delete(a.workers, p.UID)
+	d, again := a.desired[p.UID]
+	if again && a.runCtx.Err() == nil {
+		a.startWorker(d.Pod, nil)
+	}
+	a.mu.Unlock()
+}
+
+// applySnapshot makes the store's file-sourced desired pods equal to the manifest dir, then tells
+// workers. The store is written first so that what runs is always what the store says.
+func (a *Agent) applySnapshot(s manifest.Snapshot) {
+	probs := s.Problems
+	a.problems.Store(&probs)
+	for _, p := range s.Problems {
+		a.log.Error("manifest rejected", "problem", p.Error())
+	}
+	want := make([]store.DesiredPod, 0, len(s.Pods))
+	for _, p := range s.Pods {
+		want = append(want, store.DesiredPod{Pod: p.Pod, Source: p.Source()})
+	}
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var changed []store.DesiredPod
+	keep := map[types.UID]bool{}
+	for _, d := range want {
+		keep[d.Pod.UID] = true
+		if old, ok := a.desired[d.Pod.UID]; !ok || old.Source != d.Source || configHash(old.Pod) != configHash(d.Pod) {
+			changed = append(changed, d)
+		}
+	}
+	var gone []types.UID
+	for uid, d := range a.desired {
+		if strings.HasPrefix(d.Source, fileSource) && !keep[uid] {
+			gone = append(gone, uid)
+		}
+	}
+	if len(changed) > 0 || len(gone) > 0 {
+		if _, err := a.db.ReplaceDesired(fileSource, want); err != nil {
+			// Acting on pods the store does not hold would break restore-after-reboot.
+			a.log.Error("store desired pods; not acting on the manifest change", "err", err)
+			return
+		}
+	}
+	for _, d := range changed {
+		a.desired[d.Pod.UID] = d
+		if w, ok := a.workers[d.Pod.UID]; ok {
+			w.Update(d.Pod)
+		} else {
+			a.startWorker(d.Pod, nil)
+		}
+	}
+	for _, uid := range gone {
+		delete(a.desired, uid)
+		if w, ok := a.workers[uid]; ok {
+			w.Delete()
+		}
+	}
+	a.synced.Store(true)
+}
+
+func configHash(p *v1.Pod) string {
+	if h := p.Annotations["kubernetes.io/config.hash"]; h != "" {
+		return h
+	}
+	return fmt.Sprint(p.Spec)
+}
+
+// followEvents nudges the worker of a pod whose container exited or hit OOM, resubscribing when
+// containerd restarts.
+func (a *Agent) followEvents(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := a.rt.Events(ctx, func(e runtime.Event) {
+			w := a.workerForContainer(e.ContainerID)
+			if w == nil {
+				return
+			}
+			if e.OOM {
+				w.OOM(e.ContainerID)
+				return
+			}
+			w.Nudge()
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		a.log.Warn("containerd events lost; resubscribing", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// workerForContainer finds the pod by the container id's UID prefix (see runtime.ContainerID), so an
+// exit costs no containerd round trip.
+func (a *Agent) workerForContainer(id string) *pod.Worker {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for uid, w := range a.workers {
+		if strings.HasPrefix(id, runtime.ContainerIDPrefix(string(uid))) {
+			return w
+		}
+	}
+	return nil
+}
+
+// relistLoop is the safety net for missed events: every period it nudges all workers and removes
+// containers of pods nobody wants (deleted while the agent was down).
+func (a *Agent) relistLoop(ctx context.Context) {
+	t := time.NewTicker(a.opts.RelistPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.mu.Lock()
+		err := a.removeOrphans(ctx)
+		for _, w := range a.workers {
+			w.Nudge()
+		}
+		a.mu.Unlock()
+		a.relistOK.Store(err == nil)
+		if err != nil {
+			a.log.Warn("relist failed", "err", err)
+		}
+	}
+}
+
+// removeOrphans must be called with a.mu held.
+func (a *Agent) removeOrphans(ctx context.Context) error {
+	ctrs, err := a.rt.ListContainers(ctx, "")
+	if err != nil {
+		a.relistOK.Store(false)
+		return err
+	}
+	a.relistOK.Store(true)
+	var orphans []runtime.Container
+	for _, c := range ctrs {
+		if _, ok := a.workers[types.UID(c.PodUID)]; !ok {
+			orphans = append(orphans, c)
+		}
+	}
+	if len(orphans) == 0 {
+		return nil
+	}
+	go func() {
+		for _, c := range orphans {
+			a.log.Info("removing container of a pod that is no longer desired", "container", c.ID, "pod", c.PodNamespace+"/"+c.PodName)
+			if err := a.rt.StopContainer(ctx, c.ID, 30*time.Second); err != nil {
+				a.log.Warn("stop orphan", "container", c.ID, "err", err)
+			}
+			if err := a.rt.RemoveContainer(ctx, c.ID); err != nil {
+				a.log.Warn("remove orphan", "container", c.ID, "err", err)
+			}
+			a.rt.RemovePodNetNS(c.PodUID)
+		}
+	}()
+	return nil
+}
+
+// Pods returns every pod the agent manages with its latest status (api.Provider).
+func (a *Agent) Pods() []v1.Pod {
+	a.mu.Lock()
+	ws := make([]*pod.Worker, 0, len(a.workers))
+	for _, w := range a.workers {
+		ws = append(ws, w)
+	}
+	a.mu.Unlock()
+	out := make([]v1.Pod, 0, len(ws))
+	for _, w := range ws {
+		out = append(out, w.Pod())
+	}
+	slices.SortFunc(out, func(x, y v1.Pod) int {
+		return strings.Compare(x.Namespace+"/"+x.Name, y.Namespace+"/"+y.Name)
+	})
+	return out
+}
+
+// Problems returns the manifests rejected in the last scan.
+func (a *Agent) Problems() []manifest.Problem {
+	if p := a.problems.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Ready is nil once the manifest dir has been read and containerd answers (api.Provider).
+func (a *Agent) Ready() error {
+	switch {
+	case !a.synced.Load():
+		return errors.New("manifest dir not read yet")
+	case !a.relistOK.Load():
+		return errors.New("containerd is not answering")
+	}
+	return nil
+}

@@ -1,0 +1,97 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// RunOnce is kubelet's --runonce: start the manifest dir's pods, wait until each is running or
+// finished (or has failed to start), and return them. The pods are left as they are.
+func (a *Agent) RunOnce(ctx context.Context, timeout time.Duration) ([]v1.Pod, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		cancel()
+		a.wg.Wait()
+	}()
+	if err := a.start(ctx); err != nil {
+		return nil, err
+	}
+	go a.followEvents(ctx)
+	snap, err := a.src.Scan()
+	if err != nil {
+		return nil, err
+	}
+	a.applySnapshot(snap)
+
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		pods := a.Pods()
+		settled := true
+		for i := range pods {
+			if _, done := OnceOutcome(&pods[i]); !done {
+				settled = false
+			}
+		}
+		if settled {
+			return pods, onceErr(pods)
+		}
+		select {
+		case <-ctx.Done():
+			return pods, ctx.Err()
+		case <-deadline.C:
+			return pods, fmt.Errorf("--once: pods not settled after %s", timeout)
+		case <-tick.C:
+		}
+	}
+}
+
+// OnceOutcome says whether a pod has settled for --once and whether it failed.
+func OnceOutcome(p *v1.Pod) (failed, done bool) {
+	switch p.Status.Phase {
+	case v1.PodSucceeded:
+		return false, true
+	case v1.PodFailed:
+		return true, true
+	}
+	all := append(append([]v1.ContainerStatus(nil), p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...)
+	if len(all) == 0 {
+		return false, false
+	}
+	running := true
+	for _, cs := range all {
+		if w := cs.State.Waiting; w != nil {
+			if w.Reason != "ContainerCreating" && w.Reason != "PodInitializing" {
+				return true, true // a start failure: ErrImagePull, CreateContainerConfigError, CrashLoopBackOff...
+			}
+			running = false
+		}
+	}
+	ready := true
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.State.Running == nil && cs.State.Terminated == nil {
+			ready = false
+		}
+	}
+	return false, running && ready && len(p.Status.ContainerStatuses) == len(p.Spec.Containers)
+}
+
+func onceErr(pods []v1.Pod) error {
+	var failed []string
+	for i := range pods {
+		if f, _ := OnceOutcome(&pods[i]); f {
+			failed = append(failed, pods[i].Namespace+"/"+pods[i].Name)
+		}
+	}
+	if len(failed) > 0 {
+		return errors.New("--once: pods failed: " + strings.Join(failed, ", "))
+	}
+	return nil
+}

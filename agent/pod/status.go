@@ -1,0 +1,148 @@
+// Package pod holds the per-pod worker that drives one pod's containers towards its spec, and the
+// pure functions that turn what it sees into a Kubernetes PodStatus.
+package pod
+
+import (
+	"fmt"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Phase follows kubelet's getPhase: which containers are waiting, running, or terminated, and
+// whether the restart policy will start the terminated ones again.
+func Phase(spec *v1.PodSpec, init []v1.ContainerStatus, ctrs []v1.ContainerStatus) v1.PodPhase {
+	for _, s := range init {
+		switch {
+		case s.State.Terminated != nil && s.State.Terminated.ExitCode == 0:
+			continue
+		case s.State.Terminated != nil && spec.RestartPolicy == v1.RestartPolicyNever:
+			return v1.PodFailed
+		default:
+			return v1.PodPending
+		}
+	}
+	var running, waiting, stopped, succeeded, unknown int
+	for _, s := range ctrs {
+		switch {
+		case s.State.Running != nil:
+			running++
+		case s.State.Terminated != nil:
+			stopped++
+			if s.State.Terminated.ExitCode == 0 {
+				succeeded++
+			}
+		case s.State.Waiting != nil:
+			if s.LastTerminationState.Terminated != nil {
+				stopped++ // waiting to restart after having run
+			} else {
+				waiting++
+			}
+		default:
+			unknown++
+		}
+	}
+	n := len(spec.Containers)
+	switch {
+	case waiting > 0 || unknown > 0 || len(ctrs) < n:
+		return v1.PodPending
+	case running > 0:
+		return v1.PodRunning
+	case running == 0 && stopped > 0:
+		if spec.RestartPolicy == v1.RestartPolicyAlways {
+			return v1.PodRunning // a restart is on its way
+		}
+		if stopped == succeeded {
+			return v1.PodSucceeded
+		}
+		if spec.RestartPolicy == v1.RestartPolicyNever {
+			return v1.PodFailed
+		}
+		return v1.PodRunning // OnFailure: the failed ones restart
+	}
+	return v1.PodPending
+}
+
+// Conditions are kubelet's pod conditions; readiness is "running" until probes exist.
+func Conditions(spec *v1.PodSpec, phase v1.PodPhase, init, ctrs []v1.ContainerStatus, prev []v1.PodCondition, now metav1.Time) []v1.PodCondition {
+	initialized := true
+	for _, s := range init {
+		if s.State.Terminated == nil || s.State.Terminated.ExitCode != 0 {
+			initialized = false
+		}
+	}
+	ready := len(ctrs) == len(spec.Containers)
+	for _, s := range ctrs {
+		if !s.Ready {
+			ready = false
+		}
+	}
+	if phase == v1.PodSucceeded || phase == v1.PodFailed {
+		ready = false
+	}
+	sandbox := phase != v1.PodSucceeded && phase != v1.PodFailed
+	conds := []v1.PodCondition{
+		cond(v1.PodReadyToStartContainers, sandbox, "", prev, now),
+		cond(v1.PodInitialized, initialized, "ContainersNotInitialized", prev, now),
+		cond(v1.PodReady, ready, "ContainersNotReady", prev, now),
+		cond(v1.ContainersReady, ready, "ContainersNotReady", prev, now),
+		cond(v1.PodScheduled, true, "", prev, now),
+	}
+	if phase == v1.PodSucceeded {
+		conds[2].Reason, conds[3].Reason = "PodCompleted", "PodCompleted"
+		conds[1].Reason = "PodCompleted"
+	}
+	return conds
+}
+
+// cond keeps the transition time of an unchanged condition, so that `describe` tells since when.
+func cond(t v1.PodConditionType, ok bool, reason string, prev []v1.PodCondition, now metav1.Time) v1.PodCondition {
+	c := v1.PodCondition{Type: t, Status: v1.ConditionFalse, LastTransitionTime: now}
+	if ok {
+		c.Status = v1.ConditionTrue
+	} else {
+		c.Reason = reason
+	}
+	for _, p := range prev {
+		if p.Type == t && p.Status == c.Status {
+			c.LastTransitionTime = p.LastTransitionTime
+		}
+	}
+	return c
+}
+
+// QOSClass follows Kubernetes' rules: Guaranteed when every container has equal cpu and memory
+// requests and limits, BestEffort when none has any, Burstable otherwise.
+func QOSClass(spec *v1.PodSpec) v1.PodQOSClass {
+	any, guaranteed := false, true
+	all := append(append([]v1.Container(nil), spec.InitContainers...), spec.Containers...)
+	for _, c := range all {
+		for _, r := range []v1.ResourceName{v1.ResourceCPU, v1.ResourceMemory} {
+			l, hasL := c.Resources.Limits[r]
+			q, hasQ := c.Resources.Requests[r]
+			if hasL || hasQ {
+				any = true
+			}
+			if !hasQ {
+				q, hasQ = l, hasL // requests default to limits
+			}
+			if !hasL || !hasQ || l.Cmp(q) != 0 {
+				guaranteed = false
+			}
+		}
+	}
+	switch {
+	case !any:
+		return v1.PodQOSBestEffort
+	case guaranteed:
+		return v1.PodQOSGuaranteed
+	}
+	return v1.PodQOSBurstable
+}
+
+
+// backoffMessage is kubelet's CrashLoopBackOff wording.
+func backoffMessage(d time.Duration, pod *v1.Pod, name string) string {
+	return fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", d, name, pod.Name, pod.Namespace, pod.UID)
+}

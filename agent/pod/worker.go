@@ -1,0 +1,564 @@
+package pod
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/mqlet/mqlet/agent/runtime"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Runtime is what a worker needs from the container runtime.
+type Runtime interface {
+	ListContainers(ctx context.Context, podUID string) ([]runtime.Container, error)
+	StartContainer(ctx context.Context, pod *v1.Pod, c *v1.Container, restarts int) (runtime.Container, error)
+	StopContainer(ctx context.Context, id string, grace time.Duration) error
+	RemoveContainer(ctx context.Context, id string) error
+	RemovePodFiles(pod *v1.Pod) error
+}
+
+// Kubelet's restart back-off: 10 s doubling to 5 min, forgotten after a container ran 10 min.
+const (
+	backoffInitial = 10 * time.Second
+	backoffMax     = 5 * time.Minute
+	backoffReset   = 10 * time.Minute
+	relistRetry    = time.Second
+)
+
+// Env is what the agent hands every worker.
+type Env struct {
+	Runtime Runtime
+	Log     *slog.Logger
+	HostIP  string
+	// OnStatus receives every status the worker computes that differs from the last one.
+	OnStatus func(pod *v1.Pod, st v1.PodStatus)
+	// OnGone is called once the pod's containers and files are gone after Delete.
+	OnGone func(pod *v1.Pod)
+}
+
+// record is what the worker remembers about one container name across attempts: containerd forgets
+// an attempt once we delete it, but its exit stays visible as lastState.
+type record struct {
+	startedAt  time.Time
+	startedID  string
+	last       *v1.ContainerStateTerminated
+	failure    *runtime.StartError
+	crashes    int // consecutive quick exits, for back-off
+	retryAt    time.Time
+	oomIDs     map[string]bool
+	terminated *v1.ContainerStateTerminated // final state when the policy says no restart
+}
+
+// Worker owns one pod: only its goroutine touches containerd for that pod, so one pod's slow pull or
+// long grace period never holds up another.
+type Worker struct {
+	env   Env
+	nudge chan struct{}
+
+	mu       sync.Mutex
+	pod      *v1.Pod
+	deleting bool
+	status   v1.PodStatus
+	ooms     []string
+
+	recs map[string]*record // loop-owned
+	done chan struct{}
+}
+
+// NewWorker starts nothing; call Run. prev is the status stored before an agent restart, if any,
+// so start times and last states survive the restart.
+func NewWorker(pod *v1.Pod, prev *v1.PodStatus, env Env) *Worker {
+	w := &Worker{env: env, nudge: make(chan struct{}, 1), pod: pod, recs: map[string]*record{}, done: make(chan struct{})}
+	if env.Log == nil {
+		w.env.Log = slog.Default()
+	}
+	w.env.Log = w.env.Log.With("pod", pod.Namespace+"/"+pod.Name)
+	if prev != nil {
+		w.status = *prev.DeepCopy()
+		for _, cs := range append(append([]v1.ContainerStatus(nil), prev.InitContainerStatuses...), prev.ContainerStatuses...) {
+			r := w.rec(cs.Name)
+			if cs.State.Running != nil {
+				r.startedAt = cs.State.Running.StartedAt.Time
+				r.startedID = trimID(cs.ContainerID)
+			}
+			if cs.State.Terminated != nil {
+				r.startedAt = cs.State.Terminated.StartedAt.Time
+				r.startedID = trimID(cs.ContainerID)
+			}
+			r.last = cs.LastTerminationState.Terminated
+		}
+	}
+	return w
+}
+
+func trimID(s string) string {
+	const p = "containerd://"
+	if len(s) > len(p) && s[:len(p)] == p {
+		return s[len(p):]
+	}
+	return s
+}
+
+func (w *Worker) rec(name string) *record {
+	r, ok := w.recs[name]
+	if !ok {
+		r = &record{oomIDs: map[string]bool{}}
+		w.recs[name] = r
+	}
+	return r
+}
+
+// Update hands the worker a new desired spec.
+func (w *Worker) Update(pod *v1.Pod) {
+	w.mu.Lock()
+	w.pod = pod
+	w.mu.Unlock()
+	w.Nudge()
+}
+
+// Delete asks the worker to stop the pod gracefully and remove it.
+func (w *Worker) Delete() {
+	w.mu.Lock()
+	w.deleting = true
+	w.mu.Unlock()
+	w.Nudge()
+}
+
+// Nudge asks for a sync soon; nudges while one is pending fold into it.
+func (w *Worker) Nudge() {
+	select {
+	case w.nudge <- struct{}{}:
+	default:
+	}
+}
+
+// OOM records that a container of this pod hit its memory limit, so its exit reads OOMKilled.
+func (w *Worker) OOM(containerID string) {
+	w.mu.Lock()
+	w.ooms = append(w.ooms, containerID)
+	w.mu.Unlock()
+	w.Nudge()
+}
+
+// Done is closed when Run returns.
+func (w *Worker) Done() <-chan struct{} { return w.done }
+
+// Pod returns the desired pod with its latest status.
+func (w *Worker) Pod() v1.Pod {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p := *w.pod.DeepCopy()
+	p.Status = *w.status.DeepCopy()
+	if w.deleting && p.DeletionTimestamp == nil {
+		now := metav1.Now()
+		p.DeletionTimestamp = &now
+	}
+	return p
+}
+
+// Run syncs on every nudge and on its own timers until the pod is deleted or ctx ends. Ending by
+// ctx (agent shutdown) leaves containers running, as kubelet does.
+func (w *Worker) Run(ctx context.Context) {
+	defer close(w.done)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.nudge:
+		case <-timer.C:
+		}
+		w.mu.Lock()
+		pod, deleting, ooms := w.pod, w.deleting, w.ooms
+		w.ooms = nil
+		w.mu.Unlock()
+		for _, id := range ooms {
+			for _, r := range w.recs {
+				r.oomIDs[id] = true
+			}
+		}
+		if deleting {
+			if w.terminate(ctx, pod) {
+				return
+			}
+			timer.Reset(relistRetry)
+			continue
+		}
+		next := w.sync(ctx, pod)
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		if next > 0 {
+			timer.Reset(next)
+		}
+	}
+}
+
+func grace(pod *v1.Pod) time.Duration {
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
+		return time.Duration(*g) * time.Second
+	}
+	return 30 * time.Second
+}
+
+// terminate stops every container of the pod in parallel, each with the pod's grace period, then
+// removes containers and pod files. It reports whether the pod is fully gone.
+func (w *Worker) terminate(ctx context.Context, pod *v1.Pod) bool {
+	ctrs, err := w.env.Runtime.ListContainers(ctx, string(pod.UID))
+	if err != nil {
+		w.env.Log.Error("terminate: list containers", "err", err)
+		return false
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(ctrs))
+	for i, c := range ctrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.env.Runtime.StopContainer(ctx, c.ID, grace(pod)); err != nil {
+				errs[i] = err
+				return
+			}
+			errs[i] = w.env.Runtime.RemoveContainer(ctx, c.ID)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		w.env.Log.Error("terminate", "err", err)
+		return false
+	}
+	if err := w.env.Runtime.RemovePodFiles(pod); err != nil {
+		w.env.Log.Warn("remove pod files", "err", err)
+	}
+	w.env.Log.Info("pod removed")
+	if w.env.OnGone != nil {
+		w.env.OnGone(pod)
+	}
+	return true
+}
+
+// sync moves the pod one step towards its spec and publishes the resulting status. It returns when
+// it wants to run again (0: only on a nudge).
+func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
+	observed, err := w.env.Runtime.ListContainers(ctx, string(pod.UID))
+	if err != nil {
+		w.env.Log.Error("list containers", "err", err)
+		return relistRetry
+	}
+	wanted := map[string]bool{}
+	for _, c := range pod.Spec.InitContainers {
+		wanted[c.Name] = true
+	}
+	for _, c := range pod.Spec.Containers {
+		wanted[c.Name] = true
+	}
+	// Keep only the newest attempt of each container; older ones and containers the spec no longer
+	// names are removed (stopped first, with the pod's grace period).
+	newest := map[string]*runtime.Container{}
+	sort.Slice(observed, func(i, j int) bool { return observed[i].RestartCount > observed[j].RestartCount })
+	for i := range observed {
+		c := &observed[i]
+		if _, dup := newest[c.Name]; dup || !wanted[c.Name] {
+			w.stopAndRemove(ctx, pod, c)
+			continue
+		}
+		newest[c.Name] = c
+	}
+
+	now := time.Now()
+	var next time.Duration
+	want := func(d time.Duration) {
+		if d > 0 && (next == 0 || d < next) {
+			next = d
+		}
+	}
+	initDone := true
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		cur := newest[c.Name]
+		if cur != nil && cur.State == runtime.StateExited && cur.ExitCode == 0 {
+			w.noteExit(c.Name, cur)
+			continue
+		}
+		initDone = false
+		want(w.reconcile(ctx, pod, c, cur, now))
+		break
+	}
+	if initDone {
+		for i := range pod.Spec.Containers {
+			c := &pod.Spec.Containers[i]
+			want(w.reconcile(ctx, pod, c, newest[c.Name], now))
+		}
+	}
+	// Observe again after acting, so the published status is what containerd now has.
+	if after, err := w.env.Runtime.ListContainers(ctx, string(pod.UID)); err == nil {
+		newest = map[string]*runtime.Container{}
+		for i := range after {
+			c := &after[i]
+			if o := newest[c.Name]; o == nil || c.RestartCount > o.RestartCount {
+				newest[c.Name] = c
+			}
+		}
+	}
+	w.publish(pod, newest, now)
+	return next
+}
+
+func (w *Worker) stopAndRemove(ctx context.Context, pod *v1.Pod, c *runtime.Container) {
+	if err := w.env.Runtime.StopContainer(ctx, c.ID, grace(pod)); err != nil {
+		w.env.Log.Error("stop container", "container", c.ID, "err", err)
+		return
+	}
+	if err := w.env.Runtime.RemoveContainer(ctx, c.ID); err != nil {
+		w.env.Log.Error("remove container", "container", c.ID, "err", err)
+	}
+}
+
+// noteExit remembers how an attempt ended, in Kubernetes' terms.
+func (w *Worker) noteExit(name string, cur *runtime.Container) *v1.ContainerStateTerminated {
+	r := w.rec(name)
+	reason := "Completed"
+	if cur.ExitCode != 0 {
+		reason = "Error"
+	}
+	if r.oomIDs[cur.ID] {
+		reason = "OOMKilled"
+	}
+	started := r.startedAt
+	if r.startedID != cur.ID || started.IsZero() {
+		started = cur.CreatedAt
+	}
+	t := &v1.ContainerStateTerminated{
+		ExitCode: cur.ExitCode, Reason: reason, ContainerID: "containerd://" + cur.ID,
+		StartedAt: metav1.NewTime(started), FinishedAt: metav1.NewTime(cur.ExitedAt),
+	}
+	if cur.ExitCode > 128 && cur.ExitCode < 160 {
+		t.Signal = cur.ExitCode - 128
+	}
+	return t
+}
+
+func shouldRestart(policy v1.RestartPolicy, exit int32) bool {
+	switch policy {
+	case v1.RestartPolicyNever:
+		return false
+	case v1.RestartPolicyOnFailure:
+		return exit != 0
+	}
+	return true
+}
+
+// reconcile brings one container towards its spec and returns when to look again.
+func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cur *runtime.Container, now time.Time) time.Duration {
+	r := w.rec(c.Name)
+	hash := runtime.SpecHash(pod, c)
+	attempt := 0
+	if cur != nil {
+		attempt = cur.RestartCount + 1
+		switch {
+		case cur.Hash != hash:
+			w.env.Log.Info("container spec changed; recreating", "container", c.Name)
+			w.stopAndRemove(ctx, pod, cur)
+			r.crashes, r.retryAt, r.failure = 0, time.Time{}, nil
+		case cur.State == runtime.StateRunning:
+			r.failure, r.terminated = nil, nil
+			if r.startedID != cur.ID {
+				r.startedID, r.startedAt = cur.ID, cur.CreatedAt // adopted from an earlier agent
+			}
+			return 0
+		case cur.State == runtime.StateExited:
+			t := w.noteExit(c.Name, cur)
+			if !shouldRestart(pod.Spec.RestartPolicy, cur.ExitCode) {
+				r.terminated = t
+				return 0
+			}
+			if !r.terminatedAt(cur) {
+				// First look at this exit: decide the back-off.
+				ran := t.FinishedAt.Sub(t.StartedAt.Time)
+				if ran >= backoffReset {
+					r.crashes = 0
+				}
+				r.retryAt = cur.ExitedAt.Add(backoffDelay(r.crashes))
+				r.crashes++
+				r.terminated = t
+			}
+			if wait := r.retryAt.Sub(now); wait > 0 {
+				r.last = t
+				return wait
+			}
+			r.last = t
+			w.stopAndRemove(ctx, pod, cur)
+		default: // created but never started, or its task vanished (containerd restart, reboot)
+			w.stopAndRemove(ctx, pod, cur)
+		}
+	} else if r.failure != nil && now.Before(r.retryAt) {
+		return r.retryAt.Sub(now)
+	}
+
+	started, err := w.env.Runtime.StartContainer(ctx, pod, c, attempt)
+	if err != nil {
+		var se *runtime.StartError
+		if !errors.As(err, &se) {
+			se = &runtime.StartError{Reason: "RunContainerError", Err: err}
+		}
+		r.crashes++
+		r.failure = se
+		r.retryAt = now.Add(backoffDelay(r.crashes))
+		w.env.Log.Warn("container failed to start", "container", c.Name, "reason", se.Reason, "err", se.Err)
+		return r.retryAt.Sub(now)
+	}
+	r.failure, r.terminated, r.retryAt = nil, nil, time.Time{}
+	r.startedID, r.startedAt = started.ID, time.Now()
+	w.env.Log.Info("container started", "container", c.Name, "id", started.ID, "restarts", attempt)
+	return 0
+}
+
+// terminatedAt reports whether the recorded terminal state already describes this attempt.
+func (r *record) terminatedAt(cur *runtime.Container) bool {
+	return r.terminated != nil && r.terminated.ContainerID == "containerd://"+cur.ID
+}
+
+func backoffDelay(crashes int) time.Duration {
+	if crashes <= 0 {
+		return 0
+	}
+	d := backoffInitial
+	for i := 1; i < crashes && d < backoffMax; i++ {
+		d *= 2
+	}
+	return min(d, backoffMax)
+}
+
+// publish computes the pod status from what containerd shows and hands it on when it changed.
+func (w *Worker) publish(pod *v1.Pod, newest map[string]*runtime.Container, now time.Time) {
+	init := make([]v1.ContainerStatus, 0, len(pod.Spec.InitContainers))
+	for i := range pod.Spec.InitContainers {
+		init = append(init, w.containerStatus(pod, &pod.Spec.InitContainers[i], newest[pod.Spec.InitContainers[i].Name], now))
+	}
+	ctrs := make([]v1.ContainerStatus, 0, len(pod.Spec.Containers))
+	for i := range pod.Spec.Containers {
+		ctrs = append(ctrs, w.containerStatus(pod, &pod.Spec.Containers[i], newest[pod.Spec.Containers[i].Name], now))
+	}
+
+	w.mu.Lock()
+	prev := w.status
+	w.mu.Unlock()
+	st := v1.PodStatus{
+		Phase:                 Phase(&pod.Spec, init, ctrs),
+		HostIP:                w.env.HostIP,
+		InitContainerStatuses: init,
+		ContainerStatuses:     ctrs,
+		QOSClass:              QOSClass(&pod.Spec),
+		StartTime:             prev.StartTime,
+	}
+	if st.HostIP != "" {
+		st.HostIPs = []v1.HostIP{{IP: st.HostIP}}
+	}
+	if pod.Spec.HostNetwork && st.HostIP != "" {
+		st.PodIP, st.PodIPs = st.HostIP, []v1.PodIP{{IP: st.HostIP}}
+	}
+	if st.StartTime == nil {
+		t := metav1.NewTime(now)
+		st.StartTime = &t
+	}
+	st.Conditions = Conditions(&pod.Spec, st.Phase, init, ctrs, prev.Conditions, metav1.NewTime(now))
+	if len(init) == 0 {
+		st.InitContainerStatuses = nil
+	}
+	if equalStatus(&prev, &st) {
+		return
+	}
+	w.mu.Lock()
+	w.status = st
+	w.mu.Unlock()
+	if w.env.OnStatus != nil {
+		w.env.OnStatus(pod, st)
+	}
+}
+
+func equalStatus(a, b *v1.PodStatus) bool {
+	return fmt.Sprint(a.Phase, a.ContainerStatuses, a.InitContainerStatuses, condStates(a.Conditions), a.PodIP, a.HostIP) ==
+		fmt.Sprint(b.Phase, b.ContainerStatuses, b.InitContainerStatuses, condStates(b.Conditions), b.PodIP, b.HostIP)
+}
+
+func condStates(cs []v1.PodCondition) string {
+	s := ""
+	for _, c := range cs {
+		s += string(c.Type) + "=" + string(c.Status) + c.Reason + ";"
+	}
+	return s
+}
+
+func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *runtime.Container, now time.Time) v1.ContainerStatus {
+	r := w.rec(c.Name)
+	cs := v1.ContainerStatus{Name: c.Name, Image: c.Image}
+	if r.last != nil {
+		cs.LastTerminationState.Terminated = r.last
+	}
+	f := false
+	cs.Started = &f
+	if cur != nil {
+		cs.ContainerID = "containerd://" + cur.ID
+		cs.RestartCount = int32(cur.RestartCount)
+		cs.ImageID = cur.Image
+		switch cur.State {
+		case runtime.StateRunning:
+			started := r.startedAt
+			if r.startedID != cur.ID || started.IsZero() {
+				started = cur.CreatedAt
+			}
+			t := true
+			cs.Started, cs.Ready = &t, true
+			cs.State.Running = &v1.ContainerStateRunning{StartedAt: metav1.NewTime(started)}
+			return cs
+		case runtime.StateExited:
+			t := w.noteExit(c.Name, cur)
+			if shouldRestart(pod.Spec.RestartPolicy, cur.ExitCode) && now.Before(r.retryAt) {
+				cs.LastTerminationState.Terminated = t
+				cs.State.Waiting = &v1.ContainerStateWaiting{Reason: "CrashLoopBackOff",
+					Message: backoffMessage(r.retryAt.Sub(cur.ExitedAt).Round(time.Second), pod, c.Name)}
+				return cs
+			}
+			cs.State.Terminated = t
+			return cs
+		}
+	}
+	if r.failure != nil {
+		reason := r.failure.Reason
+		// kubelet shows ErrImagePull when a pull fails and ImagePullBackOff while it waits to retry.
+		if reason == "ErrImagePull" && now.After(r.retryAt.Add(-backoffDelay(r.crashes)+time.Second)) {
+			reason = "ImagePullBackOff"
+		}
+		cs.State.Waiting = &v1.ContainerStateWaiting{Reason: reason, Message: r.failure.Err.Error()}
+		return cs
+	}
+	if r.terminated != nil && cur == nil {
+		cs.State.Terminated = r.terminated
+		return cs
+	}
+	reason := "ContainerCreating"
+	if len(pod.Spec.InitContainers) > 0 && !isInit(pod, c.Name) {
+		reason = "PodInitializing"
+	}
+	cs.State.Waiting = &v1.ContainerStateWaiting{Reason: reason}
+	return cs
+}
+
+func isInit(pod *v1.Pod, name string) bool {
+	for _, c := range pod.Spec.InitContainers {
+		if c.Name == name {
+			return true
+		}
+	}
+	return false
+}

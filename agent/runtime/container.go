@@ -1,0 +1,288 @@
+package runtime
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd"
+	tasks "github.com/containerd/containerd/api/services/tasks/v1"
+	tasktypes "github.com/containerd/containerd/api/types/task"
+	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/errdefs"
+	v1 "k8s.io/api/core/v1"
+)
+
+// State of a container as containerd reports it.
+type State int
+
+const (
+	StateCreated State = iota // container exists, task not started (or gone without exit info)
+	StateRunning
+	StateExited
+)
+
+// Container is what mqlet finds in containerd for one pod container.
+type Container struct {
+	ID           string
+	PodUID       string
+	PodName      string
+	PodNamespace string
+	Name         string
+	Hash         string
+	RestartCount int
+	Image        string // image name as created from
+	ImageID      string // image digest
+	LogPath      string
+	CreatedAt    time.Time
+	State        State
+	Pid          uint32
+	ExitCode     int32
+	ExitedAt     time.Time
+}
+
+// ContainerID names the containerd container for attempt n of a pod container. It is derived, not
+// random, so that a crash between create and record cannot leave an orphan nobody recognises.
+func ContainerID(podUID, name string, attempt int) string {
+	short := ContainerIDPrefix(podUID)
+	if len(name) > 48 { // containerd ids stop at 76 characters
+		sum := sha256.Sum256([]byte(name))
+		name = name[:40] + "-" + hex.EncodeToString(sum[:])[:7]
+	}
+	return fmt.Sprintf("%s%s-%d", short, name, attempt)
+}
+
+// ContainerIDPrefix is the part of every container id of a pod that names the pod, so a containerd
+// event can be routed to its pod without a lookup.
+func ContainerIDPrefix(podUID string) string {
+	if len(podUID) > 13 {
+		podUID = podUID[:13]
+	}
+	return podUID + "-"
+}
+
+// StartError carries kubelet's waiting reason for a container that could not be started.
+type StartError struct {
+	Reason string // ErrImagePull, ErrImageNeverPull, InvalidImageName, CreateContainerConfigError, CreateContainerError, RunContainerError
+	Err    error
+}
+
+func (e *StartError) Error() string { return e.Reason + ": " + e.Err.Error() }
+func (e *StartError) Unwrap() error { return e.Err }
+
+// StartContainer pulls if needed, creates and starts attempt `restarts` of container c of pod.
+func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, c *v1.Container, restarts int) (Container, error) {
+	ctx = r.ctx(ctx)
+	img, err := r.EnsureImage(ctx, c.Image, c.ImagePullPolicy)
+	if err != nil {
+		reason := "ErrImagePull"
+		switch {
+		case errors.Is(err, ErrImageNeverPull):
+			reason = "ErrImageNeverPull"
+		case errors.Is(err, ErrInvalidImage):
+			reason = "InvalidImageName"
+		}
+		return Container{}, &StartError{reason, err}
+	}
+	netns := ""
+	if !pod.Spec.HostNetwork {
+		if netns, err = r.EnsurePodNetNS(string(pod.UID)); err != nil {
+			return Container{}, &StartError{"CreateContainerError", err}
+		}
+	}
+	id := ContainerID(string(pod.UID), c.Name, restarts)
+	opts, err := r.specOpts(pod, c, img, netns, id)
+	if err != nil {
+		return Container{}, &StartError{"CreateContainerConfigError", err}
+	}
+	logPath := r.logPath(pod, c.Name, restarts)
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+		return Container{}, &StartError{"CreateContainerError", err}
+	}
+	labels := map[string]string{
+		LabelPodUID:        string(pod.UID),
+		LabelPodName:       pod.Name,
+		LabelPodNamespace:  pod.Namespace,
+		LabelContainerName: c.Name,
+		LabelSpecHash:      SpecHash(pod, c),
+		LabelRestartCount:  strconv.Itoa(restarts),
+		LabelLogPath:       logPath,
+	}
+	// A leftover with this id (agent killed between create and start) is ours and stale.
+	r.removeByID(ctx, id)
+	ctr, err := r.client.NewContainer(ctx, id,
+		containerd.WithImage(img),
+		containerd.WithNewSnapshot(id, img),
+		containerd.WithNewSpec(opts...),
+		containerd.WithContainerLabels(labels),
+	)
+	if err != nil {
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			return Container{}, &StartError{"CreateContainerConfigError", err}
+		}
+		return Container{}, &StartError{"CreateContainerError", fmt.Errorf("create container %s: %w", id, err)}
+	}
+	task, err := ctr.NewTask(ctx, cio.LogFile(logPath))
+	if err != nil {
+		ctr.Delete(ctx, containerd.WithSnapshotCleanup)
+		return Container{}, &StartError{"RunContainerError", fmt.Errorf("create task %s: %w", id, err)}
+	}
+	if err := task.Start(ctx); err != nil {
+		task.Delete(ctx, containerd.WithProcessKill)
+		ctr.Delete(ctx, containerd.WithSnapshotCleanup)
+		return Container{}, &StartError{"RunContainerError", fmt.Errorf("start task %s: %w", id, err)}
+	}
+	digest := img.Target().Digest.String()
+	return Container{
+		ID: id, PodUID: string(pod.UID), PodName: pod.Name, PodNamespace: pod.Namespace, Name: c.Name,
+		Hash: labels[LabelSpecHash], RestartCount: restarts, Image: img.Name(), ImageID: img.Name() + "@" + digest,
+		LogPath: logPath, CreatedAt: time.Now(), State: StateRunning, Pid: task.Pid(),
+	}, nil
+}
+
+func (r *Runtime) logPath(pod *v1.Pod, name string, restarts int) string {
+	return filepath.Join(r.podLogDir(pod), name, strconv.Itoa(restarts)+".log")
+}
+
+// podLogDir follows kubelet's /var/log/pods naming so log tooling finds its way around.
+func (r *Runtime) podLogDir(pod *v1.Pod) string {
+	return filepath.Join(r.opts.StateDir, "logs", fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, pod.UID))
+}
+
+// ListContainers returns the mqlet containers in the namespace (of one pod when podUID is set, else
+// all) with their task state, in two calls to containerd however many containers there are.
+func (r *Runtime) ListContainers(ctx context.Context, podUID string) ([]Container, error) {
+	ctx = r.ctx(ctx)
+	filter := fmt.Sprintf("labels.%q", LabelPodUID)
+	if podUID != "" {
+		filter = fmt.Sprintf("labels.%q==%q", LabelPodUID, podUID)
+	}
+	ctrs, err := r.client.ContainerService().List(ctx, filter)
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	tasks, err := r.client.TaskService().List(ctx, &tasks.ListTasksRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("list tasks: %w", err)
+	}
+	byID := make(map[string]*tasktypes.Process, len(tasks.Tasks))
+	for _, t := range tasks.Tasks {
+		byID[t.ID] = t
+	}
+	out := make([]Container, 0, len(ctrs))
+	for _, c := range ctrs {
+		l := c.Labels
+		rc, _ := strconv.Atoi(l[LabelRestartCount])
+		ct := Container{
+			ID: c.ID, PodUID: l[LabelPodUID], PodName: l[LabelPodName], PodNamespace: l[LabelPodNamespace],
+			Name: l[LabelContainerName], Hash: l[LabelSpecHash], RestartCount: rc, Image: c.Image,
+			LogPath: l[LabelLogPath], CreatedAt: c.CreatedAt, State: StateCreated,
+		}
+		if t, ok := byID[c.ID]; ok {
+			ct.Pid = t.Pid
+			switch t.Status {
+			case tasktypes.Status_RUNNING, tasktypes.Status_PAUSED, tasktypes.Status_PAUSING:
+				ct.State = StateRunning
+			case tasktypes.Status_STOPPED:
+				ct.State = StateExited
+				ct.ExitCode = int32(t.ExitStatus)
+				if t.ExitedAt != nil {
+					ct.ExitedAt = t.ExitedAt.AsTime()
+				}
+			}
+		}
+		out = append(out, ct)
+	}
+	return out, nil
+}
+
+// StopContainer sends SIGTERM, waits up to grace, then SIGKILL, and deletes the task. The container
+// record and snapshot stay, so its last state can still be read; RemoveContainer deletes them.
+func (r *Runtime) StopContainer(ctx context.Context, id string, grace time.Duration) error {
+	ctx = r.ctx(ctx)
+	ctr, err := r.client.LoadContainer(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("stop %s: %w", id, err)
+	}
+	task, err := ctr.Task(ctx, nil)
+	if errdefs.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("stop %s: %w", id, err)
+	}
+	st, err := task.Status(ctx)
+	if err == nil && st.Status == containerd.Running {
+		wait, err := task.Wait(ctx)
+		if err != nil {
+			return fmt.Errorf("stop %s: wait: %w", id, err)
+		}
+		if err := task.Kill(ctx, syscall.SIGTERM); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("stop %s: SIGTERM: %w", id, err)
+		}
+		timer := time.NewTimer(grace)
+		select {
+		case <-wait:
+		case <-timer.C:
+			r.log.Info("grace period over, killing", "container", id, "grace", grace)
+			if err := task.Kill(ctx, syscall.SIGKILL); err != nil && !errdefs.IsNotFound(err) {
+				return fmt.Errorf("stop %s: SIGKILL: %w", id, err)
+			}
+			select {
+			case <-wait:
+			case <-time.After(10 * time.Second):
+				return fmt.Errorf("stop %s: still running 10s after SIGKILL", id)
+			}
+		case <-ctx.Done():
+			timer.Stop()
+			return ctx.Err()
+		}
+		timer.Stop()
+	}
+	if _, err := task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("stop %s: delete task: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// RemoveContainer stops (SIGKILL) whatever runs and deletes the container and its snapshot.
+func (r *Runtime) RemoveContainer(ctx context.Context, id string) error {
+	return r.removeByID(r.ctx(ctx), id)
+}
+
+func (r *Runtime) removeByID(ctx context.Context, id string) error {
+	ctr, err := r.client.LoadContainer(ctx, id)
+	if errdefs.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("remove %s: %w", id, err)
+	}
+	if task, err := ctr.Task(ctx, nil); err == nil {
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("remove %s: delete task: %w", id, err)
+		}
+	}
+	if err := ctr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("remove %s: %w", id, err)
+	}
+	return nil
+}
+
+// RemovePodFiles deletes the pod's hosts file, emptyDir volumes, logs and network namespace.
+func (r *Runtime) RemovePodFiles(pod *v1.Pod) error {
+	errs := []error{r.RemovePodNetNS(string(pod.UID))}
+	errs = append(errs, os.RemoveAll(r.podDir(string(pod.UID))))
+	errs = append(errs, os.RemoveAll(r.podLogDir(pod)))
+	return errors.Join(errs...)
+}

@@ -1,0 +1,226 @@
+package runtime
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/remotes"
+	"github.com/containerd/platforms"
+	"github.com/containerd/containerd/remotes/docker"
+	"github.com/distribution/reference"
+	v1 "k8s.io/api/core/v1"
+)
+
+// RegistryOptions say how to reach registries. Pulls are anonymous for now.
+type RegistryOptions struct {
+	PlainHTTP []string // host[:port] spoken to over plain HTTP
+	CAFile    string   // extra PEM bundle trusted for TLS registries
+}
+
+// Errors that map onto kubelet's image waiting reasons.
+var (
+	ErrImageNeverPull = errors.New("image is not present and imagePullPolicy is Never")
+	ErrInvalidImage   = errors.New("invalid image name")
+)
+
+// NormalizeImage turns a pod's image into the full name containerd stores ("busybox" ->
+// "docker.io/library/busybox:latest").
+func NormalizeImage(image string) (string, error) {
+	named, err := reference.ParseDockerRef(image)
+	if err != nil {
+		return "", fmt.Errorf("%w %q: %v", ErrInvalidImage, image, err)
+	}
+	return named.String(), nil
+}
+
+type pull struct {
+	done chan struct{}
+	img  containerd.Image
+	err  error
+}
+
+// EnsureImage returns the image for a container, pulling it according to policy. Concurrent calls for
+// one image share a single pull, so twenty pods of one image cost one download.
+func (r *Runtime) EnsureImage(ctx context.Context, image string, policy v1.PullPolicy) (containerd.Image, error) {
+	ref, err := NormalizeImage(image)
+	if err != nil {
+		return nil, err
+	}
+	ctx = r.ctx(ctx)
+	local, lerr := r.client.GetImage(ctx, ref)
+	if lerr != nil && !errdefs.IsNotFound(lerr) {
+		return nil, fmt.Errorf("look up image %s: %w", ref, lerr)
+	}
+	switch {
+	case policy == v1.PullNever && local == nil:
+		return nil, fmt.Errorf("%s: %w", ref, ErrImageNeverPull)
+	case policy == v1.PullAlways:
+		img, err := r.pullShared(ctx, ref)
+		if err != nil && local != nil {
+			// An edge node is often offline. kubelet would fail the pod here; we run the copy we
+			// have, because a reboot without network must not take down a pod that ran before.
+			r.log.Warn("pull failed; using the local copy of the image", "image", ref, "err", err)
+			return local, r.unpack(ctx, local)
+		}
+		return img, err
+	case local != nil:
+		return local, r.unpack(ctx, local)
+	default:
+		return r.pullShared(ctx, ref)
+	}
+}
+
+func (r *Runtime) unpack(ctx context.Context, img containerd.Image) error {
+	ok, err := img.IsUnpacked(ctx, r.opts.Snapshotter)
+	if err != nil || ok {
+		return err
+	}
+	if err := img.Unpack(ctx, r.opts.Snapshotter); err != nil {
+		return fmt.Errorf("unpack image %s: %w", img.Name(), err)
+	}
+	return nil
+}
+
+func (r *Runtime) pullShared(ctx context.Context, ref string) (containerd.Image, error) {
+	r.pulls.Lock()
+	if p, ok := r.pulling[ref]; ok {
+		r.pulls.Unlock()
+		select {
+		case <-p.done:
+			return p.img, p.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	p := &pull{done: make(chan struct{})}
+	r.pulling[ref] = p
+	r.pulls.Unlock()
+
+	p.img, p.err = r.Pull(ctx, ref)
+	close(p.done)
+	r.pulls.Lock()
+	delete(r.pulling, ref)
+	r.pulls.Unlock()
+	return p.img, p.err
+}
+
+// Pull fetches and unpacks an image from its registry.
+func (r *Runtime) Pull(ctx context.Context, ref string) (containerd.Image, error) {
+	resolver, err := r.resolver()
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	img, err := r.client.Pull(r.ctx(ctx), ref,
+		containerd.WithResolver(resolver),
+		containerd.WithPullUnpack,
+		containerd.WithPullSnapshotter(r.opts.Snapshotter))
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", ref, err)
+	}
+	r.log.Info("pulled image", "image", ref, "took", time.Since(start).Round(time.Millisecond))
+	return img, nil
+}
+
+func (r *Runtime) resolver() (remotes.Resolver, error) {
+	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
+	if r.opts.Registry.CAFile != "" {
+		pem, err := os.ReadFile(r.opts.Registry.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("registry CA file (registryCAFile) %s: %w", r.opts.Registry.CAFile, err)
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("registry CA file (registryCAFile) %s: no PEM certificates in it", r.opts.Registry.CAFile)
+		}
+		tlsConf.RootCAs = pool
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = tlsConf
+	plain := r.opts.Registry.PlainHTTP
+	hosts := docker.ConfigureDefaultRegistries(
+		docker.WithClient(&http.Client{Transport: tr}),
+		docker.WithPlainHTTP(func(host string) (bool, error) { return slices.Contains(plain, host), nil }),
+	)
+	return docker.NewResolver(docker.ResolverOptions{Hosts: hosts}), nil
+}
+
+// ImportArchive imports a docker-archive or OCI archive into containerd and unpacks it. It returns the
+// names of the images it created. OCI archives whose ref annotation is only a tag ("1.0") carry no
+// repository name and are not named: use a docker-archive or a full reference in the annotation.
+func (r *Runtime) ImportArchive(ctx context.Context, rd io.Reader) ([]string, error) {
+	ctx = r.ctx(ctx)
+	imgs, err := r.client.Import(ctx, rd,
+		containerd.WithImageRefTranslator(func(name string) string {
+			if !strings.ContainsAny(name, "/:") {
+				return ""
+			}
+			n, err := NormalizeImage(name)
+			if err != nil {
+				return ""
+			}
+			return n
+		}))
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, i := range imgs {
+		img := containerd.NewImage(r.client, i)
+		if err := r.unpack(ctx, img); err != nil {
+			return names, err
+		}
+		names = append(names, i.Name)
+	}
+	if len(names) == 0 {
+		return nil, errors.New("the archive holds no named image (docker-archive RepoTags or OCI org.opencontainers.image.ref.name with a full reference)")
+	}
+	return names, nil
+}
+
+// ImageInfo is one row of `mqlet image ls`.
+type ImageInfo struct {
+	Name    string
+	Digest  string
+	Size    int64
+	Created time.Time
+}
+
+// ListImages lists the images in the namespace.
+func (r *Runtime) ListImages(ctx context.Context) ([]ImageInfo, error) {
+	ctx = r.ctx(ctx)
+	list, err := r.client.ImageService().List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ImageInfo, 0, len(list))
+	for _, i := range list {
+		size, _ := i.Size(ctx, r.client.ContentStore(), platforms.Default())
+		out = append(out, ImageInfo{Name: i.Name, Digest: i.Target.Digest.String(), Size: size, Created: i.CreatedAt})
+	}
+	slices.SortFunc(out, func(a, b ImageInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// HasImage reports whether an image of that (normalized) name exists.
+func (r *Runtime) HasImage(ctx context.Context, name string) (bool, error) {
+	_, err := r.client.ImageService().Get(r.ctx(ctx), name)
+	if errdefs.IsNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
+}

@@ -1,0 +1,99 @@
+// Package runtime runs pod containers on containerd directly, through its Go client: no CRI, no
+// pause image. It knows nothing about desired state; the pod workers tell it what to start and stop.
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/namespaces"
+)
+
+// Labels put on every container mqlet creates, so that a restarted agent can adopt what is running.
+const (
+	LabelPodUID        = "io.mqlet.pod.uid"
+	LabelPodName       = "io.mqlet.pod.name"
+	LabelPodNamespace  = "io.mqlet.pod.namespace"
+	LabelContainerName = "io.mqlet.container.name"
+	LabelSpecHash      = "io.mqlet.container.hash"
+	LabelRestartCount  = "io.mqlet.container.restart-count"
+	LabelLogPath       = "io.mqlet.container.log"
+)
+
+// Options configures a Runtime.
+type Options struct {
+	Address     string        // containerd socket path (optionally unix://)
+	Namespace   string        // containerd namespace all mqlet objects live in
+	DialTimeout time.Duration // how long to wait for containerd at start
+	StateDir    string        // where pod network namespaces and logs live
+	Snapshotter string        // "" means containerd's default (overlayfs)
+	Registry    RegistryOptions
+	Log         *slog.Logger
+}
+
+// Runtime is a thin layer over the containerd client.
+type Runtime struct {
+	client *containerd.Client
+	opts   Options
+	log    *slog.Logger
+
+	pulls   sync.Mutex
+	pulling map[string]*pull // image ref -> in-flight pull, so concurrent pods share one pull
+}
+
+// New connects to containerd. The error names the address, because an unreachable containerd is the
+// most common start-up failure.
+func New(ctx context.Context, o Options) (*Runtime, error) {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.DialTimeout == 0 {
+		o.DialTimeout = 10 * time.Second
+	}
+	if o.Snapshotter == "" {
+		o.Snapshotter = containerd.DefaultSnapshotter
+	}
+	addr := strings.TrimPrefix(o.Address, "unix://")
+	c, err := containerd.New(addr,
+		containerd.WithDefaultNamespace(o.Namespace),
+		containerd.WithTimeout(o.DialTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("containerd at %s (--containerd-address) is not reachable: %w", addr, err)
+	}
+	// containerd.New only dials lazily on some versions; ask for the version so that a wrong socket
+	// fails here, at start, rather than at the first pod.
+	vctx, cancel := context.WithTimeout(ctx, o.DialTimeout)
+	defer cancel()
+	if _, err := c.Version(vctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("containerd at %s (--containerd-address) is not answering: %w", addr, err)
+	}
+	return &Runtime{client: c, opts: o, log: o.Log, pulling: map[string]*pull{}}, nil
+}
+
+// Close releases the client connection; containers keep running.
+func (r *Runtime) Close() error { return r.client.Close() }
+
+// Client exposes the containerd client for the CLI's image commands and for tests.
+func (r *Runtime) Client() *containerd.Client { return r.client }
+
+// Namespace is the containerd namespace this runtime works in.
+func (r *Runtime) Namespace() string { return r.opts.Namespace }
+
+func (r *Runtime) ctx(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, r.opts.Namespace)
+}
+
+// Version reports the containerd daemon version (for node info and readiness).
+func (r *Runtime) Version(ctx context.Context) (string, error) {
+	v, err := r.client.Version(r.ctx(ctx))
+	if err != nil {
+		return "", err
+	}
+	return v.Version, nil
+}

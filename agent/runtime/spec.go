@@ -1,0 +1,285 @@
+package runtime
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/containers"
+	"github.com/containerd/containerd/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	v1 "k8s.io/api/core/v1"
+)
+
+// SpecHash identifies what a running container was made from. A pod edit that leaves a container's
+// hash unchanged leaves that container alone. Pod fields that shape every container (host network,
+// pod security context, volumes) are folded in, so changing them recreates the containers.
+func SpecHash(pod *v1.Pod, c *v1.Container) string {
+	h := sha256.New()
+	enc := json.NewEncoder(h)
+	enc.Encode(c)
+	enc.Encode(struct {
+		HostNetwork bool
+		Hostname    string
+		Security    *v1.PodSecurityContext
+		Volumes     []v1.Volume
+	}{pod.Spec.HostNetwork, pod.Spec.Hostname, pod.Spec.SecurityContext, pod.Spec.Volumes})
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// ConfigError is a container that cannot be built from its spec (kubelet's
+// CreateContainerConfigError): retrying will not help until the pod changes.
+type ConfigError struct{ Err error }
+
+func (e *ConfigError) Error() string { return e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+func configErr(format string, a ...any) error { return &ConfigError{fmt.Errorf(format, a...)} }
+
+// podDir holds per-pod files the runtime makes (hosts file, emptyDir volumes).
+func (r *Runtime) podDir(uid string) string { return filepath.Join(r.opts.StateDir, "pods", uid) }
+
+// specOpts turns a Kubernetes container into OCI spec options, with kubelet's semantics for
+// command/args, env expansion and resources.
+func (r *Runtime) specOpts(pod *v1.Pod, c *v1.Container, img containerd.Image, netns, id string) ([]oci.SpecOpts, error) {
+	env, err := containerEnv(pod, c)
+	if err != nil {
+		return nil, err
+	}
+	opts := []oci.SpecOpts{oci.WithImageConfig(img)}
+
+	// Kubernetes: command replaces the image entrypoint, args replace its cmd; with only args the
+	// entrypoint stays. $(VAR) in either is expanded from the container's env.
+	if len(c.Command) > 0 || len(c.Args) > 0 {
+		ic, err := img.Spec(context.Background())
+		if err != nil {
+			return nil, fmt.Errorf("image config of %s: %w", img.Name(), err)
+		}
+		args := expandAll(c.Command, env)
+		if len(c.Command) == 0 {
+			args = append([]string(nil), ic.Config.Entrypoint...)
+		}
+		if len(c.Args) > 0 {
+			args = append(args, expandAll(c.Args, env)...)
+		} else if len(c.Command) == 0 {
+			args = append(args, ic.Config.Cmd...)
+		}
+		if len(args) == 0 {
+			return nil, configErr("container %q: no command: the image has no entrypoint or cmd and the pod gives none", c.Name)
+		}
+		opts = append(opts, oci.WithProcessArgs(args...))
+	}
+	if len(env) > 0 {
+		kv := make([]string, len(env))
+		for i, e := range env {
+			kv[i] = e.Name + "=" + e.Value
+		}
+		opts = append(opts, oci.WithEnv(kv))
+	}
+	if c.WorkingDir != "" {
+		opts = append(opts, oci.WithProcessCwd(c.WorkingDir))
+	}
+
+	if pod.Spec.HostNetwork {
+		opts = append(opts,
+			oci.WithHostNamespace(specs.NetworkNamespace),
+			oci.WithHostNamespace(specs.UTSNamespace),
+			oci.WithHostHostsFile, oci.WithHostResolvconf)
+	} else {
+		hosts, err := r.writeHostsFile(pod)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts,
+			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: netns}),
+			oci.WithHostname(podHostname(pod)),
+			oci.WithMounts([]specs.Mount{{Destination: "/etc/hosts", Type: "bind", Source: hosts, Options: []string{"rbind", "ro"}}}),
+			oci.WithHostResolvconf)
+	}
+
+	mounts, err := r.volumeMounts(pod, c)
+	if err != nil {
+		return nil, err
+	}
+	if len(mounts) > 0 {
+		opts = append(opts, oci.WithMounts(mounts))
+	}
+	opts = append(opts, resourceOpts(c)...)
+	opts = append(opts, securityOpts(pod, c)...)
+	opts = append(opts, oci.WithCgroup(fmt.Sprintf("/mqlet/%s/pod%s/%s", r.opts.Namespace, pod.UID, id)))
+	return opts, nil
+}
+
+func podHostname(pod *v1.Pod) string {
+	if pod.Spec.Hostname != "" {
+		return pod.Spec.Hostname
+	}
+	n := pod.Name
+	if len(n) > 63 {
+		n = n[:63]
+	}
+	return strings.TrimRight(n, "-.")
+}
+
+func (r *Runtime) writeHostsFile(pod *v1.Pod) (string, error) {
+	dir := r.podDir(string(pod.UID))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	path := filepath.Join(dir, "hosts")
+	content := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", podHostname(pod))
+	if old, err := os.ReadFile(path); err == nil && string(old) == content {
+		return path, nil
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		return "", fmt.Errorf("pod %s/%s hosts file: %w", pod.Namespace, pod.Name, err)
+	}
+	return path, nil
+}
+
+// volumeMounts supports emptyDir and hostPath; other volume kinds arrive with later work and are
+// refused clearly rather than silently skipped.
+func (r *Runtime) volumeMounts(pod *v1.Pod, c *v1.Container) ([]specs.Mount, error) {
+	vols := map[string]v1.Volume{}
+	for _, v := range pod.Spec.Volumes {
+		vols[v.Name] = v
+	}
+	var out []specs.Mount
+	for _, m := range c.VolumeMounts {
+		v, ok := vols[m.Name]
+		if !ok {
+			return nil, configErr("container %q: volumeMount %q names no volume of the pod", c.Name, m.Name)
+		}
+		var src string
+		switch {
+		case v.EmptyDir != nil:
+			src = filepath.Join(r.podDir(string(pod.UID)), "volumes", v.Name)
+			if err := os.MkdirAll(src, 0o777); err != nil {
+				return nil, fmt.Errorf("emptyDir %q: %w", v.Name, err)
+			}
+		case v.HostPath != nil:
+			src = v.HostPath.Path
+			if v.HostPath.Type != nil && *v.HostPath.Type == v1.HostPathDirectoryOrCreate {
+				if err := os.MkdirAll(src, 0o755); err != nil {
+					return nil, fmt.Errorf("hostPath %q: %w", src, err)
+				}
+			} else if _, err := os.Stat(src); err != nil {
+				return nil, configErr("volume %q: hostPath %s: %v", v.Name, src, err)
+			}
+		default:
+			return nil, configErr("volume %q: only emptyDir and hostPath volumes are supported", v.Name)
+		}
+		if m.SubPath != "" {
+			src = filepath.Join(src, m.SubPath)
+		}
+		opt := "rw"
+		if m.ReadOnly {
+			opt = "ro"
+		}
+		out = append(out, specs.Mount{Destination: m.MountPath, Type: "bind", Source: src, Options: []string{"rbind", opt}})
+	}
+	return out, nil
+}
+
+const cpuPeriod = 100000
+
+// resourceOpts applies limits and requests to the container's cgroup the way kubelet does:
+// memory limit -> memory.limit, cpu limit -> CFS quota, cpu request -> shares (2 when none).
+func resourceOpts(c *v1.Container) []oci.SpecOpts {
+	var opts []oci.SpecOpts
+	if m, ok := c.Resources.Limits[v1.ResourceMemory]; ok && m.Value() > 0 {
+		opts = append(opts, oci.WithMemoryLimit(uint64(m.Value())))
+	}
+	if cpu, ok := c.Resources.Limits[v1.ResourceCPU]; ok && cpu.MilliValue() > 0 {
+		quota := cpu.MilliValue() * cpuPeriod / 1000
+		if quota < 1000 {
+			quota = 1000 // the kernel's minimum quota
+		}
+		opts = append(opts, oci.WithCPUCFS(quota, cpuPeriod))
+	}
+	req, ok := c.Resources.Requests[v1.ResourceCPU]
+	if !ok {
+		req, ok = c.Resources.Limits[v1.ResourceCPU]
+	}
+	shares := uint64(2)
+	if ok {
+		if s := uint64(req.MilliValue()) * 1024 / 1000; s > 2 {
+			shares = s
+		}
+	}
+	opts = append(opts, oci.WithCPUShares(shares))
+	return opts
+}
+
+func securityOpts(pod *v1.Pod, c *v1.Container) []oci.SpecOpts {
+	var opts []oci.SpecOpts
+	psc := pod.Spec.SecurityContext
+	sc := c.SecurityContext
+	uid, gid := (*int64)(nil), (*int64)(nil)
+	if psc != nil {
+		uid, gid = psc.RunAsUser, psc.RunAsGroup
+	}
+	if sc != nil {
+		if sc.RunAsUser != nil {
+			uid = sc.RunAsUser
+		}
+		if sc.RunAsGroup != nil {
+			gid = sc.RunAsGroup
+		}
+	}
+	if uid != nil {
+		opts = append(opts, oci.WithUserID(uint32(*uid)))
+	}
+	if gid != nil {
+		g := uint32(*gid)
+		opts = append(opts, func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+			s.Process.User.GID = g
+			return nil
+		})
+	}
+	if sc == nil {
+		return append(opts, noNewPrivs(false))
+	}
+	if sc.Privileged != nil && *sc.Privileged {
+		opts = append(opts, oci.WithPrivileged, oci.WithAllDevicesAllowed, oci.WithHostDevices)
+	}
+	if sc.Capabilities != nil {
+		opts = append(opts,
+			oci.WithAddedCapabilities(capNames(sc.Capabilities.Add)),
+			oci.WithDroppedCapabilities(capNames(sc.Capabilities.Drop)))
+	}
+	if sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem {
+		opts = append(opts, oci.WithRootFSReadonly())
+	}
+	// Kubernetes allows privilege escalation unless told otherwise; containerd's default spec does not.
+	return append(opts, noNewPrivs(sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation))
+}
+
+func noNewPrivs(v bool) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		s.Process.NoNewPrivileges = v
+		return nil
+	}
+}
+
+func capNames(cs []v1.Capability) []string {
+	out := make([]string, 0, len(cs))
+	for _, c := range cs {
+		n := strings.ToUpper(string(c))
+		if n == "ALL" {
+			out = append(out, "ALL")
+			continue
+		}
+		if !strings.HasPrefix(n, "CAP_") {
+			n = "CAP_" + n
+		}
+		out = append(out, n)
+	}
+	return out
+}

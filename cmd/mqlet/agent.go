@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/mqlet/mqlet/agent"
+	"github.com/mqlet/mqlet/agent/api"
+	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/store"
+	v1 "k8s.io/api/core/v1"
+)
+
+// AgentCmd is `mqlet agent`.
+type AgentCmd struct {
+	config.Flags `embed:""`
+}
+
+// Run validates the whole configuration, then runs until SIGTERM/SIGINT. Stopping the agent leaves
+// pods running; the next start adopts them.
+func (c *AgentCmd) Run() error {
+	cfg, err := config.Load(c.Flags, os.Environ())
+	if err != nil {
+		return err
+	}
+	log := newLogger(cfg, os.Stderr)
+	if err := cfg.CheckStateDir(); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+
+	rt, err := runtime.New(ctx, runtime.Options{
+		Address:     cfg.ContainerdAddress,
+		Namespace:   cfg.ContainerdNamespace,
+		DialTimeout: cfg.ContainerdTimeout.Duration,
+		StateDir:    cfg.StateDir,
+		Registry:    runtime.RegistryOptions{PlainHTTP: cfg.PlainHTTPRegistries, CAFile: cfg.RegistryCAFile},
+		Log:         log,
+	})
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	db, err := store.Open(cfg.StatePath())
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+
+	a := agent.New(agent.Options{
+		NodeName:     cfg.NodeName,
+		ManifestDir:  cfg.ManifestDir,
+		PreloadDir:   cfg.ImagePreloadDir,
+		RelistPeriod: cfg.RelistPeriod.Duration,
+		Log:          log,
+	}, rt, db)
+
+	if cfg.Once {
+		pods, err := a.RunOnce(ctx, cfg.OnceTimeout.Duration)
+		printOnce(os.Stdout, pods)
+		return err
+	}
+
+	log.Info("mqlet agent starting", "version", version, "node", cfg.NodeName, "containerd", cfg.ContainerdAddress,
+		"namespace", cfg.ContainerdNamespace, "manifests", cfg.ManifestDir, "state", cfg.StatePath())
+	srv := api.NewServer(a, log)
+	apiErr := make(chan error, 1)
+	go func() { apiErr <- srv.Serve(ctx, cfg.APISocket) }()
+	runErr := make(chan error, 1)
+	go func() { runErr <- a.Run(ctx) }()
+	select {
+	case err = <-apiErr:
+		if err != nil {
+			err = fmt.Errorf("local API on %s (--api-socket): %w", cfg.APISocket, err)
+		}
+		stop()
+		<-runErr
+	case err = <-runErr:
+		stop()
+		<-apiErr
+	}
+	log.Info("mqlet agent stopped; pods keep running")
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	lvl.UnmarshalText([]byte(cfg.LogLevel)) // validated already
+	o := &slog.HandlerOptions{Level: lvl}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, o))
+	}
+	return slog.New(slog.NewTextHandler(w, o))
+}
+
+func printOnce(w io.Writer, pods []v1.Pod) {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMESPACE\tNAME\tPHASE\tRESULT")
+	for i := range pods {
+		failed, done := agent.OnceOutcome(&pods[i])
+		res := "ok"
+		switch {
+		case failed:
+			res = "failed: " + summarizePod(&pods[i]).status
+		case !done:
+			res = "not settled: " + summarizePod(&pods[i]).status
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", pods[i].Namespace, pods[i].Name, pods[i].Status.Phase, res)
+	}
+	tw.Flush()
+}
+
