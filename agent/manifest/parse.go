@@ -1,0 +1,321 @@
+// Package manifest is the manifest-directory pod source: Kubernetes Pod manifests (YAML or
+// JSON, one or several documents per file) dropped into a directory, like the kubelet's
+// static pod path. It decodes strictly, defaults and validates each pod, and remembers the
+// last good pods of every file so that a file that turns invalid does not disturb what runs.
+package manifest
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	sigsjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+)
+
+// Pod is one accepted pod with where it came from.
+type Pod struct {
+	Pod   *v1.Pod // defaulted and validated; Pod.UID always set
+	File  string  // absolute path
+	Index int     // document index in the file, 0-based, counting only non-blank documents
+	Line  int     // 1-based line where the document starts in the file
+	// Stale is set by Dir when the pod is kept from an earlier scan because its file now has
+	// problems: it is what the file used to declare, not what it declares now.
+	Stale bool
+}
+
+// Source returns "file:" + File + "#" + strconv.Itoa(Index).
+func (p Pod) Source() string { return "file:" + p.File + "#" + strconv.Itoa(p.Index) }
+
+// Problem is one rejected document (or file).
+type Problem struct {
+	File  string
+	Index int // 0-based like Pod.Index; -1 when the whole file is the problem (unreadable, too large)
+	Line  int // 1-based line where the document starts; 0 when unknown or Index is -1
+	Err   error
+}
+
+// Error renders "manifest <file>, document <Index> (line <Line>): <reason>". The document
+// number is the same 0-based index as in Pod.Source ("#2" and "document 2" are the same
+// document); the line number disambiguates it for a human with an editor.
+func (p Problem) Error() string {
+	switch {
+	case p.Index < 0:
+		return fmt.Sprintf("manifest %s: %v", p.File, p.Err)
+	case p.Line > 0:
+		return fmt.Sprintf("manifest %s, document %d (line %d): %v", p.File, p.Index, p.Line, p.Err)
+	default:
+		return fmt.Sprintf("manifest %s, document %d: %v", p.File, p.Index, p.Err)
+	}
+}
+
+func (p Problem) Unwrap() error { return p.Err }
+
+// document is one non-blank YAML document of a file.
+type document struct {
+	index int
+	line  int // 1-based first line of the document's content in the file
+	data  []byte
+	err   error // a splitting error that belongs to this document
+}
+
+// Parse decodes one file's bytes into pods (defaulted, validated, UID set) and problems.
+// Files ending in ".json" hold one JSON object; anything else is a YAML stream whose
+// documents are separated by "---" lines. Blank documents (only whitespace and comments)
+// are skipped and do not count towards the index. Two documents of the file declaring the
+// same namespace/name: the first wins, the later one is a Problem. Parse is pure.
+func Parse(file string, data []byte, nodeName string) ([]Pod, []Problem) {
+	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")) // editors on Windows add a BOM
+	var docs []document
+	if strings.EqualFold(filepath.Ext(file), ".json") {
+		if len(bytes.TrimSpace(data)) > 0 {
+			docs = []document{{index: 0, line: 1 + countLeadingLines(data), data: data}}
+		}
+	} else {
+		docs = splitYAML(data)
+	}
+
+	var pods []Pod
+	var problems []Problem
+	seen := map[string]int{} // namespace/name -> index of the document that declared it
+	for _, d := range docs {
+		pod, err := decodeDocument(d, file)
+		if err == nil {
+			err = prepare(pod, nodeName)
+		}
+		if err == nil {
+			key := pod.Namespace + "/" + pod.Name
+			if first, dup := seen[key]; dup {
+				err = fmt.Errorf("pod %s is already declared in document %d of this file", key, first)
+			} else {
+				seen[key] = d.index
+			}
+		}
+		if err != nil {
+			problems = append(problems, Problem{File: file, Index: d.index, Line: d.line, Err: err})
+			continue
+		}
+		pods = append(pods, Pod{Pod: pod, File: file, Index: d.index, Line: d.line})
+	}
+	return pods, problems
+}
+
+// splitYAML splits a YAML stream on "---" lines the way apimachinery's YAMLReader does, but
+// keeps each document's first line so problems can point into the file, and hands a bad
+// separator line to the document it starts instead of failing the whole file.
+func splitYAML(data []byte) []document {
+	var docs []document
+	var cur bytes.Buffer
+	curLine := 1 // file line of the first line in cur
+	var curErr error
+	flush := func() {
+		switch {
+		case curErr != nil:
+			docs = append(docs, document{index: len(docs), line: curLine - 1, err: curErr})
+		case !blank(cur.Bytes()):
+			docs = append(docs, document{index: len(docs), line: curLine + countLeadingLines(cur.Bytes()), data: bytes.Clone(cur.Bytes())})
+		}
+		cur.Reset()
+		curErr = nil
+	}
+	lineNo := 0
+	for len(data) > 0 {
+		lineNo++
+		var line []byte
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			line, data = data[:i+1], data[i+1:]
+		} else {
+			line, data = data, nil
+		}
+		if bytes.HasPrefix(line, []byte("---")) && (len(line) == 3 || isSpace(line[3])) {
+			flush()
+			curLine = lineNo + 1
+			if rest := bytes.TrimSpace(line[3:]); len(rest) > 0 && rest[0] != '#' {
+				curErr = fmt.Errorf("content on the document separator line is not supported: %q", string(bytes.TrimRight(line, "\r\n")))
+			}
+			continue
+		}
+		cur.Write(line)
+	}
+	flush()
+	return docs
+}
+
+func isSpace(b byte) bool { return b == ' ' || b == '\t' || b == '\r' || b == '\n' }
+
+// blank reports whether a YAML document holds only whitespace and comments.
+func blank(doc []byte) bool {
+	for _, line := range bytes.Split(doc, []byte("\n")) {
+		t := bytes.TrimSpace(line)
+		if len(t) > 0 && t[0] != '#' {
+			return false
+		}
+	}
+	return true
+}
+
+// countLeadingLines counts the blank and comment lines before a document's content.
+func countLeadingLines(doc []byte) int {
+	n := 0
+	for _, line := range bytes.SplitAfter(doc, []byte("\n")) {
+		t := bytes.TrimSpace(line)
+		if len(t) > 0 && t[0] != '#' {
+			return n
+		}
+		n++
+	}
+	return n
+}
+
+var yamlLineRE = regexp.MustCompile(`\bline (\d+)`)
+
+// fileLines rewrites go-yaml's document-relative "line N" into file lines and flattens its
+// multi-line messages so a Problem stays on one line.
+func fileLines(err error, firstLine int) string {
+	msg := yamlLineRE.ReplaceAllStringFunc(err.Error(), func(m string) string {
+		n, _ := strconv.Atoi(strings.TrimPrefix(m, "line "))
+		return "line " + strconv.Itoa(n+firstLine-1)
+	})
+	msg = strings.ReplaceAll(msg, ":\n  ", ": ")
+	return strings.ReplaceAll(msg, "\n  ", "; ")
+}
+
+// decodeDocument turns one document into a v1.Pod, strictly: unknown and duplicate fields
+// are errors naming the field path, and kinds other than v1 Pod are refused.
+func decodeDocument(d document, file string) (*v1.Pod, error) {
+	if d.err != nil {
+		return nil, d.err
+	}
+	var js []byte
+	if strings.EqualFold(filepath.Ext(file), ".json") {
+		js = d.data
+	} else {
+		// The content line of the document is d.line, but go-yaml counts from the first
+		// line of d.data, which may include leading comments.
+		var err error
+		js, err = yaml.YAMLToJSONStrict(d.data)
+		if err != nil {
+			return nil, fmt.Errorf("%s", fileLines(err, d.line-countLeadingLines(d.data)))
+		}
+	}
+
+	var tm struct {
+		APIVersion *string `json:"apiVersion"`
+		Kind       *string `json:"kind"`
+	}
+	if err := json.Unmarshal(js, &tm); err != nil {
+		if isSyntax, off := sigsjson.SyntaxErrorOffset(err); isSyntax {
+			return nil, fmt.Errorf("line %d: %v", d.line-countLeadingLines(d.data)+bytes.Count(js[:min(int(off), len(js))], []byte("\n")), err)
+		}
+		var ute *json.UnmarshalTypeError
+		if asType(err, &ute) && ute.Field == "" {
+			return nil, fmt.Errorf("a manifest must be an object with apiVersion and kind, not a %s", ute.Value)
+		}
+		return nil, err
+	}
+	switch {
+	case tm.Kind == nil || *tm.Kind == "":
+		return nil, fmt.Errorf("kind is required (want kind: Pod)")
+	case *tm.Kind != "Pod":
+		// ConfigMaps and Secrets that pods reference come with a later change; until then
+		// they are refused rather than silently ignored.
+		return nil, fmt.Errorf("kind %s is not supported yet (only v1 Pod)", *tm.Kind)
+	case tm.APIVersion == nil || *tm.APIVersion == "":
+		return nil, fmt.Errorf("apiVersion is required (want apiVersion: v1)")
+	case *tm.APIVersion != "v1":
+		return nil, fmt.Errorf("apiVersion %q is not supported for kind Pod (want v1)", *tm.APIVersion)
+	}
+
+	pod := &v1.Pod{}
+	strictErrs, err := sigsjson.UnmarshalStrict(js, pod)
+	if err != nil {
+		if strings.Contains(err.Error(), "quantities must match") {
+			if qerrs := findBadQuantities(js); len(qerrs) > 0 {
+				return nil, fmt.Errorf("%s", strings.Join(qerrs, "; "))
+			}
+		}
+		return nil, err
+	}
+	if len(strictErrs) > 0 {
+		msgs := make([]string, len(strictErrs))
+		for i, e := range strictErrs {
+			msgs[i] = e.Error()
+		}
+		return nil, fmt.Errorf("%s", strings.Join(msgs, "; "))
+	}
+	return pod, nil
+}
+
+func asType(err error, target **json.UnmarshalTypeError) bool {
+	e, ok := err.(*json.UnmarshalTypeError)
+	if ok {
+		*target = e
+	}
+	return ok
+}
+
+// findBadQuantities locates the quantities that failed to parse, because the decoder's own
+// error ("quantities must match the regular expression ...") names neither field nor value.
+func findBadQuantities(js []byte) []string {
+	var doc struct {
+		Spec struct {
+			Containers     []map[string]any `json:"containers"`
+			InitContainers []map[string]any `json:"initContainers"`
+			Overhead       map[string]any   `json:"overhead"`
+			Resources      map[string]any   `json:"resources"`
+			Volumes        []struct {
+				EmptyDir map[string]any `json:"emptyDir"`
+			} `json:"volumes"`
+		} `json:"spec"`
+	}
+	if json.Unmarshal(js, &doc) != nil {
+		return nil
+	}
+	var out []string
+	check := func(path string, v any) {
+		var s string
+		switch v := v.(type) {
+		case string:
+			s = v
+		case float64:
+			return // numbers always parse
+		default:
+			out = append(out, fmt.Sprintf("%s: invalid quantity %v: must be a string or number", path, v))
+			return
+		}
+		if _, err := resource.ParseQuantity(s); err != nil {
+			out = append(out, fmt.Sprintf("%s: invalid quantity %q (examples: 100m, 64Mi, 1Gi, 2)", path, s))
+		}
+	}
+	checkList := func(path string, m any) {
+		list, _ := m.(map[string]any)
+		for _, k := range sortedKeys(list) {
+			check(fmt.Sprintf("%s[%s]", path, k), list[k])
+		}
+	}
+	for _, group := range []struct {
+		name string
+		list []map[string]any
+	}{{"spec.initContainers", doc.Spec.InitContainers}, {"spec.containers", doc.Spec.Containers}} {
+		for i, c := range group.list {
+			res, _ := c["resources"].(map[string]any)
+			checkList(fmt.Sprintf("%s[%d].resources.limits", group.name, i), res["limits"])
+			checkList(fmt.Sprintf("%s[%d].resources.requests", group.name, i), res["requests"])
+		}
+	}
+	checkList("spec.resources.limits", doc.Spec.Resources["limits"])
+	checkList("spec.resources.requests", doc.Spec.Resources["requests"])
+	checkList("spec.overhead", map[string]any(doc.Spec.Overhead))
+	for i, v := range doc.Spec.Volumes {
+		if q, ok := v.EmptyDir["sizeLimit"]; ok {
+			check(fmt.Sprintf("spec.volumes[%d].emptyDir.sizeLimit", i), q)
+		}
+	}
+	return out
+}

@@ -1,0 +1,273 @@
+package manifest
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"unicode"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// Annotations set on every manifest pod, the same keys the kubelet puts on static pods. The
+// hash is over the pod as decoded and defaulted (UID and node name included, the hash
+// annotation itself excluded): it changes exactly when the effective pod changes.
+const (
+	AnnotationConfigSource = "kubernetes.io/config.source"
+	AnnotationConfigHash   = "kubernetes.io/config.hash"
+	ConfigSourceFile       = "file"
+)
+
+const (
+	defaultTerminationGracePeriod = int64(30)
+	defaultSchedulerName          = "default-scheduler"
+)
+
+// prepare defaults, validates and identifies a decoded pod in place.
+func prepare(pod *v1.Pod, nodeName string) error {
+	// A manifest is desired state; a pasted `kubectl get -o yaml` may carry a status that
+	// must not be mistaken for what is running here.
+	pod.Status = v1.PodStatus{}
+	setDefaults(pod, nodeName)
+	if errs := validatePod(pod); len(errs) > 0 {
+		msgs := make([]string, len(errs))
+		for i, e := range errs {
+			msgs[i] = e.Error()
+		}
+		return fmt.Errorf("%s", strings.Join(msgs, "; "))
+	}
+	if pod.UID == "" {
+		pod.UID = StableUID(nodeName, pod.Namespace, pod.Name)
+	}
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	delete(pod.Annotations, AnnotationConfigHash) // the hash must not depend on an old hash
+	pod.Annotations[AnnotationConfigSource] = ConfigSourceFile
+	sum, err := json.Marshal(pod)
+	if err != nil {
+		return fmt.Errorf("hashing pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	h := sha256.Sum256(sum)
+	pod.Annotations[AnnotationConfigHash] = hex.EncodeToString(h[:16])
+	return nil
+}
+
+// StableUID derives a pod UID from what identifies the pod on this node, and deliberately
+// not from the manifest's content: editing one container must keep the pod (and its other
+// containers) in place. The format is a version-5-style UUID made from a SHA-256.
+func StableUID(nodeName, namespace, name string) types.UID {
+	h := sha256.Sum256([]byte("mqlet/manifest-pod\x00" + nodeName + "\x00" + namespace + "\x00" + name))
+	b := h[:16]
+	b[6] = b[6]&0x0f | 0x50 // version 5 (name-based, SHA)
+	b[8] = b[8]&0x3f | 0x80 // RFC 4122 variant
+	s := hex.EncodeToString(b)
+	return types.UID(s[0:8] + "-" + s[8:12] + "-" + s[12:16] + "-" + s[16:20] + "-" + s[20:32])
+}
+
+// setDefaults applies the API server's defaults that matter to a node, so a pod from a file
+// looks the same as one that went through the control plane.
+func setDefaults(pod *v1.Pod, nodeName string) {
+	if pod.Namespace == "" {
+		pod.Namespace = "default"
+	}
+	s := &pod.Spec
+	s.NodeName = nodeName
+	if s.RestartPolicy == "" {
+		s.RestartPolicy = v1.RestartPolicyAlways
+	}
+	if s.DNSPolicy == "" {
+		s.DNSPolicy = v1.DNSClusterFirst
+	}
+	if s.SchedulerName == "" {
+		s.SchedulerName = defaultSchedulerName
+	}
+	if s.TerminationGracePeriodSeconds == nil {
+		g := defaultTerminationGracePeriod
+		s.TerminationGracePeriodSeconds = &g
+	}
+	for i := range s.InitContainers {
+		defaultContainer(&s.InitContainers[i])
+	}
+	for i := range s.Containers {
+		defaultContainer(&s.Containers[i])
+	}
+}
+
+func defaultContainer(c *v1.Container) {
+	if c.ImagePullPolicy == "" {
+		c.ImagePullPolicy = DefaultPullPolicy(c.Image)
+	}
+	if c.TerminationMessagePath == "" {
+		c.TerminationMessagePath = v1.TerminationMessagePathDefault
+	}
+	if c.TerminationMessagePolicy == "" {
+		c.TerminationMessagePolicy = v1.TerminationMessageReadFile
+	}
+	for i := range c.Ports {
+		if c.Ports[i].Protocol == "" {
+			c.Ports[i].Protocol = v1.ProtocolTCP
+		}
+	}
+	// Like the API server: a limit without a request requests the limit, which is what
+	// makes a pod with only limits Guaranteed.
+	for name, limit := range c.Resources.Limits {
+		if _, ok := c.Resources.Requests[name]; !ok {
+			if c.Resources.Requests == nil {
+				c.Resources.Requests = v1.ResourceList{}
+			}
+			c.Resources.Requests[name] = limit.DeepCopy()
+		}
+	}
+}
+
+// DefaultPullPolicy is the API server's default: Always for ":latest" or an untagged,
+// undigested image, IfNotPresent otherwise.
+func DefaultPullPolicy(image string) v1.PullPolicy {
+	ref, digest, _ := strings.Cut(image, "@")
+	if digest != "" {
+		return v1.PullIfNotPresent
+	}
+	last := ref
+	if i := strings.LastIndexByte(ref, '/'); i >= 0 {
+		last = ref[i+1:] // a ':' before the last '/' is a registry port, not a tag
+	}
+	_, tag, hasTag := strings.Cut(last, ":")
+	if !hasTag || tag == "" || tag == "latest" {
+		return v1.PullAlways
+	}
+	return v1.PullIfNotPresent
+}
+
+// validatePod is the subset of Kubernetes' ValidatePod that a node can check on its own and
+// that catches the common mistakes in hand-written manifests.
+func validatePod(pod *v1.Pod) field.ErrorList {
+	var errs field.ErrorList
+	meta := field.NewPath("metadata")
+	switch {
+	case pod.Name == "" && pod.GenerateName != "":
+		errs = append(errs, field.Required(meta.Child("name"), "generateName is not supported for manifest pods"))
+	case pod.Name == "":
+		errs = append(errs, field.Required(meta.Child("name"), ""))
+	default:
+		for _, msg := range validation.IsDNS1123Subdomain(pod.Name) {
+			errs = append(errs, field.Invalid(meta.Child("name"), pod.Name, msg))
+		}
+	}
+	for _, msg := range validation.IsDNS1123Label(pod.Namespace) {
+		errs = append(errs, field.Invalid(meta.Child("namespace"), pod.Namespace, msg))
+	}
+
+	spec := field.NewPath("spec")
+	if len(pod.Spec.Containers) == 0 {
+		errs = append(errs, field.Required(spec.Child("containers"), "a pod needs at least one container"))
+	}
+	switch pod.Spec.RestartPolicy {
+	case v1.RestartPolicyAlways, v1.RestartPolicyOnFailure, v1.RestartPolicyNever:
+	default:
+		errs = append(errs, field.NotSupported(spec.Child("restartPolicy"), pod.Spec.RestartPolicy,
+			[]v1.RestartPolicy{v1.RestartPolicyAlways, v1.RestartPolicyOnFailure, v1.RestartPolicyNever}))
+	}
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil && *g < 0 {
+		errs = append(errs, field.Invalid(spec.Child("terminationGracePeriodSeconds"), *g, "must be greater than or equal to 0"))
+	}
+
+	names := map[string]*field.Path{}
+	for i := range pod.Spec.InitContainers {
+		errs = append(errs, validateContainer(&pod.Spec.InitContainers[i], spec.Child("initContainers").Index(i), names)...)
+	}
+	for i := range pod.Spec.Containers {
+		errs = append(errs, validateContainer(&pod.Spec.Containers[i], spec.Child("containers").Index(i), names)...)
+	}
+	return errs
+}
+
+func validateContainer(c *v1.Container, path *field.Path, names map[string]*field.Path) field.ErrorList {
+	var errs field.ErrorList
+	namePath := path.Child("name")
+	if c.Name == "" {
+		errs = append(errs, field.Required(namePath, ""))
+	} else {
+		for _, msg := range validation.IsDNS1123Label(c.Name) {
+			errs = append(errs, field.Invalid(namePath, c.Name, msg))
+		}
+		if first, dup := names[c.Name]; dup {
+			e := field.Duplicate(namePath, c.Name)
+			e.Detail = "already used by " + first.String()
+			errs = append(errs, e)
+		} else {
+			names[c.Name] = namePath
+		}
+	}
+
+	imagePath := path.Child("image")
+	if c.Image == "" {
+		errs = append(errs, field.Required(imagePath, ""))
+	} else if strings.IndexFunc(c.Image, unicode.IsSpace) >= 0 {
+		errs = append(errs, field.Invalid(imagePath, c.Image, "must not contain whitespace"))
+	}
+	switch c.ImagePullPolicy {
+	case v1.PullAlways, v1.PullIfNotPresent, v1.PullNever:
+	default:
+		errs = append(errs, field.NotSupported(path.Child("imagePullPolicy"), c.ImagePullPolicy,
+			[]v1.PullPolicy{v1.PullAlways, v1.PullIfNotPresent, v1.PullNever}))
+	}
+
+	for i, p := range c.Ports {
+		pp := path.Child("ports").Index(i)
+		for _, msg := range validation.IsValidPortNum(int(p.ContainerPort)) {
+			errs = append(errs, field.Invalid(pp.Child("containerPort"), p.ContainerPort, msg))
+		}
+		if p.HostPort != 0 {
+			for _, msg := range validation.IsValidPortNum(int(p.HostPort)) {
+				errs = append(errs, field.Invalid(pp.Child("hostPort"), p.HostPort, msg))
+			}
+		}
+		if p.Name != "" {
+			for _, msg := range validation.IsValidPortName(p.Name) {
+				errs = append(errs, field.Invalid(pp.Child("name"), p.Name, msg))
+			}
+		}
+		switch p.Protocol {
+		case v1.ProtocolTCP, v1.ProtocolUDP, v1.ProtocolSCTP:
+		default:
+			errs = append(errs, field.NotSupported(pp.Child("protocol"), p.Protocol,
+				[]v1.Protocol{v1.ProtocolTCP, v1.ProtocolUDP, v1.ProtocolSCTP}))
+		}
+	}
+
+	res := path.Child("resources")
+	for _, kind := range []struct {
+		name string
+		list v1.ResourceList
+	}{{"limits", c.Resources.Limits}, {"requests", c.Resources.Requests}} {
+		for _, name := range sortedKeys(kind.list) {
+			if q := kind.list[name]; q.Sign() < 0 {
+				errs = append(errs, field.Invalid(res.Child(kind.name).Key(string(name)), q.String(), "must be greater than or equal to 0"))
+			}
+		}
+	}
+	for _, name := range sortedKeys(c.Resources.Requests) {
+		req := c.Resources.Requests[name]
+		if limit, ok := c.Resources.Limits[name]; ok && req.Cmp(limit) > 0 {
+			errs = append(errs, field.Invalid(res.Child("requests").Key(string(name)), req.String(),
+				fmt.Sprintf("must be less than or equal to the %s limit of %s", name, limit.String())))
+		}
+	}
+	return errs
+}
+
+func sortedKeys[K ~string, V any](m map[K]V) []K {
+	keys := make([]K, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
+	return keys
+}

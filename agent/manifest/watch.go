@@ -1,0 +1,176 @@
+package manifest
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// coalesceWindow is how long the directory has to be quiet after an event before Watch
+// scans, so that the burst of events of one save (create temp, write, rename, chmod) causes
+// one scan, and a file is not read between its truncation and its new content. Pod start
+// latency is measured from "file written", so it is kept small; maxCoalesce bounds the wait
+// when events keep coming.
+const (
+	coalesceWindow = 20 * time.Millisecond
+	maxCoalesce    = 100 * time.Millisecond
+)
+
+// pollInterval is how often Watch looks for the directory while it does not exist and its
+// parent cannot be watched either.
+const pollInterval = time.Second
+
+// Watch calls fn with the snapshot of an immediate Scan and then again whenever a change in
+// the directory (create, write, remove, rename, chmod; events within ~20 ms coalesced) or
+// the periodic resync (every resync; <= 0 disables it) produces a snapshot that differs from
+// the last one delivered. If the directory does not exist, Watch watches its parent (and
+// polls every second) until it appears; if it is removed, its pods go away and Watch waits
+// for it again. If reading the directory fails, fn gets the pods of the last good snapshot
+// and a Problem for the directory (Index -1). fn runs on Watch's goroutine.
+//
+// Watch returns nil when ctx is done, or an error if inotify is unavailable.
+func (d *Dir) Watch(ctx context.Context, resync time.Duration, fn func(Snapshot)) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watching manifest directory %s: %w", d.path, err)
+	}
+	defer w.Close()
+
+	parent := filepath.Dir(d.path)
+	watchingDir, watchingParent := false, false
+	poll := time.NewTicker(pollInterval)
+	defer poll.Stop()
+
+	// ensureWatch watches the directory, or its parent while the directory is missing. The
+	// parent is watched before the directory is tried again so that a directory created in
+	// between is not missed.
+	ensureWatch := func() {
+		if watchingDir {
+			return
+		}
+		if !watchingParent && parent != d.path {
+			watchingParent = w.Add(parent) == nil
+		}
+		if w.Add(d.path) == nil {
+			watchingDir = true
+			if watchingParent {
+				_ = w.Remove(parent)
+				watchingParent = false
+			}
+			poll.Stop()
+			return
+		}
+		poll.Reset(pollInterval)
+	}
+
+	var lastGood Snapshot
+	var lastKey string
+	delivered := false
+	deliver := func() {
+		snap, err := d.Scan()
+		if err != nil {
+			snap = Snapshot{Pods: copyPods(lastGood.Pods), Problems: []Problem{{File: d.path, Index: -1, Err: err}}}
+		} else {
+			lastGood = Snapshot{Pods: copyPods(snap.Pods)}
+		}
+		key := fingerprint(snap)
+		if delivered && key == lastKey {
+			return
+		}
+		delivered, lastKey = true, key
+		fn(snap)
+	}
+
+	var resyncC <-chan time.Time
+	if resync > 0 {
+		t := time.NewTicker(resync)
+		defer t.Stop()
+		resyncC = t.C
+	}
+	// coalesce fires coalesceWindow after the latest event, but no later than maxCoalesce
+	// after the first one of a burst.
+	coalesce := time.NewTimer(time.Hour)
+	coalesce.Stop()
+	defer coalesce.Stop()
+	var burstStart time.Time
+	schedule := func() {
+		now := time.Now()
+		if burstStart.IsZero() {
+			burstStart = now
+		}
+		wait := min(coalesceWindow, maxCoalesce-now.Sub(burstStart))
+		coalesce.Reset(max(wait, 0))
+	}
+
+	ensureWatch()
+	deliver()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return fmt.Errorf("watching manifest directory %s: event stream closed", d.path)
+			}
+			if ev.Name == d.path && ev.Op&(fsnotify.Remove|fsnotify.Rename) != 0 {
+				// The directory itself went away (or was moved): its pods go away with it and
+				// the watch has to start over on whatever appears at the path.
+				_ = w.Remove(d.path)
+				watchingDir = false
+			} else if !watchingDir && ev.Name != d.path {
+				continue // another entry of the parent directory
+			}
+			schedule()
+		case _, ok := <-w.Errors:
+			if !ok {
+				return fmt.Errorf("watching manifest directory %s: error stream closed", d.path)
+			}
+			// Most likely a queue overflow: events were lost, so look at everything again.
+			schedule()
+		case <-coalesce.C:
+			burstStart = time.Time{}
+			ensureWatch()
+			deliver()
+		case <-poll.C:
+			ensureWatch()
+			deliver()
+		case <-resyncC:
+			deliver()
+		}
+	}
+}
+
+// fingerprint identifies what a consumer of a snapshot can see, to skip repeating one.
+func fingerprint(s Snapshot) string {
+	var b strings.Builder
+	for _, p := range s.Pods {
+		b.WriteString(p.Source())
+		b.WriteByte(' ')
+		b.WriteString(string(p.Pod.UID))
+		b.WriteByte(' ')
+		b.WriteString(p.Pod.Annotations[AnnotationConfigHash])
+		b.WriteString(" " + strconv.Itoa(p.Line) + " " + strconv.FormatBool(p.Stale) + "\n")
+	}
+	for _, p := range s.Problems {
+		b.WriteString(p.Error())
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func copyPods(pods []Pod) []Pod {
+	if pods == nil {
+		return nil
+	}
+	out := make([]Pod, len(pods))
+	for i, p := range pods {
+		out[i] = p
+		out[i].Pod = p.Pod.DeepCopy()
+	}
+	return out
+}
