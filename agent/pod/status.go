@@ -141,7 +141,6 @@ func QOSClass(spec *v1.PodSpec) v1.PodQOSClass {
 	return v1.PodQOSBurstable
 }
 
-
 // backoffMessage is kubelet's CrashLoopBackOff wording.
 func backoffMessage(d time.Duration, pod *v1.Pod, name string) string {
 	return fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", d, name, pod.Name, pod.Namespace, pod.UID)

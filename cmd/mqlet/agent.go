@@ -121,4 +121,3 @@ func printOnce(w io.Writer, pods []v1.Pod) {
 	}
 	tw.Flush()
 }
-
