@@ -1,0 +1,289 @@
+// Package api is the agent's local HTTP API, served on a unix socket, and
+// its client. It is read-only and speaks Kubernetes shapes (v1.Pod,
+// v1.PodList, metav1.Status) so that the local CLI and kubectl-style tools
+// can read what the agent is running without a control plane.
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Provider is what the agent exposes to the API; the agent implements it.
+type Provider interface {
+	// Pods returns the current pods: desired spec with the latest status
+	// merged (copies; caller may keep them).
+	Pods() []v1.Pod
+	// Ready returns nil when the agent is ready (containerd reachable,
+	// initial sync done), else why not.
+	Ready() error
+}
+
+// Server serves the API for one Provider.
+type Server struct {
+	p   Provider
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// shutdownTimeout bounds how long Serve waits for in-flight requests once
+// its context is done; requests are small reads, so a few seconds is ample.
+const shutdownTimeout = 5 * time.Second
+
+// NewServer returns a Server reading from p. A nil log discards.
+func NewServer(p Provider, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{p: p, log: log, mux: http.NewServeMux()}
+	s.mux.HandleFunc("GET /healthz", s.healthz)
+	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.mux.HandleFunc("GET /api/v1/pods", s.listPods)
+	s.mux.HandleFunc("GET /api/v1/namespaces/{ns}/pods", s.listPods)
+	s.mux.HandleFunc("GET /api/v1/namespaces/{ns}/pods/{name}", s.getPod)
+	s.mux.HandleFunc("/", s.fallback)
+	return s
+}
+
+// Handler returns the HTTP handler, for callers that serve it themselves.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Serve listens on socketPath and serves until ctx is done, then shuts down
+// gracefully and removes the socket file. It returns nil after a clean
+// shutdown.
+//
+// The socket is created with mode 0600 without a window where it is more
+// open: it is bound inside a fresh 0700 directory next to socketPath,
+// chmodded there, and renamed into place. Chmod-after-listen would not be
+// enough, because the kernel completes connect() for queued clients before
+// Accept is ever called, and setting the umask is process-wide and so races
+// with every other goroutine creating files.
+func (s *Server) Serve(ctx context.Context, socketPath string) error {
+	ln, err := listenUnix0600(socketPath)
+	if err != nil {
+		return err
+	}
+	// Remember which inode is ours so that shutdown never removes a socket
+	// that someone else put at the same path in the meantime.
+	ours, statErr := os.Lstat(socketPath)
+
+	srv := &http.Server{
+		Handler:           s.mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	s.log.Info("api listening", "socket", socketPath)
+
+	var serveErr error
+	select {
+	case serveErr = <-served:
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+		if err := srv.Shutdown(sctx); err != nil {
+			s.log.Warn("api shutdown did not finish cleanly; closing connections", "err", err)
+			srv.Close()
+		}
+		cancel()
+		serveErr = <-served
+	}
+
+	if statErr == nil {
+		if cur, err := os.Lstat(socketPath); err == nil && os.SameFile(ours, cur) {
+			if err := os.Remove(socketPath); err != nil {
+				s.log.Warn("removing api socket", "socket", socketPath, "err", err)
+			}
+		}
+	}
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+		return fmt.Errorf("serving api on %s: %w", socketPath, serveErr)
+	}
+	return nil
+}
+
+// listenUnix0600 returns a listener on socketPath whose socket file has mode
+// 0600 from the moment it is reachable at that path.
+func listenUnix0600(socketPath string) (*net.UnixListener, error) {
+	dir := filepath.Dir(socketPath)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("creating api socket directory %s: %w", dir, err)
+		}
+		// MkdirAll is subject to the umask; the socket's own 0600 is what
+		// guards access, the directory only needs to be traversable.
+		if err := os.Chmod(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("chmod 0755 api socket directory %s: %w", dir, err)
+		}
+	}
+	if err := checkExisting(socketPath); err != nil {
+		return nil, err
+	}
+
+	// MkdirTemp creates the directory 0700, so nobody but us can reach the
+	// socket while it still has the umask-derived mode.
+	tmpDir, err := os.MkdirTemp(dir, ".mqlet-api-")
+	if err != nil {
+		return nil, fmt.Errorf("creating temporary directory for api socket in %s: %w", dir, err)
+	}
+	defer os.RemoveAll(tmpDir)
+	tmpPath := filepath.Join(tmpDir, "s")
+
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmpPath, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listening on api socket %s (bound first at %s): %w", socketPath, tmpPath, err)
+	}
+	// The file moves away from tmpPath, so the listener must not try to
+	// unlink it on Close; Serve removes the final path itself.
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(tmpPath, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("chmod 0600 api socket %s: %w", tmpPath, err)
+	}
+	// rename(2) replaces a stale socket atomically, so clients see either
+	// the old dead socket or the new one, never a missing file.
+	if err := os.Rename(tmpPath, socketPath); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("moving api socket into place at %s: %w", socketPath, err)
+	}
+	return ln, nil
+}
+
+// checkExisting returns nil when socketPath is absent or is a socket nobody
+// answers on (left by an agent that died), and an error when something is
+// still serving there or the path is not a socket at all.
+func checkExisting(socketPath string) error {
+	fi, err := os.Lstat(socketPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("checking existing api socket %s: %w", socketPath, err)
+	}
+	if fi.Mode().Type() != os.ModeSocket {
+		return fmt.Errorf("api socket path %s exists and is not a socket (%s); refusing to replace it", socketPath, fi.Mode().Type())
+	}
+	conn, err := net.DialTimeout("unix", socketPath, 2*time.Second)
+	if err == nil {
+		conn.Close()
+		return fmt.Errorf("another process (probably another mqlet agent) is already serving on %s; stop it or use a different --api-socket", socketPath)
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return nil // stale: the rename in listenUnix0600 replaces it
+	}
+	return fmt.Errorf("probing existing api socket %s: %w", socketPath, err)
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	writeText(w, http.StatusOK, "ok")
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if err := s.p.Ready(); err != nil {
+		writeText(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	writeText(w, http.StatusOK, "ok")
+}
+
+func (s *Server) listPods(w http.ResponseWriter, r *http.Request) {
+	ns := r.PathValue("ns")
+	if ns == "" {
+		ns = r.URL.Query().Get("namespace")
+	}
+	items := []v1.Pod{}
+	for _, p := range s.p.Pods() {
+		if ns != "" && p.Namespace != ns {
+			continue
+		}
+		p.TypeMeta = podTypeMeta
+		items = append(items, p)
+	}
+	sort.Slice(items, func(i, j int) bool {
+		if items[i].Namespace != items[j].Namespace {
+			return items[i].Namespace < items[j].Namespace
+		}
+		return items[i].Name < items[j].Name
+	})
+	s.writeJSON(w, http.StatusOK, &v1.PodList{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PodList"},
+		Items:    items,
+	})
+}
+
+func (s *Server) getPod(w http.ResponseWriter, r *http.Request) {
+	ns, name := r.PathValue("ns"), r.PathValue("name")
+	for _, p := range s.p.Pods() {
+		if p.Namespace == ns && p.Name == name {
+			p.TypeMeta = podTypeMeta
+			s.writeJSON(w, http.StatusOK, &p)
+			return
+		}
+	}
+	st := failure(http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("pod %s/%s not found", ns, name))
+	st.Details = &metav1.StatusDetails{Name: name, Kind: "pods"}
+	s.writeJSON(w, http.StatusNotFound, st)
+}
+
+// fallback turns what ServeMux would answer with plain text into Status
+// bodies. A method-specific pattern shadows "/" only for its own method, so a
+// POST to a GET route lands here; it is recognised by asking the mux which
+// pattern the same request would match as a GET.
+func (s *Server) fallback(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		probe := r.Clone(r.Context())
+		probe.Method = http.MethodGet
+		if _, pattern := s.mux.Handler(probe); pattern != "/" && pattern != "" {
+			w.Header().Set("Allow", "GET, HEAD")
+			s.writeJSON(w, http.StatusMethodNotAllowed, failure(http.StatusMethodNotAllowed, metav1.StatusReasonMethodNotAllowed,
+				fmt.Sprintf("method %s not allowed on %s; the mqlet api is read-only", r.Method, r.URL.Path)))
+			return
+		}
+	}
+	s.writeJSON(w, http.StatusNotFound, failure(http.StatusNotFound, metav1.StatusReasonNotFound,
+		fmt.Sprintf("no api route for %s %s", r.Method, r.URL.Path)))
+}
+
+var podTypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}
+
+func failure(code int32, reason metav1.StatusReason, msg string) *metav1.Status {
+	return &metav1.Status{
+		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Status"},
+		Status:   metav1.StatusFailure,
+		Message:  msg,
+		Reason:   reason,
+		Code:     code,
+	}
+}
+
+func (s *Server) writeJSON(w http.ResponseWriter, code int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		s.log.Error("encoding api response", "type", fmt.Sprintf("%T", v), "err", err)
+		code = http.StatusInternalServerError
+		body, _ = json.Marshal(failure(http.StatusInternalServerError, metav1.StatusReasonInternalError,
+			fmt.Sprintf("encoding %T: %v", v, err)))
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(append(body, '\n'))
+}
+
+func writeText(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(code)
+	fmt.Fprintln(w, msg)
+}
