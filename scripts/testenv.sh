@@ -1,0 +1,347 @@
+#!/usr/bin/env bash
+# Sets up mqlet's real test environment on a Debian machine (run as root):
+#   - a private containerd (own root, state, socket; the system one is never touched)
+#   - a local plain-HTTP registry (Debian's docker-registry) on 127.0.0.1:5000
+#   - test images built from busybox-static by scripts/mkimage
+#   - /run/mqlet-test/env, read by internal/testenv and by `source`
+# Idempotent: on a machine where everything is already up it only checks and
+# prints the environment. Stop it with scripts/testenv-down.sh.
+#
+# Usage: scripts/testenv.sh [--check]
+#   --check  also import busybox into a scratch namespace and run a container
+#            on the private containerd (a smoke test of runc + overlayfs).
+set -euo pipefail
+
+RUN_DIR=/run/mqlet-test
+LIB_DIR=/var/lib/mqlet-test
+SOCK=$RUN_DIR/containerd.sock
+CTRD_CONFIG=$LIB_DIR/containerd.toml
+CTRD_PID=$RUN_DIR/containerd.pid
+CTRD_LOG=$LIB_DIR/containerd.log
+REG_ADDR=127.0.0.1:5000
+REG_CONFIG=$LIB_DIR/registry.yml
+REG_PID=$RUN_DIR/registry.pid
+REG_LOG=$LIB_DIR/registry.log
+IMAGES=$LIB_DIR/images
+BUSYBOX=/bin/busybox
+ENV_FILE=$RUN_DIR/env
+WAIT_SECONDS=30
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+CHECK=0
+for arg in "$@"; do
+	case $arg in
+	--check) CHECK=1 ;;
+	-h | --help)
+		sed -n '2,12p' "$0"
+		exit 0
+		;;
+	*)
+		echo "testenv: unknown argument: $arg" >&2
+		exit 2
+		;;
+	esac
+done
+
+log() { echo "testenv: $*" >&2; }
+die() {
+	echo "testenv: ERROR: $*" >&2
+	exit 1
+}
+
+[ "$(id -u)" = 0 ] || die "must run as root (containerd and runc need it)"
+
+# --- packages ---------------------------------------------------------------
+
+install_packages() {
+	local missing=()
+	command -v containerd >/dev/null || missing+=(containerd)
+	command -v ctr >/dev/null || missing+=(containerd)
+	command -v containerd-shim-runc-v2 >/dev/null || missing+=(containerd)
+	command -v runc >/dev/null || missing+=(runc)
+	command -v docker-registry >/dev/null || missing+=(docker-registry)
+	command -v skopeo >/dev/null || missing+=(skopeo)
+	command -v curl >/dev/null || missing+=(curl)
+	# The dynamic "busybox" package also provides /bin/busybox, but a dynamic
+	# binary cannot run in an image without libc.
+	dpkg -s busybox-static 2>/dev/null | grep -q '^Status: install ok installed' || missing+=(busybox-static)
+	[ ${#missing[@]} -eq 0 ] && return 0
+
+	# Deduplicate: several checks map to the containerd package.
+	mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+	log "installing: ${missing[*]}"
+	# Keep the packages' own services (system containerd, a registry on :5000
+	# that would take our port) from starting during the install.
+	local policy=/usr/sbin/policy-rc.d own_policy=0
+	if [ ! -e $policy ]; then
+		printf '#!/bin/sh\nexit 101\n' >$policy
+		chmod 755 $policy
+		own_policy=1
+	fi
+	local rc=0
+	{
+		apt-get update &&
+			DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+	} || rc=$?
+	[ $own_policy = 1 ] && rm -f $policy
+	[ $rc = 0 ] || die "apt-get install ${missing[*]} failed (exit $rc)"
+}
+
+# --- helpers ----------------------------------------------------------------
+
+# pid_alive PIDFILE EXE_BASENAME: true when the pidfile names a live process
+# running that executable (a recycled pid of another program does not count).
+pid_alive() {
+	local pidfile=$1 exe=$2 pid
+	[ -s "$pidfile" ] || return 1
+	pid=$(cat "$pidfile")
+	[[ $pid =~ ^[0-9]+$ ]] || return 1
+	[ -d "/proc/$pid" ] || return 1
+	[ "$(basename "$(readlink "/proc/$pid/exe" 2>/dev/null)")" = "$exe" ]
+}
+
+# start_daemon PIDFILE LOGFILE CMD...: starts CMD in its own session, so it
+# outlives this script and the caller's process group, and records its pid.
+start_daemon() {
+	local pidfile=$1 logfile=$2
+	shift 2
+	rm -f "$pidfile"
+	# bash writes its own pid and then execs: the pid recorded is the daemon's.
+	# shellcheck disable=SC2016 # $$ and $@ are for the inner bash
+	setsid -f bash -c 'echo $$ >"$1"; shift; exec nohup "$@"' _ "$pidfile" "$@" \
+		</dev/null >>"$logfile" 2>&1
+	local i
+	for ((i = 0; i < 50; i++)); do
+		[ -s "$pidfile" ] && return 0
+		sleep 0.1
+	done
+	die "$1 did not start (no pid in $pidfile); see $logfile"
+}
+
+# wait_for DESC LOGFILE PIDFILE EXE CMD...: polls CMD for up to WAIT_SECONDS.
+wait_for() {
+	local desc=$1 logfile=$2 pidfile=$3 exe=$4 i
+	shift 4
+	for ((i = 0; i < WAIT_SECONDS * 5; i++)); do
+		"$@" >/dev/null 2>&1 && return 0
+		if ! pid_alive "$pidfile" "$exe"; then
+			tail -n 20 "$logfile" >&2 || true
+			die "$desc exited during start-up; log: $logfile"
+		fi
+		sleep 0.2
+	done
+	tail -n 20 "$logfile" >&2 || true
+	die "$desc did not answer within ${WAIT_SECONDS}s; log: $logfile"
+}
+
+# write_if_changed FILE: stdin becomes FILE; returns 0 when the content changed.
+write_if_changed() {
+	local file=$1 tmp
+	tmp=$(mktemp "$file.XXXXXX")
+	cat >"$tmp"
+	if [ -f "$file" ] && cmp -s "$tmp" "$file"; then
+		rm -f "$tmp"
+		return 1
+	fi
+	mv "$tmp" "$file"
+	return 0
+}
+
+stop_pid() {
+	local pidfile=$1 pid i
+	pid=$(cat "$pidfile")
+	kill -TERM "$pid" 2>/dev/null || return 0
+	for ((i = 0; i < 50; i++)); do
+		[ -d "/proc/$pid" ] || return 0
+		sleep 0.2
+	done
+	kill -KILL "$pid" 2>/dev/null || true
+}
+
+# --- containerd -------------------------------------------------------------
+
+containerd_config() {
+	cat <<EOF
+# Written by scripts/testenv.sh: mqlet's private test containerd.
+version = 2
+root = "$LIB_DIR/containerd"
+state = "$RUN_DIR/containerd"
+# 0 leaves the score alone: this machine may lack CAP_SYS_RESOURCE, and
+# lowering oom_score_adj would fail.
+oom_score = 0
+# mqlet talks to containerd's own API, not CRI; the other snapshotters only
+# log errors on filesystems that do not support them.
+disabled_plugins = [
+  "io.containerd.grpc.v1.cri",
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+]
+
+[grpc]
+  address = "$SOCK"
+
+[ttrpc]
+  address = "$SOCK.ttrpc"
+
+[debug]
+  address = "$RUN_DIR/containerd-debug.sock"
+  level = "info"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$LIB_DIR/opt"
+EOF
+}
+
+# Without a connect timeout ctr waits 10s for a socket that is not there yet.
+ctr_answers() { [ -S "$SOCK" ] && ctr --connect-timeout 2s --address "$SOCK" version; }
+
+ensure_containerd() {
+	local changed=0
+	containerd_config | write_if_changed "$CTRD_CONFIG" && changed=1
+	if pid_alive "$CTRD_PID" containerd; then
+		if [ $changed = 0 ]; then
+			wait_for containerd "$CTRD_LOG" "$CTRD_PID" containerd ctr_answers
+			return 0
+		fi
+		log "containerd config changed; restarting"
+		stop_pid "$CTRD_PID"
+	elif ctr_answers >/dev/null 2>&1; then
+		die "something answers on $SOCK but $CTRD_PID names no live containerd; stop it and run again"
+	fi
+	rm -f "$SOCK" "$SOCK.ttrpc" "$RUN_DIR/containerd-debug.sock"
+	log "starting containerd on $SOCK (log: $CTRD_LOG)"
+	start_daemon "$CTRD_PID" "$CTRD_LOG" "$(command -v containerd)" --config "$CTRD_CONFIG"
+	wait_for containerd "$CTRD_LOG" "$CTRD_PID" containerd ctr_answers
+}
+
+# --- registry ---------------------------------------------------------------
+
+registry_config() {
+	cat <<EOF
+# Written by scripts/testenv.sh: mqlet's local test registry (plain HTTP, no auth).
+version: 0.1
+log:
+  level: info
+  fields:
+    service: mqlet-test-registry
+storage:
+  filesystem:
+    rootdirectory: $LIB_DIR/registry
+  delete:
+    enabled: true
+http:
+  addr: $REG_ADDR
+  secret: mqlet-test-registry
+EOF
+}
+
+registry_answers() { curl -fsS --max-time 2 "http://$REG_ADDR/v2/"; }
+
+ensure_registry() {
+	local changed=0
+	registry_config | write_if_changed "$REG_CONFIG" && changed=1
+	if pid_alive "$REG_PID" docker-registry; then
+		if [ $changed = 0 ]; then
+			wait_for registry "$REG_LOG" "$REG_PID" docker-registry registry_answers
+			return 0
+		fi
+		log "registry config changed; restarting"
+		stop_pid "$REG_PID"
+	elif curl -sS --max-time 2 -o /dev/null "http://$REG_ADDR/v2/" 2>/dev/null; then
+		die "$REG_ADDR is already served by another process (system docker-registry?); stop it and run again"
+	fi
+	mkdir -p "$LIB_DIR/registry"
+	log "starting docker-registry on $REG_ADDR (log: $REG_LOG)"
+	start_daemon "$REG_PID" "$REG_LOG" "$(command -v docker-registry)" serve "$REG_CONFIG"
+	wait_for registry "$REG_LOG" "$REG_PID" docker-registry registry_answers
+}
+
+# --- images -----------------------------------------------------------------
+
+find_go() {
+	if command -v go >/dev/null; then
+		command -v go
+	elif [ -x /usr/local/go/bin/go ]; then
+		echo /usr/local/go/bin/go
+	else
+		die "go is needed to build the test images (scripts/mkimage) but is neither on PATH nor at /usr/local/go/bin/go"
+	fi
+}
+
+ensure_images() {
+	local outputs=(busybox.tar busybox-2.tar echo.tar busybox-oci.tar)
+	# The stamp covers everything the archives depend on: the busybox binary,
+	# the generator's source and the architecture.
+	local stamp
+	stamp="busybox $(sha256sum <"$BUSYBOX" | cut -d' ' -f1)
+mkimage $(cat "$REPO_ROOT"/scripts/mkimage/*.go | sha256sum | cut -d' ' -f1)
+arch $(dpkg --print-architecture)"
+	local f rebuild=0
+	for f in "${outputs[@]}"; do
+		[ -s "$IMAGES/$f" ] || rebuild=1
+	done
+	[ -f "$IMAGES/.stamp" ] && [ "$(cat "$IMAGES/.stamp")" = "$stamp" ] || rebuild=1
+	[ $rebuild = 1 ] || return 0
+
+	local gobin
+	gobin=$(find_go)
+	# go needs a cache directory; CI environments may not set HOME.
+	export HOME=${HOME:-/root}
+	log "building test images into $IMAGES"
+	rm -f "$IMAGES/.stamp"
+	(cd "$REPO_ROOT" && "$gobin" run ./scripts/mkimage -busybox "$BUSYBOX" -out "$IMAGES") >&2 ||
+		die "scripts/mkimage failed"
+	echo "$stamp" >"$IMAGES/.stamp"
+}
+
+# config_digest TARBALL: the image config digest recorded in a docker-archive.
+config_digest() {
+	tar -xOf "$1" manifest.json | grep -o '"Config":"[0-9a-f]\{64\}' | cut -d'"' -f4
+}
+
+# push IMAGE_FILE REPO:TAG: pushes unless the registry already holds this exact
+# config (so a rebuilt image replaces a stale one).
+push() {
+	local src=$IMAGES/$1 dest=docker://$REG_ADDR/$2 want have
+	want=$(config_digest "$src") || die "cannot read the config digest of $src"
+	have=$(skopeo inspect --tls-verify=false --config --raw "$dest" 2>/dev/null | sha256sum | cut -d' ' -f1) || true
+	[ "$have" = "$want" ] && return 0
+	log "pushing $1 to $REG_ADDR/$2"
+	# --insecure-policy: these are our own local images; a fresh machine may
+	# lack /etc/containers/policy.json.
+	skopeo --insecure-policy copy --quiet --dest-tls-verify=false "docker-archive:$src" "$dest" >&2 ||
+		die "skopeo copy of $src to $dest failed"
+}
+
+smoke_check() {
+	local ns=mqlet-testenv-check out
+	log "smoke check: import and run busybox in namespace $ns"
+	ctr --address "$SOCK" -n $ns images import "$IMAGES/busybox.tar" >/dev/null
+	out=$(ctr --address "$SOCK" -n $ns run --rm mqlet.test/busybox:1 "smoke-$$" sh -c 'echo ok') ||
+		die "running a container on $SOCK failed"
+	ctr --address "$SOCK" -n $ns images rm --sync mqlet.test/busybox:1 >/dev/null || true
+	ctr --address "$SOCK" namespaces rm $ns >/dev/null 2>&1 || true
+	[ "$out" = ok ] || die "smoke container printed '$out', want 'ok'"
+	log "smoke check: ok"
+}
+
+# --- main -------------------------------------------------------------------
+
+install_packages
+mkdir -p "$RUN_DIR" "$LIB_DIR" "$IMAGES"
+ensure_containerd
+ensure_registry
+ensure_images
+push busybox.tar mqlet/busybox:1
+push busybox-2.tar mqlet/busybox:2
+[ $CHECK = 1 ] && smoke_check
+
+write_if_changed "$ENV_FILE" <<EOF || true
+MQLET_TEST_CONTAINERD=$SOCK
+MQLET_TEST_REGISTRY=$REG_ADDR
+MQLET_TEST_IMAGES=$IMAGES
+EOF
+cat "$ENV_FILE"
