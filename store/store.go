@@ -1,0 +1,253 @@
+// Package store keeps the agent's persistent state in one bbolt file (FileName under the state dir).
+//
+// On-disk layout, schema version 1 (every key and value is a byte string):
+//
+//	meta/
+//	    schema_version  -> decimal ASCII text, e.g. "1"
+//	desired_pods/
+//	    <pod UID>       -> JSON {"source": "<opaque source>", "pod": <v1.Pod>}
+//	pod_status/
+//	    <pod UID>       -> JSON <v1.PodStatus>
+//
+// Values are encoding/json of the k8s.io/api types, so metav1.Time fields keep whole seconds only.
+//
+// Schema version 0 is a file written before the meta bucket existed: a single bucket "pods" keyed by
+// "namespace/name" holding v1.Pod JSON. Open migrates it (see migrations in migrate.go).
+//
+// Open never rewrites an existing file it cannot read: a damaged file is refused with ErrCorrupt
+// and a recovery hint (everything in it can be rebuilt from the pod sources and containerd).
+//
+// Rules for changing the layout (later parts add the outbox, events and node status): add buckets or
+// change encodings only together with a new SchemaVersion and a migration step from the previous
+// version, and commit a fixture file written by the previous release under testdata/ with a test
+// that opens a copy of it. A binary refuses a file with a newer schema than it knows, so a downgrade
+// fails loudly instead of misreading data.
+package store
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// SchemaVersion is the layout version this binary writes; see the package comment.
+const SchemaVersion = 1
+
+// FileName is the name of the state file under the agent's state dir.
+const FileName = "state.db"
+
+const (
+	// lockTimeout bounds how long Open waits for another process's lock on the file: long enough
+	// to ride out a previous agent that is still shutting down, short enough to fail visibly.
+	lockTimeout = 2 * time.Second
+	// batchDelay is short because pod workers wait on these writes on the pod start path; a few
+	// milliseconds is still enough to fold a burst of status updates into one fsync.
+	batchDelay = 2 * time.Millisecond
+)
+
+var (
+	bucketMeta    = []byte("meta")
+	bucketDesired = []byte("desired_pods")
+	bucketStatus  = []byte("pod_status")
+
+	keySchemaVersion = []byte("schema_version")
+)
+
+// currentBuckets are the buckets a file at SchemaVersion must have.
+func currentBuckets() [][]byte {
+	return [][]byte{bucketMeta, bucketDesired, bucketStatus}
+}
+
+// Errors that Open wraps, for callers that want to react (e.g. exit codes); the error text
+// already says what to do.
+var (
+	ErrCorrupt     = errors.New("state file is corrupt or unreadable")
+	ErrLocked      = errors.New("state file is locked by another process")
+	ErrNewerSchema = errors.New("state file was written by a newer mqlet")
+)
+
+// DB is the agent's persistent state in one bbolt file.
+type DB struct {
+	path    string
+	bolt    *bolt.DB
+	notices []string
+}
+
+// Open opens (creating if absent) the bbolt state file at path. The parent directory must exist.
+// An existing file that is not a readable bbolt file is refused with ErrCorrupt and left untouched;
+// a file with a newer schema is refused with ErrNewerSchema; an older schema is migrated in one
+// transaction. A second agent on the same file gets ErrLocked after about two seconds.
+func Open(path string) (*DB, error) {
+	return open(path, lockTimeout)
+}
+
+func open(path string, timeout time.Duration) (d *DB, err error) {
+	// bbolt trusts the file: a bad page can make it panic, or fault on the mmap, and a panic inside
+	// bolt.Open leaks its file and lock. So the parts bolt.Open reads (meta pages, freelist page,
+	// file length) are checked first with plain reads, and the rest is walked once below, where
+	// panics and faults become this error instead of a crash later in a pod worker.
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	var bdb *bolt.DB
+	defer func() {
+		if r := recover(); r != nil {
+			if bdb != nil {
+				closeQuietly(bdb)
+			}
+			d, err = nil, corruptError(path, fmt.Errorf("bbolt panicked reading it: %v", r))
+		}
+	}()
+
+	notice, err := precheck(path, timeout)
+	if err != nil {
+		return nil, err
+	}
+
+	// A zero-length file carries no data: bbolt initialises it like a new one.
+	bdb, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout})
+	if err != nil {
+		bdb = nil
+		switch {
+		case errors.Is(err, berrors.ErrTimeout):
+			return nil, lockedError(path, timeout, err)
+		case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrChecksum),
+			errors.Is(err, berrors.ErrVersionMismatch):
+			return nil, corruptError(path, err)
+		case errors.Is(err, fs.ErrNotExist):
+			return nil, fmt.Errorf("open state db %s: %w (the state directory must exist)", path, err)
+		default:
+			return nil, fmt.Errorf("open state db %s: %w", path, err)
+		}
+	}
+	bdb.MaxBatchDelay = batchDelay
+
+	d = &DB{path: path, bolt: bdb}
+	if notice != "" {
+		d.notices = append(d.notices, notice)
+	}
+	version, err := d.inspect()
+	if err != nil {
+		closeQuietly(bdb)
+		return nil, err
+	}
+	if version > SchemaVersion {
+		closeQuietly(bdb)
+		return nil, fmt.Errorf("open state db %s: %w: schema version %d, this binary knows up to %d; "+
+			"run the newer mqlet, or move the file aside (mv %s %s.v%d) to start from empty state",
+			path, ErrNewerSchema, version, SchemaVersion, path, path, version)
+	}
+	if err := d.upgrade(version); err != nil {
+		closeQuietly(bdb)
+		return nil, err
+	}
+	return d, nil
+}
+
+func lockedError(path string, timeout time.Duration, cause error) error {
+	return fmt.Errorf("open state db %s: %w (waited %s; is another mqlet agent running with the same state dir?): %w",
+		path, ErrLocked, timeout, cause)
+}
+
+func closeQuietly(bdb *bolt.DB) {
+	defer func() { _ = recover() }()
+	_ = bdb.Close()
+}
+
+func corruptError(path string, cause error) error {
+	return fmt.Errorf("open state db %s: %w (%w): move it aside (mv %s %s.corrupt) and restart: "+
+		"desired pods are re-read from the manifest dir (and the MQTT downlink); pod status is rebuilt from containerd",
+		path, ErrCorrupt, cause, path, path)
+}
+
+// versionEmpty marks a file with no buckets at all: new, or created by a run that stopped
+// before its first transaction.
+const versionEmpty = -1
+
+// inspect checks, without writing, that every page reachable from the chosen meta page lies in the
+// file and parses, then reports the schema version.
+func (d *DB) inspect() (int, error) {
+	st, err := os.Stat(d.path)
+	if err != nil {
+		return 0, fmt.Errorf("open state db %s: %w", d.path, err)
+	}
+	version := versionEmpty
+	err = d.bolt.View(func(tx *bolt.Tx) error {
+		// Pages past the end of the file are mapped but unbacked: touching them is SIGBUS. A file
+		// shorter than its own high-water mark was truncated (or its meta page lies).
+		if tx.Size() > st.Size() {
+			return corruptError(d.path, fmt.Errorf("file is %d bytes but its meta page says %d: truncated", st.Size(), tx.Size()))
+		}
+		if err := walk(tx); err != nil {
+			return corruptError(d.path, err)
+		}
+		var names []string
+		_ = tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+			names = append(names, string(name))
+			return nil
+		})
+		meta := tx.Bucket(bucketMeta)
+		switch {
+		case meta != nil:
+			raw := meta.Get(keySchemaVersion)
+			v, err := strconv.Atoi(string(raw))
+			if err != nil || v < 0 {
+				return corruptError(d.path, fmt.Errorf("meta/%s is %q, want a decimal number", keySchemaVersion, raw))
+			}
+			version = v
+		case len(names) == 0:
+			version = versionEmpty
+		case len(names) == 1 && names[0] == string(bucketPodsV0):
+			version = 0
+		default:
+			return fmt.Errorf("open state db %s: %w: it is a bbolt file but not an mqlet state file (buckets %q, no %q bucket); "+
+				"check the state dir, or move the file aside (mv %s %s.foreign)", d.path, ErrCorrupt, names, bucketMeta, d.path, d.path)
+		}
+		if version == SchemaVersion {
+			for _, b := range currentBuckets() {
+				if tx.Bucket(b) == nil {
+					return corruptError(d.path, fmt.Errorf("schema version %d but bucket %q is missing", version, b))
+				}
+			}
+		}
+		return nil
+	})
+	return version, err
+}
+
+// walk visits every key in every bucket, nested ones included, so that each branch, leaf and
+// overflow page is read once (ForEach hands out values, which lie on those pages).
+func walk(tx *bolt.Tx) error {
+	var visit func(b *bolt.Bucket, path string) error
+	visit = func(b *bolt.Bucket, path string) error {
+		if err := b.ForEach(func(k, v []byte) error { return nil }); err != nil {
+			return fmt.Errorf("bucket %s: %w", path, err)
+		}
+		return b.ForEachBucket(func(k []byte) error {
+			return visit(b.Bucket(k), path+"/"+string(k))
+		})
+	}
+	return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+		return visit(b, string(name))
+	})
+}
+
+// Close releases the file and its lock after pending batched writes have committed.
+func (d *DB) Close() error {
+	if err := d.bolt.Close(); err != nil {
+		return fmt.Errorf("close state db %s: %w", d.path, err)
+	}
+	return nil
+}
+
+// Path is the file the DB was opened from.
+func (d *DB) Path() string { return d.path }
+
+// Notices lists things Open did or found that an operator should see in the log: migrations
+// run, records dropped by them, a damaged meta page recovered from. Empty on a normal open.
+func (d *DB) Notices() []string { return append([]string(nil), d.notices...) }

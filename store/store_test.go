@@ -1,0 +1,773 @@
+package store
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	v1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+var regen = flag.Bool("regen", false, "rewrite testdata/v0.db (a schema 0 file, as old releases wrote it)")
+
+func testPod(ns, name, uid string) *v1.Pod {
+	return &v1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, UID: types.UID(uid), Labels: map[string]string{"app": name}},
+		Spec: v1.PodSpec{
+			RestartPolicy: v1.RestartPolicyAlways,
+			Containers: []v1.Container{{
+				Name:    "main",
+				Image:   "busybox:latest",
+				Command: []string{"sh", "-c", "while true; do echo " + name + "; sleep 5; done"},
+				Resources: v1.ResourceRequirements{
+					Limits: v1.ResourceList{v1.ResourceMemory: resource.MustParse("32Mi"), v1.ResourceCPU: resource.MustParse("250m")},
+				},
+			}},
+		},
+	}
+}
+
+func testStatus(phase v1.PodPhase, restarts int32) *v1.PodStatus {
+	// metav1.Time is encoded with whole seconds.
+	start := metav1.NewTime(time.Date(2025, 3, 4, 5, 6, 7, 0, time.UTC))
+	return &v1.PodStatus{
+		Phase:     phase,
+		StartTime: &start,
+		Conditions: []v1.PodCondition{{
+			Type: v1.PodReady, Status: v1.ConditionTrue, LastTransitionTime: start,
+		}},
+		ContainerStatuses: []v1.ContainerStatus{{
+			Name: "main", Ready: true, RestartCount: restarts, ContainerID: "containerd://abc",
+			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: start}},
+		}},
+	}
+}
+
+func openTemp(t testing.TB) (*DB, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", path, err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	return d, path
+}
+
+func mustPutDesired(t *testing.T, d *DB, p *v1.Pod, source string) {
+	t.Helper()
+	if err := d.PutDesired(DesiredPod{Pod: p, Source: source}); err != nil {
+		t.Fatalf("PutDesired(%s): %v", p.UID, err)
+	}
+}
+
+func desiredNames(t *testing.T, d *DB) []string {
+	t.Helper()
+	pods, err := d.ListDesired()
+	if err != nil {
+		t.Fatalf("ListDesired: %v", err)
+	}
+	var out []string
+	for _, p := range pods {
+		out = append(out, fmt.Sprintf("%s/%s=%s@%s", p.Pod.Namespace, p.Pod.Name, p.Pod.UID, p.Source))
+	}
+	return out
+}
+
+func TestDesiredRoundTrip(t *testing.T) {
+	d, path := openTemp(t)
+	if d.Path() != path {
+		t.Errorf("Path() = %q, want %q", d.Path(), path)
+	}
+	web := testPod("default", "web", "uid-web")
+	mustPutDesired(t, d, web, "file:/etc/mqlet/pods/web.yaml#0")
+	mustPutDesired(t, d, testPod("kube-system", "agent", "uid-agent"), "mqtt:")
+	mustPutDesired(t, d, testPod("default", "db", "uid-db"), "file:/etc/mqlet/pods/db.yaml#0")
+
+	got, ok, err := d.GetDesired("uid-web")
+	if err != nil || !ok {
+		t.Fatalf("GetDesired(uid-web) = _, %v, %v; want found", ok, err)
+	}
+	if got.Source != "file:/etc/mqlet/pods/web.yaml#0" {
+		t.Errorf("Source = %q", got.Source)
+	}
+	if !reflect.DeepEqual(got.Pod, web) {
+		t.Errorf("pod changed in round trip:\n got %+v\nwant %+v", got.Pod, web)
+	}
+
+	want := []string{
+		"default/db=uid-db@file:/etc/mqlet/pods/db.yaml#0",
+		"default/web=uid-web@file:/etc/mqlet/pods/web.yaml#0",
+		"kube-system/agent=uid-agent@mqtt:",
+	}
+	if got := desiredNames(t, d); !reflect.DeepEqual(got, want) {
+		t.Errorf("ListDesired = %q, want %q", got, want)
+	}
+
+	// Put replaces.
+	web2 := testPod("default", "web", "uid-web")
+	web2.Spec.Containers[0].Image = "busybox:2"
+	mustPutDesired(t, d, web2, "file:/etc/mqlet/pods/web.yaml#0")
+	if got, _, _ := d.GetDesired("uid-web"); got.Pod.Spec.Containers[0].Image != "busybox:2" {
+		t.Errorf("after second put image = %q, want busybox:2", got.Pod.Spec.Containers[0].Image)
+	}
+
+	if err := d.DeleteDesired("uid-web"); err != nil {
+		t.Fatalf("DeleteDesired: %v", err)
+	}
+	if _, ok, err := d.GetDesired("uid-web"); ok || err != nil {
+		t.Errorf("GetDesired after delete = found %v, err %v; want not found", ok, err)
+	}
+	if err := d.DeleteDesired("uid-never-existed"); err != nil {
+		t.Errorf("DeleteDesired(missing) = %v, want nil", err)
+	}
+
+	if err := d.PutDesired(DesiredPod{Pod: testPod("default", "x", ""), Source: "file:"}); err == nil ||
+		!strings.Contains(err.Error(), "default/x") || !strings.Contains(err.Error(), "uid") {
+		t.Errorf("PutDesired without uid: err = %v, want one naming default/x and the missing uid", err)
+	}
+	if err := d.PutDesired(DesiredPod{Source: "file:"}); err == nil {
+		t.Errorf("PutDesired with nil pod: want error")
+	}
+}
+
+func TestStatusRoundTrip(t *testing.T) {
+	d, _ := openTemp(t)
+	running := testStatus(v1.PodRunning, 2)
+	if err := d.PutStatus("uid-a", running); err != nil {
+		t.Fatalf("PutStatus: %v", err)
+	}
+	if err := d.PutStatus("uid-b", testStatus(v1.PodPending, 0)); err != nil {
+		t.Fatalf("PutStatus: %v", err)
+	}
+	got, ok, err := d.GetStatus("uid-a")
+	if err != nil || !ok {
+		t.Fatalf("GetStatus(uid-a) = _, %v, %v", ok, err)
+	}
+	if !apiequality.Semantic.DeepEqual(got, running) { // times come back in time.Local
+		t.Errorf("status changed in round trip:\n got %+v\nwant %+v", got, running)
+	}
+	if _, ok, err := d.GetStatus("uid-missing"); ok || err != nil {
+		t.Errorf("GetStatus(missing) = found %v, err %v", ok, err)
+	}
+	all, err := d.ListStatus()
+	if err != nil {
+		t.Fatalf("ListStatus: %v", err)
+	}
+	if len(all) != 2 || all["uid-b"] == nil || all["uid-b"].Phase != v1.PodPending || all["uid-a"].ContainerStatuses[0].RestartCount != 2 {
+		t.Errorf("ListStatus = %+v", all)
+	}
+	if err := d.DeleteStatus("uid-a"); err != nil {
+		t.Fatalf("DeleteStatus: %v", err)
+	}
+	if err := d.DeleteStatus("uid-a"); err != nil {
+		t.Errorf("DeleteStatus twice: %v", err)
+	}
+	if _, ok, _ := d.GetStatus("uid-a"); ok {
+		t.Errorf("status still there after DeleteStatus")
+	}
+	if err := d.PutStatus("uid-c", nil); err == nil || !strings.Contains(err.Error(), "uid-c") {
+		t.Errorf("PutStatus(nil) = %v, want error naming uid-c", err)
+	}
+}
+
+func TestReplaceDesired(t *testing.T) {
+	d, _ := openTemp(t)
+	mustPutDesired(t, d, testPod("default", "a", "uid-a"), "file:/pods/a.yaml#0")
+	mustPutDesired(t, d, testPod("default", "b", "uid-b"), "file:/pods/b.yaml#0")
+	mustPutDesired(t, d, testPod("default", "c", "uid-c"), "mqtt:")
+	mustPutDesired(t, d, testPod("default", "e", "uid-e"), "files-elsewhere:")
+
+	a2 := testPod("default", "a", "uid-a")
+	a2.Labels["v"] = "2"
+	deleted, err := d.ReplaceDesired("file:", []DesiredPod{
+		{Pod: a2, Source: "file:/pods/a.yaml#0"},
+		{Pod: testPod("default", "d", "uid-d"), Source: "file:/pods/d.yaml#0"},
+	})
+	if err != nil {
+		t.Fatalf("ReplaceDesired: %v", err)
+	}
+	if want := []types.UID{"uid-b"}; !reflect.DeepEqual(deleted, want) {
+		t.Errorf("deleted = %q, want %q", deleted, want)
+	}
+	want := []string{
+		"default/a=uid-a@file:/pods/a.yaml#0",
+		"default/c=uid-c@mqtt:",
+		"default/d=uid-d@file:/pods/d.yaml#0",
+		"default/e=uid-e@files-elsewhere:",
+	}
+	if got := desiredNames(t, d); !reflect.DeepEqual(got, want) {
+		t.Errorf("after replace: %q, want %q", got, want)
+	}
+	if got, _, _ := d.GetDesired("uid-a"); got.Pod.Labels["v"] != "2" {
+		t.Errorf("uid-a not updated: labels %v", got.Pod.Labels)
+	}
+
+	// An empty list clears the prefix and nothing else.
+	deleted, err = d.ReplaceDesired("file:", nil)
+	if err != nil {
+		t.Fatalf("ReplaceDesired(empty): %v", err)
+	}
+	if want := []types.UID{"uid-a", "uid-d"}; !reflect.DeepEqual(deleted, want) {
+		t.Errorf("deleted = %q, want %q", deleted, want)
+	}
+	if got, want := desiredNames(t, d), []string{"default/c=uid-c@mqtt:", "default/e=uid-e@files-elsewhere:"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("after clearing: %q, want %q", got, want)
+	}
+
+	// Invalid input changes nothing.
+	before := desiredNames(t, d)
+	for name, pods := range map[string][]DesiredPod{
+		"source outside prefix": {{Pod: testPod("default", "x", "uid-x"), Source: "file:/x"}, {Pod: testPod("default", "y", "uid-y"), Source: "mqtt:"}},
+		"duplicate uid":         {{Pod: testPod("default", "x", "uid-x"), Source: "file:/x"}, {Pod: testPod("default", "x2", "uid-x"), Source: "file:/x2"}},
+		"missing uid":           {{Pod: testPod("default", "x", ""), Source: "file:/x"}},
+	} {
+		if _, err := d.ReplaceDesired("file:", pods); err == nil {
+			t.Errorf("%s: ReplaceDesired succeeded, want error", name)
+		}
+	}
+	if got := desiredNames(t, d); !reflect.DeepEqual(got, before) {
+		t.Errorf("failed ReplaceDesired changed the store: %q, want %q", got, before)
+	}
+}
+
+func TestConcurrentPutStatus(t *testing.T) {
+	d, path := openTemp(t)
+	const workers, updates = 50, 5
+	var wg sync.WaitGroup
+	errs := make(chan error, workers*updates)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			uid := types.UID(fmt.Sprintf("uid-%02d", w))
+			for i := range updates {
+				if err := d.PutStatus(uid, testStatus(v1.PodRunning, int32(i))); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("PutStatus: %v", err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Read back from a fresh open so the check is about what reached the file.
+	d2, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.Close()
+	all, err := d2.ListStatus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != workers {
+		t.Fatalf("ListStatus has %d entries, want %d", len(all), workers)
+	}
+	for uid, s := range all {
+		if got := s.ContainerStatuses[0].RestartCount; got != updates-1 {
+			t.Errorf("%s: last write lost: restart count %d, want %d", uid, got, updates-1)
+		}
+	}
+}
+
+func TestReopenKeepsEverything(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	d, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := d.Notices(); len(n) != 0 {
+		t.Errorf("fresh file: notices %q, want none", n)
+	}
+	pod := testPod("default", "web", "uid-web")
+	mustPutDesired(t, d, pod, "mqtt:")
+	st := testStatus(v1.PodRunning, 1)
+	if err := d.PutStatus("uid-web", st); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	before := readFile(t, path)
+
+	d, err = Open(path)
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	got, ok, err := d.GetDesired("uid-web")
+	if err != nil || !ok || !reflect.DeepEqual(got.Pod, pod) || got.Source != "mqtt:" {
+		t.Errorf("desired after reopen = %+v, %v, %v", got, ok, err)
+	}
+	gotSt, ok, err := d.GetStatus("uid-web")
+	if err != nil || !ok || !apiequality.Semantic.DeepEqual(gotSt, st) {
+		t.Errorf("status after reopen = %+v, %v, %v", gotSt, ok, err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Opening a current file and reading it must not write to it.
+	if !bytes.Equal(before, readFile(t, path)) {
+		t.Errorf("open + reads + close changed %s", path)
+	}
+}
+
+func TestOpenEmptyExistingFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(path)
+	if err != nil {
+		t.Fatalf("Open(zero-length file): %v", err)
+	}
+	defer d.Close()
+	if _, err := d.ListDesired(); err != nil {
+		t.Errorf("ListDesired: %v", err)
+	}
+}
+
+func TestOpenMissingDir(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "no-such-dir", FileName)
+	_, err := Open(path)
+	if err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("Open(%s) = %v, want error naming the path", path, err)
+	}
+	if _, statErr := os.Stat(filepath.Dir(path)); !os.IsNotExist(statErr) {
+		t.Errorf("Open created the parent directory")
+	}
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// validFile writes a current-schema file with enough records that its data pages extend well
+// past its first half.
+func validFile(t *testing.T, path string) {
+	t.Helper()
+	d, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		uid := types.UID(fmt.Sprintf("uid-%02d", i))
+		mustPutDesired(t, d, testPod("default", fmt.Sprintf("pod-%02d", i), string(uid)), "file:")
+		if err := d.PutStatus(uid, testStatus(v1.PodRunning, int32(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// metaTxid reads the transaction id of meta page i (bbolt format 2: page header 16 bytes, txid at
+// offset 48 in the meta struct).
+func metaTxid(b []byte, i int) uint64 {
+	off := i*os.Getpagesize() + 16 + 48
+	return binary.NativeEndian.Uint64(b[off : off+8])
+}
+
+// newestMetaField reads the uint64 at offset off in the meta struct of the meta page with the
+// higher txid (16: root bucket page, 32: freelist page).
+func newestMetaField(b []byte, off int) uint64 {
+	i := 0
+	if metaTxid(b, 1) > metaTxid(b, 0) {
+		i = 1
+	}
+	at := i*os.Getpagesize() + 16 + off
+	return binary.NativeEndian.Uint64(b[at : at+8])
+}
+
+// smashPage overwrites page id with random bytes.
+func smashPage(b []byte, id uint64, seed int64) {
+	ps := uint64(os.Getpagesize())
+	rand.New(rand.NewSource(seed)).Read(b[id*ps : (id+1)*ps])
+}
+
+// flipMetaByte flips one byte of the root bucket page id in meta page i, which breaks its checksum.
+func flipMetaByte(b []byte, i int) {
+	b[i*os.Getpagesize()+16+16] ^= 0xff
+}
+
+func TestCorruptFilesRefused(t *testing.T) {
+	cases := map[string]func(t *testing.T, path string){
+		"random garbage 64KiB": func(t *testing.T, path string) {
+			b := make([]byte, 64<<10)
+			rand.New(rand.NewSource(1)).Read(b)
+			writeFile(t, path, b)
+		},
+		"zeros 32KiB": func(t *testing.T, path string) {
+			writeFile(t, path, make([]byte, 32<<10))
+		},
+		"short garbage": func(t *testing.T, path string) {
+			writeFile(t, path, []byte("this is not a database\n"))
+		},
+		"valid db truncated to half": func(t *testing.T, path string) {
+			validFile(t, path)
+			b := readFile(t, path)
+			writeFile(t, path, b[:len(b)/2])
+		},
+		"valid db with a flipped byte in both meta pages": func(t *testing.T, path string) {
+			validFile(t, path)
+			b := readFile(t, path)
+			flipMetaByte(b, 0)
+			flipMetaByte(b, 1)
+			writeFile(t, path, b)
+		},
+		"valid db with garbage over its freelist page": func(t *testing.T, path string) {
+			validFile(t, path)
+			b := readFile(t, path)
+			smashPage(b, newestMetaField(b, 32), 2)
+			writeFile(t, path, b)
+		},
+		"valid db with garbage over its root page": func(t *testing.T, path string) {
+			validFile(t, path)
+			b := readFile(t, path)
+			smashPage(b, newestMetaField(b, 16), 3)
+			writeFile(t, path, b)
+		},
+		"valid db with a zeroed root page": func(t *testing.T, path string) {
+			validFile(t, path)
+			b := readFile(t, path)
+			root := newestMetaField(b, 16)
+			ps := uint64(os.Getpagesize())
+			clear(b[root*ps : (root+1)*ps])
+			writeFile(t, path, b)
+		},
+		"another program's bbolt file": func(t *testing.T, path string) {
+			bdb, err := bolt.Open(path, 0o600, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = bdb.Update(func(tx *bolt.Tx) error {
+				b, err := tx.CreateBucket([]byte("v1"))
+				if err != nil {
+					return err
+				}
+				return b.Put([]byte("k"), []byte("v"))
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := bdb.Close(); err != nil {
+				t.Fatal(err)
+			}
+		},
+	}
+	for name, setup := range cases {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), FileName)
+			setup(t, path)
+			before := readFile(t, path)
+
+			d, err := Open(path)
+			if err == nil {
+				d.Close()
+				t.Fatalf("Open succeeded on a corrupt file")
+			}
+			msg := err.Error()
+			t.Logf("error: %s", msg)
+			if !errors.Is(err, ErrCorrupt) {
+				t.Errorf("error is not ErrCorrupt: %v", err)
+			}
+			for _, want := range []string{path, "corrupt", "mv " + path} {
+				if !strings.Contains(msg, want) {
+					t.Errorf("error %q does not contain %q", msg, want)
+				}
+			}
+			if !bytes.Equal(before, readFile(t, path)) {
+				t.Errorf("Open modified the corrupt file")
+			}
+			// The lock is released: a retry gives the same answer, not "locked".
+			if _, err := Open(path); !errors.Is(err, ErrCorrupt) {
+				t.Errorf("second Open = %v, want ErrCorrupt again", err)
+			}
+		})
+	}
+}
+
+// One damaged meta page is what a torn commit leaves behind; bbolt opens from the other one,
+// which describes the previous, complete transaction. That is accepted and reported.
+func TestOneBadMetaPageRecovered(t *testing.T) {
+	for _, which := range []string{"newest", "older"} {
+		t.Run(which, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), FileName)
+			validFile(t, path)
+			b := readFile(t, path)
+			newest := 0
+			if metaTxid(b, 1) > metaTxid(b, 0) {
+				newest = 1
+			}
+			page := newest
+			if which == "older" {
+				page = 1 - newest
+			}
+			flipMetaByte(b, page)
+			writeFile(t, path, b)
+
+			d, err := Open(path)
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			defer d.Close()
+			notices := strings.Join(d.Notices(), "\n")
+			if !strings.Contains(notices, fmt.Sprintf("meta page %d", page)) || !strings.Contains(notices, path) {
+				t.Errorf("notices %q do not report meta page %d of %s", notices, page, path)
+			}
+			pods, err := d.ListDesired()
+			if err != nil {
+				t.Fatalf("ListDesired: %v", err)
+			}
+			// The last transaction was one PutStatus, so every desired pod predates it.
+			if len(pods) != 30 {
+				t.Errorf("ListDesired has %d pods, want 30", len(pods))
+			}
+		})
+	}
+}
+
+func writeFile(t *testing.T, path string, b []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func setSchemaVersion(t *testing.T, path, version string) {
+	t.Helper()
+	bdb, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bdb.Close()
+	err = bdb.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte(version))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestNewerSchemaRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	validFile(t, path)
+	setSchemaVersion(t, path, "99")
+	before := readFile(t, path)
+	_, err := Open(path)
+	if !errors.Is(err, ErrNewerSchema) {
+		t.Fatalf("Open = %v, want ErrNewerSchema", err)
+	}
+	for _, want := range []string{path, "99", fmt.Sprint(SchemaVersion)} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not contain %q", err, want)
+		}
+	}
+	if !bytes.Equal(before, readFile(t, path)) {
+		t.Errorf("Open modified a newer-schema file")
+	}
+}
+
+func TestBadSchemaVersionRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	validFile(t, path)
+	setSchemaVersion(t, path, "one")
+	_, err := Open(path)
+	if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), `"one"`) {
+		t.Fatalf("Open = %v, want ErrCorrupt quoting the bad version", err)
+	}
+}
+
+func TestLockedFile(t *testing.T) {
+	d, path := openTemp(t)
+	_, err := Open(path)
+	if err == nil {
+		t.Fatal("second Open of the same file succeeded")
+	}
+	if !errors.Is(err, ErrLocked) || !strings.Contains(err.Error(), "locked") || !strings.Contains(err.Error(), path) {
+		t.Errorf("second Open = %v, want a locked error naming %s", err, path)
+	}
+	// The first handle still works.
+	if err := d.PutStatus("uid-a", testStatus(v1.PodRunning, 0)); err != nil {
+		t.Errorf("first handle after failed second Open: %v", err)
+	}
+}
+
+// writeV0 writes a file the way releases before the meta bucket did: one "pods" bucket,
+// "namespace/name" -> v1.Pod JSON, using raw bbolt calls only.
+func writeV0(t testing.TB, path string) {
+	t.Helper()
+	bdb, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = bdb.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("pods"))
+		if err != nil {
+			return err
+		}
+		for _, p := range []*v1.Pod{
+			testPod("default", "web", "0b5c1f7e-0000-4000-8000-000000000001"),
+			testPod("kube-system", "agent", "0b5c1f7e-0000-4000-8000-000000000002"),
+			testPod("default", "no-uid", ""),
+		} {
+			v, err := json.Marshal(p)
+			if err != nil {
+				return err
+			}
+			if err := b.Put([]byte(p.Namespace+"/"+p.Name), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bdb.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func checkMigratedV0(t *testing.T, path string) {
+	t.Helper()
+	d, err := Open(path)
+	if err != nil {
+		t.Fatalf("Open(v0 file): %v", err)
+	}
+	want := []string{
+		"default/web=0b5c1f7e-0000-4000-8000-000000000001@file:",
+		"kube-system/agent=0b5c1f7e-0000-4000-8000-000000000002@file:",
+	}
+	if got := desiredNames(t, d); !reflect.DeepEqual(got, want) {
+		t.Errorf("desired after migration = %q, want %q", got, want)
+	}
+	got, ok, err := d.GetDesired("0b5c1f7e-0000-4000-8000-000000000001")
+	if err != nil || !ok || got.Pod.Spec.Containers[0].Image != "busybox:latest" {
+		t.Errorf("GetDesired(web) = %+v, %v, %v", got, ok, err)
+	}
+	notices := strings.Join(d.Notices(), "\n")
+	for _, want := range []string{"0 -> 1", "default/no-uid", "moved 2 pods"} {
+		if !strings.Contains(notices, want) {
+			t.Errorf("notices %q do not mention %q", notices, want)
+		}
+	}
+	if err := d.PutStatus("0b5c1f7e-0000-4000-8000-000000000001", testStatus(v1.PodRunning, 0)); err != nil {
+		t.Errorf("PutStatus after migration: %v", err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	bdb, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = bdb.View(func(tx *bolt.Tx) error {
+		if tx.Bucket([]byte("pods")) != nil {
+			t.Errorf("v0 bucket \"pods\" still present after migration")
+		}
+		if v := string(tx.Bucket(bucketMeta).Get(keySchemaVersion)); v != fmt.Sprint(SchemaVersion) {
+			t.Errorf("schema_version = %q, want %d", v, SchemaVersion)
+		}
+		return nil
+	})
+	bdb.Close()
+
+	d, err = Open(path)
+	if err != nil {
+		t.Fatalf("reopen after migration: %v", err)
+	}
+	defer d.Close()
+	if n := d.Notices(); len(n) != 0 {
+		t.Errorf("second open of a migrated file: notices %q, want none", n)
+	}
+	if got := desiredNames(t, d); !reflect.DeepEqual(got, want) {
+		t.Errorf("desired after reopen = %q, want %q", got, want)
+	}
+}
+
+func TestMigrateV0(t *testing.T) {
+	path := filepath.Join(t.TempDir(), FileName)
+	writeV0(t, path)
+	checkMigratedV0(t, path)
+}
+
+// TestMigrateV0Fixture opens a copy of a schema 0 file committed under testdata, so that a change
+// to how the test writes v0 files cannot hide a change in what old releases left on disk.
+// Regenerate with: go test ./store -run TestMigrateV0Fixture -regen
+func TestMigrateV0Fixture(t *testing.T) {
+	fixture := filepath.Join("testdata", "v0.db")
+	if *regen {
+		_ = os.Remove(fixture)
+		writeV0(t, fixture)
+	}
+	b, err := os.ReadFile(fixture)
+	if err != nil {
+		t.Fatalf("read fixture: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), FileName)
+	writeFile(t, path, b)
+	checkMigratedV0(t, path)
+}
+
+func TestMigrationsCoverEveryVersion(t *testing.T) {
+	steps := migrations(func(string, ...any) {})
+	if len(steps) != SchemaVersion {
+		t.Fatalf("%d migration steps for schema version %d", len(steps), SchemaVersion)
+	}
+	for i, s := range steps {
+		if s.from != i {
+			t.Errorf("step %d migrates from %d", i, s.from)
+		}
+	}
+}
+
+func BenchmarkPutStatusParallel(b *testing.B) {
+	d, _ := openTemp(b)
+	st := testStatus(v1.PodRunning, 0)
+	// Many pod workers on few CPUs: the case Batch is for (it folds them into one fsync).
+	b.SetParallelism(16)
+	var n sync.Mutex
+	next := 0
+	b.RunParallel(func(pb *testing.PB) {
+		n.Lock()
+		uid := types.UID(fmt.Sprintf("uid-%d", next))
+		next++
+		n.Unlock()
+		for pb.Next() {
+			if err := d.PutStatus(uid, st); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
