@@ -1,0 +1,311 @@
+package main
+
+// End-to-end tests: the real mqlet binary against the real containerd and registry that
+// scripts/testenv.sh starts. Each test has its own containerd namespace, state dir and socket.
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/namespaces"
+	"github.com/mqlet/mqlet/agent/api"
+	"github.com/mqlet/mqlet/internal/testenv"
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+)
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// mqletBinary builds the binary once per test run, as users get it (static, no cgo).
+func mqletBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "mqlet-bin")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "mqlet")
+		cmd := exec.Command("go", "build", "-o", binPath, ".")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+type harness struct {
+	t         *testing.T
+	env       testenv.Env
+	bin       string
+	ns        string
+	dir       string
+	manifests string
+	state     string
+	sock      string
+	agent     *exec.Cmd
+	agentLog  *bytes.Buffer
+	exited    chan error
+	client    *api.Client
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	env := testenv.Require(t)
+	h := &harness{t: t, env: env, bin: mqletBinary(t)}
+	// A short path: unix socket paths stop at 108 bytes.
+	dir, err := os.MkdirTemp("", "mq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.dir = dir
+	h.manifests = filepath.Join(dir, "pods")
+	h.state = filepath.Join(dir, "state")
+	h.sock = filepath.Join(dir, "api.sock")
+	os.MkdirAll(h.manifests, 0o755)
+	t.Cleanup(func() {
+		// Pod network namespaces are bind mounts under the state dir; unmount before removing.
+		nsDir := filepath.Join(h.state, "netns")
+		entries, _ := os.ReadDir(nsDir)
+		for _, e := range entries {
+			unix.Unmount(filepath.Join(nsDir, e.Name()), unix.MNT_DETACH)
+		}
+		os.RemoveAll(dir)
+	})
+	h.ns = testenv.Namespace(t, env.ContainerdAddress)
+	t.Cleanup(h.stopAgent)
+	h.client = api.NewClient(h.sock)
+	h.mqlet("image", "import", env.Image(testenv.Busybox))
+	return h
+}
+
+func (h *harness) flags() []string {
+	return []string{"--node-name", "e2e-node", "--state-dir", h.state,
+		"--containerd-address", h.env.ContainerdAddress, "--containerd-namespace", h.ns,
+		"--manifest-dir", h.manifests, "--api-socket", h.sock, "--image-preload-dir", filepath.Join(h.dir, "preload"),
+		"--relist-period", "2s", "--plain-http-registry", h.env.Registry, "--log-level", "debug"}
+}
+
+// mqlet runs a CLI command against this harness's containerd namespace and returns its output.
+func (h *harness) mqlet(args ...string) string {
+	h.t.Helper()
+	out, err := h.mqletErr(args...)
+	if err != nil {
+		h.t.Fatalf("mqlet %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func (h *harness) mqletErr(args ...string) (string, error) {
+	cmd := exec.Command(h.bin, args...)
+	cmd.Env = append(os.Environ(), "MQLET_CONTAINERD_ADDRESS="+h.env.ContainerdAddress, "MQLET_CONTAINERD_NAMESPACE="+h.ns, "MQLET_API_SOCKET="+h.sock)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func (h *harness) startAgent(extra ...string) {
+	h.t.Helper()
+	h.agentLog = &bytes.Buffer{}
+	cmd := exec.Command(h.bin, append(append([]string{"agent"}, h.flags()...), extra...)...)
+	cmd.Stdout, cmd.Stderr = h.agentLog, h.agentLog
+	if err := cmd.Start(); err != nil {
+		h.t.Fatal(err)
+	}
+	h.agent = cmd
+	h.exited = make(chan error, 1)
+	go func() { h.exited <- cmd.Wait() }()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := h.client.Ready(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		select {
+		case err := <-h.exited:
+			h.t.Fatalf("agent exited at start: %v\n%s", err, h.agentLog)
+		default:
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("agent not ready after 15s: %v\n%s", err, h.agentLog)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stopAgent sends SIGTERM to the agent we started (by pid) and waits.
+func (h *harness) stopAgent() { h.signalAgent(syscall.SIGTERM) }
+
+func (h *harness) kill9Agent() { h.signalAgent(syscall.SIGKILL) }
+
+func (h *harness) signalAgent(sig syscall.Signal) {
+	if h.agent == nil {
+		return
+	}
+	h.agent.Process.Signal(sig)
+	select {
+	case <-h.exited:
+	case <-time.After(20 * time.Second):
+		h.agent.Process.Kill()
+		<-h.exited
+	}
+	h.agent = nil
+	if h.t.Failed() {
+		h.t.Logf("agent log:\n%s", h.agentLog)
+	}
+}
+
+func (h *harness) writeManifest(name, content string) {
+	h.t.Helper()
+	// Write then rename, as editors and config management do, so the agent never reads half a file.
+	tmp := filepath.Join(h.manifests, "."+name+".tmp")
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(h.manifests, name)); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) getPod(name string) (*v1.Pod, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return h.client.GetPod(ctx, "default", name)
+}
+
+// waitPod polls the agent's API until cond holds (bounded), and returns the pod.
+func (h *harness) waitPod(name string, what string, cond func(*v1.Pod) bool) *v1.Pod {
+	h.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	var last *v1.Pod
+	var lastErr error
+	for time.Now().Before(deadline) {
+		p, err := h.getPod(name)
+		if err == nil && cond(p) {
+			return p
+		}
+		last, lastErr = p, err
+		time.Sleep(100 * time.Millisecond)
+	}
+	h.t.Fatalf("pod %s: not %s within 60s; last: %v %s\nagent log:\n%s", name, what, lastErr, podSummaryForTest(last), h.agentLog)
+	return nil
+}
+
+func podSummaryForTest(p *v1.Pod) string {
+	if p == nil {
+		return "<no pod>"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "phase=%s", p.Status.Phase)
+	for _, cs := range p.Status.ContainerStatuses {
+		fmt.Fprintf(&b, " %s{restarts=%d running=%v waiting=%v terminated=%v}", cs.Name, cs.RestartCount, cs.State.Running != nil, cs.State.Waiting, cs.State.Terminated)
+	}
+	return b.String()
+}
+
+func allRunning(p *v1.Pod) bool {
+	if p.Status.Phase != v1.PodRunning || len(p.Status.ContainerStatuses) != len(p.Spec.Containers) {
+		return false
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.State.Running == nil || !cs.Ready {
+			return false
+		}
+	}
+	return true
+}
+
+func containerStatus(p *v1.Pod, name string) v1.ContainerStatus {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == name {
+			return cs
+		}
+	}
+	return v1.ContainerStatus{}
+}
+
+// tasks returns container id -> pid of the running tasks in the test's namespace, straight from
+// containerd, so assertions don't trust the agent's own report.
+func (h *harness) tasks() map[string]uint32 {
+	h.t.Helper()
+	c, err := containerd.New(h.env.ContainerdAddress)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := namespaces.WithNamespace(context.Background(), h.ns)
+	ctrs, err := c.Containers(ctx)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	out := map[string]uint32{}
+	for _, ctr := range ctrs {
+		task, err := ctr.Task(ctx, nil)
+		if err != nil {
+			continue
+		}
+		st, err := task.Status(ctx)
+		if err == nil && st.Status == containerd.Running {
+			out[ctr.ID()] = task.Pid()
+		}
+	}
+	return out
+}
+
+func (h *harness) logOf(p *v1.Pod, container string) string {
+	cs := containerStatus(p, container)
+	files, _ := filepath.Glob(filepath.Join(h.state, "logs", "*_"+p.Name+"_*", container, fmt.Sprintf("%d.log", cs.RestartCount)))
+	if len(files) == 0 {
+		return ""
+	}
+	b, _ := os.ReadFile(files[0])
+	return string(b)
+}
+
+func (h *harness) containerIDs() []string {
+	h.t.Helper()
+	c, err := containerd.New(h.env.ContainerdAddress)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer c.Close()
+	ctrs, err := c.Containers(namespaces.WithNamespace(context.Background(), h.ns))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var ids []string
+	for _, ctr := range ctrs {
+		ids = append(ids, ctr.ID())
+	}
+	return ids
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 60s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
