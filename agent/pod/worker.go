@@ -510,7 +510,7 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *runtime.Cont
 	if cur != nil {
 		cs.ContainerID = "containerd://" + cur.ID
 		cs.RestartCount = int32(cur.RestartCount)
-		cs.ImageID = cur.Image
+		cs.ImageID = cur.ImageID
 		switch cur.State {
 		case runtime.StateRunning:
 			started := r.startedAt

@@ -17,6 +17,7 @@ import (
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/cio"
 	"github.com/containerd/containerd/errdefs"
+	"github.com/distribution/reference"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -114,6 +115,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, c *v1.Contain
 		LabelSpecHash:      SpecHash(pod, c),
 		LabelRestartCount:  strconv.Itoa(restarts),
 		LabelLogPath:       logPath,
+		LabelImageID:       imageID(img),
 	}
 	// A leftover with this id (agent killed between create and start) is ours and stale.
 	r.removeByID(ctx, id)
@@ -140,10 +142,9 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, c *v1.Contain
 		ctr.Delete(ctx, containerd.WithSnapshotCleanup)
 		return Container{}, &StartError{"RunContainerError", fmt.Errorf("start task %s: %w", id, err)}
 	}
-	digest := img.Target().Digest.String()
 	return Container{
 		ID: id, PodUID: string(pod.UID), PodName: pod.Name, PodNamespace: pod.Namespace, Name: c.Name,
-		Hash: labels[LabelSpecHash], RestartCount: restarts, Image: img.Name(), ImageID: img.Name() + "@" + digest,
+		Hash: labels[LabelSpecHash], RestartCount: restarts, Image: img.Name(), ImageID: labels[LabelImageID],
 		LogPath: logPath, CreatedAt: time.Now(), State: StateRunning, Pid: task.Pid(),
 	}, nil
 }
@@ -183,7 +184,7 @@ func (r *Runtime) ListContainers(ctx context.Context, podUID string) ([]Containe
 		rc, _ := strconv.Atoi(l[LabelRestartCount])
 		ct := Container{
 			ID: c.ID, PodUID: l[LabelPodUID], PodName: l[LabelPodName], PodNamespace: l[LabelPodNamespace],
-			Name: l[LabelContainerName], Hash: l[LabelSpecHash], RestartCount: rc, Image: c.Image,
+			Name: l[LabelContainerName], Hash: l[LabelSpecHash], RestartCount: rc, Image: c.Image, ImageID: l[LabelImageID],
 			LogPath: l[LabelLogPath], CreatedAt: c.CreatedAt, State: StateCreated,
 		}
 		if t, ok := byID[c.ID]; ok {
@@ -285,4 +286,14 @@ func (r *Runtime) RemovePodFiles(pod *v1.Pod) error {
 	errs = append(errs, os.RemoveAll(r.podDir(string(pod.UID))))
 	errs = append(errs, os.RemoveAll(r.podLogDir(pod)))
 	return errors.Join(errs...)
+}
+
+// imageID is the repository digest the container was made from, as kubelet reports it
+// ("registry/repo@sha256:..."), so two nodes running "the same tag" can be told apart.
+func imageID(img containerd.Image) string {
+	name := img.Name()
+	if named, err := reference.ParseNormalizedNamed(name); err == nil {
+		name = named.Name()
+	}
+	return name + "@" + img.Target().Digest.String()
 }

@@ -23,6 +23,7 @@ const (
 	LabelSpecHash      = "io.mqlet.container.hash"
 	LabelRestartCount  = "io.mqlet.container.restart-count"
 	LabelLogPath       = "io.mqlet.container.log"
+	LabelImageID       = "io.mqlet.container.image-id"
 )
 
 // Options configures a Runtime.
