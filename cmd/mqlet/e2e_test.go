@@ -24,6 +24,15 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
+// TestMain removes the binary the e2e tests built.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
 var (
 	binOnce sync.Once
 	binPath string
