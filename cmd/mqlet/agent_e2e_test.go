@@ -350,3 +350,39 @@ spec:
 		t.Errorf("lastState: %+v", last)
 	}
 }
+
+// hostNetwork pods see the host's interfaces and report the host IP as pod IP; workingDir applies.
+func TestHostNetworkAndWorkingDir(t *testing.T) {
+	h := newHarness(t)
+	h.writeManifest("hostnet.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: hostnet}
+spec:
+  hostNetwork: true
+  restartPolicy: Never
+  containers:
+  - name: main
+    image: mqlet.test/busybox:1
+    workingDir: /etc
+    command: ["sh", "-c", "pwd; cat /proc/net/dev"]
+`)
+	h.startAgent()
+	p := h.waitPod("hostnet", "Succeeded", func(p *v1.Pod) bool { return p.Status.Phase == v1.PodSucceeded })
+	log := h.logOf(p, "main")
+	if !strings.HasPrefix(log, "/etc\n") {
+		t.Errorf("workingDir not applied; log:\n%s", log)
+	}
+	hostDev, err := os.ReadFile("/proc/net/dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every host interface shows up inside the container.
+	for _, line := range strings.Split(string(hostDev), "\n")[2:] {
+		if name, _, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && !strings.Contains(log, name+":") {
+			t.Errorf("host interface %s not visible in the hostNetwork pod:\n%s", name, log)
+		}
+	}
+	if p.Status.PodIP == "" || p.Status.PodIP != p.Status.HostIP {
+		t.Errorf("podIP %q, hostIP %q: want equal and set", p.Status.PodIP, p.Status.HostIP)
+	}
+}

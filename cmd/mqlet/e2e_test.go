@@ -71,7 +71,7 @@ type harness struct {
 	state     string
 	sock      string
 	agent     *exec.Cmd
-	agentLog  *bytes.Buffer
+	agentLog  *syncBuffer
 	exited    chan error
 	client    *api.Client
 }
@@ -132,7 +132,7 @@ func (h *harness) mqletErr(args ...string) (string, error) {
 
 func (h *harness) startAgent(extra ...string) {
 	h.t.Helper()
-	h.agentLog = &bytes.Buffer{}
+	h.agentLog = &syncBuffer{}
 	cmd := exec.Command(h.bin, append(append([]string{"agent"}, h.flags()...), extra...)...)
 	cmd.Stdout, cmd.Stderr = h.agentLog, h.agentLog
 	if err := cmd.Start(); err != nil {
@@ -317,4 +317,22 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// syncBuffer is the agent's output: written by the process pipe, read by the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
