@@ -3,7 +3,6 @@ package pod
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sort"
 	"sync"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -486,9 +486,13 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*runtime.Container, now 
 	}
 }
 
+// equalStatus compares by value: container states are pointers, so printing them would compare
+// addresses and every sync would look like a change.
 func equalStatus(a, b *v1.PodStatus) bool {
-	return fmt.Sprint(a.Phase, a.ContainerStatuses, a.InitContainerStatuses, condStates(a.Conditions), a.PodIP, a.HostIP) ==
-		fmt.Sprint(b.Phase, b.ContainerStatuses, b.InitContainerStatuses, condStates(b.Conditions), b.PodIP, b.HostIP)
+	return a.Phase == b.Phase && a.PodIP == b.PodIP && a.HostIP == b.HostIP &&
+		condStates(a.Conditions) == condStates(b.Conditions) &&
+		equality.Semantic.DeepEqual(a.ContainerStatuses, b.ContainerStatuses) &&
+		equality.Semantic.DeepEqual(a.InitContainerStatuses, b.InitContainerStatuses)
 }
 
 func condStates(cs []v1.PodCondition) string {
