@@ -34,6 +34,9 @@ var (
 	ErrInvalidImage   = errors.New("invalid image name")
 )
 
+// alwaysPullTimeout bounds a pull for imagePullPolicy Always when a local copy exists to fall back on.
+const alwaysPullTimeout = 30 * time.Second
+
 // NormalizeImage turns a pod's image into the full name containerd stores ("busybox" ->
 // "docker.io/library/busybox:latest").
 func NormalizeImage(image string) (string, error) {
@@ -66,7 +69,15 @@ func (r *Runtime) EnsureImage(ctx context.Context, image string, policy v1.PullP
 	case policy == v1.PullNever && local == nil:
 		return nil, fmt.Errorf("%s: %w", ref, ErrImageNeverPull)
 	case policy == v1.PullAlways:
-		img, err := r.pullShared(ctx, ref)
+		pctx := ctx
+		if local != nil {
+			// With a copy at hand, don't let an unreachable registry hold the container back for
+			// the whole TCP timeout.
+			var cancel context.CancelFunc
+			pctx, cancel = context.WithTimeout(ctx, alwaysPullTimeout)
+			defer cancel()
+		}
+		img, err := r.pullShared(pctx, ref)
 		if err != nil && local != nil {
 			// An edge node is often offline. kubelet would fail the pod here; we run the copy we
 			// have, because a reboot without network must not take down a pod that ran before.
