@@ -1,0 +1,653 @@
+package pod
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mqlet/mqlet/agent/runtime"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// waitLimit bounds every wait for the worker; it only matters when a test is failing.
+const waitLimit = 10 * time.Second
+
+// call is one request the worker made of the runtime.
+type call struct {
+	op       string // start, stop, remove
+	id       string
+	name     string
+	restarts int
+	grace    time.Duration
+}
+
+// fakeRuntime keeps containers in memory, the way ListContainers would show them from containerd.
+type fakeRuntime struct {
+	mu       sync.Mutex
+	ctrs     map[string]*runtime.Container
+	calls    []call
+	lists    int
+	podFiles int
+	startErr map[string]error // by container name: every start of it fails so
+}
+
+func newFakeRuntime() *fakeRuntime {
+	return &fakeRuntime{ctrs: map[string]*runtime.Container{}, startErr: map[string]error{}}
+}
+
+func (f *fakeRuntime) ListContainers(_ context.Context, podUID string) ([]runtime.Container, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lists++
+	var out []runtime.Container
+	for _, c := range f.ctrs {
+		if podUID == "" || c.PodUID == podUID {
+			out = append(out, *c)
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeRuntime) StartContainer(_ context.Context, pod *v1.Pod, c *v1.Container, restarts int) (runtime.Container, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id := runtime.ContainerID(string(pod.UID), c.Name, restarts)
+	f.calls = append(f.calls, call{op: "start", id: id, name: c.Name, restarts: restarts})
+	if err := f.startErr[c.Name]; err != nil {
+		return runtime.Container{}, err
+	}
+	ctr := &runtime.Container{
+		ID: id, PodUID: string(pod.UID), PodName: pod.Name, PodNamespace: pod.Namespace, Name: c.Name,
+		Hash: runtime.SpecHash(pod, c), RestartCount: restarts, Image: c.Image, CreatedAt: time.Now(),
+		State: runtime.StateRunning, Pid: 4242,
+	}
+	f.ctrs[id] = ctr
+	return *ctr, nil
+}
+
+func (f *fakeRuntime) StopContainer(_ context.Context, id string, grace time.Duration) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, call{op: "stop", id: id, grace: grace})
+	if c, ok := f.ctrs[id]; ok {
+		// Like containerd: the task is deleted, the container record stays.
+		c.State, c.Pid = runtime.StateCreated, 0
+	}
+	return nil
+}
+
+func (f *fakeRuntime) RemoveContainer(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, call{op: "remove", id: id})
+	delete(f.ctrs, id)
+	return nil
+}
+
+func (f *fakeRuntime) RemovePodFiles(*v1.Pod) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.podFiles++
+	return nil
+}
+
+func (f *fakeRuntime) add(c runtime.Container) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ctrs[c.ID] = &c
+}
+
+// exit makes a running container's process end with code, as a containerd TaskExit would.
+func (f *fakeRuntime) exit(t *testing.T, id string, code int32) {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.ctrs[id]
+	if !ok || c.State != runtime.StateRunning {
+		t.Fatalf("fake runtime: container %s is not running (present %v)", id, ok)
+	}
+	c.State, c.ExitCode, c.ExitedAt, c.Pid = runtime.StateExited, code, time.Now(), 0
+}
+
+func (f *fakeRuntime) callsOf(op string) []call {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []call
+	for _, c := range f.calls {
+		if c.op == op {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (f *fakeRuntime) allCalls() []call {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]call(nil), f.calls...)
+}
+
+func (f *fakeRuntime) listCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lists
+}
+
+const testUID = "6f1c2d3e-4b5a-4c6d-8e9f-0a1b2c3d4e5f"
+
+func testPod(policy v1.RestartPolicy, names ...string) *v1.Pod {
+	p := &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "default", UID: types.UID(testUID)},
+		Spec:       v1.PodSpec{RestartPolicy: policy},
+	}
+	for _, n := range names {
+		p.Spec.Containers = append(p.Spec.Containers, v1.Container{Name: n, Image: "busybox:1.36", Command: []string{"sleep", "3600"}})
+	}
+	return p
+}
+
+// harness runs one worker against a fake runtime and keeps what it publishes.
+type harness struct {
+	t       *testing.T
+	f       *fakeRuntime
+	w       *Worker
+	changed chan struct{}
+
+	mu        sync.Mutex
+	last      *v1.PodStatus
+	published int
+	gone      []*v1.Pod
+}
+
+func startWorker(t *testing.T, pod *v1.Pod, prev *v1.PodStatus, f *fakeRuntime) *harness {
+	t.Helper()
+	h := &harness{t: t, f: f, changed: make(chan struct{}, 1)}
+	h.w = NewWorker(pod, prev, Env{
+		Runtime: f,
+		Log:     slog.New(slog.DiscardHandler),
+		HostIP:  "192.0.2.10",
+		OnStatus: func(_ *v1.Pod, st v1.PodStatus) {
+			h.mu.Lock()
+			h.last = st.DeepCopy()
+			h.published++
+			h.mu.Unlock()
+			h.poke()
+		},
+		OnGone: func(p *v1.Pod) {
+			h.mu.Lock()
+			h.gone = append(h.gone, p)
+			h.mu.Unlock()
+			h.poke()
+		},
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	go h.w.Run(ctx)
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-h.w.Done():
+		case <-time.After(waitLimit):
+			t.Errorf("worker did not return within %s of its context ending", waitLimit)
+		}
+	})
+	return h
+}
+
+func (h *harness) poke() {
+	select {
+	case h.changed <- struct{}{}:
+	default:
+	}
+}
+
+// waitFor returns the first published status that satisfies ok, failing the test if none comes.
+func (h *harness) waitFor(what string, ok func(st *v1.PodStatus) bool) *v1.PodStatus {
+	h.t.Helper()
+	deadline := time.After(waitLimit)
+	for {
+		h.mu.Lock()
+		last := h.last
+		h.mu.Unlock()
+		if last != nil && ok(last) {
+			return last
+		}
+		select {
+		case <-h.changed:
+		case <-deadline:
+			h.t.Fatalf("no status with %s within %s; last status: %s; runtime calls: %v", what, waitLimit, describe(last), h.f.allCalls())
+		}
+	}
+}
+
+// resync nudges the worker and waits until a sync pass has listed the containers, acted and
+// listed them again, so a decision it would make is visible in the fake's calls.
+func (h *harness) resync() {
+	h.t.Helper()
+	n := h.f.listCount()
+	h.w.Nudge()
+	deadline := time.Now().Add(waitLimit)
+	for h.f.listCount() < n+2 {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("worker did not sync within %s of a nudge", waitLimit)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func describe(st *v1.PodStatus) string {
+	if st == nil {
+		return "none"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "phase=%s", st.Phase)
+	for _, group := range [][]v1.ContainerStatus{st.InitContainerStatuses, st.ContainerStatuses} {
+		for _, cs := range group {
+			fmt.Fprintf(&b, " %s(restarts=%d ", cs.Name, cs.RestartCount)
+			switch s := cs.State; {
+			case s.Running != nil:
+				b.WriteString("running")
+			case s.Waiting != nil:
+				fmt.Fprintf(&b, "waiting:%s", s.Waiting.Reason)
+			case s.Terminated != nil:
+				fmt.Fprintf(&b, "terminated:%s/%d", s.Terminated.Reason, s.Terminated.ExitCode)
+			}
+			if lt := cs.LastTerminationState.Terminated; lt != nil {
+				fmt.Fprintf(&b, " last=%s/%d", lt.Reason, lt.ExitCode)
+			}
+			b.WriteString(")")
+		}
+	}
+	return b.String()
+}
+
+func statusOf(st *v1.PodStatus, name string) *v1.ContainerStatus {
+	for _, group := range [][]v1.ContainerStatus{st.InitContainerStatuses, st.ContainerStatuses} {
+		for i := range group {
+			if group[i].Name == name {
+				return &group[i]
+			}
+		}
+	}
+	return nil
+}
+
+func isRunning(st *v1.PodStatus, name string, restarts int32) bool {
+	cs := statusOf(st, name)
+	return cs != nil && cs.State.Running != nil && cs.RestartCount == restarts
+}
+
+func phaseIs(p v1.PodPhase) func(*v1.PodStatus) bool {
+	return func(st *v1.PodStatus) bool { return st.Phase == p }
+}
+
+func idOf(name string, attempt int) string { return runtime.ContainerID(testUID, name, attempt) }
+
+func TestWorkerStartsNewPod(t *testing.T) {
+	f := newFakeRuntime()
+	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a", "b"), nil, f)
+	st := h.waitFor("phase Running", phaseIs(v1.PodRunning))
+
+	starts := f.callsOf("start")
+	if len(starts) != 2 {
+		t.Fatalf("StartContainer calls = %v, want one each for a and b", starts)
+	}
+	seen := map[string]bool{}
+	for _, c := range starts {
+		seen[c.name] = true
+		if c.restarts != 0 {
+			t.Errorf("StartContainer(%s) restarts = %d, want 0 for a new pod", c.name, c.restarts)
+		}
+	}
+	if !seen["a"] || !seen["b"] {
+		t.Errorf("StartContainer calls = %v, want a and b", starts)
+	}
+	for _, n := range []string{"a", "b"} {
+		cs := statusOf(st, n)
+		if cs == nil || cs.State.Running == nil || !cs.Ready {
+			t.Fatalf("status of %s = %+v, want running and ready", n, cs)
+		}
+		if want := "containerd://" + idOf(n, 0); cs.ContainerID != want {
+			t.Errorf("status of %s ContainerID = %q, want %q", n, cs.ContainerID, want)
+		}
+	}
+	if st.HostIP != "192.0.2.10" || st.QOSClass != v1.PodQOSBestEffort || st.StartTime == nil {
+		t.Errorf("status HostIP=%q QOSClass=%q StartTime=%v, want 192.0.2.10, BestEffort and a start time", st.HostIP, st.QOSClass, st.StartTime)
+	}
+	if got := f.callsOf("stop"); len(got) != 0 {
+		t.Errorf("StopContainer calls for a new pod = %v, want none", got)
+	}
+}
+
+// An unchanged status must not be published again: each publish is a store write and an uplink
+// message, and a sync runs on every containerd event of the pod.
+func TestWorkerPublishesOnlyChanges(t *testing.T) {
+	f := newFakeRuntime()
+	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
+	h.waitFor("phase Running", phaseIs(v1.PodRunning))
+	h.mu.Lock()
+	before := h.published
+	h.mu.Unlock()
+	h.resync()
+	h.resync()
+	h.mu.Lock()
+	after := h.published
+	h.mu.Unlock()
+	if after != before {
+		t.Errorf("OnStatus called %d more times for syncs that changed nothing, want 0", after-before)
+	}
+}
+
+func TestWorkerAdoptsRunningContainers(t *testing.T) {
+	pod := testPod(v1.RestartPolicyAlways, "a", "b")
+	f := newFakeRuntime()
+	created := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
+	storedStart := time.Date(2024, 5, 1, 11, 0, 0, 0, time.UTC)
+	// a is the very attempt the stored status describes; b was restarted (attempt 2) since.
+	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: runtime.SpecHash(pod, &pod.Spec.Containers[0]),
+		State: runtime.StateRunning, CreatedAt: created})
+	f.add(runtime.Container{ID: idOf("b", 2), PodUID: testUID, Name: "b", Hash: runtime.SpecHash(pod, &pod.Spec.Containers[1]),
+		RestartCount: 2, State: runtime.StateRunning, CreatedAt: created})
+	prev := &v1.PodStatus{Phase: v1.PodPending, ContainerStatuses: []v1.ContainerStatus{
+		{Name: "a", ContainerID: "containerd://" + idOf("a", 0),
+			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: metav1.NewTime(storedStart)}}},
+		{Name: "b", ContainerID: "containerd://" + idOf("b", 1), RestartCount: 1,
+			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: metav1.NewTime(storedStart)}}},
+	}}
+	h := startWorker(t, pod, prev, f)
+	st := h.waitFor("phase Running", phaseIs(v1.PodRunning))
+
+	if calls := f.allCalls(); len(calls) != 0 {
+		t.Errorf("runtime calls for adopted containers with matching hashes = %v, want none", calls)
+	}
+	if got := statusOf(st, "a").State.Running.StartedAt.Time; !got.Equal(storedStart) {
+		t.Errorf("a StartedAt = %v, want %v from the stored status (same container id)", got, storedStart)
+	}
+	b := statusOf(st, "b")
+	if got := b.State.Running.StartedAt.Time; !got.Equal(created) {
+		t.Errorf("b StartedAt = %v, want its creation time %v (stored status is of an older attempt)", got, created)
+	}
+	if b.RestartCount != 2 {
+		t.Errorf("b RestartCount = %d, want 2 from the container's label", b.RestartCount)
+	}
+}
+
+func TestWorkerRecreatesChangedContainer(t *testing.T) {
+	pod := testPod(v1.RestartPolicyAlways, "a", "b")
+	f := newFakeRuntime()
+	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: "0123456789abcdef",
+		State: runtime.StateRunning, CreatedAt: time.Now()})
+	f.add(runtime.Container{ID: idOf("b", 0), PodUID: testUID, Name: "b", Hash: runtime.SpecHash(pod, &pod.Spec.Containers[1]),
+		State: runtime.StateRunning, CreatedAt: time.Now()})
+	h := startWorker(t, pod, nil, f)
+	h.waitFor("a running with restarts=1", func(st *v1.PodStatus) bool { return isRunning(st, "a", 1) && isRunning(st, "b", 0) })
+
+	calls := f.allCalls()
+	want := []call{{op: "stop", id: idOf("a", 0), grace: 30 * time.Second}, {op: "remove", id: idOf("a", 0)},
+		{op: "start", id: idOf("a", 1), name: "a", restarts: 1}}
+	if fmt.Sprint(calls) != fmt.Sprint(want) {
+		t.Errorf("runtime calls = %v, want %v (b untouched)", calls, want)
+	}
+}
+
+func TestWorkerNeverRestartsExited(t *testing.T) {
+	for _, tt := range []struct {
+		code   int32
+		reason string
+		phase  v1.PodPhase
+	}{{0, "Completed", v1.PodSucceeded}, {3, "Error", v1.PodFailed}} {
+		t.Run(tt.reason, func(t *testing.T) {
+			f := newFakeRuntime()
+			h := startWorker(t, testPod(v1.RestartPolicyNever, "a"), nil, f)
+			h.waitFor("phase Running", phaseIs(v1.PodRunning))
+			f.exit(t, idOf("a", 0), tt.code)
+			h.w.Nudge()
+			st := h.waitFor("phase "+string(tt.phase), phaseIs(tt.phase))
+			term := statusOf(st, "a").State.Terminated
+			if term == nil || term.Reason != tt.reason || term.ExitCode != tt.code {
+				t.Fatalf("a state = %s, want terminated %s with exit code %d", describe(st), tt.reason, tt.code)
+			}
+			if term.ContainerID != "containerd://"+idOf("a", 0) || term.FinishedAt.IsZero() {
+				t.Errorf("terminated state ContainerID=%q FinishedAt=%v, want the attempt's id and its exit time", term.ContainerID, term.FinishedAt)
+			}
+			h.resync()
+			if starts := f.callsOf("start"); len(starts) != 1 {
+				t.Errorf("StartContainer calls = %v, want only the first start with restartPolicy Never", starts)
+			}
+			if stops := f.callsOf("stop"); len(stops) != 0 {
+				t.Errorf("StopContainer calls = %v, want none: the exited container stays for its logs and state", stops)
+			}
+		})
+	}
+}
+
+func TestWorkerCrashLoopBackOff(t *testing.T) {
+	f := newFakeRuntime()
+	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
+	h.waitFor("a running", func(st *v1.PodStatus) bool { return isRunning(st, "a", 0) })
+
+	f.exit(t, idOf("a", 0), 1)
+	h.w.Nudge()
+	st := h.waitFor("a restarted once", func(st *v1.PodStatus) bool { return isRunning(st, "a", 1) })
+	if last := statusOf(st, "a").LastTerminationState.Terminated; last == nil || last.ExitCode != 1 {
+		t.Errorf("after the first restart a = %s, want lastState terminated with exit code 1", describe(st))
+	}
+	starts := f.callsOf("start")
+	if len(starts) != 2 || starts[1].restarts != 1 {
+		t.Fatalf("StartContainer calls = %v, want an immediate second start with restarts=1", starts)
+	}
+
+	f.exit(t, idOf("a", 1), 2)
+	h.w.Nudge()
+	st = h.waitFor("a in CrashLoopBackOff", func(st *v1.PodStatus) bool {
+		cs := statusOf(st, "a")
+		return cs.State.Waiting != nil && cs.State.Waiting.Reason == "CrashLoopBackOff"
+	})
+	cs := statusOf(st, "a")
+	if last := cs.LastTerminationState.Terminated; last == nil || last.ExitCode != 2 || last.Reason != "Error" {
+		t.Errorf("a in back-off = %s, want lastState terminated Error with exit code 2", describe(st))
+	}
+	if !strings.Contains(cs.State.Waiting.Message, "back-off 10s") {
+		t.Errorf("CrashLoopBackOff message = %q, want the 10s second back-off", cs.State.Waiting.Message)
+	}
+	if st.Phase != v1.PodRunning {
+		t.Errorf("phase in back-off with restartPolicy Always = %s, want Running", st.Phase)
+	}
+	h.resync()
+	if starts := f.callsOf("start"); len(starts) != 2 {
+		t.Errorf("StartContainer calls during back-off = %v, want no third start", starts)
+	}
+}
+
+func TestWorkerImagePullFailureWaits(t *testing.T) {
+	f := newFakeRuntime()
+	f.startErr["a"] = &runtime.StartError{Reason: "ErrImagePull", Err: errors.New("pull busybox:1.36: connection refused")}
+	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
+	st := h.waitFor("a waiting on its image", func(st *v1.PodStatus) bool {
+		cs := statusOf(st, "a")
+		return cs != nil && cs.State.Waiting != nil && cs.State.Waiting.Reason != "ContainerCreating"
+	})
+	w := statusOf(st, "a").State.Waiting
+	if w.Reason != "ErrImagePull" && w.Reason != "ImagePullBackOff" {
+		t.Errorf("a waiting reason = %q, want ErrImagePull or ImagePullBackOff", w.Reason)
+	}
+	if !strings.Contains(w.Message, "connection refused") {
+		t.Errorf("a waiting message = %q, want the pull error", w.Message)
+	}
+	if st.Phase != v1.PodPending {
+		t.Errorf("phase = %s, want Pending", st.Phase)
+	}
+	// Nudges (containerd events of other containers, relists) must not bypass the back-off.
+	for range 6 {
+		time.Sleep(50 * time.Millisecond)
+		h.resync()
+	}
+	if starts := f.callsOf("start"); len(starts) != 1 {
+		t.Errorf("StartContainer calls within ~300ms of a failed pull = %d, want 1 (back-off)", len(starts))
+	}
+}
+
+func TestWorkerStartErrorWithoutReason(t *testing.T) {
+	f := newFakeRuntime()
+	f.startErr["a"] = errors.New("netns: permission denied")
+	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
+	st := h.waitFor("a waiting with RunContainerError", func(st *v1.PodStatus) bool {
+		cs := statusOf(st, "a")
+		return cs != nil && cs.State.Waiting != nil && cs.State.Waiting.Reason == "RunContainerError"
+	})
+	if msg := statusOf(st, "a").State.Waiting.Message; !strings.Contains(msg, "permission denied") {
+		t.Errorf("waiting message = %q, want the start error", msg)
+	}
+}
+
+func TestWorkerOOMKilled(t *testing.T) {
+	f := newFakeRuntime()
+	h := startWorker(t, testPod(v1.RestartPolicyNever, "a"), nil, f)
+	h.waitFor("a running", func(st *v1.PodStatus) bool { return isRunning(st, "a", 0) })
+	h.w.OOM(idOf("a", 0))
+	f.exit(t, idOf("a", 0), 137)
+	h.w.Nudge()
+	st := h.waitFor("a terminated OOMKilled", func(st *v1.PodStatus) bool {
+		term := statusOf(st, "a").State.Terminated
+		return term != nil && term.Reason == "OOMKilled"
+	})
+	term := statusOf(st, "a").State.Terminated
+	if term.ExitCode != 137 || term.Signal != 9 {
+		t.Errorf("OOMKilled state exit code %d signal %d, want 137 and 9", term.ExitCode, term.Signal)
+	}
+	if st.Phase != v1.PodFailed {
+		t.Errorf("phase = %s, want Failed", st.Phase)
+	}
+}
+
+// Without an OOM report, exit 137 is an ordinary error: the reason must come from the OOM event.
+func TestWorkerKilledWithoutOOMIsError(t *testing.T) {
+	f := newFakeRuntime()
+	h := startWorker(t, testPod(v1.RestartPolicyNever, "a"), nil, f)
+	h.waitFor("a running", func(st *v1.PodStatus) bool { return isRunning(st, "a", 0) })
+	f.exit(t, idOf("a", 0), 137)
+	h.w.Nudge()
+	st := h.waitFor("phase Failed", phaseIs(v1.PodFailed))
+	if term := statusOf(st, "a").State.Terminated; term == nil || term.Reason != "Error" {
+		t.Errorf("a = %s, want terminated Error", describe(st))
+	}
+}
+
+func TestWorkerDelete(t *testing.T) {
+	pod := testPod(v1.RestartPolicyAlways, "a", "b")
+	g := int64(7)
+	pod.Spec.TerminationGracePeriodSeconds = &g
+	f := newFakeRuntime()
+	h := startWorker(t, pod, nil, f)
+	h.waitFor("phase Running", phaseIs(v1.PodRunning))
+
+	h.w.Delete()
+	select {
+	case <-h.w.Done():
+	case <-time.After(waitLimit):
+		t.Fatalf("Run did not return within %s of Delete; runtime calls: %v", waitLimit, f.allCalls())
+	}
+	stopped, removed := map[string]bool{}, map[string]bool{}
+	for _, c := range f.callsOf("stop") {
+		stopped[c.id] = true
+		if c.grace != 7*time.Second {
+			t.Errorf("StopContainer(%s) grace = %s, want the pod's 7s", c.id, c.grace)
+		}
+	}
+	for _, c := range f.callsOf("remove") {
+		removed[c.id] = true
+	}
+	for _, id := range []string{idOf("a", 0), idOf("b", 0)} {
+		if !stopped[id] || !removed[id] {
+			t.Errorf("container %s stopped=%v removed=%v, want both", id, stopped[id], removed[id])
+		}
+	}
+	if left, _ := f.ListContainers(context.Background(), testUID); len(left) != 0 {
+		t.Errorf("containers left after Delete: %v", left)
+	}
+	f.mu.Lock()
+	files := f.podFiles
+	f.mu.Unlock()
+	if files != 1 {
+		t.Errorf("RemovePodFiles calls = %d, want 1", files)
+	}
+	h.mu.Lock()
+	gone := h.gone
+	h.mu.Unlock()
+	if len(gone) != 1 || gone[0].UID != pod.UID {
+		t.Errorf("OnGone calls = %v, want one for pod %s", gone, pod.UID)
+	}
+}
+
+func initPod(policy v1.RestartPolicy) *v1.Pod {
+	p := testPod(policy, "app")
+	for _, n := range []string{"init1", "init2"} {
+		p.Spec.InitContainers = append(p.Spec.InitContainers, v1.Container{Name: n, Image: "busybox:1.36", Command: []string{"true"}})
+	}
+	return p
+}
+
+func startedNames(f *fakeRuntime) string {
+	var names []string
+	for _, c := range f.callsOf("start") {
+		names = append(names, c.name)
+	}
+	return strings.Join(names, ",")
+}
+
+func TestWorkerInitContainersInOrder(t *testing.T) {
+	f := newFakeRuntime()
+	h := startWorker(t, initPod(v1.RestartPolicyAlways), nil, f)
+
+	st := h.waitFor("init1 running", func(st *v1.PodStatus) bool { return isRunning(st, "init1", 0) })
+	if got := startedNames(f); got != "init1" {
+		t.Fatalf("started while init1 runs: %s, want only init1", got)
+	}
+	if st.Phase != v1.PodPending {
+		t.Errorf("phase while initialising = %s, want Pending", st.Phase)
+	}
+	if w := statusOf(st, "app").State.Waiting; w == nil || w.Reason != "PodInitializing" {
+		t.Errorf("app while initialising = %s, want waiting PodInitializing", describe(st))
+	}
+
+	f.exit(t, idOf("init1", 0), 0)
+	h.w.Nudge()
+	h.waitFor("init2 running", func(st *v1.PodStatus) bool { return isRunning(st, "init2", 0) })
+	if got := startedNames(f); got != "init1,init2" {
+		t.Fatalf("started while init2 runs: %s, want init1,init2", got)
+	}
+
+	f.exit(t, idOf("init2", 0), 0)
+	h.w.Nudge()
+	st = h.waitFor("phase Running", phaseIs(v1.PodRunning))
+	if got := startedNames(f); got != "init1,init2,app" {
+		t.Errorf("started: %s, want init1,init2,app", got)
+	}
+	for _, n := range []string{"init1", "init2"} {
+		if term := statusOf(st, n).State.Terminated; term == nil || term.Reason != "Completed" {
+			t.Errorf("%s after initialisation = %s, want terminated Completed", n, describe(st))
+		}
+	}
+}
+
+func TestWorkerInitContainerFailsPod(t *testing.T) {
+	f := newFakeRuntime()
+	h := startWorker(t, initPod(v1.RestartPolicyNever), nil, f)
+	h.waitFor("init1 running", func(st *v1.PodStatus) bool { return isRunning(st, "init1", 0) })
+	f.exit(t, idOf("init1", 0), 1)
+	h.w.Nudge()
+	st := h.waitFor("phase Failed", phaseIs(v1.PodFailed))
+	if term := statusOf(st, "init1").State.Terminated; term == nil || term.Reason != "Error" || term.ExitCode != 1 {
+		t.Errorf("init1 = %s, want terminated Error exit 1", describe(st))
+	}
+	h.resync()
+	if got := startedNames(f); got != "init1" {
+		t.Errorf("started after init1 failed with restartPolicy Never: %s, want only init1", got)
+	}
+}
