@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // containerEnv resolves a container's env list in order, the way kubelet does: a value may refer to
@@ -43,24 +44,31 @@ func envFrom(pod *v1.Pod, c *v1.Container, e v1.EnvVar) (string, error) {
 		if name == "" {
 			name = c.Name
 		}
-		for i := range pod.Spec.Containers {
-			if pod.Spec.Containers[i].Name != name {
+		// Init containers may read their own resources too.
+		for _, ctr := range append(append([]v1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...) {
+			if ctr.Name != name {
 				continue
 			}
-			res := pod.Spec.Containers[i].Resources
 			kind, key, _ := strings.Cut(rf.Resource, ".")
-			list := res.Limits
+			list := ctr.Resources.Limits
 			if kind == "requests" {
-				list = res.Requests
+				list = ctr.Resources.Requests
 			}
 			q, ok := list[v1.ResourceName(key)]
 			if !ok {
 				return "0", nil
 			}
-			if key == "cpu" {
-				return fmt.Sprint((q.MilliValue() + 999) / 1000), nil
+			// The value is given in units of the divisor (1 when unset), rounded up, as kubelet does.
+			div := rf.Divisor
+			if div.IsZero() {
+				div = *resource.NewQuantity(1, resource.DecimalSI)
+			} else if div.Sign() < 0 {
+				return "", fmt.Errorf("resourceFieldRef divisor %s is negative", div.String())
 			}
-			return fmt.Sprint(q.Value()), nil
+			if key == "cpu" {
+				return fmt.Sprint(ceilDiv(q.MilliValue(), div.MilliValue())), nil
+			}
+			return fmt.Sprint(ceilDiv(q.Value(), div.Value())), nil
 		}
 		return "", fmt.Errorf("resourceFieldRef names unknown container %q", name)
 	case vf.ConfigMapKeyRef != nil:
@@ -70,6 +78,8 @@ func envFrom(pod *v1.Pod, c *v1.Container, e v1.EnvVar) (string, error) {
 	}
 	return "", fmt.Errorf("valueFrom has no source")
 }
+
+func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
 func podField(pod *v1.Pod, path string) (string, error) {
 	switch path {
