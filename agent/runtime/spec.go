@@ -239,7 +239,17 @@ func securityOpts(pod *v1.Pod, c *v1.Container) []oci.SpecOpts {
 	if gid != nil {
 		g := uint32(*gid)
 		opts = append(opts, func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
-			s.Process.User.GID = g
+			// WithUserID and the image config also list the primary group as a supplementary one;
+			// replace it there too, or the process keeps the group runAsGroup meant to take away
+			// (typically root).
+			u := &s.Process.User
+			gids := []uint32{g}
+			for _, x := range u.AdditionalGids {
+				if x != u.GID && x != g {
+					gids = append(gids, x)
+				}
+			}
+			u.GID, u.AdditionalGids = g, gids
 			return nil
 		})
 	}
