@@ -1,0 +1,234 @@
+package runtime
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestExpand(t *testing.T) {
+	vars := map[string]string{"A": "x", "B": "y", "EMPTY": ""}
+	tests := []struct{ in, want string }{
+		{"plain", "plain"},
+		{"$(A)", "x"},
+		{"pre-$(A)-post", "pre-x-post"},
+		{"$(A)$(B)", "xy"},
+		{"$(EMPTY)z", "z"},
+		{"$(UNKNOWN)", "$(UNKNOWN)"},
+		{"$(A)$(UNKNOWN)$(B)", "x$(UNKNOWN)y"},
+		{"$$(A)", "$(A)"},
+		{"$$$(A)", "$x"},
+		{"$$$$", "$$"},
+		{"$(A", "$(A"},
+		{"x$(A)$(B", "xx$(B"},
+		{"$", "$"},
+		{"a$", "a$"},
+		{"$A", "$A"},
+		{"$()", "$()"},
+		{"cost: 5$", "cost: 5$"},
+	}
+	for _, tt := range tests {
+		if got := expand(tt.in, vars); got != tt.want {
+			t.Errorf("expand(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func envPod() *v1.Pod {
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: "web", Namespace: "edge", UID: "0b0e2c9e-5d1f-4a7b-9c3d-2e1f0a9b8c7d",
+			Labels:      map[string]string{"app": "web", "tier": "front"},
+			Annotations: map[string]string{"note": "hello"},
+		},
+		Spec: v1.PodSpec{
+			NodeName: "gw-1", ServiceAccountName: "default",
+			Containers: []v1.Container{{
+				Name: "app",
+				Resources: v1.ResourceRequirements{
+					Limits:   v1.ResourceList{v1.ResourceMemory: resource.MustParse("64Mi"), v1.ResourceCPU: resource.MustParse("1500m")},
+					Requests: v1.ResourceList{v1.ResourceCPU: resource.MustParse("250m"), v1.ResourceMemory: resource.MustParse("1G")},
+				},
+			}, {Name: "side"}},
+		},
+		Status: v1.PodStatus{PodIP: "10.88.0.5", HostIP: "192.0.2.10"},
+	}
+}
+
+func envMap(t *testing.T, env []v1.EnvVar) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	for _, e := range env {
+		if _, dup := m[e.Name]; dup {
+			t.Errorf("variable %s appears twice", e.Name)
+		}
+		m[e.Name] = e.Value
+	}
+	return m
+}
+
+func TestContainerEnvOrder(t *testing.T) {
+	pod := envPod()
+	c := &v1.Container{Name: "app", Env: []v1.EnvVar{
+		{Name: "A", Value: "x"},
+		{Name: "B", Value: "$(A)-$(C)"}, // C is defined later: left as written
+		{Name: "C", Value: "z"},
+		{Name: "D", Value: "$(B)/$(C)"},
+		{Name: "A", Value: "$(A)$(A)"}, // redefining refers to the earlier value
+		{Name: "POD", ValueFrom: &v1.EnvVarSource{FieldRef: &v1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+		{Name: "E", Value: "$(POD).$$(POD)"},
+	}}
+	env, err := containerEnv(pod, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"A=x", "B=x-$(C)", "C=z", "D=x-$(C)/z", "A=xx", "POD=web", "E=web.$(POD)"}
+	var got []string
+	for _, e := range env {
+		got = append(got, e.Name+"="+e.Value)
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("containerEnv = %v, want %v", got, want)
+	}
+}
+
+func fieldEnv(name, path string) v1.EnvVar {
+	return v1.EnvVar{Name: name, ValueFrom: &v1.EnvVarSource{FieldRef: &v1.ObjectFieldSelector{FieldPath: path}}}
+}
+
+func resourceEnv(name, ctr, res, divisor string) v1.EnvVar {
+	rf := &v1.ResourceFieldSelector{ContainerName: ctr, Resource: res}
+	if divisor != "" {
+		rf.Divisor = resource.MustParse(divisor)
+	}
+	return v1.EnvVar{Name: name, ValueFrom: &v1.EnvVarSource{ResourceFieldRef: rf}}
+}
+
+func TestContainerEnvFieldRefs(t *testing.T) {
+	pod := envPod()
+	c := &v1.Container{Name: "app", Env: []v1.EnvVar{
+		fieldEnv("NAME", "metadata.name"),
+		fieldEnv("NS", "metadata.namespace"),
+		fieldEnv("UID", "metadata.uid"),
+		fieldEnv("NODE", "spec.nodeName"),
+		fieldEnv("SA", "spec.serviceAccountName"),
+		fieldEnv("POD_IP", "status.podIP"),
+		fieldEnv("HOST_IP", "status.hostIP"),
+		fieldEnv("APP", "metadata.labels['app']"),
+		fieldEnv("MISSING_LABEL", "metadata.labels['nope']"),
+		fieldEnv("NOTE", "metadata.annotations['note']"),
+		{Name: "URL", Value: "http://$(POD_IP):8080/$(APP)"},
+	}}
+	env, err := containerEnv(pod, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := envMap(t, env)
+	want := map[string]string{
+		"NAME": "web", "NS": "edge", "UID": "0b0e2c9e-5d1f-4a7b-9c3d-2e1f0a9b8c7d", "NODE": "gw-1", "SA": "default",
+		"POD_IP": "10.88.0.5", "HOST_IP": "192.0.2.10", "APP": "web", "MISSING_LABEL": "", "NOTE": "hello",
+		"URL": "http://10.88.0.5:8080/web",
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s = %q, want %q", k, got[k], w)
+		}
+	}
+}
+
+func TestContainerEnvResourceFieldRefs(t *testing.T) {
+	pod := envPod()
+	c := &pod.Spec.Containers[1] // "side" reads app's resources by name, its own by default
+	c.Env = []v1.EnvVar{
+		resourceEnv("MEM_LIMIT", "app", "limits.memory", ""),
+		resourceEnv("CPU_REQUEST", "app", "requests.cpu", ""), // 250m rounds up to 1
+		resourceEnv("CPU_LIMIT", "app", "limits.cpu", ""),     // 1500m rounds up to 2
+		resourceEnv("MEM_REQUEST", "app", "requests.memory", ""),
+		resourceEnv("OWN_CPU_LIMIT", "", "limits.cpu", ""), // side has none
+		resourceEnv("MEM_LIMIT_MI", "app", "limits.memory", "1Mi"),
+		resourceEnv("CPU_REQUEST_M", "app", "requests.cpu", "1m"),
+	}
+	env, err := containerEnv(pod, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := envMap(t, env)
+	want := map[string]string{
+		"MEM_LIMIT": "67108864", "CPU_REQUEST": "1", "CPU_LIMIT": "2", "MEM_REQUEST": "1000000000", "OWN_CPU_LIMIT": "0",
+		"MEM_LIMIT_MI": "64", "CPU_REQUEST_M": "250",
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s = %q, want %q", k, got[k], w)
+		}
+	}
+}
+
+func TestContainerEnvResourceFieldRefInitContainer(t *testing.T) {
+	pod := envPod()
+	pod.Spec.InitContainers = []v1.Container{{
+		Name:      "setup",
+		Resources: v1.ResourceRequirements{Limits: v1.ResourceList{v1.ResourceMemory: resource.MustParse("32Mi")}},
+		Env:       []v1.EnvVar{resourceEnv("MEM", "", "limits.memory", "")},
+	}}
+	env, err := containerEnv(pod, &pod.Spec.InitContainers[0])
+	if err != nil {
+		t.Fatalf("init container reading its own limits: %v", err)
+	}
+	if got := envMap(t, env)["MEM"]; got != "33554432" {
+		t.Errorf("MEM = %q, want 33554432", got)
+	}
+}
+
+func TestContainerEnvConfigErrors(t *testing.T) {
+	ref := v1.LocalObjectReference{Name: "settings"}
+	tests := []struct {
+		name    string
+		c       v1.Container
+		mention []string
+	}{
+		{"configMapKeyRef", v1.Container{Name: "app", Env: []v1.EnvVar{{Name: "LEVEL", ValueFrom: &v1.EnvVarSource{
+			ConfigMapKeyRef: &v1.ConfigMapKeySelector{LocalObjectReference: ref, Key: "level"}}}}},
+			[]string{`"app"`, "LEVEL", "configMapKeyRef"}},
+		{"secretKeyRef", v1.Container{Name: "app", Env: []v1.EnvVar{{Name: "A", Value: "1"}, {Name: "TOKEN", ValueFrom: &v1.EnvVarSource{
+			SecretKeyRef: &v1.SecretKeySelector{LocalObjectReference: ref, Key: "token"}}}}},
+			[]string{`"app"`, "TOKEN", "secretKeyRef"}},
+		{"envFrom", v1.Container{Name: "side", EnvFrom: []v1.EnvFromSource{{ConfigMapRef: &v1.ConfigMapEnvSource{LocalObjectReference: ref}}}},
+			[]string{`"side"`, "envFrom"}},
+		{"unknown fieldRef", v1.Container{Name: "app", Env: []v1.EnvVar{fieldEnv("X", "spec.priority")}},
+			[]string{`"app"`, "X", "spec.priority"}},
+		{"resourceFieldRef to unknown container", v1.Container{Name: "app", Env: []v1.EnvVar{resourceEnv("M", "ghost", "limits.memory", "")}},
+			[]string{`"app"`, "M", "ghost"}},
+		{"negative divisor", v1.Container{Name: "app", Env: []v1.EnvVar{resourceEnv("M", "", "limits.memory", "-1m")}},
+			[]string{`"app"`, "M", "divisor"}},
+		{"valueFrom with no source", v1.Container{Name: "app", Env: []v1.EnvVar{{Name: "V", ValueFrom: &v1.EnvVarSource{}}}},
+			[]string{`"app"`, "V"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env, err := containerEnv(envPod(), &tt.c)
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("containerEnv = %v, %v; want a *ConfigError", env, err)
+			}
+			for _, m := range tt.mention {
+				if !strings.Contains(err.Error(), m) {
+					t.Errorf("error %q does not mention %s", err, m)
+				}
+			}
+		})
+	}
+}
+
+func TestExpandAll(t *testing.T) {
+	env := []v1.EnvVar{{Name: "PORT", Value: "8080"}, {Name: "HOST", Value: "0.0.0.0"}}
+	got := expandAll([]string{"serve", "--addr=$(HOST):$(PORT)", "$(NOPE)", "$$(PORT)"}, env)
+	want := []string{"serve", "--addr=0.0.0.0:8080", "$(NOPE)", "$(PORT)"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("expandAll = %q, want %q", got, want)
+	}
+}
