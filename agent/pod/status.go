@@ -119,8 +119,11 @@ func QOSClass(spec *v1.PodSpec) v1.PodQOSClass {
 	all := append(append([]v1.Container(nil), spec.InitContainers...), spec.Containers...)
 	for _, c := range all {
 		for _, r := range []v1.ResourceName{v1.ResourceCPU, v1.ResourceMemory} {
+			// Zero quantities count as unset, as in Kubernetes.
 			l, hasL := c.Resources.Limits[r]
+			hasL = hasL && !l.IsZero()
 			q, hasQ := c.Resources.Requests[r]
+			hasQ = hasQ && !q.IsZero()
 			if hasL || hasQ {
 				any = true
 			}

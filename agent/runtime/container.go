@@ -61,12 +61,12 @@ func ContainerID(podUID, name string, attempt int) string {
 }
 
 // ContainerIDPrefix is the part of every container id of a pod that names the pod, so a containerd
-// event can be routed to its pod without a lookup.
+// event can be routed to its pod without a lookup. It is a hash of the whole UID: manifests may set
+// UIDs that share long prefixes ("app-uid-0001", "app-uid-0002"), and a collision here would let one
+// pod remove another's containers.
 func ContainerIDPrefix(podUID string) string {
-	if len(podUID) > 13 {
-		podUID = podUID[:13]
-	}
-	return podUID + "-"
+	sum := sha256.Sum256([]byte(podUID))
+	return hex.EncodeToString(sum[:])[:12] + "-"
 }
 
 // StartError carries kubelet's waiting reason for a container that could not be started.

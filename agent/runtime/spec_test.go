@@ -61,8 +61,12 @@ func TestSpecHash(t *testing.T) {
 func TestContainerID(t *testing.T) {
 	uid := "0b0e2c9e-5d1f-4a7b-9c3d-2e1f0a9b8c7d"
 	prefix := ContainerIDPrefix(uid)
-	if prefix != "0b0e2c9e-5d1f-" {
-		t.Errorf("ContainerIDPrefix(%q) = %q, want the first 13 characters and a dash", uid, prefix)
+	if len(prefix) != 13 || !strings.HasSuffix(prefix, "-") {
+		t.Errorf("ContainerIDPrefix(%q) = %q, want 12 hash characters and a dash", uid, prefix)
+	}
+	// UIDs that share a long prefix must not share container ids.
+	if a, b := ContainerIDPrefix("demo-pod-uid-0001"), ContainerIDPrefix("demo-pod-uid-0002"); a == b {
+		t.Errorf("ContainerIDPrefix collides for UIDs differing after 13 characters: %q", a)
 	}
 	if got := ContainerID(uid, "app", 3); got != prefix+"app-3" {
 		t.Errorf("ContainerID(app, 3) = %q, want %q", got, prefix+"app-3")
