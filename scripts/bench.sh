@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# `make bench`: measures mqlet (binary sizes, memory, pod start next to `ctr run`, a burst of 20,
+# agent restart, recovery after a simulated power cycle) and writes bench/results.json.
+# BENCHMARKS.md explains every figure.
+#
+# The measurements run against a private containerd that this script configures and the harness
+# (scripts/bench, Go) starts, restarts and stops by pid: its own root /var/lib/mqlet-bench/containerd,
+# state /run/mqlet-bench/containerd and socket /run/mqlet-bench/containerd.sock. The recovery
+# figure kills every task and restarts containerd, which must never happen to the shared test
+# containerd of scripts/testenv.sh. That script (a prerequisite: `make bench` runs it first)
+# installs containerd and runc and builds the test images.
+#
+# Usage: scripts/bench.sh [harness flags...], e.g. -agent-env GODEBUG=gctrace=1 -keep-logs /tmp/bench-logs
+# (go run ./scripts/bench -h lists them). Must run as root.
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+LIB_DIR=/var/lib/mqlet-bench
+RUN_DIR=/run/mqlet-bench
+SOCK=$RUN_DIR/containerd.sock
+ENV_FILE=/run/mqlet-test/env
+
+die() {
+	echo "bench: ERROR: $*" >&2
+	exit 1
+}
+
+[ "$(id -u)" = 0 ] || die "must run as root (containerd, runc and network namespaces need it)"
+export PATH=/usr/local/go/bin:$PATH
+export HOME=${HOME:-/root}
+command -v containerd >/dev/null || die "containerd is not installed; run scripts/testenv.sh"
+command -v ctr >/dev/null || die "ctr is not installed; run scripts/testenv.sh"
+[ -s "$ENV_FILE" ] || die "$ENV_FILE is missing; run scripts/testenv.sh"
+# shellcheck disable=SC1090
+. "$ENV_FILE"
+IMAGE_ARCHIVE=${MQLET_TEST_IMAGES:?MQLET_TEST_IMAGES not set in $ENV_FILE}/busybox.tar
+[ -s "$IMAGE_ARCHIVE" ] || die "$IMAGE_ARCHIVE is missing; run scripts/testenv.sh"
+
+cd "$REPO_ROOT"
+echo "bench: building bin/mqlet and the release binaries (make build cross)" >&2
+make --no-print-directory build cross >&2
+
+WORK=$(mktemp -d /tmp/mqlet-bench.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+
+# The same configuration approach as scripts/testenv.sh: containerd's own API only (no CRI), the
+# snapshotters that only log errors here disabled, oom_score left alone (no CAP_SYS_RESOURCE).
+cat >"$WORK/containerd.toml" <<EOF
+# Written by scripts/bench.sh: mqlet's private benchmark containerd.
+version = 2
+root = "$LIB_DIR/containerd"
+state = "$RUN_DIR/containerd"
+oom_score = 0
+disabled_plugins = [
+  "io.containerd.grpc.v1.cri",
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+]
+
+[grpc]
+  address = "$SOCK"
+
+[ttrpc]
+  address = "$SOCK.ttrpc"
+
+[debug]
+  address = "$RUN_DIR/containerd-debug.sock"
+  level = "info"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$LIB_DIR/opt"
+EOF
+
+go build -o "$WORK/bench" ./scripts/bench
+
+"$WORK/bench" \
+	-containerd "$(command -v containerd)" \
+	-containerd-config "$WORK/containerd.toml" \
+	-socket "$SOCK" \
+	-lib-dir "$LIB_DIR" \
+	-run-dir "$RUN_DIR" \
+	-mqlet "$REPO_ROOT/bin/mqlet" \
+	-ctr "$(command -v ctr)" \
+	-bin-dir "$REPO_ROOT/bin" \
+	-image-archive "$IMAGE_ARCHIVE" \
+	-out "$REPO_ROOT/bench/results.json" \
+	"$@"

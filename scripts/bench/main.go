@@ -1,0 +1,226 @@
+// Command bench measures mqlet as users run it: the real binary, driven through its manifest
+// directory and local API, on a private containerd that the harness starts and stops itself,
+// side by side with `ctr run` on the same containerd. It is run by scripts/bench.sh (`make bench`);
+// BENCHMARKS.md says what each figure means.
+//
+// It writes the figures to -out only when every one of them was measured; any failure exits
+// non-zero with the reason and leaves no results file behind.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	goruntime "runtime"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/mqlet/mqlet/agent/api"
+)
+
+type config struct {
+	containerdBin    string
+	containerdConfig string
+	socket           string
+	namespace        string
+	libDir           string // owned by the harness: containerd root, agent state, manifests
+	runDir           string // owned by the harness: containerd state, pid files, API socket
+	mqlet            string
+	ctr              string
+	binDir           string
+	image            string
+	imageArchive     string
+	out              string
+	samples          int
+	step             time.Duration
+	agentEnv         envList
+	keepLogs         string
+}
+
+type bench struct {
+	cfg    config
+	client *containerd.Client
+	ctrd   *daemon
+	agent  *daemon
+	rec    *recorder
+	api    *api.Client
+	log    io.Writer
+}
+
+func (b *bench) path(name string) string    { return filepath.Join(b.cfg.libDir, name) }
+func (b *bench) runPath(name string) string { return filepath.Join(b.cfg.runDir, name) }
+
+func main() {
+	var c config
+	flag.StringVar(&c.containerdBin, "containerd", "/usr/bin/containerd", "containerd binary")
+	flag.StringVar(&c.containerdConfig, "containerd-config", "", "config of the bench's private containerd (written by scripts/bench.sh)")
+	flag.StringVar(&c.socket, "socket", "/run/mqlet-bench/containerd.sock", "socket the private containerd listens on (as in its config)")
+	flag.StringVar(&c.namespace, "namespace", "mqlet-bench", "containerd namespace for everything the bench creates")
+	flag.StringVar(&c.libDir, "lib-dir", "/var/lib/mqlet-bench", "directory owned by the bench, removed at the end")
+	flag.StringVar(&c.runDir, "run-dir", "/run/mqlet-bench", "runtime directory owned by the bench, removed at the end")
+	flag.StringVar(&c.mqlet, "mqlet", "bin/mqlet", "mqlet binary to measure")
+	flag.StringVar(&c.ctr, "ctr", "ctr", "ctr binary, for the containerd floor")
+	flag.StringVar(&c.binDir, "bin-dir", "bin", "directory holding mqlet-linux-{amd64,arm64,armv7} from `make cross`")
+	flag.StringVar(&c.image, "image", "mqlet.test/busybox:1", "image the pods run")
+	flag.StringVar(&c.imageArchive, "image-archive", "/var/lib/mqlet-test/images/busybox.tar", "docker-archive holding -image")
+	flag.StringVar(&c.out, "out", "bench/results.json", "where the figures go")
+	flag.IntVar(&c.samples, "samples", 25, "pod start samples (and as many ctr run samples), at least 20")
+	flag.DurationVar(&c.step, "step-timeout", 60*time.Second, "bound on every single wait")
+	flag.Var(&c.agentEnv, "agent-env", "KEY=VALUE added to the agent's environment, repeatable, for profiling: GODEBUG=gctrace=1 (output goes to the agent log), GOGC=50, GOMEMLIMIT=8MiB")
+	flag.StringVar(&c.keepLogs, "keep-logs", "", "copy the agent and containerd logs into this directory before cleaning up")
+	flag.Parse()
+	if c.containerdConfig == "" {
+		fatal(errors.New("-containerd-config is required (scripts/bench.sh writes it)"))
+	}
+	if c.samples < 20 {
+		fatal(fmt.Errorf("-samples %d: at least 20 are needed for a p90", c.samples))
+	}
+	for _, p := range []*string{&c.mqlet, &c.binDir, &c.out, &c.containerdConfig} {
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			fatal(err)
+		}
+		*p = abs
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	b := &bench{cfg: c, rec: newRecorder(c.namespace), log: os.Stderr}
+	// A results file from an earlier run must not pass for this run's if this one fails.
+	if err := os.Remove(c.out); err != nil && !os.IsNotExist(err) {
+		fatal(err)
+	}
+	res, runErr := b.run(ctx)
+	cleanErr := b.cleanup()
+	if runErr != nil {
+		fatal(errors.Join(runErr, cleanErr))
+	}
+	if cleanErr != nil {
+		fatal(fmt.Errorf("figures measured, but cleaning up failed: %w", cleanErr))
+	}
+	if err := writeResults(c.out, res); err != nil {
+		fatal(err)
+	}
+	printResults(os.Stdout, res)
+	fmt.Printf("\nwrote %s\n", c.out)
+}
+
+// envList is a repeatable KEY=VALUE flag.
+type envList []string
+
+func (e *envList) String() string { return fmt.Sprint([]string(*e)) }
+
+func (e *envList) Set(v string) error {
+	if k, _, ok := strings.Cut(v, "="); !ok || k == "" {
+		return fmt.Errorf("want KEY=VALUE, got %q", v)
+	}
+	*e = append(*e, v)
+	return nil
+}
+
+func fatal(err error) {
+	fmt.Fprintf(os.Stderr, "bench: FAILED: %v\n", err)
+	os.Exit(1)
+}
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(b.log, "bench: "+format+"\n", args...)
+}
+
+// results holds exactly the keys of bench/results.json, in order. Figures of parts that do not
+// exist yet are nil, so they encode as null and never as a made-up number.
+type results struct {
+	BinaryAmd64MB      float64  `json:"binary_amd64_mb"`
+	BinaryArm64MB      float64  `json:"binary_arm64_mb"`
+	BinaryArmv7MB      float64  `json:"binary_armv7_mb"`
+	IdleRSSMiB         float64  `json:"idle_rss_mib"`
+	IdleAnonMiB        float64  `json:"idle_anon_mib"`
+	RSS25PodsMiB       float64  `json:"rss_25_pods_mib"`
+	Anon25PodsMiB      float64  `json:"anon_25_pods_mib"`
+	PodStartP50Ms      float64  `json:"pod_start_p50_ms"`
+	PodStartP90Ms      float64  `json:"pod_start_p90_ms"`
+	CtrRunP50Ms        float64  `json:"ctr_run_p50_ms"`
+	CtrRunP90Ms        float64  `json:"ctr_run_p90_ms"`
+	Burst20Ms          float64  `json:"burst20_ms"`
+	Recovery10PodsMs   float64  `json:"recovery_10_pods_ms"`
+	AgentStartMs       float64  `json:"agent_start_ms"`
+	IdleLinkKBPerHour  *float64 `json:"idle_link_kb_per_hour"`
+	ReconnectConverge  *float64 `json:"reconnect_converge_ms"`
+	ReconnectBytes     *float64 `json:"reconnect_bytes"`
+	FleetNodes         *float64 `json:"fleet_nodes"`
+	FleetReadyS        *float64 `json:"fleet_ready_s"`
+	BridgeCPUPct       *float64 `json:"bridge_cpu_pct"`
+	BridgeRSSMiB       *float64 `json:"bridge_rss_mib"`
+	breakdown          []breakdownRow
+	ctrEventP50Ms      float64
+	podStartSamples    int
+	agentStartFirstAPI float64
+	ctrBurst20Ms       float64
+	burstCPU           struct{ agent, containerd, shims float64 }
+}
+
+func writeResults(path string, r results) error {
+	data, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func printResults(w io.Writer, r results) {
+	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "FIGURE\tVALUE\tTARGET\t")
+	row := func(name string, v float64, unit, target string, ok bool) {
+		mark := "ok"
+		if !ok {
+			mark = "MISSED"
+		}
+		fmt.Fprintf(tw, "%s\t%.1f %s\t%s\t%s\n", name, v, unit, target, mark)
+	}
+	info := func(name string, v float64, unit, note string) {
+		fmt.Fprintf(tw, "%s\t%.1f %s\t%s\t\n", name, v, unit, note)
+	}
+	row("pod_start_p50_ms", r.PodStartP50Ms, "ms", fmt.Sprintf("<= 100 and <= 1.2 x ctr (%.1f)", 1.2*r.CtrRunP50Ms),
+		r.PodStartP50Ms <= 100 && r.PodStartP50Ms <= 1.2*r.CtrRunP50Ms)
+	info("pod_start_p90_ms", r.PodStartP90Ms, "ms", fmt.Sprintf("(%d samples)", r.podStartSamples))
+	info("ctr_run_p50_ms", r.CtrRunP50Ms, "ms", fmt.Sprintf("floor; to its task-start event: %.1f ms", r.ctrEventP50Ms))
+	info("ctr_run_p90_ms", r.CtrRunP90Ms, "ms", "")
+	row("burst20_ms", r.Burst20Ms, "ms", "<= 600", r.Burst20Ms <= 600)
+	info("  ctr floor of the burst", r.ctrBurst20Ms, "ms", "20 concurrent ctr run -d (not in results.json)")
+	fmt.Fprintf(tw, "  CPU used in the burst\tagent %.0f ms\tcontainerd %.0f ms, shims+runc %.0f ms (%d CPUs x burst: %.0f ms)\t\n",
+		r.burstCPU.agent, r.burstCPU.containerd, r.burstCPU.shims, goruntime.NumCPU(), float64(goruntime.NumCPU())*r.Burst20Ms)
+	row("idle_rss_mib", r.IdleRSSMiB, "MiB", "<= 20", r.IdleRSSMiB <= 20)
+	row("idle_anon_mib", r.IdleAnonMiB, "MiB", "<= 6", r.IdleAnonMiB <= 6)
+	row("rss_25_pods_mib", r.RSS25PodsMiB, "MiB", "<= 26", r.RSS25PodsMiB <= 26)
+	row("anon_25_pods_mib", r.Anon25PodsMiB, "MiB", "<= 10", r.Anon25PodsMiB <= 10)
+	row("recovery_10_pods_ms", r.Recovery10PodsMs, "ms", "<= 2000", r.Recovery10PodsMs <= 2000)
+	row("agent_start_ms", r.AgentStartMs, "ms", fmt.Sprintf("<= 300 (pods listed Running at %.1f ms)", r.agentStartFirstAPI), r.AgentStartMs <= 300)
+	info("binary_amd64_mb", r.BinaryAmd64MB, "MB", "1 MB = 1e6 bytes")
+	row("binary_arm64_mb", r.BinaryArm64MB, "MB", "<= 25", r.BinaryArm64MB <= 25)
+	info("binary_armv7_mb", r.BinaryArmv7MB, "MB", "")
+	tw.Flush()
+
+	fmt.Fprintln(w, "\nwhere a start goes (medians; t0 = manifest renamed in / ctr exec'd; containerd's event timestamps):")
+	tw = tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "STEP\tmqlet\tctr run\t")
+	for _, br := range r.breakdown {
+		fmt.Fprintf(tw, "%s\t%.1f ms\t%.1f ms\t\n", br.step, br.agent, br.ctr)
+	}
+	tw.Flush()
+}
