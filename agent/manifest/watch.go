@@ -70,13 +70,18 @@ func (d *Dir) Watch(ctx context.Context, resync time.Duration, fn func(Snapshot)
 
 	var lastGood Snapshot
 	var lastKey string
+	var deliverUnless func(skip func(Snapshot) bool)
 	delivered := false
-	deliver := func() {
+	deliver := func() { deliverUnless(nil) }
+	deliverUnless = func(skip func(Snapshot) bool) {
 		snap, err := d.Scan()
 		if err != nil {
 			snap = Snapshot{Pods: copyPods(lastGood.Pods), Problems: []Problem{{File: d.path, Index: -1, Err: err}}}
 		} else {
 			lastGood = Snapshot{Pods: copyPods(snap.Pods)}
+		}
+		if skip != nil && skip(snap) {
+			return
 		}
 		key := fingerprint(snap)
 		if delivered && key == lastKey {
@@ -124,6 +129,21 @@ func (d *Dir) Watch(ctx context.Context, resync time.Duration, fn func(Snapshot)
 				watchingDir = false
 			} else if !watchingDir && ev.Name != d.path {
 				continue // another entry of the parent directory
+			}
+			if ev.Op&fsnotify.Create != 0 && burstStart.IsZero() && IsManifestName(filepath.Base(ev.Name)) {
+				// A file renamed into place is complete: read it now rather than after the
+				// quiet window, which would otherwise be a fifth of a pod's start time. A file
+				// created in place may still be half written; if it doesn't parse, wait for
+				// the quiet window instead of reporting a problem that is about to go away.
+				name := ev.Name
+				deliverUnless(func(s Snapshot) bool {
+					for _, p := range s.Problems {
+						if p.File == name {
+							return true
+						}
+					}
+					return false
+				})
 			}
 			schedule()
 		case _, ok := <-w.Errors:
