@@ -110,7 +110,7 @@ func (a *Agent) start(ctx context.Context) error {
 		a.startWorker(d.Pod, statuses[d.Pod.UID])
 	}
 	a.log.Info("restored pods from the store", "pods", len(pods))
-	return a.removeOrphans(ctx)
+	return a.relist(ctx)
 }
 
 // preload imports image archives dropped in the preload dir (OTA images, offline factory nodes)
@@ -290,30 +290,36 @@ func (a *Agent) relistLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		a.mu.Lock()
-		err := a.removeOrphans(ctx)
-		for _, w := range a.workers {
-			w.Nudge()
-		}
+		err := a.relist(ctx)
 		a.mu.Unlock()
-		a.relistOK.Store(err == nil)
 		if err != nil {
 			a.log.Warn("relist failed", "err", err)
 		}
 	}
 }
 
-// removeOrphans must be called with a.mu held.
-func (a *Agent) removeOrphans(ctx context.Context) error {
+// relist lists every container once, nudges the workers whose last view differs from what
+// containerd shows (an event was missed), and removes containers of pods nobody wants. It must be
+// called with a.mu held.
+func (a *Agent) relist(ctx context.Context) error {
 	ctrs, err := a.rt.ListContainers(ctx, "")
 	if err != nil {
 		a.relistOK.Store(false)
 		return err
 	}
 	a.relistOK.Store(true)
+	byPod := map[types.UID][]runtime.Container{}
 	var orphans []runtime.Container
 	for _, c := range ctrs {
 		if _, ok := a.workers[types.UID(c.PodUID)]; !ok {
 			orphans = append(orphans, c)
+			continue
+		}
+		byPod[types.UID(c.PodUID)] = append(byPod[types.UID(c.PodUID)], c)
+	}
+	for uid, w := range a.workers {
+		if runtime.Fingerprint(byPod[uid]) != w.Seen() {
+			w.Nudge()
 		}
 	}
 	if len(orphans) == 0 {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/runtime"
@@ -67,8 +68,12 @@ type Worker struct {
 	status   v1.PodStatus
 	ooms     []string
 
-	recs map[string]*record // loop-owned
-	done chan struct{}
+	seen string // runtime.Fingerprint of what the last sync left behind; guarded by mu
+
+	recs      map[string]*record // loop-owned
+	mutations int                // loop-owned: containers started or removed, to know when to look again
+	syncs     atomic.Int64       // completed syncs, for tests that wait for one
+	done      chan struct{}
 }
 
 // NewWorker starts nothing; call Run. prev is the status stored before an agent restart, if any,
@@ -144,6 +149,14 @@ func (w *Worker) OOM(containerID string) {
 	w.ooms = append(w.ooms, containerID)
 	w.mu.Unlock()
 	w.Nudge()
+}
+
+// Seen is the fingerprint (runtime.Fingerprint) of the containers the last sync left behind. The
+// relist compares it with what containerd shows and nudges only workers whose view is stale.
+func (w *Worker) Seen() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seen
 }
 
 // Done is closed when Run returns.
@@ -250,6 +263,7 @@ func (w *Worker) terminate(ctx context.Context, pod *v1.Pod) bool {
 // sync moves the pod one step towards its spec and publishes the resulting status. It returns when
 // it wants to run again (0: only on a nudge).
 func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
+	mutationsBefore := w.mutations
 	observed, err := w.env.Runtime.ListContainers(ctx, string(pod.UID))
 	if err != nil {
 		w.env.Log.Error("list containers", "err", err)
@@ -301,20 +315,28 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 		}
 	}
 	// Observe again after acting, so the published status is what containerd now has.
-	if after, err := w.env.Runtime.ListContainers(ctx, string(pod.UID)); err == nil {
-		newest = map[string]*runtime.Container{}
-		for i := range after {
-			c := &after[i]
-			if o := newest[c.Name]; o == nil || c.RestartCount > o.RestartCount {
-				newest[c.Name] = c
+	if w.mutations != mutationsBefore {
+		if after, err := w.env.Runtime.ListContainers(ctx, string(pod.UID)); err == nil {
+			observed = after
+			newest = map[string]*runtime.Container{}
+			for i := range after {
+				c := &after[i]
+				if o := newest[c.Name]; o == nil || c.RestartCount > o.RestartCount {
+					newest[c.Name] = c
+				}
 			}
 		}
 	}
+	w.mu.Lock()
+	w.seen = runtime.Fingerprint(observed)
+	w.mu.Unlock()
 	w.publish(pod, newest, now)
+	w.syncs.Add(1)
 	return next
 }
 
 func (w *Worker) stopAndRemove(ctx context.Context, pod *v1.Pod, c *runtime.Container) {
+	w.mutations++
 	if err := w.env.Runtime.StopContainer(ctx, c.ID, grace(pod)); err != nil {
 		w.env.Log.Error("stop container", "container", c.ID, "err", err)
 		return
@@ -417,6 +439,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 		w.env.Log.Warn("container failed to start", "container", c.Name, "reason", se.Reason, "err", se.Err)
 		return r.retryAt.Sub(now)
 	}
+	w.mutations++
 	r.failure, r.terminated, r.retryAt = nil, nil, time.Time{}
 	r.startedID, r.startedAt = started.ID, time.Now()
 	w.env.Log.Info("container started", "container", c.Name, "id", started.ID, "restarts", attempt)

@@ -226,14 +226,14 @@ func (h *harness) waitFor(what string, ok func(st *v1.PodStatus) bool) *v1.PodSt
 	}
 }
 
-// resync nudges the worker and waits until a sync pass has listed the containers, acted and
-// listed them again, so a decision it would make is visible in the fake's calls.
+// resync nudges the worker and waits until a sync pass has completed, so a decision it would
+// make is visible in the fake's calls.
 func (h *harness) resync() {
 	h.t.Helper()
-	n := h.f.listCount()
+	n := h.w.syncs.Load()
 	h.w.Nudge()
 	deadline := time.Now().Add(waitLimit)
-	for h.f.listCount() < n+2 {
+	for h.w.syncs.Load() < n+1 {
 		if time.Now().After(deadline) {
 			h.t.Fatalf("worker did not sync within %s of a nudge", waitLimit)
 		}

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	tasks "github.com/containerd/containerd/api/services/tasks/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/containers"
 	"github.com/containerd/containerd/errdefs"
 	"github.com/distribution/reference"
 	v1 "k8s.io/api/core/v1"
@@ -117,14 +120,26 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, c *v1.Contain
 		LabelLogPath:       logPath,
 		LabelImageID:       imageID(img),
 	}
-	// A leftover with this id (agent killed between create and start) is ours and stale.
-	r.removeByID(ctx, id)
-	ctr, err := r.client.NewContainer(ctx, id,
-		containerd.WithImage(img),
-		containerd.WithNewSnapshot(id, img),
-		containerd.WithNewSpec(opts...),
-		containerd.WithContainerLabels(labels),
-	)
+	create := func() (containerd.Container, error) {
+		return r.client.NewContainer(ctx, id,
+			containerd.WithImage(img),
+			containerd.WithNewSnapshot(id, img),
+			containerd.WithNewSpec(opts...),
+			containerd.WithContainerLabels(labels),
+		)
+	}
+	ctr, err := create()
+	if errdefs.IsAlreadyExists(err) {
+		// A leftover with this id (agent killed between create and start) is ours and stale.
+		if rerr := r.removeByID(ctx, id); rerr != nil {
+			return Container{}, &StartError{"CreateContainerError", rerr}
+		}
+		// The snapshot can outlive its container record when a delete was cut short.
+		if rerr := r.client.SnapshotService(r.opts.Snapshotter).Remove(ctx, id); rerr != nil && !errdefs.IsNotFound(rerr) {
+			return Container{}, &StartError{"CreateContainerError", fmt.Errorf("remove stale snapshot %s: %w", id, rerr)}
+		}
+		ctr, err = create()
+	}
 	if err != nil {
 		var ce *ConfigError
 		if errors.As(err, &ce) {
@@ -170,13 +185,9 @@ func (r *Runtime) ListContainers(ctx context.Context, podUID string) ([]Containe
 	if err != nil {
 		return nil, fmt.Errorf("list containers: %w", err)
 	}
-	tasks, err := r.client.TaskService().List(ctx, &tasks.ListTasksRequest{})
+	byID, err := r.tasks(ctx, podUID, ctrs)
 	if err != nil {
-		return nil, fmt.Errorf("list tasks: %w", err)
-	}
-	byID := make(map[string]*tasktypes.Process, len(tasks.Tasks))
-	for _, t := range tasks.Tasks {
-		byID[t.ID] = t
+		return nil, err
 	}
 	out := make([]Container, 0, len(ctrs))
 	for _, c := range ctrs {
@@ -203,6 +214,45 @@ func (r *Runtime) ListContainers(ctx context.Context, podUID string) ([]Containe
 		out = append(out, ct)
 	}
 	return out, nil
+}
+
+// tasks fetches the task of each container: one list of every task for a relist of the whole
+// namespace, one lookup per container for a single pod, so a pod's sync costs the same however
+// many pods the node runs.
+func (r *Runtime) tasks(ctx context.Context, podUID string, ctrs []containers.Container) (map[string]*tasktypes.Process, error) {
+	byID := make(map[string]*tasktypes.Process, len(ctrs))
+	if podUID == "" {
+		resp, err := r.client.TaskService().List(ctx, &tasks.ListTasksRequest{})
+		if err != nil {
+			return nil, fmt.Errorf("list tasks: %w", err)
+		}
+		for _, t := range resp.Tasks {
+			byID[t.ID] = t
+		}
+		return byID, nil
+	}
+	for _, c := range ctrs {
+		resp, err := r.client.TaskService().Get(ctx, &tasks.GetRequest{ContainerID: c.ID})
+		if err != nil {
+			if errdefs.IsNotFound(errdefs.FromGRPC(err)) {
+				continue
+			}
+			return nil, fmt.Errorf("task of %s: %w", c.ID, errdefs.FromGRPC(err))
+		}
+		byID[c.ID] = resp.Process
+	}
+	return byID, nil
+}
+
+// Fingerprint summarises containers' identities and states, so a relist can tell a worker's view
+// is stale without the worker asking containerd again.
+func Fingerprint(cs []Container) string {
+	ids := make([]string, 0, len(cs))
+	for _, c := range cs {
+		ids = append(ids, fmt.Sprintf("%s:%d:%d", c.ID, c.State, c.ExitCode))
+	}
+	sort.Strings(ids)
+	return strings.Join(ids, ",")
 }
 
 // StopContainer sends SIGTERM, waits up to grace, then SIGKILL, and deletes the task. The container
