@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -35,7 +36,15 @@ type Options struct {
 	PreloadDir   string
 	RelistPeriod time.Duration
 	Log          *slog.Logger
+	// TrimMemory hands freed memory back to the OS once the node goes quiet after activity
+	// (see trimAfterQuiet). Off when the operator tunes the Go runtime with GOGC/GOMEMLIMIT.
+	TrimMemory bool
 }
+
+// quietBeforeTrim is how long nothing must change before the agent returns freed memory to the
+// OS. A burst of pod starts allocates several MiB that the Go runtime would otherwise keep for
+// minutes; on a device with a few hundred MiB, that matters more than the one extra collection.
+const quietBeforeTrim = 2 * time.Second
 
 // Agent runs pods. Create it with New, then Run.
 type Agent struct {
@@ -55,6 +64,9 @@ type Agent struct {
 	relistOK atomic.Bool
 	problems atomic.Pointer[[]manifest.Problem]
 	hostIP   string
+
+	trimMu sync.Mutex
+	trim   *time.Timer
 }
 
 // New wires an agent from an open store and a connected runtime; it owns neither.
@@ -160,6 +172,7 @@ func (a *Agent) startWorker(p *v1.Pod, prev *v1.PodStatus) {
 }
 
 func (a *Agent) onStatus(p *v1.Pod, st v1.PodStatus) {
+	a.activity()
 	if err := a.db.PutStatus(p.UID, &st); err != nil {
 		a.log.Error("store pod status", "pod", p.Namespace+"/"+p.Name, "err", err)
 	}
@@ -229,6 +242,7 @@ func (a *Agent) applySnapshot(s manifest.Snapshot) {
 			w.Delete()
 		}
 	}
+	a.activity()
 	a.synced.Store(true)
 }
 
@@ -237,6 +251,20 @@ func configHash(p *v1.Pod) string {
 		return h
 	}
 	return fmt.Sprint(p.Spec)
+}
+
+// activity notes that something changed; trimAfterQuiet runs once things have been quiet.
+func (a *Agent) activity() {
+	if !a.opts.TrimMemory {
+		return
+	}
+	a.trimMu.Lock()
+	defer a.trimMu.Unlock()
+	if a.trim == nil {
+		a.trim = time.AfterFunc(quietBeforeTrim, debug.FreeOSMemory)
+		return
+	}
+	a.trim.Reset(quietBeforeTrim)
 }
 
 // followEvents nudges the worker of a pod whose container exited or hit OOM, resubscribing when

@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -31,8 +32,18 @@ type Dir struct {
 	path     string
 	nodeName string
 
-	mu   sync.Mutex       // serialises scans: Scan may be called while Watch runs
-	last map[string][]Pod // file -> the pods it contributed at the last scan
+	mu     sync.Mutex       // serialises scans: Scan may be called while Watch runs
+	last   map[string][]Pod // file -> the pods it contributed at the last scan
+	parsed map[string]parseResult
+}
+
+// parseResult caches what Parse made of a file's bytes: every change in the directory rescans
+// every file, and parsing (YAML -> JSON -> strict decode -> validate) is what costs, so a burst of
+// n new files would otherwise parse n^2 documents.
+type parseResult struct {
+	sum      [sha256.Size]byte
+	pods     []Pod
+	problems []Problem
 }
 
 // NewDir returns the source for the manifest directory path on node nodeName. A relative
@@ -41,7 +52,7 @@ func NewDir(path, nodeName string) *Dir {
 	if abs, err := filepath.Abs(path); err == nil {
 		path = abs
 	}
-	return &Dir{path: path, nodeName: nodeName, last: map[string][]Pod{}}
+	return &Dir{path: path, nodeName: nodeName, last: map[string][]Pod{}, parsed: map[string]parseResult{}}
 }
 
 // Path is the directory watched.
@@ -88,6 +99,7 @@ func (d *Dir) Scan() (Snapshot, error) {
 	}
 
 	next := map[string][]Pod{}
+	parsed := map[string]parseResult{}
 	var problems []Problem
 	var files []string // in name order, as os.ReadDir returns them
 	for _, e := range entries {
@@ -105,7 +117,7 @@ func (d *Dir) Scan() (Snapshot, error) {
 		if err != nil {
 			probs = []Problem{{File: file, Index: -1, Err: err}}
 		} else {
-			pods, probs = Parse(file, data, d.nodeName)
+			pods, probs = d.parse(file, data, parsed)
 		}
 		if len(probs) > 0 {
 			pods = keepPrevious(pods, d.last[file])
@@ -113,7 +125,7 @@ func (d *Dir) Scan() (Snapshot, error) {
 		next[file] = pods
 		problems = append(problems, probs...)
 	}
-	d.last = next
+	d.last, d.parsed = next, parsed
 
 	// Resolve duplicates in (file, index) order so the winner does not depend on map order
 	// or on which file changed last.
@@ -148,6 +160,19 @@ func (d *Dir) Scan() (Snapshot, error) {
 	return Snapshot{Pods: out, Problems: problems}, nil
 }
 
+// parse returns Parse's result for data, reusing the last one when the bytes are unchanged, and
+// records it in next.
+func (d *Dir) parse(file string, data []byte, next map[string]parseResult) ([]Pod, []Problem) {
+	sum := sha256.Sum256(data)
+	r, ok := d.parsed[file]
+	if !ok || r.sum != sum {
+		r.sum = sum
+		r.pods, r.problems = Parse(file, data, d.nodeName)
+	}
+	next[file] = r
+	return r.pods, r.problems
+}
+
 // keepPrevious adds to a file's valid pods the ones it declared at the previous scan and no
 // longer declares validly, in document order.
 func keepPrevious(valid, previous []Pod) []Pod {
@@ -155,7 +180,7 @@ func keepPrevious(valid, previous []Pod) []Pod {
 	for _, p := range valid {
 		have[p.Pod.Namespace+"/"+p.Pod.Name] = true
 	}
-	out := valid
+	out := append([]Pod(nil), valid...) // valid may be a cached parse result: don't write into it
 	for _, p := range previous {
 		if !have[p.Pod.Namespace+"/"+p.Pod.Name] {
 			p.Stale = true

@@ -62,6 +62,8 @@ func (c *AgentCmd) Run() error {
 		PreloadDir:   cfg.ImagePreloadDir,
 		RelistPeriod: cfg.RelistPeriod.Duration,
 		Log:          log,
+		// An operator who tunes the Go runtime keeps control of it.
+		TrimMemory: os.Getenv("GOMEMLIMIT") == "" && os.Getenv("GOGC") == "",
 	}, rt, db)
 
 	if cfg.Once {
