@@ -112,38 +112,6 @@ func cond(t v1.PodConditionType, ok bool, reason string, prev []v1.PodCondition,
 	return c
 }
 
-// QOSClass follows Kubernetes' rules: Guaranteed when every container has equal cpu and memory
-// requests and limits, BestEffort when none has any, Burstable otherwise.
-func QOSClass(spec *v1.PodSpec) v1.PodQOSClass {
-	any, guaranteed := false, true
-	all := append(append([]v1.Container(nil), spec.InitContainers...), spec.Containers...)
-	for _, c := range all {
-		for _, r := range []v1.ResourceName{v1.ResourceCPU, v1.ResourceMemory} {
-			// Zero quantities count as unset, as in Kubernetes.
-			l, hasL := c.Resources.Limits[r]
-			hasL = hasL && !l.IsZero()
-			q, hasQ := c.Resources.Requests[r]
-			hasQ = hasQ && !q.IsZero()
-			if hasL || hasQ {
-				any = true
-			}
-			if !hasQ {
-				q, hasQ = l, hasL // requests default to limits
-			}
-			if !hasL || !hasQ || l.Cmp(q) != 0 {
-				guaranteed = false
-			}
-		}
-	}
-	switch {
-	case !any:
-		return v1.PodQOSBestEffort
-	case guaranteed:
-		return v1.PodQOSGuaranteed
-	}
-	return v1.PodQOSBurstable
-}
-
 // backoffMessage is kubelet's CrashLoopBackOff wording.
 func backoffMessage(d time.Duration, pod *v1.Pod, name string) string {
 	return fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", d, name, pod.Name, pod.Namespace, pod.UID)

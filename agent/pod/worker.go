@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/qos"
 	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -481,7 +482,7 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*runtime.Container, now 
 		HostIP:                w.env.HostIP,
 		InitContainerStatuses: init,
 		ContainerStatuses:     ctrs,
-		QOSClass:              QOSClass(&pod.Spec),
+		QOSClass:              qos.Class(&pod.Spec),
 		StartTime:             prev.StartTime,
 	}
 	if st.HostIP != "" {

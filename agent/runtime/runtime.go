@@ -12,6 +12,7 @@ import (
 
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/namespaces"
+	"github.com/mqlet/mqlet/hw"
 )
 
 // Labels put on every container mqlet creates, so that a restarted agent can adopt what is running.
@@ -45,6 +46,10 @@ type Runtime struct {
 
 	pulls   sync.Mutex
 	pulling map[string]*pull // image ref -> in-flight pull, so concurrent pods share one pull
+
+	memCapacity int64 // bytes, for Burstable oom_score_adj
+	oomFloor    int   // lowest oom_score_adj runc may set (see oomScoreFloor)
+	oomWarned   sync.Once
 }
 
 // New connects to containerd. The error names the address, because an unreachable containerd is the
@@ -74,7 +79,21 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 		c.Close()
 		return nil, fmt.Errorf("containerd at %s (--containerd-address) is not answering: %w", addr, err)
 	}
-	return &Runtime{client: c, opts: o, log: o.Log, pulling: map[string]*pull{}}, nil
+	r := &Runtime{client: c, opts: o, log: o.Log, pulling: map[string]*pull{}, oomFloor: -1000}
+	if r.memCapacity, err = hw.MemoryCapacity(); err != nil {
+		o.Log.Warn("memory capacity unknown; Burstable containers get oom_score_adj 999", "err", err)
+	}
+	floor, restricted, err := oomScoreFloor(addr)
+	switch {
+	case err != nil:
+		// Not knowing containerd's score, assume the common case (containerd at 0, shim at 1)
+		// rather than risk runc refusing every Guaranteed container.
+		r.oomFloor = 1
+		o.Log.Warn("cannot read containerd's oom_score_adj; container scores will not go below 1", "err", err)
+	case restricted:
+		r.oomFloor = floor
+	}
+	return r, nil
 }
 
 // Close releases the client connection; containers keep running.

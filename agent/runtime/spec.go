@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/containers"
 	"github.com/containerd/containerd/oci"
+	"github.com/mqlet/mqlet/agent/qos"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 )
@@ -111,6 +112,7 @@ func (r *Runtime) specOpts(pod *v1.Pod, c *v1.Container, img containerd.Image, n
 		opts = append(opts, oci.WithMounts(mounts))
 	}
 	opts = append(opts, resourceOpts(c)...)
+	opts = append(opts, withOOMScoreAdj(r.oomScoreAdj(pod, c)))
 	opts = append(opts, securityOpts(pod, c)...)
 	opts = append(opts, oci.WithCgroup(fmt.Sprintf("/mqlet/%s/pod%s/%s", r.opts.Namespace, pod.UID, id)))
 	return opts, nil
@@ -185,6 +187,28 @@ func (r *Runtime) volumeMounts(pod *v1.Pod, c *v1.Container) ([]specs.Mount, err
 		out = append(out, specs.Mount{Destination: m.MountPath, Type: "bind", Source: src, Options: []string{"rbind", opt}})
 	}
 	return out, nil
+}
+
+// oomScoreAdj is kubelet's score for the container's QoS class, raised to the floor this machine
+// allows (see oomScoreFloor) with a warning, never failing the pod for it.
+func (r *Runtime) oomScoreAdj(pod *v1.Pod, c *v1.Container) int {
+	class := qos.Class(&pod.Spec)
+	adj := qos.OOMScoreAdj(class, c, r.memCapacity)
+	if adj < r.oomFloor {
+		r.oomWarned.Do(func() {
+			r.log.Warn("oom_score_adj raised to what this node allows: mqlet has no CAP_SYS_RESOURCE, so containers cannot score below containerd's shim (the same clamp as containerd's restrict_oom_score_adj)",
+				"pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "qos", class, "wanted", adj, "applied", r.oomFloor)
+		})
+		adj = r.oomFloor
+	}
+	return adj
+}
+
+func withOOMScoreAdj(adj int) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		s.Process.OOMScoreAdj = &adj
+		return nil
+	}
 }
 
 const cpuPeriod = 100000

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mqlet/mqlet/hw"
 	"github.com/mqlet/mqlet/internal/testenv"
 	v1 "k8s.io/api/core/v1"
 )
@@ -384,5 +385,51 @@ spec:
 	}
 	if p.Status.PodIP == "" || p.Status.PodIP != p.Status.HostIP {
 		t.Errorf("podIP %q, hostIP %q: want equal and set", p.Status.PodIP, p.Status.HostIP)
+	}
+}
+
+// Containers get kubelet's oom_score_adj by QoS class; where mqlet may not lower scores (no
+// CAP_SYS_RESOURCE, as on this CI machine) Guaranteed is raised to what the node allows, with a
+// warning, and the pod still runs.
+func TestOOMScoreByQoS(t *testing.T) {
+	h := newHarness(t)
+	pod := func(name, resources string) string {
+		return `apiVersion: v1
+kind: Pod
+metadata: {name: ` + name + `}
+spec:
+  containers:
+  - name: main
+    image: mqlet.test/busybox:1
+    command: ["sleep", "3600"]
+` + resources + "---\n"
+	}
+	h.writeManifest("qos.yaml", pod("guaranteed", "    resources: {limits: {memory: 64Mi, cpu: 100m}}\n")+
+		pod("burstable", "    resources: {requests: {memory: 64Mi}}\n")+
+		pod("besteffort", ""))
+	h.startAgent()
+	score := map[string]int{}
+	for _, name := range []string{"guaranteed", "burstable", "besteffort"} {
+		p := h.waitPod(name, "running", allRunning)
+		pid := h.tasks()[strings.TrimPrefix(containerStatus(p, "main").ContainerID, "containerd://")]
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(int(pid)), "oom_score_adj"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		score[name], _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	if score["besteffort"] != 1000 {
+		t.Errorf("BestEffort oom_score_adj = %d, want 1000", score["besteffort"])
+	}
+	if !(score["guaranteed"] < score["burstable"] && score["burstable"] < score["besteffort"]) {
+		t.Errorf("scores not ordered Guaranteed < Burstable < BestEffort: %v", score)
+	}
+	restricted := !hw.HasCapability(24) // CAP_SYS_RESOURCE
+	warned := strings.Contains(h.agentLog.String(), "oom_score_adj raised")
+	switch {
+	case restricted && !warned:
+		t.Errorf("no CAP_SYS_RESOURCE here, yet no warning that Guaranteed's score was raised")
+	case !restricted && score["guaranteed"] != -997:
+		t.Errorf("Guaranteed oom_score_adj = %d, want -997", score["guaranteed"])
 	}
 }

@@ -1,0 +1,49 @@
+package hw
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// MemoryCapacity is the machine's total memory in bytes (MemTotal of /proc/meminfo).
+func MemoryCapacity() (int64, error) {
+	return memTotal("/proc/meminfo")
+}
+
+func memTotal(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		if len(fields) >= 2 && fields[0] == "MemTotal:" {
+			kb, err := strconv.ParseInt(fields[1], 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s: MemTotal %q: %w", path, fields[1], err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("%s: no MemTotal line", path)
+}
+
+// HasCapability reports whether this process holds capability bit cap in its effective set.
+func HasCapability(cap uint) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && mask&(1<<cap) != 0
+		}
+	}
+	return false
+}
