@@ -404,3 +404,45 @@ func (a *Agent) Ready() error {
 	}
 	return nil
 }
+
+// LogPath finds the log file of a container (api.LogProvider), with kubectl's rules: the container
+// may be omitted when the pod has one; previous is the attempt before the current one.
+func (a *Agent) LogPath(namespace, name, container string, previous bool) (string, error) {
+	var p *v1.Pod
+	for _, q := range a.Pods() {
+		if q.Namespace == namespace && q.Name == name {
+			p = &q
+			break
+		}
+	}
+	if p == nil {
+		return "", fmt.Errorf("pod %s/%s not found", namespace, name)
+	}
+	var names []string
+	for _, c := range append(append([]v1.Container(nil), p.Spec.InitContainers...), p.Spec.Containers...) {
+		names = append(names, c.Name)
+	}
+	if container == "" {
+		if len(p.Spec.Containers) != 1 || len(p.Spec.InitContainers) != 0 {
+			return "", fmt.Errorf("a container name must be specified for pod %s, choose one of: %v", name, names)
+		}
+		container = p.Spec.Containers[0].Name
+	}
+	for _, cs := range append(append([]v1.ContainerStatus(nil), p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+		if cs.Name != container {
+			continue
+		}
+		n := int(cs.RestartCount)
+		if previous {
+			if n == 0 {
+				return "", fmt.Errorf("previous terminated container %q in pod %q not found", container, name)
+			}
+			n--
+		}
+		return a.rt.LogPath(p, container, n), nil
+	}
+	if slices.Contains(names, container) {
+		return "", fmt.Errorf("container %q in pod %q has not started yet", container, name)
+	}
+	return "", fmt.Errorf("container %s is not valid for pod %s, choose one of: %v", container, name, names)
+}

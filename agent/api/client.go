@@ -117,11 +117,15 @@ func (c *Client) Ready(ctx context.Context) error {
 }
 
 func (c *Client) get(ctx context.Context, path string) (*http.Response, error) {
+	return c.getWith(c.hc, ctx, path)
+}
+
+func (c *Client) getWith(hc *http.Client, ctx context.Context, path string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+unixHost+path, nil)
 	if err != nil {
 		return nil, fmt.Errorf("building request for %s: %w", path, err)
 	}
-	resp, err := c.hc.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		var ue *unreachableError
 		if errors.As(err, &ue) {
@@ -159,4 +163,51 @@ func (c *Client) getJSON(ctx context.Context, path string, into any) error {
 		return fmt.Errorf("decoding GET %s from mqlet agent at %s: %w", path, c.socketPath, err)
 	}
 	return nil
+}
+
+// LogOptions select what Logs streams.
+type LogOptions struct {
+	Container string
+	Previous  bool
+	Follow    bool
+}
+
+// Logs copies a container's log to w; with Follow it returns only when ctx ends.
+func (c *Client) Logs(ctx context.Context, namespace, name string, o LogOptions, w io.Writer) error {
+	q := url.Values{}
+	if o.Container != "" {
+		q.Set("container", o.Container)
+	}
+	if o.Previous {
+		q.Set("previous", "true")
+	}
+	if o.Follow {
+		q.Set("follow", "true")
+	}
+	path := "/api/v1/namespaces/" + url.PathEscape(namespace) + "/pods/" + url.PathEscape(name) + "/log?" + q.Encode()
+	hc := c.hc
+	if o.Follow {
+		// A followed log streams for as long as the user watches: no overall timeout.
+		unbounded := *c.hc
+		unbounded.Timeout = 0
+		hc = &unbounded
+	}
+	resp, err := c.getWith(hc, ctx, path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		var st metav1.Status
+		if json.Unmarshal(body, &st) == nil && st.Message != "" {
+			return &StatusError{Status: st}
+		}
+		return fmt.Errorf("logs of pod %s/%s from mqlet agent at %s: %s", namespace, name, c.socketPath, resp.Status)
+	}
+	_, err = io.Copy(w, resp.Body)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -30,6 +31,13 @@ type Provider interface {
 	// Ready returns nil when the agent is ready (containerd reachable,
 	// initial sync done), else why not.
 	Ready() error
+}
+
+// LogProvider is implemented by providers that keep container logs in files.
+type LogProvider interface {
+	// LogPath returns the log file of a container of a pod (its current attempt, or the one
+	// before with previous). An empty container means the pod's only container.
+	LogPath(namespace, name, container string, previous bool) (string, error)
 }
 
 // Server serves the API for one Provider.
@@ -54,6 +62,7 @@ func NewServer(p Provider, log *slog.Logger) *Server {
 	s.mux.HandleFunc("GET /api/v1/pods", s.listPods)
 	s.mux.HandleFunc("GET /api/v1/namespaces/{ns}/pods", s.listPods)
 	s.mux.HandleFunc("GET /api/v1/namespaces/{ns}/pods/{name}", s.getPod)
+	s.mux.HandleFunc("GET /api/v1/namespaces/{ns}/pods/{name}/log", s.getLog)
 	s.mux.HandleFunc("/", s.fallback)
 	return s
 }
@@ -286,4 +295,49 @@ func writeText(w http.ResponseWriter, code int, msg string) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(code)
 	fmt.Fprintln(w, msg)
+}
+
+// followPoll is how often a followed log is checked for new output.
+const followPoll = 200 * time.Millisecond
+
+// getLog streams a container's log file, like kubectl logs: ?container=, ?previous=true,
+// ?follow=true (until the client goes away).
+func (s *Server) getLog(w http.ResponseWriter, r *http.Request) {
+	lp, ok := s.p.(LogProvider)
+	if !ok {
+		s.writeJSON(w, http.StatusNotFound, failure(http.StatusNotFound, metav1.StatusReasonNotFound, "this agent keeps no logs"))
+		return
+	}
+	q := r.URL.Query()
+	path, err := lp.LogPath(r.PathValue("ns"), r.PathValue("name"), q.Get("container"), q.Get("previous") == "true")
+	if err != nil {
+		s.writeJSON(w, http.StatusNotFound, failure(http.StatusNotFound, metav1.StatusReasonNotFound, err.Error()))
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		s.writeJSON(w, http.StatusNotFound, failure(http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("log of pod %s/%s: %v", r.PathValue("ns"), r.PathValue("name"), err)))
+		return
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if _, err := io.Copy(w, f); err != nil || q.Get("follow") != "true" {
+		return
+	}
+	flusher, _ := w.(http.Flusher)
+	t := time.NewTicker(followPoll)
+	defer t.Stop()
+	for {
+		if flusher != nil {
+			flusher.Flush()
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-t.C:
+		}
+		if _, err := io.Copy(w, f); err != nil {
+			return
+		}
+	}
 }

@@ -157,11 +157,21 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, c *v1.Contain
 		ctr.Delete(ctx, containerd.WithSnapshotCleanup)
 		return Container{}, &StartError{"RunContainerError", fmt.Errorf("start task %s: %w", id, err)}
 	}
+	// Keep this attempt's log and the one before (kubectl logs --previous); a crash-looping
+	// container must not fill the disk with one file per restart.
+	if restarts >= 2 {
+		os.Remove(r.logPath(pod, c.Name, restarts-2))
+	}
 	return Container{
 		ID: id, PodUID: string(pod.UID), PodName: pod.Name, PodNamespace: pod.Namespace, Name: c.Name,
 		Hash: labels[LabelSpecHash], RestartCount: restarts, Image: img.Name(), ImageID: labels[LabelImageID],
 		LogPath: logPath, CreatedAt: time.Now(), State: StateRunning, Pid: task.Pid(),
 	}, nil
+}
+
+// LogPath is the file attempt `restarts` of container name of pod writes its output to.
+func (r *Runtime) LogPath(pod *v1.Pod, name string, restarts int) string {
+	return r.logPath(pod, name, restarts)
 }
 
 func (r *Runtime) logPath(pod *v1.Pod, name string, restarts int) string {

@@ -299,6 +299,12 @@ spec:
 	if log := h.logOf(p, "main"); strings.TrimSpace(log) != "from args" {
 		t.Errorf("echo log = %q, want %q", log, "from args")
 	}
+	if out := h.mqlet("logs", "echo", "-c", "main"); strings.TrimSpace(out) != "from args" {
+		t.Errorf("mqlet logs echo -c main = %q", out)
+	}
+	if out, err := h.mqletErr("logs", "echo"); err == nil || !strings.Contains(out, "choose one of") {
+		t.Errorf("mqlet logs of a two-container pod without -c: err=%v\n%s", err, out)
+	}
 	term := containerStatus(p, "main").State.Terminated
 	if term == nil || term.Reason != "Completed" || term.ExitCode != 0 {
 		t.Errorf("main terminated state: %+v", term)
@@ -349,6 +355,9 @@ spec:
 	last := containerStatus(p, "main").LastTerminationState.Terminated
 	if last == nil || last.ExitCode != 3 || last.Reason != "Error" {
 		t.Errorf("lastState: %+v", last)
+	}
+	if out := h.mqlet("logs", "crash", "--previous"); !strings.Contains(out, "run") {
+		t.Errorf("mqlet logs --previous = %q, want the previous attempt's output", out)
 	}
 }
 
