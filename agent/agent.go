@@ -58,7 +58,11 @@ type Agent struct {
 	workers map[types.UID]*pod.Worker
 	desired map[types.UID]store.DesiredPod
 	runCtx  context.Context
+	stop    context.CancelFunc
 	wg      sync.WaitGroup
+	// cleaning holds pods whose orphaned containers are being removed, so that relists don't
+	// start a second cleanup of the same pod.
+	cleaning map[types.UID]bool
 
 	synced   atomic.Bool // the manifest dir was read once and workers started
 	relistOK atomic.Bool
@@ -79,10 +83,11 @@ func New(opts Options, rt *runtime.Runtime, db *store.DB) *Agent {
 	}
 	return &Agent{
 		opts: opts, rt: rt, db: db, log: opts.Log,
-		src:     manifest.NewDir(opts.ManifestDir, opts.NodeName),
-		workers: map[types.UID]*pod.Worker{},
-		desired: map[types.UID]store.DesiredPod{},
-		hostIP:  hw.HostIP(),
+		src:      manifest.NewDir(opts.ManifestDir, opts.NodeName),
+		workers:  map[types.UID]*pod.Worker{},
+		desired:  map[types.UID]store.DesiredPod{},
+		cleaning: map[types.UID]bool{},
+		hostIP:   hw.HostIP(),
 	}
 }
 
@@ -95,6 +100,12 @@ func (a *Agent) Run(ctx context.Context) error {
 	go a.followEvents(ctx)
 	go a.relistLoop(ctx)
 	err := a.src.Watch(ctx, 30*time.Second, func(s manifest.Snapshot) { a.applySnapshot(s) })
+	if err != nil && ctx.Err() == nil {
+		// Without its source the agent would silently ignore manifest changes; exit so that the
+		// service manager restarts it. Pods keep running meanwhile.
+		err = fmt.Errorf("manifest dir %s: %w", a.opts.ManifestDir, err)
+	}
+	a.stop()
 	a.wg.Wait()
 	if errors.Is(err, context.Canceled) {
 		return nil
@@ -105,7 +116,8 @@ func (a *Agent) Run(ctx context.Context) error {
 // start restores workers for every desired pod in the store before any source is read, so a node
 // that boots with no network and an unreadable manifest dir still runs what it ran before.
 func (a *Agent) start(ctx context.Context) error {
-	a.runCtx = ctx
+	a.runCtx, a.stop = context.WithCancel(ctx)
+	ctx = a.runCtx
 	a.preload(ctx)
 	pods, err := a.db.ListDesired()
 	if err != nil {
@@ -116,11 +128,11 @@ func (a *Agent) start(ctx context.Context) error {
 		return err
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	for _, d := range pods {
 		a.desired[d.Pod.UID] = d
 		a.startWorker(d.Pod, statuses[d.Pod.UID])
 	}
+	a.mu.Unlock()
 	a.log.Info("restored pods from the store", "pods", len(pods))
 	return a.relist(ctx)
 }
@@ -207,6 +219,23 @@ func (a *Agent) applySnapshot(s manifest.Snapshot) {
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// A pod whose file (or the whole directory) cannot be read or parsed right now stays as
+	// stored: after a reboot the source has no memory of the file's last good content, and a
+	// half-written file or a flaky SD card must not take a running pod down.
+	troubled := map[string]bool{}
+	for _, p := range s.Problems {
+		troubled[p.File] = true
+	}
+	dir := a.src.Path()
+	for uid, d := range a.desired {
+		file, _, _ := strings.Cut(strings.TrimPrefix(d.Source, fileSource), "#")
+		if !strings.HasPrefix(d.Source, fileSource) || !(troubled[file] || troubled[dir]) {
+			continue
+		}
+		if !slices.ContainsFunc(want, func(w store.DesiredPod) bool { return w.Pod.UID == uid }) {
+			want = append(want, d)
+		}
+	}
 	var changed []store.DesiredPod
 	keep := map[types.UID]bool{}
 	for _, d := range want {
@@ -317,55 +346,84 @@ func (a *Agent) relistLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		a.mu.Lock()
-		err := a.relist(ctx)
-		a.mu.Unlock()
-		if err != nil {
+		if err := a.relist(ctx); err != nil {
 			a.log.Warn("relist failed", "err", err)
 		}
 	}
 }
 
+// relistTimeout bounds one relist, so a hung containerd shows as "not ready" instead of a stall.
+const relistTimeout = 30 * time.Second
+
 // relist lists every container once, nudges the workers whose last view differs from what
-// containerd shows (an event was missed), and removes containers of pods nobody wants. It must be
-// called with a.mu held.
+// containerd shows (an event was missed), and removes containers of pods nobody wants. The
+// listing happens outside a.mu so a slow containerd never blocks the API or the sources.
 func (a *Agent) relist(ctx context.Context) error {
-	ctrs, err := a.rt.ListContainers(ctx, "")
+	lctx, cancel := context.WithTimeout(ctx, relistTimeout)
+	ctrs, err := a.rt.ListContainers(lctx, "")
+	cancel()
 	if err != nil {
 		a.relistOK.Store(false)
 		return err
 	}
 	a.relistOK.Store(true)
 	byPod := map[types.UID][]runtime.Container{}
-	var orphans []runtime.Container
 	for _, c := range ctrs {
-		if _, ok := a.workers[types.UID(c.PodUID)]; !ok {
-			orphans = append(orphans, c)
-			continue
-		}
 		byPod[types.UID(c.PodUID)] = append(byPod[types.UID(c.PodUID)], c)
 	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	for uid, w := range a.workers {
 		if runtime.Fingerprint(byPod[uid]) != w.Seen() {
 			w.Nudge()
 		}
 	}
-	if len(orphans) == 0 {
-		return nil
+	for uid, cs := range byPod {
+		if _, ok := a.workers[uid]; ok || a.cleaning[uid] {
+			continue
+		}
+		a.cleaning[uid] = true
+		a.wg.Add(1)
+		go a.removeOrphan(uid, cs)
 	}
-	go func() {
-		for _, c := range orphans {
-			a.log.Info("removing container of a pod that is no longer desired", "container", c.ID, "pod", c.PodNamespace+"/"+c.PodName)
+	return nil
+}
+
+// removeOrphan stops and removes the containers of a pod nobody wants any more (deleted while the
+// agent was down, or while it was terminating), then its files and stored status.
+func (a *Agent) removeOrphan(uid types.UID, cs []runtime.Container) {
+	defer a.wg.Done()
+	ctx := a.runCtx
+	p := &v1.Pod{}
+	p.UID, p.Name, p.Namespace = uid, cs[0].PodName, cs[0].PodNamespace
+	a.log.Info("removing containers of a pod that is no longer desired", "pod", p.Namespace+"/"+p.Name, "containers", len(cs))
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// The pod's own grace period went with its spec; kubelet's default stands in.
 			if err := a.rt.StopContainer(ctx, c.ID, 30*time.Second); err != nil {
 				a.log.Warn("stop orphan", "container", c.ID, "err", err)
 			}
 			if err := a.rt.RemoveContainer(ctx, c.ID); err != nil {
 				a.log.Warn("remove orphan", "container", c.ID, "err", err)
 			}
-			a.rt.RemovePodNetNS(c.PodUID)
-		}
-	}()
-	return nil
+		}()
+	}
+	wg.Wait()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.cleaning, uid)
+	if _, back := a.workers[uid]; back {
+		return // re-added meanwhile: its network namespace and files are in use again
+	}
+	if err := a.rt.RemovePodFiles(p); err != nil {
+		a.log.Warn("remove orphan pod files", "pod", p.Namespace+"/"+p.Name, "err", err)
+	}
+	if err := a.db.DeleteStatus(uid); err != nil {
+		a.log.Warn("delete orphan pod status", "pod", p.Namespace+"/"+p.Name, "err", err)
+	}
 }
 
 // Pods returns every pod the agent manages with its latest status (api.Provider).

@@ -55,6 +55,7 @@ type record struct {
 	retryAt    time.Time
 	oomIDs     map[string]bool
 	terminated *v1.ContainerStateTerminated // final state when the policy says no restart
+	attempt    int                          // restart count of the latest attempt started or tried
 }
 
 // Worker owns one pod: only its goroutine touches containerd for that pod, so one pod's slow pull or
@@ -96,8 +97,12 @@ func NewWorker(pod *v1.Pod, prev *v1.PodStatus, env Env) *Worker {
 			if cs.State.Terminated != nil {
 				r.startedAt = cs.State.Terminated.StartedAt.Time
 				r.startedID = trimID(cs.ContainerID)
+				// A container that finished for good stays finished across an agent restart or
+				// a reboot (a one-shot job must not run again).
+				r.terminated = cs.State.Terminated.DeepCopy()
 			}
 			r.last = cs.LastTerminationState.Terminated
+			r.attempt = int(cs.RestartCount)
 		}
 	}
 	return w
@@ -385,7 +390,7 @@ func shouldRestart(policy v1.RestartPolicy, exit int32) bool {
 func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cur *runtime.Container, now time.Time) time.Duration {
 	r := w.rec(c.Name)
 	hash := runtime.SpecHash(pod, c)
-	attempt := 0
+	attempt := r.attempt // nothing in containerd: retry the attempt that failed to start, if any
 	if cur != nil {
 		attempt = cur.RestartCount + 1
 		switch {
@@ -422,13 +427,30 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 			r.last = t
 			w.stopAndRemove(ctx, pod, cur)
 		default: // created but never started, or its task vanished (containerd restart, reboot)
+			if r.startedID == cur.ID {
+				if r.terminatedAt(cur) && !shouldRestart(pod.Spec.RestartPolicy, r.terminated.ExitCode) {
+					return 0 // it had finished for good before the restart
+				}
+				if pod.Spec.RestartPolicy == v1.RestartPolicyNever {
+					// It ran, and its end went unseen: kubelet reports such a container as
+					// terminated with an unknown status rather than running it again.
+					r.terminated = &v1.ContainerStateTerminated{ExitCode: 137, Reason: "ContainerStatusUnknown",
+						Message: "The container could not be located when the pod was restarted",
+						ContainerID: "containerd://" + cur.ID, StartedAt: metav1.NewTime(r.startedAt), FinishedAt: metav1.NewTime(now)}
+					return 0
+				}
+			}
 			w.stopAndRemove(ctx, pod, cur)
 		}
 	} else if r.failure != nil && now.Before(r.retryAt) {
 		return r.retryAt.Sub(now)
 	}
 
-	started, err := w.env.Runtime.StartContainer(ctx, pod, c, attempt)
+	if w.isDeleting() {
+		return 0 // the pod is going away: don't start what terminate would stop at once
+	}
+	r.attempt = attempt
+	started, err := w.env.Runtime.StartContainer(ctx, withNodeStatus(pod, w.env.HostIP), c, attempt)
 	if err != nil {
 		var se *runtime.StartError
 		if !errors.As(err, &se) {
@@ -445,6 +467,23 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 	r.startedID, r.startedAt = started.ID, time.Now()
 	w.env.Log.Info("container started", "container", c.Name, "id", started.ID, "restarts", attempt)
 	return 0
+}
+
+func (w *Worker) isDeleting() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.deleting
+}
+
+// withNodeStatus fills the status fields that env fieldRefs (status.hostIP, status.podIP) read,
+// on a copy: the desired pod carries no status.
+func withNodeStatus(pod *v1.Pod, hostIP string) *v1.Pod {
+	p := *pod
+	p.Status.HostIP = hostIP
+	if pod.Spec.HostNetwork {
+		p.Status.PodIP = hostIP
+	}
+	return &p
 }
 
 // terminatedAt reports whether the recorded terminal state already describes this attempt.
@@ -535,6 +574,7 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *runtime.Cont
 	}
 	f := false
 	cs.Started = &f
+	cs.RestartCount = int32(r.attempt)
 	if cur != nil {
 		cs.ContainerID = "containerd://" + cur.ID
 		cs.RestartCount = int32(cur.RestartCount)
@@ -570,7 +610,7 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *runtime.Cont
 		cs.State.Waiting = &v1.ContainerStateWaiting{Reason: reason, Message: r.failure.Err.Error()}
 		return cs
 	}
-	if r.terminated != nil && cur == nil {
+	if r.terminated != nil && (cur == nil || r.terminatedAt(cur)) {
 		cs.State.Terminated = r.terminated
 		return cs
 	}

@@ -651,3 +651,65 @@ func TestWorkerInitContainerFailsPod(t *testing.T) {
 		t.Errorf("started after init1 failed with restartPolicy Never: %s, want only init1", got)
 	}
 }
+
+// After a reboot (tasks gone, container records kept) a container that had finished for good is
+// not run again, and a Never container whose end went unseen is reported, not restarted.
+func TestWorkerAfterRebootDoesNotRerunFinished(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		policy v1.RestartPolicy
+		prev   v1.ContainerState
+		reason string
+		phase  v1.PodPhase
+	}{
+		{"completed job", v1.RestartPolicyNever,
+			v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", ContainerID: "containerd://" + idOf("a", 0)}},
+			"Completed", v1.PodSucceeded},
+		{"OnFailure succeeded", v1.RestartPolicyOnFailure,
+			v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", ContainerID: "containerd://" + idOf("a", 0)}},
+			"Completed", v1.PodSucceeded},
+		{"Never, was running", v1.RestartPolicyNever,
+			v1.ContainerState{Running: &v1.ContainerStateRunning{}},
+			"ContainerStatusUnknown", v1.PodFailed},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			pod := testPod(tt.policy, "a")
+			f := newFakeRuntime()
+			f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: runtime.SpecHash(pod, &pod.Spec.Containers[0]),
+				State: runtime.StateCreated, CreatedAt: time.Now()})
+			prev := &v1.PodStatus{ContainerStatuses: []v1.ContainerStatus{{Name: "a", ContainerID: "containerd://" + idOf("a", 0), State: tt.prev}}}
+			h := startWorker(t, pod, prev, f)
+			st := h.waitFor("phase "+string(tt.phase), phaseIs(tt.phase))
+			h.resync()
+			if starts := f.callsOf("start"); len(starts) != 0 {
+				t.Errorf("started again after the reboot: %v", starts)
+			}
+			if term := statusOf(st, "a").State.Terminated; term == nil || term.Reason != tt.reason {
+				t.Errorf("state = %+v, want terminated %s", statusOf(st, "a").State, tt.reason)
+			}
+		})
+	}
+}
+
+// A restart that fails to start keeps the restart count it was going for; it doesn't fall back to 0.
+func TestWorkerFailedRestartKeepsCount(t *testing.T) {
+	pod := testPod(v1.RestartPolicyAlways, "a")
+	f := newFakeRuntime()
+	h := startWorker(t, pod, nil, f)
+	h.waitFor("a running", func(st *v1.PodStatus) bool { return isRunning(st, "a", 0) })
+	f.mu.Lock()
+	f.startErr["a"] = &runtime.StartError{Reason: "RunContainerError", Err: errors.New("runc failed")}
+	f.mu.Unlock()
+	f.exit(t, idOf("a", 0), 1)
+	h.w.Nudge()
+	st := h.waitFor("a failing to restart", func(st *v1.PodStatus) bool {
+		w := statusOf(st, "a").State.Waiting
+		return w != nil && w.Reason == "RunContainerError"
+	})
+	if rc := statusOf(st, "a").RestartCount; rc != 1 {
+		t.Errorf("restartCount after a failed restart = %d, want 1", rc)
+	}
+	if starts := f.callsOf("start"); len(starts) != 2 || starts[1].restarts != 1 {
+		t.Errorf("starts = %v, want attempt 0 then attempt 1", starts)
+	}
+}

@@ -126,6 +126,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, c *v1.Contain
 			containerd.WithNewSnapshot(id, img),
 			containerd.WithNewSpec(opts...),
 			containerd.WithContainerLabels(labels),
+			containerd.WithImageStopSignal(img, "SIGTERM"), // nginx and friends want SIGQUIT
 		)
 	}
 	ctr, err := create()
@@ -283,12 +284,18 @@ func (r *Runtime) StopContainer(ctx context.Context, id string, grace time.Durat
 	}
 	st, err := task.Status(ctx)
 	if err == nil && st.Status == containerd.Running {
-		wait, err := task.Wait(ctx)
+		wctx, cancel := context.WithCancel(ctx) // ends the wait stream however we return
+		defer cancel()
+		wait, err := task.Wait(wctx)
 		if err != nil {
 			return fmt.Errorf("stop %s: wait: %w", id, err)
 		}
-		if err := task.Kill(ctx, syscall.SIGTERM); err != nil && !errdefs.IsNotFound(err) {
-			return fmt.Errorf("stop %s: SIGTERM: %w", id, err)
+		sig, err := containerd.GetStopSignal(ctx, ctr, syscall.SIGTERM)
+		if err != nil {
+			sig = syscall.SIGTERM
+		}
+		if err := task.Kill(ctx, sig); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("stop %s: %s: %w", id, sig, err)
 		}
 		timer := time.NewTimer(grace)
 		select {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containerd/containerd"
@@ -165,6 +166,10 @@ func (r *Runtime) volumeMounts(pod *v1.Pod, c *v1.Container) ([]specs.Mount, err
 			if err := os.MkdirAll(src, 0o777); err != nil {
 				return nil, fmt.Errorf("emptyDir %q: %w", v.Name, err)
 			}
+			// World-writable like kubelet's, whatever the umask: pods often run as non-root.
+			if err := os.Chmod(src, 0o777); err != nil {
+				return nil, fmt.Errorf("emptyDir %q: %w", v.Name, err)
+			}
 		case v.HostPath != nil:
 			src = v.HostPath.Path
 			if v.HostPath.Type != nil && *v.HostPath.Type == v1.HostPathDirectoryOrCreate {
@@ -178,6 +183,9 @@ func (r *Runtime) volumeMounts(pod *v1.Pod, c *v1.Container) ([]specs.Mount, err
 			return nil, configErr("volume %q: only emptyDir and hostPath volumes are supported", v.Name)
 		}
 		if m.SubPath != "" {
+			if filepath.IsAbs(m.SubPath) || slices.Contains(strings.Split(filepath.ToSlash(m.SubPath), "/"), "..") {
+				return nil, configErr("container %q volumeMount %q: subPath %q must be relative and must not contain '..'", c.Name, m.Name, m.SubPath)
+			}
 			src = filepath.Join(src, m.SubPath)
 		}
 		opt := "rw"
@@ -284,9 +292,7 @@ func securityOpts(pod *v1.Pod, c *v1.Container) []oci.SpecOpts {
 		opts = append(opts, oci.WithPrivileged, oci.WithAllDevicesAllowed, oci.WithHostDevices)
 	}
 	if sc.Capabilities != nil {
-		opts = append(opts,
-			oci.WithAddedCapabilities(capNames(sc.Capabilities.Add)),
-			oci.WithDroppedCapabilities(capNames(sc.Capabilities.Drop)))
+		opts = append(opts, capabilityOpts(sc.Capabilities)...)
 	}
 	if sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem {
 		opts = append(opts, oci.WithRootFSReadonly())
@@ -300,6 +306,22 @@ func noNewPrivs(v bool) oci.SpecOpts {
 		s.Process.NoNewPrivileges = v
 		return nil
 	}
+}
+
+// capabilityOpts applies add/drop the way CRI does: "ALL" is not a capability containerd knows, so
+// add ALL starts from every known capability and drop ALL from none, before the named ones.
+func capabilityOpts(c *v1.Capabilities) []oci.SpecOpts {
+	add, drop := capNames(c.Add), capNames(c.Drop)
+	var opts []oci.SpecOpts
+	if slices.Contains(add, "ALL") {
+		opts = append(opts, oci.WithAllKnownCapabilities)
+	}
+	if slices.Contains(drop, "ALL") {
+		opts = append(opts, oci.WithCapabilities(nil))
+	}
+	add = slices.DeleteFunc(add, func(n string) bool { return n == "ALL" })
+	drop = slices.DeleteFunc(drop, func(n string) bool { return n == "ALL" })
+	return append(opts, oci.WithAddedCapabilities(add), oci.WithDroppedCapabilities(drop))
 }
 
 func capNames(cs []v1.Capability) []string {

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -255,5 +256,34 @@ func TestPodHostname(t *testing.T) {
 		if got := podHostname(pod); got != tt.want {
 			t.Errorf("podHostname(name %q, hostname %q) = %q, want %q", tt.name, tt.hostname, got, tt.want)
 		}
+	}
+}
+
+func TestCapabilityOptsAll(t *testing.T) {
+	s := applyOpts(t, capabilityOpts(&v1.Capabilities{Drop: []v1.Capability{"ALL"}, Add: []v1.Capability{"NET_ADMIN"}}))
+	if got := s.Process.Capabilities.Bounding; len(got) != 1 || got[0] != "CAP_NET_ADMIN" {
+		t.Errorf("drop ALL + add NET_ADMIN: bounding = %v, want [CAP_NET_ADMIN]", got)
+	}
+	s = applyOpts(t, capabilityOpts(&v1.Capabilities{Add: []v1.Capability{"ALL"}, Drop: []v1.Capability{"SYS_ADMIN"}}))
+	got := s.Process.Capabilities.Effective
+	if len(got) < 20 || slices.Contains(got, "CAP_SYS_ADMIN") || slices.Contains(got, "ALL") {
+		t.Errorf("add ALL + drop SYS_ADMIN: effective = %v", got)
+	}
+}
+
+func TestSubPathEscapeRefused(t *testing.T) {
+	r := &Runtime{opts: Options{StateDir: t.TempDir()}}
+	pod := &v1.Pod{Spec: v1.PodSpec{Volumes: []v1.Volume{{Name: "v", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}}}
+	pod.UID = "u1"
+	for _, sub := range []string{"../../etc", "/etc", "a/../../b"} {
+		c := &v1.Container{Name: "c", VolumeMounts: []v1.VolumeMount{{Name: "v", MountPath: "/x", SubPath: sub}}}
+		var ce *ConfigError
+		if _, err := r.volumeMounts(pod, c); !errors.As(err, &ce) {
+			t.Errorf("subPath %q: err = %v, want a ConfigError", sub, err)
+		}
+	}
+	c := &v1.Container{Name: "c", VolumeMounts: []v1.VolumeMount{{Name: "v", MountPath: "/x", SubPath: "data"}}}
+	if m, err := r.volumeMounts(pod, c); err != nil || len(m) != 1 {
+		t.Errorf("subPath data: %v %v", m, err)
 	}
 }
