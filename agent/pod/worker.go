@@ -435,7 +435,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 					// It ran, and its end went unseen: kubelet reports such a container as
 					// terminated with an unknown status rather than running it again.
 					r.terminated = &v1.ContainerStateTerminated{ExitCode: 137, Reason: "ContainerStatusUnknown",
-						Message: "The container could not be located when the pod was restarted",
+						Message:     "The container could not be located when the pod was restarted",
 						ContainerID: "containerd://" + cur.ID, StartedAt: metav1.NewTime(r.startedAt), FinishedAt: metav1.NewTime(now)}
 					return 0
 				}

@@ -352,6 +352,7 @@ func (r *Runtime) RemovePodFiles(pod *v1.Pod) error {
 	errs := []error{r.RemovePodNetNS(string(pod.UID))}
 	errs = append(errs, os.RemoveAll(r.podDir(string(pod.UID))))
 	errs = append(errs, os.RemoveAll(r.podLogDir(pod)))
+	errs = append(errs, RemoveCgroup(r.podCgroup(string(pod.UID))))
 	return errors.Join(errs...)
 }
 

@@ -115,7 +115,7 @@ func (r *Runtime) specOpts(pod *v1.Pod, c *v1.Container, img containerd.Image, n
 	opts = append(opts, resourceOpts(c)...)
 	opts = append(opts, withOOMScoreAdj(r.oomScoreAdj(pod, c)))
 	opts = append(opts, securityOpts(pod, c)...)
-	opts = append(opts, oci.WithCgroup(fmt.Sprintf("/mqlet/%s/pod%s/%s", r.opts.Namespace, pod.UID, id)))
+	opts = append(opts, oci.WithCgroup(filepath.Join(r.podCgroup(string(pod.UID)), id)))
 	return opts, nil
 }
 

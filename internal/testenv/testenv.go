@@ -28,6 +28,7 @@ import (
 	"github.com/containerd/containerd/leases"
 	"github.com/containerd/containerd/namespaces"
 	"github.com/containerd/containerd/snapshots"
+	mqruntime "github.com/mqlet/mqlet/agent/runtime"
 )
 
 // Variables written by scripts/testenv.sh to EnvFile; the same names in the
@@ -308,6 +309,13 @@ func cleanupNamespace(t testing.TB, addr, ns string) {
 
 	if err := client.NamespaceService().Delete(ctx, ns); err != nil && !errdefs.IsNotFound(err) {
 		logf("deleting the namespace: %v", err)
+	}
+	// The cgroups left behind: runc's default parent (/<ns>, used by plain containerd clients) and
+	// the pod cgroups of agents stopped with their pods still running (/mqlet/<ns>).
+	for _, rel := range []string{"/" + ns, "/mqlet/" + ns} {
+		if err := mqruntime.RemoveCgroupTree(rel); err != nil {
+			logf("removing cgroups %s: %v", rel, err)
+		}
 	}
 }
 

@@ -168,6 +168,10 @@ func (b *bench) cleanup() error {
 			}
 		}
 	}
+	// Cgroups: ctr's containers under /<ns>, the agent's pods under /mqlet/<ns>.
+	for _, rel := range []string{"/" + b.cfg.namespace, "/mqlet/" + b.cfg.namespace} {
+		errs = append(errs, runtime.RemoveCgroupTree(rel))
+	}
 	if err := unmountUnder(b.cfg.libDir, b.cfg.runDir); err != nil {
 		errs = append(errs, err)
 	} else {

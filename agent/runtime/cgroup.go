@@ -1,0 +1,87 @@
+package runtime
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// podCgroup is the cgroup path (below each hierarchy's root) holding a pod's containers.
+func (r *Runtime) podCgroup(podUID string) string {
+	return filepath.Join("/mqlet", r.opts.Namespace, "pod"+podUID)
+}
+
+// RemoveCgroup removes the (empty) cgroup directory rel in every mounted cgroup hierarchy, v1 and
+// v2. runc deletes a container's own cgroup but not the parents mqlet put it under, so without this
+// every pod would leave a directory per hierarchy behind.
+func RemoveCgroup(rel string) error {
+	mounts, err := cgroupMounts("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range mounts {
+		err := os.Remove(filepath.Join(m, rel))
+		if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.EBUSY) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// cgroupMounts lists the mount points of cgroup and cgroup2 file systems.
+func cgroupMounts(mountinfo string) ([]string, error) {
+	f, err := os.Open(mountinfo)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		// "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw": fields after "-"
+		// are fstype, source, options; field 5 is the mount point.
+		fields := strings.Fields(s.Text())
+		for i, f := range fields {
+			if f == "-" && i+1 < len(fields) && len(fields) > 4 {
+				if fs := fields[i+1]; fs == "cgroup" || fs == "cgroup2" {
+					out = append(out, fields[4])
+				}
+				break
+			}
+		}
+	}
+	if err := s.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", mountinfo, err)
+	}
+	return out, nil
+}
+
+// RemoveCgroupTree removes rel and every cgroup below it, deepest first, in every hierarchy. The
+// cgroups must hold no processes; it is for tests and tools that tear a whole namespace down.
+func RemoveCgroupTree(rel string) error {
+	mounts, err := cgroupMounts("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range mounts {
+		var dirs []string
+		filepath.WalkDir(filepath.Join(m, rel), func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := os.Remove(dirs[i]); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
