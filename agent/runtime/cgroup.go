@@ -85,3 +85,21 @@ func RemoveCgroupTree(rel string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// swapAccounting reports whether the kernel lets a cgroup limit swap (cgroup v1 memsw, or v2
+// memory.swap.max); runc fails a container whose spec limits swap where it cannot.
+func swapAccounting() bool {
+	mounts, err := cgroupMounts("/proc/self/mountinfo")
+	if err != nil {
+		return false
+	}
+	for _, m := range mounts {
+		if _, err := os.Stat(filepath.Join(m, "memory.memsw.limit_in_bytes")); err == nil {
+			return true
+		}
+		if found, _ := filepath.Glob(filepath.Join(m, "*", "memory.swap.max")); len(found) > 0 {
+			return true
+		}
+	}
+	return false
+}

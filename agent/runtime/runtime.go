@@ -50,6 +50,7 @@ type Runtime struct {
 	memCapacity int64 // bytes, for Burstable oom_score_adj
 	oomFloor    int   // lowest oom_score_adj runc may set (see oomScoreFloor)
 	oomWarned   sync.Once
+	swapLimit   bool // limit memory+swap to the memory limit (the kernel accounts swap)
 }
 
 // New connects to containerd. The error names the address, because an unreachable containerd is the
@@ -79,7 +80,7 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 		c.Close()
 		return nil, fmt.Errorf("containerd at %s (--containerd-address) is not answering: %w", addr, err)
 	}
-	r := &Runtime{client: c, opts: o, log: o.Log, pulling: map[string]*pull{}, oomFloor: -1000}
+	r := &Runtime{client: c, opts: o, log: o.Log, pulling: map[string]*pull{}, oomFloor: -1000, swapLimit: swapAccounting()}
 	if r.memCapacity, err = hw.MemoryCapacity(); err != nil {
 		o.Log.Warn("memory capacity unknown; Burstable containers get oom_score_adj 999", "err", err)
 	}

@@ -112,7 +112,7 @@ func (r *Runtime) specOpts(pod *v1.Pod, c *v1.Container, img containerd.Image, n
 	if len(mounts) > 0 {
 		opts = append(opts, oci.WithMounts(mounts))
 	}
-	opts = append(opts, resourceOpts(c)...)
+	opts = append(opts, resourceOpts(c, r.swapLimit)...)
 	opts = append(opts, withOOMScoreAdj(r.oomScoreAdj(pod, c)))
 	opts = append(opts, securityOpts(pod, c)...)
 	opts = append(opts, oci.WithCgroup(filepath.Join(r.podCgroup(string(pod.UID)), id)))
@@ -223,10 +223,15 @@ const cpuPeriod = 100000
 
 // resourceOpts applies limits and requests to the container's cgroup the way kubelet does:
 // memory limit -> memory.limit, cpu limit -> CFS quota, cpu request -> shares (2 when none).
-func resourceOpts(c *v1.Container) []oci.SpecOpts {
+func resourceOpts(c *v1.Container, swapLimit bool) []oci.SpecOpts {
 	var opts []oci.SpecOpts
 	if m, ok := c.Resources.Limits[v1.ResourceMemory]; ok && m.Value() > 0 {
 		opts = append(opts, oci.WithMemoryLimit(uint64(m.Value())))
+		if swapLimit {
+			// memory+swap = memory: no swap, as CRI does. Otherwise, on a board with swap on
+			// (Raspberry Pi OS), a container swaps past its limit instead of being OOM-killed.
+			opts = append(opts, oci.WithMemorySwap(m.Value()))
+		}
 	}
 	if cpu, ok := c.Resources.Limits[v1.ResourceCPU]; ok && cpu.MilliValue() > 0 {
 		quota := cpu.MilliValue() * cpuPeriod / 1000

@@ -140,7 +140,7 @@ func TestResourceOpts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := applyOpts(t, resourceOpts(&v1.Container{Name: "app", Resources: tt.res}))
+			s := applyOpts(t, resourceOpts(&v1.Container{Name: "app", Resources: tt.res}, false))
 			r := s.Linux.Resources
 			switch {
 			case tt.memory == 0 && r.Memory != nil && r.Memory.Limit != nil:
@@ -285,5 +285,17 @@ func TestSubPathEscapeRefused(t *testing.T) {
 	c := &v1.Container{Name: "c", VolumeMounts: []v1.VolumeMount{{Name: "v", MountPath: "/x", SubPath: "data"}}}
 	if m, err := r.volumeMounts(pod, c); err != nil || len(m) != 1 {
 		t.Errorf("subPath data: %v %v", m, err)
+	}
+}
+
+func TestResourceOptsSwap(t *testing.T) {
+	c := &v1.Container{Resources: v1.ResourceRequirements{Limits: v1.ResourceList{v1.ResourceMemory: resource.MustParse("64Mi")}}}
+	s := applyOpts(t, resourceOpts(c, true))
+	if m := s.Linux.Resources.Memory; m == nil || m.Swap == nil || *m.Swap != 64<<20 {
+		t.Errorf("memory+swap limit = %+v, want 64Mi (no swap)", m)
+	}
+	s = applyOpts(t, resourceOpts(c, false))
+	if m := s.Linux.Resources.Memory; m.Swap != nil {
+		t.Errorf("swap limit set where the kernel has no swap accounting: %d", *m.Swap)
 	}
 }
