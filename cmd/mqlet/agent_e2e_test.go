@@ -442,3 +442,24 @@ spec:
 		t.Errorf("Guaranteed oom_score_adj = %d, want -997", score["guaranteed"])
 	}
 }
+
+// A manifest that is unreadable when the agent starts (half-written at power loss) does not take
+// down the pod it declared before: the stored pod keeps running.
+func TestBrokenManifestAtStartKeepsStoredPod(t *testing.T) {
+	h := newHarness(t)
+	h.writeManifest("web.yaml", twoContainers)
+	h.startAgent()
+	h.waitPod("web", "running", allRunning)
+	pids := h.tasks()
+	h.stopAgent()
+	h.writeManifest("web.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: web\n")
+	h.startAgent()
+	waitFor(t, "rejection logged", func() bool { return strings.Contains(h.agentLog.String(), "web.yaml") })
+	h.waitPod("web", "still running", allRunning)
+	if now := h.tasks(); !equalPids(now, pids) {
+		t.Errorf("pod disturbed by a manifest broken at start: %v -> %v", pids, now)
+	}
+	// Deleting the file is a real removal.
+	os.Remove(filepath.Join(h.manifests, "web.yaml"))
+	waitFor(t, "containers removed", func() bool { return len(h.containerIDs()) == 0 })
+}
