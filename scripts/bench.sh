@@ -43,9 +43,9 @@ make --no-print-directory build cross >&2
 WORK=$(mktemp -d /tmp/mqlet-bench.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
-# The same configuration approach as scripts/testenv.sh: containerd's own API only (no CRI), the
-# snapshotters that only log errors here disabled, oom_score left alone (no CAP_SYS_RESOURCE).
-cat >"$WORK/containerd.toml" <<EOF
+# shellcheck source=scripts/lib/containerd-config.sh
+. "$REPO_ROOT/scripts/lib/containerd-config.sh"
+containerd_config scripts/bench.sh "$LIB_DIR" "$RUN_DIR" "$SOCK" >"$WORK/containerd.toml"
 # Written by scripts/bench.sh: mqlet's private benchmark containerd.
 version = 2
 root = "$LIB_DIR/containerd"

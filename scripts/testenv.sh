@@ -161,46 +161,16 @@ stop_pid() {
 
 # --- containerd -------------------------------------------------------------
 
-containerd_config() {
-	cat <<EOF
-# Written by scripts/testenv.sh: mqlet's private test containerd.
-version = 2
-root = "$LIB_DIR/containerd"
-state = "$RUN_DIR/containerd"
-# 0 leaves the score alone: this machine may lack CAP_SYS_RESOURCE, and
-# lowering oom_score_adj would fail.
-oom_score = 0
-# mqlet talks to containerd's own API, not CRI; the other snapshotters only
-# log errors on filesystems that do not support them.
-disabled_plugins = [
-  "io.containerd.grpc.v1.cri",
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-]
-
-[grpc]
-  address = "$SOCK"
-
-[ttrpc]
-  address = "$SOCK.ttrpc"
-
-[debug]
-  address = "$RUN_DIR/containerd-debug.sock"
-  level = "info"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$LIB_DIR/opt"
-EOF
-}
+# containerd_config comes from scripts/lib/containerd-config.sh.
+# shellcheck source=scripts/lib/containerd-config.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/containerd-config.sh"
 
 # Without a connect timeout ctr waits 10s for a socket that is not there yet.
 ctr_answers() { [ -S "$SOCK" ] && ctr --connect-timeout 2s --address "$SOCK" version; }
 
 ensure_containerd() {
 	local changed=0
-	containerd_config | write_if_changed "$CTRD_CONFIG" && changed=1
+	containerd_config scripts/testenv.sh "$LIB_DIR" "$RUN_DIR" "$SOCK" | write_if_changed "$CTRD_CONFIG" && changed=1
 	if pid_alive "$CTRD_PID" containerd; then
 		if [ $changed = 0 ]; then
 			wait_for containerd "$CTRD_LOG" "$CTRD_PID" containerd ctr_answers
