@@ -46,32 +46,6 @@ trap 'rm -rf "$WORK"' EXIT
 # shellcheck source=scripts/lib/containerd-config.sh
 . "$REPO_ROOT/scripts/lib/containerd-config.sh"
 containerd_config scripts/bench.sh "$LIB_DIR" "$RUN_DIR" "$SOCK" >"$WORK/containerd.toml"
-# Written by scripts/bench.sh: mqlet's private benchmark containerd.
-version = 2
-root = "$LIB_DIR/containerd"
-state = "$RUN_DIR/containerd"
-oom_score = 0
-disabled_plugins = [
-  "io.containerd.grpc.v1.cri",
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs",
-]
-
-[grpc]
-  address = "$SOCK"
-
-[ttrpc]
-  address = "$SOCK.ttrpc"
-
-[debug]
-  address = "$RUN_DIR/containerd-debug.sock"
-  level = "info"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$LIB_DIR/opt"
-EOF
 
 go build -o "$WORK/bench" ./scripts/bench
 
