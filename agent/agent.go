@@ -67,7 +67,7 @@ type Agent struct {
 	synced   atomic.Bool // the manifest dir was read once and workers started
 	relistOK atomic.Bool
 	problems atomic.Pointer[[]manifest.Problem]
-	hostIP   string
+	hostIP   atomic.Pointer[string] // refreshed by every relist: a node may get its address late
 
 	trimMu sync.Mutex
 	trim   *time.Timer
@@ -87,7 +87,6 @@ func New(opts Options, rt *runtime.Runtime, db *store.DB) *Agent {
 		workers:  map[types.UID]*pod.Worker{},
 		desired:  map[types.UID]store.DesiredPod{},
 		cleaning: map[types.UID]bool{},
-		hostIP:   hw.HostIP(),
 	}
 }
 
@@ -171,7 +170,7 @@ func (a *Agent) startWorker(p *v1.Pod, prev *v1.PodStatus) {
 	w := pod.NewWorker(p, prev, pod.Env{
 		Runtime:  a.rt,
 		Log:      a.log,
-		HostIP:   a.hostIP,
+		HostIP:   a.currentHostIP,
 		OnStatus: a.onStatus,
 		OnGone:   a.onGone,
 	})
@@ -352,6 +351,15 @@ func (a *Agent) relistLoop(ctx context.Context) {
 	}
 }
 
+func (a *Agent) currentHostIP() string {
+	if ip := a.hostIP.Load(); ip != nil {
+		return *ip
+	}
+	ip := hw.HostIP()
+	a.hostIP.Store(&ip)
+	return ip
+}
+
 // relistTimeout bounds one relist, so a hung containerd shows as "not ready" instead of a stall.
 const relistTimeout = 30 * time.Second
 
@@ -367,6 +375,8 @@ func (a *Agent) relist(ctx context.Context) error {
 		return err
 	}
 	a.relistOK.Store(true)
+	ip := hw.HostIP()
+	a.hostIP.Store(&ip)
 	byPod := map[types.UID][]runtime.Container{}
 	for _, c := range ctrs {
 		byPod[types.UID(c.PodUID)] = append(byPod[types.UID(c.PodUID)], c)

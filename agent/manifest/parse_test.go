@@ -305,3 +305,18 @@ func TestProblemError(t *testing.T) {
 		}
 	}
 }
+
+func TestParseSidecarInitContainerRefused(t *testing.T) {
+	p := parseProblem(t, `apiVersion: v1
+kind: Pod
+metadata: {name: side}
+spec:
+  initContainers:
+  - {name: proxy, image: busybox:1, restartPolicy: Always}
+  containers:
+  - {name: main, image: busybox:1}
+`)
+	if !strings.Contains(p.Error(), "spec.initContainers[0].restartPolicy") {
+		t.Errorf("problem does not name the field: %v", p)
+	}
+}

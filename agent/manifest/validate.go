@@ -180,7 +180,13 @@ func validatePod(pod *v1.Pod) field.ErrorList {
 
 	names := map[string]*field.Path{}
 	for i := range pod.Spec.InitContainers {
-		errs = append(errs, validateContainer(&pod.Spec.InitContainers[i], spec.Child("initContainers").Index(i), names)...)
+		ic := &pod.Spec.InitContainers[i]
+		if ic.RestartPolicy != nil {
+			// Sidecars (init containers that keep running) come later; run as plain init
+			// containers they would never finish and the pod would hang in Pending.
+			errs = append(errs, field.NotSupported(spec.Child("initContainers").Index(i).Child("restartPolicy"), *ic.RestartPolicy, []string{}))
+		}
+		errs = append(errs, validateContainer(ic, spec.Child("initContainers").Index(i), names)...)
 	}
 	for i := range pod.Spec.Containers {
 		errs = append(errs, validateContainer(&pod.Spec.Containers[i], spec.Child("containers").Index(i), names)...)

@@ -37,7 +37,7 @@ const (
 type Env struct {
 	Runtime Runtime
 	Log     *slog.Logger
-	HostIP  string
+	HostIP  func() string // the node's address now (it may change: DHCP after boot)
 	// OnStatus receives every status the worker computes that differs from the last one.
 	OnStatus func(pod *v1.Pod, st v1.PodStatus)
 	// OnGone is called once the pod's containers and files are gone after Delete.
@@ -450,7 +450,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 		return 0 // the pod is going away: don't start what terminate would stop at once
 	}
 	r.attempt = attempt
-	started, err := w.env.Runtime.StartContainer(ctx, withNodeStatus(pod, w.env.HostIP), c, attempt)
+	started, err := w.env.Runtime.StartContainer(ctx, withNodeStatus(pod, w.hostIP()), c, attempt)
 	if err != nil {
 		var se *runtime.StartError
 		if !errors.As(err, &se) {
@@ -467,6 +467,13 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 	r.startedID, r.startedAt = started.ID, time.Now()
 	w.env.Log.Info("container started", "container", c.Name, "id", started.ID, "restarts", attempt)
 	return 0
+}
+
+func (w *Worker) hostIP() string {
+	if w.env.HostIP == nil {
+		return ""
+	}
+	return w.env.HostIP()
 }
 
 func (w *Worker) isDeleting() bool {
@@ -518,7 +525,7 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*runtime.Container, now 
 	w.mu.Unlock()
 	st := v1.PodStatus{
 		Phase:                 Phase(&pod.Spec, init, ctrs),
-		HostIP:                w.env.HostIP,
+		HostIP:                w.hostIP(),
 		InitContainerStatuses: init,
 		ContainerStatuses:     ctrs,
 		QOSClass:              qos.Class(&pod.Spec),

@@ -172,7 +172,7 @@ func startWorker(t *testing.T, pod *v1.Pod, prev *v1.PodStatus, f *fakeRuntime) 
 	h.w = NewWorker(pod, prev, Env{
 		Runtime: f,
 		Log:     slog.New(slog.DiscardHandler),
-		HostIP:  "192.0.2.10",
+		HostIP:  func() string { return "192.0.2.10" },
 		OnStatus: func(_ *v1.Pod, st v1.PodStatus) {
 			h.mu.Lock()
 			h.last = st.DeepCopy()
