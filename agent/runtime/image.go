@@ -11,6 +11,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/containerd"
@@ -33,6 +34,51 @@ var (
 	ErrImageNeverPull = errors.New("image is not present and imagePullPolicy is Never")
 	ErrInvalidImage   = errors.New("invalid image name")
 )
+
+// registryStall is how long a registry may send nothing before a pull gives up (and is retried
+// with back-off). A pull has no overall deadline: a large image on a slow link is fine as long
+// as bytes keep coming, but a stalled connection must not hold a pod (or its deletion) forever.
+const registryStall = time.Minute
+
+// stallTransport closes a response body that has delivered nothing for registryStall.
+type stallTransport struct{ base http.RoundTripper }
+
+func (t stallTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.base.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	b := &stallBody{rc: resp.Body, url: req.URL.Redacted()}
+	b.timer = time.AfterFunc(registryStall, func() {
+		b.stalled.Store(true)
+		b.rc.Close()
+	})
+	resp.Body = b
+	return resp, nil
+}
+
+type stallBody struct {
+	rc      io.ReadCloser
+	url     string
+	timer   *time.Timer
+	stalled atomic.Bool
+}
+
+func (b *stallBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if n > 0 {
+		b.timer.Reset(registryStall)
+	}
+	if err != nil && b.stalled.Load() {
+		return n, fmt.Errorf("registry sent nothing for %s on %s", registryStall, b.url)
+	}
+	return n, err
+}
+
+func (b *stallBody) Close() error {
+	b.timer.Stop()
+	return b.rc.Close()
+}
 
 // alwaysPullTimeout bounds a pull for imagePullPolicy Always when a local copy exists to fall back on.
 const alwaysPullTimeout = 30 * time.Second
@@ -162,9 +208,10 @@ func (r *Runtime) resolver() (remotes.Resolver, error) {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.TLSClientConfig = tlsConf
+	tr.ResponseHeaderTimeout = registryStall
 	plain := r.opts.Registry.PlainHTTP
 	hosts := docker.ConfigureDefaultRegistries(
-		docker.WithClient(&http.Client{Transport: tr}),
+		docker.WithClient(&http.Client{Transport: stallTransport{tr}}),
 		docker.WithPlainHTTP(func(host string) (bool, error) { return slices.Contains(plain, host), nil }),
 	)
 	return docker.NewResolver(docker.ResolverOptions{Hosts: hosts}), nil
