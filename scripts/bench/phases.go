@@ -273,20 +273,11 @@ func (b *bench) measureIdle(ctx context.Context, r *results) error {
 	if err := b.waitReady(ctx); err != nil {
 		return err
 	}
-	select {
-	case <-time.After(time.Until(started.Add(idleWait))):
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	if err := b.agentAlive(); err != nil {
-		return err
-	}
-	m, err := readMemory(b.agent.pid())
+	m, err := b.memoryAfter(ctx, time.Until(started.Add(idleWait)), "idle")
 	if err != nil {
 		return err
 	}
 	r.IdleRSSMiB, r.IdleAnonMiB = m.rssMiB(), m.anonMiB()
-	b.keepSmaps("idle")
 	return nil
 }
 
@@ -750,20 +741,11 @@ func (b *bench) measure25(ctx context.Context, r *results) error {
 	if _, err := b.waitRunning(ctx, names); err != nil {
 		return err
 	}
-	select {
-	case <-time.After(settleWait):
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	if err := b.agentAlive(); err != nil {
-		return err
-	}
-	m, err := readMemory(b.agent.pid())
+	m, err := b.memoryAfter(ctx, settleWait, "25-pods")
 	if err != nil {
 		return err
 	}
 	r.RSS25PodsMiB, r.Anon25PodsMiB = m.rssMiB(), m.anonMiB()
-	b.keepSmaps("25-pods")
 	// The next two figures start from ten running pods.
 	return b.removePods(ctx, names[10:])
 }
@@ -929,4 +911,23 @@ func (b *bench) measureRecovery(ctx context.Context, r *results) error {
 	r.Recovery10PodsMs = ms(last.Sub(t0))
 	_, err = b.waitRunning(ctx, names)
 	return err
+}
+
+// memoryAfter waits, checks the agent is still alive, reads its memory and keeps its smaps
+// under label (with -keep-logs).
+func (b *bench) memoryAfter(ctx context.Context, wait time.Duration, label string) (memory, error) {
+	select {
+	case <-time.After(wait):
+	case <-ctx.Done():
+		return memory{}, ctx.Err()
+	}
+	if err := b.agentAlive(); err != nil {
+		return memory{}, err
+	}
+	m, err := readMemory(b.agent.pid())
+	if err != nil {
+		return memory{}, err
+	}
+	b.keepSmaps(label)
+	return m, nil
 }
