@@ -61,8 +61,8 @@ echo
 echo "\$ mqlet describe pod hello"
 "$BIN" describe pod hello
 echo
-echo "poller log ($DEMO/state/logs/default_hello_*/poller/):"
 sleep 1
-cat "$DEMO"/state/logs/default_hello_*/poller/*.log | tail -3
+echo "\$ mqlet logs hello -c poller"
+"$BIN" logs hello -c poller | tail -3
 echo
 echo "The agent keeps running. Try: MQLET_API_SOCKET=$SOCK $BIN pods;  stop it with: make demo-down"
