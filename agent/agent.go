@@ -96,8 +96,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.start(ctx); err != nil {
 		return err
 	}
-	go a.followEvents(ctx)
-	go a.relistLoop(ctx)
+	a.wg.Add(2)
+	go func() { defer a.wg.Done(); a.followEvents(a.runCtx) }()
+	go func() { defer a.wg.Done(); a.relistLoop(a.runCtx) }()
 	err := a.src.Watch(ctx, 30*time.Second, func(s manifest.Snapshot) { a.applySnapshot(s) })
 	if err != nil && ctx.Err() == nil {
 		// Without its source the agent would silently ignore manifest changes; exit so that the
@@ -223,7 +224,9 @@ func (a *Agent) applySnapshot(s manifest.Snapshot) {
 	// half-written file or a flaky SD card must not take a running pod down.
 	troubled := map[string]bool{}
 	for _, p := range s.Problems {
-		troubled[p.File] = true
+		if !p.Duplicate { // a file that parses but repeats a name is not unreadable
+			troubled[p.File] = true
+		}
 	}
 	dir := a.src.Path()
 	for uid, d := range a.desired {
@@ -375,8 +378,12 @@ func (a *Agent) relist(ctx context.Context) error {
 		return err
 	}
 	a.relistOK.Store(true)
-	ip := hw.HostIP()
-	a.hostIP.Store(&ip)
+	ipChanged := false
+	// Keep the last address through a brief link loss rather than publish an empty one.
+	if ip := hw.HostIP(); ip != "" && ip != a.currentHostIP() {
+		a.hostIP.Store(&ip)
+		ipChanged = true
+	}
 	byPod := map[types.UID][]runtime.Container{}
 	for _, c := range ctrs {
 		byPod[types.UID(c.PodUID)] = append(byPod[types.UID(c.PodUID)], c)
@@ -384,7 +391,7 @@ func (a *Agent) relist(ctx context.Context) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for uid, w := range a.workers {
-		if runtime.Fingerprint(byPod[uid]) != w.Seen() {
+		if ipChanged || runtime.Fingerprint(byPod[uid]) != w.Seen() {
 			w.Nudge()
 		}
 	}
@@ -408,6 +415,7 @@ func (a *Agent) removeOrphan(uid types.UID, cs []runtime.Container) {
 	p.UID, p.Name, p.Namespace = uid, cs[0].PodName, cs[0].PodNamespace
 	a.log.Info("removing containers of a pod that is no longer desired", "pod", p.Namespace+"/"+p.Name, "containers", len(cs))
 	var wg sync.WaitGroup
+	var failed atomic.Bool
 	for _, c := range cs {
 		wg.Add(1)
 		go func() {
@@ -415,9 +423,11 @@ func (a *Agent) removeOrphan(uid types.UID, cs []runtime.Container) {
 			// The pod's own grace period went with its spec; kubelet's default stands in.
 			if err := a.rt.StopContainer(ctx, c.ID, 30*time.Second); err != nil {
 				a.log.Warn("stop orphan", "container", c.ID, "err", err)
+				failed.Store(true)
 			}
 			if err := a.rt.RemoveContainer(ctx, c.ID); err != nil {
 				a.log.Warn("remove orphan", "container", c.ID, "err", err)
+				failed.Store(true)
 			}
 		}()
 	}
@@ -425,8 +435,10 @@ func (a *Agent) removeOrphan(uid types.UID, cs []runtime.Container) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	delete(a.cleaning, uid)
-	if _, back := a.workers[uid]; back {
-		return // re-added meanwhile: its network namespace and files are in use again
+	if _, back := a.workers[uid]; back || failed.Load() {
+		// Re-added meanwhile (its network namespace and files are in use again), or not all
+		// gone yet (the next relist tries again).
+		return
 	}
 	if err := a.rt.RemovePodFiles(p); err != nil {
 		a.log.Warn("remove orphan pod files", "pod", p.Namespace+"/"+p.Name, "err", err)

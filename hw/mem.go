@@ -34,8 +34,15 @@ func memTotal(path string) (int64, error) {
 }
 
 // HasCapability reports whether this process holds capability bit cap in its effective set.
-func HasCapability(cap uint) bool {
-	b, err := os.ReadFile("/proc/self/status")
+func HasCapability(cap uint) bool { return capEff("/proc/self/status", cap) }
+
+// ProcessHasCapability is HasCapability for another process.
+func ProcessHasCapability(pid int, cap uint) bool {
+	return capEff(fmt.Sprintf("/proc/%d/status", pid), cap)
+}
+
+func capEff(statusFile string, cap uint) bool {
+	b, err := os.ReadFile(statusFile)
 	if err != nil {
 		return false
 	}

@@ -93,6 +93,8 @@ func (s *Server) Serve(ctx context.Context, socketPath string) error {
 		Handler:           s.mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+		// Requests end with the agent: a followed log (mqlet logs -f) must not hold up shutdown.
+		BaseContext: func(net.Listener) context.Context { return ctx },
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()

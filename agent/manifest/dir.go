@@ -135,7 +135,7 @@ func (d *Dir) Scan() (Snapshot, error) {
 		for _, p := range next[file] {
 			key := p.Pod.Namespace + "/" + p.Pod.Name
 			if first, dup := winner[key]; dup {
-				problems = append(problems, Problem{File: p.File, Index: p.Index, Line: p.Line,
+				problems = append(problems, Problem{File: p.File, Index: p.Index, Line: p.Line, Duplicate: true,
 					Err: fmt.Errorf("pod %s is already declared in %s, document %d; this one is ignored", key, first.File, first.Index)})
 				continue
 			}

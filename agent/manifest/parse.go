@@ -39,6 +39,9 @@ type Problem struct {
 	Index int // 0-based like Pod.Index; -1 when the whole file is the problem (unreadable, too large)
 	Line  int // 1-based line where the document starts; 0 when unknown or Index is -1
 	Err   error
+	// Duplicate marks a valid document ignored because an earlier one declares the same pod;
+	// unlike the other problems it says nothing about the file being unreadable.
+	Duplicate bool
 }
 
 // Error renders "manifest <file>, document <Index> (line <Line>): <reason>". The document

@@ -306,7 +306,9 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		cur := newest[c.Name]
-		if cur != nil && cur.State == runtime.StateExited && cur.ExitCode == 0 {
+		r := w.rec(c.Name)
+		finished := cur != nil && r.terminatedAt(cur) && r.terminated.ExitCode == 0 // after a reboot
+		if cur != nil && (cur.State == runtime.StateExited && cur.ExitCode == 0 || finished) {
 			w.noteExit(c.Name, cur)
 			continue
 		}
@@ -444,6 +446,8 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 		}
 	} else if r.failure != nil && now.Before(r.retryAt) {
 		return r.retryAt.Sub(now)
+	} else if r.terminated != nil && !shouldRestart(pod.Spec.RestartPolicy, r.terminated.ExitCode) {
+		return 0 // finished for good, and its container record is gone: nothing to run again
 	}
 
 	if w.isDeleting() {
@@ -460,6 +464,10 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 		r.failure = se
 		r.retryAt = now.Add(backoffDelay(r.crashes))
 		w.env.Log.Warn("container failed to start", "container", c.Name, "reason", se.Reason, "err", se.Err)
+		if se.Reason == "ErrImagePull" {
+			// Look again shortly so the status turns to ImagePullBackOff while it waits, as kubelet's does.
+			return min(r.retryAt.Sub(now), time.Second+10*time.Millisecond)
+		}
 		return r.retryAt.Sub(now)
 	}
 	w.mutations++

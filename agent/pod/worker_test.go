@@ -713,3 +713,28 @@ func TestWorkerFailedRestartKeepsCount(t *testing.T) {
 		t.Errorf("starts = %v, want attempt 0 then attempt 1", starts)
 	}
 }
+
+// After a reboot, an init container that had completed is not run again and does not hold the
+// app containers back; the app container whose task vanished restarts (OnFailure).
+func TestWorkerAfterRebootInitStaysDone(t *testing.T) {
+	pod := testPod(v1.RestartPolicyOnFailure, "a")
+	pod.Spec.InitContainers = []v1.Container{{Name: "i", Image: "busybox:1.36", Command: []string{"true"}}}
+	f := newFakeRuntime()
+	f.add(runtime.Container{ID: idOf("i", 0), PodUID: testUID, Name: "i", Hash: runtime.SpecHash(pod, &pod.Spec.InitContainers[0]),
+		State: runtime.StateCreated, CreatedAt: time.Now()})
+	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: runtime.SpecHash(pod, &pod.Spec.Containers[0]),
+		State: runtime.StateCreated, CreatedAt: time.Now()})
+	prev := &v1.PodStatus{
+		InitContainerStatuses: []v1.ContainerStatus{{Name: "i", ContainerID: "containerd://" + idOf("i", 0),
+			State: v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", ContainerID: "containerd://" + idOf("i", 0)}}}},
+		ContainerStatuses: []v1.ContainerStatus{{Name: "a", ContainerID: "containerd://" + idOf("a", 0),
+			State: v1.ContainerState{Running: &v1.ContainerStateRunning{}}}},
+	}
+	h := startWorker(t, pod, prev, f)
+	h.waitFor("a running again", func(st *v1.PodStatus) bool { return isRunning(st, "a", 1) })
+	for _, c := range f.callsOf("start") {
+		if c.name == "i" {
+			t.Errorf("the completed init container ran again: %v", c)
+		}
+	}
+}

@@ -245,10 +245,15 @@ func (r *Runtime) tasks(ctx context.Context, podUID string, ctrs []containers.Co
 	for _, c := range ctrs {
 		resp, err := r.client.TaskService().Get(ctx, &tasks.GetRequest{ContainerID: c.ID})
 		if err != nil {
-			if errdefs.IsNotFound(errdefs.FromGRPC(err)) {
-				continue
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
 			}
-			return nil, fmt.Errorf("task of %s: %w", c.ID, errdefs.FromGRPC(err))
+			if !errdefs.IsNotFound(errdefs.FromGRPC(err)) {
+				// A dead or stuck shim: read the container as having no task (as the namespace
+				// listing does), so the worker replaces or removes it instead of failing forever.
+				r.log.Warn("task state unreadable; treating the container as stopped", "container", c.ID, "err", err)
+			}
+			continue
 		}
 		byID[c.ID] = resp.Process
 	}

@@ -53,6 +53,7 @@ func (t stallTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		b.stalled.Store(true)
 		b.rc.Close()
 	})
+	b.timer.Stop() // armed only while a Read waits for the registry
 	resp.Body = b
 	return resp, nil
 }
@@ -64,11 +65,12 @@ type stallBody struct {
 	stalled atomic.Bool
 }
 
+// Read counts only time spent waiting on the registry: a consumer slow to write what it got (an
+// SD card) is not a stalled registry.
 func (b *stallBody) Read(p []byte) (int, error) {
+	b.timer.Reset(registryStall)
 	n, err := b.rc.Read(p)
-	if n > 0 {
-		b.timer.Reset(registryStall)
-	}
+	b.timer.Stop()
 	if err != nil && b.stalled.Load() {
 		return n, fmt.Errorf("registry sent nothing for %s on %s", registryStall, b.url)
 	}

@@ -17,13 +17,14 @@ import (
 // child's PID from pipe"). containerd's restrict_oom_score_adj clamps the same way for CRI.
 // With the capability there is no floor.
 func oomScoreFloor(containerdSocket string) (floor int, restricted bool, err error) {
+	// What counts is containerd's capability (runc inherits it through the shim), not ours.
 	const capSysResource = 24
-	if hw.HasCapability(capSysResource) {
-		return -1000, false, nil
-	}
 	pid, err := socketPeerPid(containerdSocket)
 	if err != nil {
 		return 0, true, err
+	}
+	if hw.ProcessHasCapability(pid, capSysResource) {
+		return -1000, false, nil
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid))
 	if err != nil {
