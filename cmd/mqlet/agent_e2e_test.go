@@ -71,8 +71,12 @@ func TestPodRunsAndContainersShareLocalhost(t *testing.T) {
 	if pid == 0 {
 		t.Fatalf("no running task for server; tasks: %v", h.tasks())
 	}
-	if lim := memoryLimit(t, pid); lim != 32<<20 {
-		t.Errorf("server memory limit = %d, want %d", lim, 32<<20)
+	if lim := cgroupValue(t, pid, "memory", "memory.limit_in_bytes", "memory.max"); lim != strconv.Itoa(32<<20) {
+		t.Errorf("server memory limit = %s, want %d", lim, 32<<20)
+	}
+	// 250m of cpu: a CFS quota of 25 ms per 100 ms period.
+	if quota := cgroupValue(t, pid, "cpu", "cpu.cfs_quota_us", "cpu.max"); quota != "25000" {
+		t.Errorf("server cpu quota = %s, want 25000", quota)
 	}
 	out := h.mqlet("pods")
 	if !strings.Contains(out, "web") || !strings.Contains(out, "2/2") || !strings.Contains(out, "Running") {
@@ -83,8 +87,9 @@ func TestPodRunsAndContainersShareLocalhost(t *testing.T) {
 	}
 }
 
-// memoryLimit reads the memory limit of the cgroup of pid, on cgroup v1 or v2.
-func memoryLimit(t *testing.T, pid uint32) int64 {
+// cgroupValue reads a limit of the cgroup of pid: v1File in the v1 controller's hierarchy, or
+// v2File in the unified one (cgroup v2 hosts). The first field of the file is returned.
+func cgroupValue(t *testing.T, pid uint32, controller, v1File, v2File string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.FormatUint(uint64(pid), 10), "cgroup"))
 	if err != nil {
@@ -97,10 +102,10 @@ func memoryLimit(t *testing.T, pid uint32) int64 {
 		}
 		var file string
 		switch {
-		case strings.Contains(","+parts[1]+",", ",memory,"):
-			file = filepath.Join("/sys/fs/cgroup/memory", parts[2], "memory.limit_in_bytes")
+		case strings.Contains(","+parts[1]+",", ","+controller+","):
+			file = filepath.Join("/sys/fs/cgroup", parts[1], parts[2], v1File)
 		case parts[0] == "0" && parts[1] == "":
-			file = filepath.Join("/sys/fs/cgroup", parts[2], "memory.max")
+			file = filepath.Join("/sys/fs/cgroup", parts[2], v2File)
 			if _, err := os.Stat(file); err != nil {
 				continue
 			}
@@ -109,16 +114,12 @@ func memoryLimit(t *testing.T, pid uint32) int64 {
 		}
 		v, err := os.ReadFile(file)
 		if err != nil {
-			t.Fatalf("memory limit of pid %d: %v", pid, err)
+			t.Fatalf("%s of pid %d: %v", controller, pid, err)
 		}
-		n, err := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64)
-		if err != nil {
-			return -1 // "max"
-		}
-		return n
+		return strings.Fields(string(v))[0]
 	}
-	t.Fatalf("no memory cgroup for pid %d in:\n%s", pid, b)
-	return 0
+	t.Fatalf("no %s cgroup for pid %d in:\n%s", controller, pid, b)
+	return ""
 }
 
 // An edit of one container recreates that container only; the other keeps its PID.
