@@ -60,9 +60,10 @@ type Agent struct {
 	runCtx  context.Context
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
-	// cleaning holds pods whose orphaned containers are being removed, so that relists don't
-	// start a second cleanup of the same pod.
-	cleaning map[types.UID]bool
+	// cleaning holds pods whose orphaned containers are being removed, closed when done: relists
+	// don't start a second cleanup, and a pod re-added meanwhile (same stable UID, so the same
+	// container ids) waits for it instead of having its new containers stopped.
+	cleaning map[types.UID]chan struct{}
 
 	synced   atomic.Bool // the manifest dir was read once and workers started
 	relistOK atomic.Bool
@@ -86,7 +87,7 @@ func New(opts Options, rt *runtime.Runtime, db *store.DB) *Agent {
 		src:      manifest.NewDir(opts.ManifestDir, opts.NodeName),
 		workers:  map[types.UID]*pod.Worker{},
 		desired:  map[types.UID]store.DesiredPod{},
-		cleaning: map[types.UID]bool{},
+		cleaning: map[types.UID]chan struct{}{},
 	}
 }
 
@@ -176,9 +177,17 @@ func (a *Agent) startWorker(p *v1.Pod, prev *v1.PodStatus) {
 		OnGone:   a.onGone,
 	})
 	a.workers[p.UID] = w
+	cleaned := a.cleaning[p.UID]
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
+		if cleaned != nil {
+			select {
+			case <-cleaned:
+			case <-a.runCtx.Done():
+				return
+			}
+		}
 		w.Run(a.runCtx)
 	}()
 }
@@ -396,10 +405,10 @@ func (a *Agent) relist(ctx context.Context) error {
 		}
 	}
 	for uid, cs := range byPod {
-		if _, ok := a.workers[uid]; ok || a.cleaning[uid] {
+		if _, ok := a.workers[uid]; ok || a.cleaning[uid] != nil {
 			continue
 		}
-		a.cleaning[uid] = true
+		a.cleaning[uid] = make(chan struct{})
 		a.wg.Add(1)
 		go a.removeOrphan(uid, cs)
 	}
@@ -434,6 +443,7 @@ func (a *Agent) removeOrphan(uid types.UID, cs []runtime.Container) {
 	wg.Wait()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	close(a.cleaning[uid])
 	delete(a.cleaning, uid)
 	if _, back := a.workers[uid]; back || failed.Load() {
 		// Re-added meanwhile (its network namespace and files are in use again), or not all
