@@ -96,6 +96,9 @@ func (e Env) RegistryRef(repoTag string) string {
 // MQLET_TEST_REQUIRE=1 it fails the test instead of skipping it.
 func Require(t testing.TB) Env {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("needs the real test environment; skipped with -short (make unit)")
+	}
 	env, err := load(os.Getenv, EnvFile)
 	if err == nil {
 		err = env.check()
