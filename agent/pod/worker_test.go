@@ -33,7 +33,6 @@ type fakeRuntime struct {
 	mu       sync.Mutex
 	ctrs     map[string]*runtime.Container
 	calls    []call
-	lists    int
 	podFiles int
 	startErr map[string]error // by container name: every start of it fails so
 }
@@ -45,7 +44,6 @@ func newFakeRuntime() *fakeRuntime {
 func (f *fakeRuntime) ListContainers(_ context.Context, podUID string) ([]runtime.Container, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.lists++
 	var out []runtime.Container
 	for _, c := range f.ctrs {
 		if podUID == "" || c.PodUID == podUID {
@@ -132,12 +130,6 @@ func (f *fakeRuntime) allCalls() []call {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]call(nil), f.calls...)
-}
-
-func (f *fakeRuntime) listCount() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.lists
 }
 
 const testUID = "6f1c2d3e-4b5a-4c6d-8e9f-0a1b2c3d4e5f"

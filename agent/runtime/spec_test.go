@@ -92,8 +92,9 @@ func TestContainerID(t *testing.T) {
 			ids[id] = name
 		}
 	}
-	if ContainerID(uid, long1, 1) != ContainerID(uid, long1, 1) {
-		t.Error("ContainerID is not deterministic")
+	first, again := ContainerID(uid, long1, 1), ContainerID(uid, long1, 1)
+	if first != again {
+		t.Errorf("ContainerID is not deterministic: %q then %q", first, again)
 	}
 }
 
