@@ -100,21 +100,6 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 // Close releases the client connection; containers keep running.
 func (r *Runtime) Close() error { return r.client.Close() }
 
-// Client exposes the containerd client for the CLI's image commands and for tests.
-func (r *Runtime) Client() *containerd.Client { return r.client }
-
-// Namespace is the containerd namespace this runtime works in.
-func (r *Runtime) Namespace() string { return r.opts.Namespace }
-
 func (r *Runtime) ctx(ctx context.Context) context.Context {
 	return namespaces.WithNamespace(ctx, r.opts.Namespace)
-}
-
-// Version reports the containerd daemon version (for node info and readiness).
-func (r *Runtime) Version(ctx context.Context) (string, error) {
-	v, err := r.client.Version(r.ctx(ctx))
-	if err != nil {
-		return "", err
-	}
-	return v.Version, nil
 }
