@@ -67,7 +67,6 @@ type Agent struct {
 
 	synced   atomic.Bool // the manifest dir was read once and workers started
 	relistOK atomic.Bool
-	problems atomic.Pointer[[]manifest.Problem]
 	hostIP   atomic.Pointer[string] // refreshed by every relist: a node may get its address late
 
 	trimMu sync.Mutex
@@ -216,8 +215,6 @@ func (a *Agent) onGone(p *v1.Pod) {
 // applySnapshot makes the store's file-sourced desired pods equal to the manifest dir, then tells
 // workers. The store is written first so that what runs is always what the store says.
 func (a *Agent) applySnapshot(s manifest.Snapshot) {
-	probs := s.Problems
-	a.problems.Store(&probs)
 	for _, p := range s.Problems {
 		a.log.Error("manifest rejected", "problem", p.Error())
 	}
@@ -474,14 +471,6 @@ func (a *Agent) Pods() []v1.Pod {
 		return strings.Compare(x.Namespace+"/"+x.Name, y.Namespace+"/"+y.Name)
 	})
 	return out
-}
-
-// Problems returns the manifests rejected in the last scan.
-func (a *Agent) Problems() []manifest.Problem {
-	if p := a.problems.Load(); p != nil {
-		return *p
-	}
-	return nil
 }
 
 // Ready is nil once the manifest dir has been read and containerd answers (api.Provider).
