@@ -82,9 +82,6 @@ func (b *stallBody) Close() error {
 	return b.rc.Close()
 }
 
-// alwaysPullTimeout bounds a pull for imagePullPolicy Always when a local copy exists to fall back on.
-const alwaysPullTimeout = 30 * time.Second
-
 // NormalizeImage turns a pod's image into the full name containerd stores ("busybox" ->
 // "docker.io/library/busybox:latest").
 func NormalizeImage(image string) (string, error) {
@@ -117,15 +114,10 @@ func (r *Runtime) EnsureImage(ctx context.Context, image string, policy v1.PullP
 	case policy == v1.PullNever && local == nil:
 		return nil, fmt.Errorf("%s: %w", ref, ErrImageNeverPull)
 	case policy == v1.PullAlways:
-		pctx := ctx
-		if local != nil {
-			// With a copy at hand, don't let an unreachable registry hold the container back for
-			// the whole TCP timeout.
-			var cancel context.CancelFunc
-			pctx, cancel = context.WithTimeout(ctx, alwaysPullTimeout)
-			defer cancel()
-		}
-		img, err := r.pullShared(pctx, ref)
+		// No overall deadline even with a local copy to fall back on: an unreachable registry
+		// fails within the dial timeout (30 s) or registryStall, while a large update on a slow
+		// link is allowed to finish instead of being abandoned for the old copy every time.
+		img, err := r.pullShared(ctx, ref)
 		if err != nil && local != nil {
 			// An edge node is often offline. kubelet would fail the pod here; we run the copy we
 			// have, because a reboot without network must not take down a pod that ran before.

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"context"
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/namespaces"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -463,4 +466,38 @@ func TestBrokenManifestAtStartKeepsStoredPod(t *testing.T) {
 	// Deleting the file is a real removal.
 	os.Remove(filepath.Join(h.manifests, "web.yaml"))
 	waitFor(t, "containers removed", func() bool { return len(h.containerIDs()) == 0 })
+}
+
+// imagePullPolicy Always with the registry unreachable runs the local copy (an edge node rebooted
+// offline keeps running what it ran), where kubelet would fail the pod.
+func TestAlwaysPullFallsBackToLocalCopyOffline(t *testing.T) {
+	h := newHarness(t)
+	// The busybox image under a name whose registry refuses connections (port 1 on loopback).
+	const offline = "127.0.0.1:1/mqlet/busybox:1"
+	c, err := containerd.New(h.env.ContainerdAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := namespaces.WithNamespace(context.Background(), h.ns)
+	img, err := c.ImageService().Get(ctx, testenv.BusyboxRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img.Name = offline
+	if _, err := c.ImageService().Create(ctx, img); err != nil {
+		t.Fatal(err)
+	}
+	h.writeManifest("offline.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: offline}
+spec:
+  containers:
+  - {name: main, image: "`+offline+`", imagePullPolicy: Always, command: ["sleep", "3600"]}
+`)
+	h.startAgent()
+	h.waitPod("offline", "running from the local copy", allRunning)
+	if !strings.Contains(h.agentLog.String(), "using the local copy") {
+		t.Errorf("no warning that the local copy was used:\n%s", h.agentLog)
+	}
 }
