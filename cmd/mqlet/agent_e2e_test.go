@@ -501,3 +501,37 @@ spec:
 		t.Errorf("no warning that the local copy was used:\n%s", h.agentLog)
 	}
 }
+
+// Removing a pod stops it gracefully: SIGTERM first (the container sees it), SIGKILL after
+// terminationGracePeriodSeconds for one that ignores it.
+func TestRemovalSendsSIGTERMThenKills(t *testing.T) {
+	h := newHarness(t)
+	out := filepath.Join(h.dir, "out")
+	os.MkdirAll(out, 0o777)
+	h.writeManifest("graceful.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: graceful}
+spec:
+  terminationGracePeriodSeconds: 1
+  volumes:
+  - {name: out, hostPath: {path: "`+out+`"}}
+  containers:
+  - name: polite
+    image: mqlet.test/busybox:1
+    command: ["sh", "-c", "trap 'echo got-term > /out/term; exit 0' TERM; while true; do sleep 0.2; done"]
+    volumeMounts: [{name: out, mountPath: /out}]
+  - name: stubborn
+    image: mqlet.test/busybox:1
+    command: ["sh", "-c", "trap '' TERM; while true; do sleep 0.2; done"]
+`)
+	h.startAgent()
+	h.waitPod("graceful", "running", allRunning)
+	os.Remove(filepath.Join(h.manifests, "graceful.yaml"))
+	waitFor(t, "containers removed", func() bool { return len(h.containerIDs()) == 0 })
+	if b, err := os.ReadFile(filepath.Join(out, "term")); err != nil || strings.TrimSpace(string(b)) != "got-term" {
+		t.Errorf("the container did not see SIGTERM: %q, %v", b, err)
+	}
+	if !strings.Contains(h.agentLog.String(), "grace period over, killing") {
+		t.Errorf("the container ignoring SIGTERM was not killed after the grace period:\n%s", h.agentLog)
+	}
+}
