@@ -23,6 +23,7 @@ import (
 	"github.com/mqlet/mqlet/hw"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -56,10 +57,13 @@ type Agent struct {
 
 	mu      sync.Mutex
 	workers map[types.UID]*pod.Worker
-	desired map[types.UID]store.DesiredPod
-	runCtx  context.Context
-	stop    context.CancelFunc
-	wg      sync.WaitGroup
+	// byPrefix maps runtime.ContainerIDPrefix of each worker's pod UID to the UID, so a
+	// containerd event finds its pod without hashing every UID.
+	byPrefix map[string]types.UID
+	desired  map[types.UID]store.DesiredPod
+	runCtx   context.Context
+	stop     context.CancelFunc
+	wg       sync.WaitGroup
 	// cleaning holds pods whose orphaned containers are being removed, closed when done: relists
 	// don't start a second cleanup, and a pod re-added meanwhile (same stable UID, so the same
 	// container ids) waits for it instead of having its new containers stopped.
@@ -85,6 +89,7 @@ func New(opts Options, rt *runtime.Runtime, db *store.DB) *Agent {
 		opts: opts, rt: rt, db: db, log: opts.Log,
 		src:      manifest.NewDir(opts.ManifestDir, opts.NodeName),
 		workers:  map[types.UID]*pod.Worker{},
+		byPrefix: map[string]types.UID{},
 		desired:  map[types.UID]store.DesiredPod{},
 		cleaning: map[types.UID]chan struct{}{},
 	}
@@ -176,6 +181,7 @@ func (a *Agent) startWorker(p *v1.Pod, prev *v1.PodStatus) {
 		OnGone:   a.onGone,
 	})
 	a.workers[p.UID] = w
+	a.byPrefix[runtime.ContainerIDPrefix(string(p.UID))] = p.UID
 	cleaned := a.cleaning[p.UID]
 	a.wg.Add(1)
 	go func() {
@@ -205,6 +211,7 @@ func (a *Agent) onGone(p *v1.Pod) {
 	a.mu.Lock()
 	// A pod re-added while it was terminating gets a fresh worker from its desired entry.
 	delete(a.workers, p.UID)
+	delete(a.byPrefix, runtime.ContainerIDPrefix(string(p.UID)))
 	d, again := a.desired[p.UID]
 	if again && a.runCtx.Err() == nil {
 		a.startWorker(d.Pod, nil)
@@ -248,7 +255,7 @@ func (a *Agent) applySnapshot(s manifest.Snapshot) {
 	keep := map[types.UID]bool{}
 	for _, d := range want {
 		keep[d.Pod.UID] = true
-		if old, ok := a.desired[d.Pod.UID]; !ok || old.Source != d.Source || configHash(old.Pod) != configHash(d.Pod) {
+		if old, ok := a.desired[d.Pod.UID]; !ok || old.Source != d.Source || !sameConfig(old.Pod, d.Pod) {
 			changed = append(changed, d)
 		}
 	}
@@ -283,11 +290,14 @@ func (a *Agent) applySnapshot(s manifest.Snapshot) {
 	a.synced.Store(true)
 }
 
-func configHash(p *v1.Pod) string {
-	if h := p.Annotations["kubernetes.io/config.hash"]; h != "" {
-		return h
+// sameConfig reports whether two versions of a desired pod are the same: by the source's config
+// hash when both carry one, else by value (printing the spec would compare pointer addresses).
+func sameConfig(a, b *v1.Pod) bool {
+	ha, hb := a.Annotations[manifest.AnnotationConfigHash], b.Annotations[manifest.AnnotationConfigHash]
+	if ha != "" && hb != "" {
+		return ha == hb
 	}
-	return fmt.Sprint(p.Spec)
+	return equality.Semantic.DeepEqual(a.Spec, b.Spec) && equality.Semantic.DeepEqual(a.ObjectMeta, b.ObjectMeta)
 }
 
 // activity notes that something changed; trimAfterQuiet runs once things have been quiet.
@@ -335,12 +345,11 @@ func (a *Agent) followEvents(ctx context.Context) {
 func (a *Agent) workerForContainer(id string) *pod.Worker {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	for uid, w := range a.workers {
-		if strings.HasPrefix(id, runtime.ContainerIDPrefix(string(uid))) {
-			return w
-		}
+	prefix, _, ok := strings.Cut(id, "-")
+	if !ok {
+		return nil
 	}
-	return nil
+	return a.workers[a.byPrefix[prefix+"-"]]
 }
 
 // relistLoop is the safety net for missed events: every period it nudges all workers and removes

@@ -4,8 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -141,13 +142,8 @@ func applyFile(c *Config, origin map[string]string, path string) []error {
 	for _, s := range settings() {
 		byKey[s.key] = s
 	}
-	keys := make([]string, 0, len(doc))
-	for k := range doc {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	var errs []error
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(doc)) {
 		s, ok := byKey[k]
 		if !ok {
 			errs = append(errs, fmt.Errorf("config file %s: unknown key %q%s", path, k, suggestKey(k)))
@@ -241,13 +237,8 @@ func applyEnv(c *Config, origin map[string]string, env map[string]string) []erro
 	for _, s := range settings() {
 		byEnv[s.env] = s
 	}
-	names := make([]string, 0, len(env))
-	for name := range env {
-		names = append(names, name)
-	}
-	sort.Strings(names)
 	var errs []error
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(env)) {
 		if !strings.HasPrefix(name, envPrefix) || name == envConfig || strings.HasPrefix(name, envTestPrefix) {
 			continue
 		}

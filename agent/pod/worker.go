@@ -309,7 +309,6 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 		r := w.rec(c.Name)
 		finished := cur != nil && r.terminatedAt(cur) && r.terminated.ExitCode == 0 // after a reboot
 		if cur != nil && (cur.State == runtime.StateExited && cur.ExitCode == 0 || finished) {
-			w.noteExit(c.Name, cur)
 			continue
 		}
 		initDone = false
