@@ -29,8 +29,7 @@ const MaxFileSize = 1 << 20
 // Duplicate namespace/name across files or documents: the first (files sorted by name, then
 // document index) wins and the others are Problems naming both places.
 type Dir struct {
-	path     string
-	nodeName string
+	path string
 
 	mu     sync.Mutex       // serialises scans: Scan may be called while Watch runs
 	last   map[string][]Pod // file -> the pods it contributed at the last scan
@@ -46,13 +45,13 @@ type parseResult struct {
 	problems []Problem
 }
 
-// NewDir returns the source for the manifest directory path on node nodeName. A relative
-// path is made absolute so that Pod.File and Problem.File are absolute.
-func NewDir(path, nodeName string) *Dir {
+// NewDir returns the source for the manifest directory path. A relative path is made absolute so
+// that Pod.File and Problem.File are absolute.
+func NewDir(path string) *Dir {
 	if abs, err := filepath.Abs(path); err == nil {
 		path = abs
 	}
-	return &Dir{path: path, nodeName: nodeName, last: map[string][]Pod{}, parsed: map[string]parseResult{}}
+	return &Dir{path: path, last: map[string][]Pod{}, parsed: map[string]parseResult{}}
 }
 
 // Path is the directory watched.
@@ -118,6 +117,13 @@ func (d *Dir) Scan() (Snapshot, error) {
 			probs = []Problem{{File: file, Index: -1, Err: err}}
 		} else {
 			pods, probs = d.parse(file, data, parsed)
+			if len(pods) == 0 && len(probs) == 0 && blankFile(file, data) {
+				// A file truncated at power loss (or mid-write) reads as empty: treat it like an
+				// unreadable one, so the pods it declared before stay. Removing the file is
+				// how its pods are deleted.
+				probs = []Problem{{File: file, Index: -1, Empty: true,
+					Err: errors.New("file is empty (no pod document); the pods it declared before are kept until it is fixed or removed")}}
+			}
 		}
 		if len(probs) > 0 {
 			pods = keepPrevious(pods, d.last[file])
@@ -167,7 +173,7 @@ func (d *Dir) parse(file string, data []byte, next map[string]parseResult) ([]Po
 	r, ok := d.parsed[file]
 	if !ok || r.sum != sum {
 		r.sum = sum
-		r.pods, r.problems = Parse(file, data, d.nodeName)
+		r.pods, r.problems = Parse(file, data)
 	}
 	next[file] = r
 	return r.pods, r.problems

@@ -8,9 +8,15 @@ import (
 	"testing"
 )
 
+// writeFile writes by rename, as careful tools do, so a watcher never reads it half-written (an
+// empty file is now a problem of its own: see TestScanEmptyFileKeepsPods).
 func writeFile(t *testing.T, path, data string) {
 	t.Helper()
-	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".writing")
+	if err := os.WriteFile(tmp, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -46,7 +52,7 @@ func problemText(s Snapshot) string {
 }
 
 func TestScanMissingDirectory(t *testing.T) {
-	d := NewDir(filepath.Join(t.TempDir(), "not-yet"), node)
+	d := NewDir(filepath.Join(t.TempDir(), "not-yet"))
 	s, err := d.Scan()
 	if err != nil || len(s.Pods) != 0 || len(s.Problems) != 0 {
 		t.Fatalf("Scan of a missing dir = %v, %v; want empty and no error", s, err)
@@ -56,7 +62,7 @@ func TestScanMissingDirectory(t *testing.T) {
 func TestScanNotADirectory(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "file")
 	writeFile(t, f, "x")
-	if _, err := NewDir(f, node).Scan(); err == nil || !strings.Contains(err.Error(), f) {
+	if _, err := NewDir(f).Scan(); err == nil || !strings.Contains(err.Error(), f) {
 		t.Fatalf("Scan of a regular file: err = %v, want an error naming %s", err, f)
 	}
 }
@@ -78,7 +84,7 @@ func TestScanSortedAndFiltered(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	d := NewDir(dir, node)
+	d := NewDir(dir)
 	s := scan(t, d)
 	if got, want := podNames(s), "alpha=img:1 json=img:1 linked=img:1 mid=img:1 zeta=img:1"; got != want {
 		t.Errorf("pods = %q, want %q", got, want)
@@ -94,7 +100,7 @@ func TestScanSortedAndFiltered(t *testing.T) {
 func TestScanInvalidFileKeepsPreviousPods(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "a.yaml")
-	d := NewDir(dir, node)
+	d := NewDir(dir)
 
 	writeFile(t, file, podYAML("web", "nginx:1")+"---\n"+podYAML("db", "pg:1"))
 	s := scan(t, d)
@@ -146,7 +152,7 @@ func TestScanInvalidFileKeepsPreviousPods(t *testing.T) {
 
 func TestScanFileDeletionRemovesPods(t *testing.T) {
 	dir := t.TempDir()
-	d := NewDir(dir, node)
+	d := NewDir(dir)
 	writeFile(t, filepath.Join(dir, "a.yaml"), podYAML("a", "img"))
 	writeFile(t, filepath.Join(dir, "b.yaml"), podYAML("b", "img"))
 	if got := podNames(scan(t, d)); got != "a=img b=img" {
@@ -173,7 +179,7 @@ func TestScanFileDeletionRemovesPods(t *testing.T) {
 
 func TestScanDuplicatesAcrossFiles(t *testing.T) {
 	dir := t.TempDir()
-	d := NewDir(dir, node)
+	d := NewDir(dir)
 	writeFile(t, filepath.Join(dir, "b.yaml"), podYAML("web", "from-b"))
 	writeFile(t, filepath.Join(dir, "a.yaml"), podYAML("other", "x")+"---\n"+podYAML("web", "from-a"))
 	s := scan(t, d)
@@ -193,7 +199,7 @@ func TestScanDuplicatesAcrossFiles(t *testing.T) {
 
 func TestScanSpecialFiles(t *testing.T) {
 	dir := t.TempDir()
-	d := NewDir(dir, node)
+	d := NewDir(dir)
 	if err := os.Symlink(filepath.Join(dir, "missing-target"), filepath.Join(dir, "dangling.yaml")); err != nil {
 		t.Fatal(err)
 	}
@@ -209,12 +215,38 @@ func TestScanSpecialFiles(t *testing.T) {
 
 func TestScanReturnsCopies(t *testing.T) {
 	dir := t.TempDir()
-	d := NewDir(dir, node)
+	d := NewDir(dir)
 	writeFile(t, filepath.Join(dir, "a.yaml"), podYAML("a", "img"))
 	s := scan(t, d)
 	s.Pods[0].Pod.Spec.Containers[0].Image = "changed-by-caller"
 	writeFile(t, filepath.Join(dir, "a.yaml"), "broken: [")
 	if got := podNames(scan(t, d)); got != "a=img(stale)" {
 		t.Errorf("kept pod = %q: the caller's change leaked into the Dir's memory", got)
+	}
+}
+
+// A file truncated to nothing (power loss mid-save) or left with only comments must not delete
+// its pods: it is reported, and its pods are kept, like an unreadable file's.
+func TestScanEmptyFileKeepsPods(t *testing.T) {
+	for name, empty := range map[string]string{"zero bytes": "", "blank": "\n  \n", "comments": "# nothing yet\n---\n# still nothing\n"} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			file := filepath.Join(dir, "a.yaml")
+			d := NewDir(dir)
+			writeFile(t, file, podYAML("web", "nginx:1"))
+			scan(t, d)
+			writeFile(t, file, empty)
+			s := scan(t, d)
+			if got := podNames(s); got != "web=nginx:1(stale)" {
+				t.Errorf("after truncation pods = %q, want web kept", got)
+			}
+			if len(s.Problems) != 1 || !s.Problems[0].Empty || !strings.Contains(s.Problems[0].Error(), "empty") {
+				t.Fatalf("problems:\n%s", problemText(s))
+			}
+			c := s.Change()
+			if len(c.Rejections) != 1 || !c.Rejections[0].Keep || c.Rejections[0].Ref.Origin != file {
+				t.Errorf("rejections %+v: want one that keeps %s", c.Rejections, file)
+			}
+		})
 	}
 }

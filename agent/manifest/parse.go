@@ -6,32 +6,39 @@ package manifest
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
+	"github.com/mqlet/mqlet/agent/source"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 )
 
-// Pod is one accepted pod with where it came from.
+// Pod is one decoded pod with where it came from. It is not defaulted or validated beyond its
+// namespace (admission does that for every source); Sum identifies the document's content.
 type Pod struct {
-	Pod   *v1.Pod // defaulted and validated; Pod.UID always set
-	File  string  // absolute path
-	Index int     // document index in the file, 0-based, counting only non-blank documents
-	Line  int     // 1-based line where the document starts in the file
+	Pod   *v1.Pod
+	Sum   string
+	File  string // absolute path
+	Index int    // document index in the file, 0-based, counting only non-blank documents
+	Line  int    // 1-based line where the document starts in the file
 	// Stale is set by Dir when the pod is kept from an earlier scan because its file now has
 	// problems: it is what the file used to declare, not what it declares now.
 	Stale bool
 }
 
-// Source returns "file:" + File + "#" + strconv.Itoa(Index).
-func (p Pod) Source() string { return "file:" + p.File + "#" + strconv.Itoa(p.Index) }
+// Ref is the typed source identity stored with the pod.
+func (p Pod) Ref() source.Ref { return source.Ref{Kind: source.File, Origin: p.File, Doc: p.Index} }
 
 // Problem is one rejected document (or file).
 type Problem struct {
@@ -42,10 +49,21 @@ type Problem struct {
 	// Duplicate marks a valid document ignored because an earlier one declares the same pod;
 	// unlike the other problems it says nothing about the file being unreadable.
 	Duplicate bool
+	// Empty marks a file with no document at all (zero bytes, or only blanks and comments).
+	Empty bool
+}
+
+// blankFile reports whether a file's bytes hold no document at all.
+func blankFile(file string, data []byte) bool {
+	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf"))
+	if strings.EqualFold(filepath.Ext(file), ".json") {
+		return len(bytes.TrimSpace(data)) == 0
+	}
+	return len(splitYAML(data)) == 0
 }
 
 // Error renders "manifest <file>, document <Index> (line <Line>): <reason>". The document
-// number is the same 0-based index as in Pod.Source ("#2" and "document 2" are the same
+// number is the same 0-based index as in Pod.Ref ("#2" and "document 2" are the same
 // document); the line number disambiguates it for a human with an editor.
 func (p Problem) Error() string {
 	switch {
@@ -68,12 +86,13 @@ type document struct {
 	err   error // a splitting error that belongs to this document
 }
 
-// Parse decodes one file's bytes into pods (defaulted, validated, UID set) and problems.
+// Parse decodes one file's bytes into pods and problems. It only decodes (strictly) and fills in
+// the default namespace, which names the pod; defaults, validation and the UID are admission's.
 // Files ending in ".json" hold one JSON object; anything else is a YAML stream whose
 // documents are separated by "---" lines. Blank documents (only whitespace and comments)
 // are skipped and do not count towards the index. Two documents of the file declaring the
 // same namespace/name: the first wins, the later one is a Problem. Parse is pure.
-func Parse(file string, data []byte, nodeName string) ([]Pod, []Problem) {
+func Parse(file string, data []byte) ([]Pod, []Problem) {
 	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")) // editors on Windows add a BOM
 	var docs []document
 	if strings.EqualFold(filepath.Ext(file), ".json") {
@@ -88,11 +107,11 @@ func Parse(file string, data []byte, nodeName string) ([]Pod, []Problem) {
 	var problems []Problem
 	seen := map[string]int{} // namespace/name -> index of the document that declared it
 	for _, d := range docs {
-		pod, err := decodeDocument(d, file)
+		pod, sum, err := decodeDocument(d, file)
 		if err == nil {
-			err = prepare(pod, nodeName)
-		}
-		if err == nil {
+			if pod.Namespace == "" {
+				pod.Namespace = "default"
+			}
 			key := pod.Namespace + "/" + pod.Name
 			if first, dup := seen[key]; dup {
 				err = fmt.Errorf("pod %s is already declared in document %d of this file", key, first)
@@ -104,7 +123,7 @@ func Parse(file string, data []byte, nodeName string) ([]Pod, []Problem) {
 			problems = append(problems, Problem{File: file, Index: d.index, Line: d.line, Err: err})
 			continue
 		}
-		pods = append(pods, Pod{Pod: pod, File: file, Index: d.index, Line: d.line})
+		pods = append(pods, Pod{Pod: pod, Sum: sum, File: file, Index: d.index, Line: d.line})
 	}
 	return pods, problems
 }
@@ -191,9 +210,9 @@ func fileLines(err error, firstLine int) string {
 
 // decodeDocument turns one document into a v1.Pod, strictly: unknown and duplicate fields
 // are errors naming the field path, and kinds other than v1 Pod are refused.
-func decodeDocument(d document, file string) (*v1.Pod, error) {
+func decodeDocument(d document, file string) (*v1.Pod, string, error) {
 	if d.err != nil {
-		return nil, d.err
+		return nil, "", d.err
 	}
 	var js []byte
 	if strings.EqualFold(filepath.Ext(file), ".json") {
@@ -204,7 +223,7 @@ func decodeDocument(d document, file string) (*v1.Pod, error) {
 		var err error
 		js, err = yaml.YAMLToJSONStrict(d.data)
 		if err != nil {
-			return nil, fmt.Errorf("%s", fileLines(err, d.line-countLeadingLines(d.data)))
+			return nil, "", fmt.Errorf("%s", fileLines(err, d.line-countLeadingLines(d.data)))
 		}
 	}
 
@@ -214,25 +233,25 @@ func decodeDocument(d document, file string) (*v1.Pod, error) {
 	}
 	if err := json.Unmarshal(js, &tm); err != nil {
 		if isSyntax, off := sigsjson.SyntaxErrorOffset(err); isSyntax {
-			return nil, fmt.Errorf("line %d: %v", d.line-countLeadingLines(d.data)+bytes.Count(js[:min(int(off), len(js))], []byte("\n")), err)
+			return nil, "", fmt.Errorf("line %d: %v", d.line-countLeadingLines(d.data)+bytes.Count(js[:min(int(off), len(js))], []byte("\n")), err)
 		}
 		var ute *json.UnmarshalTypeError
 		if asType(err, &ute) && ute.Field == "" {
-			return nil, fmt.Errorf("a manifest must be an object with apiVersion and kind, not a %s", ute.Value)
+			return nil, "", fmt.Errorf("a manifest must be an object with apiVersion and kind, not a %s", ute.Value)
 		}
-		return nil, err
+		return nil, "", err
 	}
 	switch {
 	case tm.Kind == nil || *tm.Kind == "":
-		return nil, fmt.Errorf("kind is required (want kind: Pod)")
+		return nil, "", fmt.Errorf("kind is required (want kind: Pod)")
 	case *tm.Kind != "Pod":
 		// ConfigMaps and Secrets that pods reference come with a later change; until then
 		// they are refused rather than silently ignored.
-		return nil, fmt.Errorf("kind %s is not supported yet (only v1 Pod)", *tm.Kind)
+		return nil, "", fmt.Errorf("kind %s is not supported yet (only v1 Pod)", *tm.Kind)
 	case tm.APIVersion == nil || *tm.APIVersion == "":
-		return nil, fmt.Errorf("apiVersion is required (want apiVersion: v1)")
+		return nil, "", fmt.Errorf("apiVersion is required (want apiVersion: v1)")
 	case *tm.APIVersion != "v1":
-		return nil, fmt.Errorf("apiVersion %q is not supported for kind Pod (want v1)", *tm.APIVersion)
+		return nil, "", fmt.Errorf("apiVersion %q is not supported for kind Pod (want v1)", *tm.APIVersion)
 	}
 
 	pod := &v1.Pod{}
@@ -240,19 +259,20 @@ func decodeDocument(d document, file string) (*v1.Pod, error) {
 	if err != nil {
 		if strings.Contains(err.Error(), "quantities must match") {
 			if qerrs := findBadQuantities(js); len(qerrs) > 0 {
-				return nil, fmt.Errorf("%s", strings.Join(qerrs, "; "))
+				return nil, "", fmt.Errorf("%s", strings.Join(qerrs, "; "))
 			}
 		}
-		return nil, err
+		return nil, "", err
 	}
 	if len(strictErrs) > 0 {
 		msgs := make([]string, len(strictErrs))
 		for i, e := range strictErrs {
 			msgs[i] = e.Error()
 		}
-		return nil, fmt.Errorf("%s", strings.Join(msgs, "; "))
+		return nil, "", fmt.Errorf("%s", strings.Join(msgs, "; "))
 	}
-	return pod, nil
+	sum := sha256.Sum256(js)
+	return pod, hex.EncodeToString(sum[:16]), nil
 }
 
 func asType(err error, target **json.UnmarshalTypeError) bool {
@@ -298,7 +318,7 @@ func findBadQuantities(js []byte) []string {
 	}
 	checkList := func(path string, m any) {
 		list, _ := m.(map[string]any)
-		for _, k := range sortedKeys(list) {
+		for _, k := range slices.Sorted(maps.Keys(list)) {
 			check(fmt.Sprintf("%s[%s]", path, k), list[k])
 		}
 	}

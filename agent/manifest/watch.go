@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+	"github.com/mqlet/mqlet/agent/source"
 )
 
 // coalesceWindow is how long the directory has to be quiet after an event before Watch
@@ -169,11 +170,9 @@ func (d *Dir) Watch(ctx context.Context, resync time.Duration, fn func(Snapshot)
 func fingerprint(s Snapshot) string {
 	var b strings.Builder
 	for _, p := range s.Pods {
-		b.WriteString(p.Source())
+		b.WriteString(p.Ref().String())
 		b.WriteByte(' ')
-		b.WriteString(string(p.Pod.UID))
-		b.WriteByte(' ')
-		b.WriteString(p.Pod.Annotations[AnnotationConfigHash])
+		b.WriteString(p.Sum)
 		b.WriteString(" " + strconv.Itoa(p.Line) + " " + strconv.FormatBool(p.Stale) + "\n")
 	}
 	for _, p := range s.Problems {
@@ -193,4 +192,32 @@ func copyPods(pods []Pod) []Pod {
 		out[i].Pod = p.Pod.DeepCopy()
 	}
 	return out
+}
+
+// Kind makes the directory a source.Source.
+func (d *Dir) Kind() source.Kind { return source.File }
+
+// Run delivers the directory to the agent: every snapshot Watch produces becomes a Resync (the
+// directory is the whole set of file pods), with the problems as rejections. A problem with a whole
+// file or a document that cannot be decoded marks its file Keep: the pods stored from it stay,
+// because after a reboot nothing but the store remembers what the file held.
+func (d *Dir) Run(ctx context.Context, deliver func(source.Change)) error {
+	return d.Watch(ctx, resyncPeriod, func(s Snapshot) { deliver(s.Change()) })
+}
+
+// resyncPeriod re-reads the directory even without inotify events (a missed event, an NFS mount).
+const resyncPeriod = 30 * time.Second
+
+// Change is the snapshot as a Resync.
+func (s Snapshot) Change() source.Change {
+	c := source.Change{Op: source.Resync, Items: make([]source.Item, 0, len(s.Pods))}
+	for _, p := range s.Pods {
+		c.Items = append(c.Items, source.Item{Pod: p.Pod, Ref: p.Ref()})
+	}
+	for _, p := range s.Problems {
+		r := source.Rejection{Ref: source.Ref{Kind: source.File, Origin: p.File, Doc: p.Index}, Line: p.Line,
+			Reason: p.Err.Error(), Keep: !p.Duplicate}
+		c.Rejections = append(c.Rejections, r)
+	}
+	return c
 }

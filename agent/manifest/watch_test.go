@@ -70,7 +70,7 @@ func TestWatchSeesChanges(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "web.yaml")
 	writeFile(t, filepath.Join(dir, "first.yaml"), podYAML("first", "img:0"))
-	w := startWatch(t, NewDir(dir, node), time.Hour)
+	w := startWatch(t, NewDir(dir), time.Hour)
 	w.waitFor(t, "initial scan", "first=img:0")
 
 	writeFile(t, file, podYAML("web", "img:1"))
@@ -113,7 +113,7 @@ func TestWatchSkipsUnchangedSnapshots(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "a.yaml"), podYAML("a", "img"))
 	// A fast resync rescans many times while the test runs; none of those may be delivered.
-	w := startWatch(t, NewDir(dir, node), 5*time.Millisecond)
+	w := startWatch(t, NewDir(dir), 5*time.Millisecond)
 	w.waitFor(t, "initial scan", "a=img")
 	// Noise that does not change any pod: editor swap files, rewriting the same content.
 	writeFile(t, filepath.Join(dir, ".a.yaml.swp"), "swap")
@@ -135,7 +135,7 @@ func TestWatchSkipsUnchangedSnapshots(t *testing.T) {
 func TestWatchDirectoryAppearsAndDisappears(t *testing.T) {
 	parent := t.TempDir()
 	dir := filepath.Join(parent, "pods")
-	w := startWatch(t, NewDir(dir, node), time.Hour)
+	w := startWatch(t, NewDir(dir), time.Hour)
 
 	// Let the initial (empty) snapshot arrive so the directory is created after Watch began.
 	deadline := time.Now().Add(5 * time.Second)
@@ -167,7 +167,7 @@ func TestWatchDirectoryAppearsAndDisappears(t *testing.T) {
 func TestWatchMissingParent(t *testing.T) {
 	root := t.TempDir()
 	dir := filepath.Join(root, "etc", "mqlet", "pods")
-	w := startWatch(t, NewDir(dir, node), time.Hour)
+	w := startWatch(t, NewDir(dir), time.Hour)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,8 @@
-package manifest
+// Package admission is the one gate every desired pod passes, whatever its source: defaults as the
+// API server would set them, the validation a node can do on its own, a stable and path-safe UID,
+// and the annotations that identify the pod's configuration. Sources only parse; the agent calls
+// Admit before a pod reaches the store.
+package admission
 
 import (
 	"crypto/sha256"
@@ -9,6 +13,7 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/mqlet/mqlet/agent/source"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -22,6 +27,7 @@ const (
 	AnnotationConfigSource = "kubernetes.io/config.source"
 	AnnotationConfigHash   = "kubernetes.io/config.hash"
 	ConfigSourceFile       = "file"
+	ConfigSourceAPI        = "api"
 )
 
 const (
@@ -29,33 +35,82 @@ const (
 	defaultSchedulerName          = "default-scheduler"
 )
 
-// prepare defaults, validates and identifies a decoded pod in place.
-func prepare(pod *v1.Pod, nodeName string) error {
+// Admitter admits pods for one node.
+type Admitter struct {
+	NodeName string
+}
+
+// Admit returns a defaulted, validated copy of the item's pod with its UID and the config
+// annotations set, or an error listing every problem found. The item's pod is not modified.
+func (a Admitter) Admit(it source.Item) (*v1.Pod, error) {
+	if it.Pod == nil {
+		return nil, fmt.Errorf("no pod")
+	}
+	pod := it.Pod.DeepCopy()
 	// A manifest is desired state; a pasted `kubectl get -o yaml` may carry a status that
 	// must not be mistaken for what is running here.
 	pod.Status = v1.PodStatus{}
-	setDefaults(pod, nodeName)
-	if errs := validatePod(pod); len(errs) > 0 {
+	setDefaults(pod, a.NodeName)
+	errs := validatePod(pod)
+	if pod.UID != "" {
+		errs = append(errs, validateUID(pod.UID)...)
+	}
+	if len(errs) > 0 {
 		msgs := make([]string, len(errs))
 		for i, e := range errs {
 			msgs[i] = e.Error()
 		}
-		return fmt.Errorf("%s", strings.Join(msgs, "; "))
+		return nil, fmt.Errorf("%s", strings.Join(msgs, "; "))
 	}
 	if pod.UID == "" {
-		pod.UID = StableUID(nodeName, pod.Namespace, pod.Name)
+		pod.UID = StableUID(a.NodeName, pod.Namespace, pod.Name)
 	}
 	if pod.Annotations == nil {
 		pod.Annotations = map[string]string{}
 	}
 	delete(pod.Annotations, AnnotationConfigHash) // the hash must not depend on an old hash
-	pod.Annotations[AnnotationConfigSource] = ConfigSourceFile
+	pod.Annotations[AnnotationConfigSource] = configSource(it.Ref.Kind)
 	sum, err := json.Marshal(pod)
 	if err != nil {
-		return fmt.Errorf("hashing pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		return nil, fmt.Errorf("hashing pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	h := sha256.Sum256(sum)
 	pod.Annotations[AnnotationConfigHash] = hex.EncodeToString(h[:16])
+	return pod, nil
+}
+
+// configSource is the value kubelet would put in kubernetes.io/config.source.
+func configSource(k source.Kind) string {
+	switch k {
+	case source.File:
+		return ConfigSourceFile
+	case source.MQTT:
+		return ConfigSourceAPI
+	}
+	return string(k)
+}
+
+// maxUIDLength bounds a UID given in a manifest: it becomes a directory name, a containerd label
+// and part of log paths.
+const maxUIDLength = 64
+
+// validateUID accepts what can safely name a directory under the state dir: a UUID or a short
+// run of letters, digits, '-', '_' and '.', starting with a letter or digit (so never "." or "..").
+// A UID is joined into paths that are later removed recursively; "../../etc" must never get there.
+func validateUID(uid types.UID) field.ErrorList {
+	p := field.NewPath("metadata", "uid")
+	s := string(uid)
+	if len(s) > maxUIDLength {
+		return field.ErrorList{field.TooLong(p, "", maxUIDLength)}
+	}
+	for i, r := range s {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
+			i > 0 && (r == '-' || r == '_' || r == '.')
+		if !ok {
+			return field.ErrorList{field.Invalid(p, s,
+				"must be a UUID or letters, digits, '-', '_' and '.' starting with a letter or digit (it names files on the node)")}
+		}
+	}
 	return nil
 }
 
