@@ -1,6 +1,7 @@
-// Package agent is the kubelet core of mqlet: it takes desired pods from its sources, records them
-// in the store before acting, and runs one pod worker per pod against containerd. Data flows one
-// way: source -> store -> workers -> containerd; containerd events and relists -> status -> store.
+// Package agent is the kubelet core of mqlet: it takes desired pods from its sources, admits them,
+// records them in the store before acting, and runs one pod worker per pod against containerd.
+// Data flows one way: sources -> admission -> store -> workers -> containerd; containerd events
+// and relists -> status -> store.
 package agent
 
 import (
@@ -17,26 +18,42 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/manifest"
+	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/agent/pod"
 	"github.com/mqlet/mqlet/agent/runtime"
-	"github.com/mqlet/mqlet/hw"
+	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// fileSource prefixes the store's Source of pods that come from the manifest dir.
-const fileSource = "file:"
+// Runtime is what the agent needs from the container runtime: the workers' part plus events,
+// image preload and the leftovers sweep. *runtime.Runtime implements it; unit tests fake it.
+type Runtime interface {
+	pod.Runtime
+	Events(ctx context.Context, fn func(runtime.Event)) error
+	ImportArchiveIfMissing(ctx context.Context, path string) ([]string, error)
+	LogPath(pod *v1.Pod, name string, restarts int) string
+	ListSandboxes() ([]runtime.PodRef, error)
+}
+
+// OneShot is a source that can also be read once, for --once.
+type OneShot interface {
+	Once() (source.Change, error)
+}
 
 // Options are the parts of the configuration the core needs.
 type Options struct {
 	NodeName     string
-	ManifestDir  string
 	PreloadDir   string
 	RelistPeriod time.Duration
-	Log          *slog.Logger
+	// SweepPeriod is how often leftovers (pod dirs, mounts, logs, cgroups, status records of pods
+	// nobody wants and no container belongs to) are looked for. Default 1 minute.
+	SweepPeriod time.Duration
+	// HostIP reads the node's address; nil means no address (unit tests).
+	HostIP func() string
+	Log    *slog.Logger
 	// TrimMemory hands freed memory back to the OS once the node goes quiet after activity
 	// (see trimAfterQuiet). Off when the operator tunes the Go runtime with GOGC/GOMEMLIMIT.
 	TrimMemory bool
@@ -47,99 +64,149 @@ type Options struct {
 // minutes; on a device with a few hundred MiB, that matters more than the one extra collection.
 const quietBeforeTrim = 2 * time.Second
 
-// Agent runs pods. Create it with New, then Run.
+// Agent runs pods. Create it with New, then Run (or RunOnce), once.
 type Agent struct {
-	opts Options
-	rt   *runtime.Runtime
-	db   *store.DB
-	log  *slog.Logger
-	src  *manifest.Dir
+	opts    Options
+	rt      Runtime
+	st      store.State
+	sources []source.Source
+	admit   admission.Admitter
+	log     *slog.Logger
 
+	// applyMu serialises changes to the desired set, store writes included. Event routing, the
+	// API and the workers never take it, so a slow fsync delays only the next source change.
+	applyMu sync.Mutex
+
+	// mu guards the maps below. It is never held across I/O (store, containerd, files).
 	mu      sync.Mutex
 	workers map[types.UID]*pod.Worker
 	// byPrefix maps runtime.ContainerIDPrefix of each worker's pod UID to the UID, so a
 	// containerd event finds its pod without hashing every UID.
 	byPrefix map[string]types.UID
 	desired  map[types.UID]store.DesiredPod
-	runCtx   context.Context
-	stop     context.CancelFunc
-	wg       sync.WaitGroup
-	// cleaning holds pods whose orphaned containers are being removed, closed when done: relists
-	// don't start a second cleanup, and a pod re-added meanwhile (same stable UID, so the same
+	byKey    map[string]types.UID // "namespace/name" -> UID of the desired pod
+	// rejected holds, per source, what it or admission refused, keyed by where it came from.
+	rejected map[source.Kind]map[string]source.Rejection
+	synced   map[source.Kind]bool // the source delivered its first full set
+	// cleaning holds pods whose leftovers are being torn down, closed when done: relists don't
+	// start a second teardown, and a pod re-added meanwhile (same stable UID, so the same
 	// container ids) waits for it instead of having its new containers stopped.
 	cleaning map[types.UID]chan struct{}
 
-	synced   atomic.Bool // the manifest dir was read once and workers started
+	runCtx context.Context
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+	relist chan struct{} // asks the relist loop for a relist now
+
 	relistOK atomic.Bool
-	hostIP   atomic.Pointer[string] // refreshed by every relist: a node may get its address late
+	hostIP   atomic.Pointer[string]
 
 	trimMu sync.Mutex
 	trim   *time.Timer
 }
 
-// New wires an agent from an open store and a connected runtime; it owns neither.
-func New(opts Options, rt *runtime.Runtime, db *store.DB) *Agent {
+// New wires an agent from an open store, a connected runtime and its sources; it owns none of them.
+func New(opts Options, rt Runtime, st store.State, sources ...source.Source) *Agent {
 	if opts.Log == nil {
 		opts.Log = slog.Default()
 	}
 	if opts.RelistPeriod == 0 {
 		opts.RelistPeriod = 10 * time.Second
 	}
+	if opts.SweepPeriod == 0 {
+		opts.SweepPeriod = time.Minute
+	}
 	return &Agent{
-		opts: opts, rt: rt, db: db, log: opts.Log,
-		src:      manifest.NewDir(opts.ManifestDir, opts.NodeName),
+		opts: opts, rt: rt, st: st, sources: sources, log: opts.Log,
+		admit:    admission.Admitter{NodeName: opts.NodeName},
 		workers:  map[types.UID]*pod.Worker{},
 		byPrefix: map[string]types.UID{},
 		desired:  map[types.UID]store.DesiredPod{},
+		byKey:    map[string]types.UID{},
+		rejected: map[source.Kind]map[string]source.Rejection{},
+		synced:   map[source.Kind]bool{},
 		cleaning: map[types.UID]chan struct{}{},
+		relist:   make(chan struct{}, 1),
 	}
 }
 
-// Run restores pods from the store, then follows the manifest dir and containerd until ctx ends.
-// On return pods keep running, as with kubelet: stopping the agent is not stopping the workload.
+// Run restores pods from the store, then follows the sources and containerd until ctx ends or a
+// source fails. On return every goroutine the agent started has ended; pods keep running, as with
+// kubelet: stopping the agent is not stopping the workload.
 func (a *Agent) Run(ctx context.Context) error {
+	defer a.shutdown()
 	if err := a.start(ctx); err != nil {
 		return err
 	}
 	a.wg.Add(2)
 	go func() { defer a.wg.Done(); a.followEvents(a.runCtx) }()
 	go func() { defer a.wg.Done(); a.relistLoop(a.runCtx) }()
-	err := a.src.Watch(ctx, 30*time.Second, func(s manifest.Snapshot) { a.applySnapshot(s) })
-	if err != nil && ctx.Err() == nil {
-		// Without its source the agent would silently ignore manifest changes; exit so that the
-		// service manager restarts it. Pods keep running meanwhile.
-		err = fmt.Errorf("manifest dir %s: %w", a.opts.ManifestDir, err)
+
+	errc := make(chan error, len(a.sources))
+	for _, s := range a.sources {
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			err := s.Run(a.runCtx, func(c source.Change) { a.Apply(s.Kind(), c) })
+			if err != nil && a.runCtx.Err() == nil {
+				// Without its source the agent would silently ignore changes; exit so that
+				// the service manager restarts it. Pods keep running meanwhile.
+				errc <- fmt.Errorf("source %s: %w", s.Kind(), err)
+			}
+		}()
 	}
-	a.stop()
-	a.wg.Wait()
-	if errors.Is(err, context.Canceled) {
+	select {
+	case <-a.runCtx.Done():
 		return nil
+	case err := <-errc:
+		return err
 	}
-	return err
+}
+
+// shutdown stops and waits for every goroutine the agent started, and the trim timer.
+func (a *Agent) shutdown() {
+	if a.stop != nil {
+		a.stop()
+	}
+	a.wg.Wait()
+	a.trimMu.Lock()
+	if a.trim != nil {
+		a.trim.Stop()
+	}
+	a.trimMu.Unlock()
 }
 
 // start restores workers for every desired pod in the store before any source is read, so a node
-// that boots with no network and an unreadable manifest dir still runs what it ran before.
+// that boots with no network and an unreadable manifest dir still runs what it ran before. It
+// removes nothing: orphans are only judged once every source has delivered its full set.
 func (a *Agent) start(ctx context.Context) error {
 	a.runCtx, a.stop = context.WithCancel(ctx)
-	ctx = a.runCtx
-	a.preload(ctx)
-	pods, err := a.db.ListDesired()
+	for _, n := range a.st.Notices() {
+		a.log.Warn("state store", "notice", n)
+	}
+	a.preload(a.runCtx)
+	pods, bad, err := a.st.ListDesired()
 	if err != nil {
 		return err
 	}
-	statuses, err := a.db.ListStatus()
+	for _, e := range bad {
+		a.log.Error("state store: skipping an unreadable desired pod; its source will deliver it again", "err", e)
+	}
+	statuses, bad, err := a.st.ListStatus()
 	if err != nil {
 		return err
+	}
+	for _, e := range bad {
+		a.log.Warn("state store: skipping an unreadable pod status", "err", e)
 	}
 	a.mu.Lock()
 	for _, d := range pods {
-		a.desired[d.Pod.UID] = d
+		a.setDesired(d)
 		a.startWorker(d.Pod, statuses[d.Pod.UID])
 	}
 	a.mu.Unlock()
 	a.log.Info("restored pods from the store", "pods", len(pods))
-	return a.relist(ctx)
+	return nil
 }
 
 // preload imports image archives dropped in the preload dir (OTA images, offline factory nodes)
@@ -171,6 +238,24 @@ func (a *Agent) preload(ctx context.Context) {
 	}
 }
 
+// setDesired and dropDesired keep desired and byKey together; a.mu held.
+func (a *Agent) setDesired(d store.DesiredPod) {
+	if old, ok := a.desired[d.Pod.UID]; ok && source.Key(old.Pod) != source.Key(d.Pod) {
+		delete(a.byKey, source.Key(old.Pod))
+	}
+	a.desired[d.Pod.UID] = d
+	a.byKey[source.Key(d.Pod)] = d.Pod.UID
+}
+
+func (a *Agent) dropDesired(uid types.UID) {
+	if d, ok := a.desired[uid]; ok {
+		if a.byKey[source.Key(d.Pod)] == uid { // the name may have passed to a new UID already
+			delete(a.byKey, source.Key(d.Pod))
+		}
+		delete(a.desired, uid)
+	}
+}
+
 // startWorker must be called with a.mu held.
 func (a *Agent) startWorker(p *v1.Pod, prev *v1.PodStatus) {
 	w := pod.NewWorker(p, prev, pod.Env{
@@ -199,16 +284,17 @@ func (a *Agent) startWorker(p *v1.Pod, prev *v1.PodStatus) {
 
 func (a *Agent) onStatus(p *v1.Pod, st v1.PodStatus) {
 	a.activity()
-	if err := a.db.PutStatus(p.UID, &st); err != nil {
+	if err := a.st.PutStatus(p.UID, &st); err != nil {
 		a.log.Error("store pod status", "pod", p.Namespace+"/"+p.Name, "err", err)
 	}
 }
 
 func (a *Agent) onGone(p *v1.Pod) {
-	if err := a.db.DeleteStatus(p.UID); err != nil {
+	if err := a.st.DeleteStatus(p.UID); err != nil {
 		a.log.Error("delete pod status", "pod", p.Namespace+"/"+p.Name, "err", err)
 	}
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	// A pod re-added while it was terminating gets a fresh worker from its desired entry.
 	delete(a.workers, p.UID)
 	delete(a.byPrefix, runtime.ContainerIDPrefix(string(p.UID)))
@@ -216,97 +302,237 @@ func (a *Agent) onGone(p *v1.Pod) {
 	if again && a.runCtx.Err() == nil {
 		a.startWorker(d.Pod, nil)
 	}
-	a.mu.Unlock()
 }
 
-// applySnapshot makes the store's file-sourced desired pods equal to the manifest dir, then tells
-// workers. The store is written first so that what runs is always what the store says.
-func (a *Agent) applySnapshot(s manifest.Snapshot) {
-	for _, p := range s.Problems {
-		a.log.Error("manifest rejected", "problem", p.Error())
+// plan is what one source change does to the desired set.
+type plan struct {
+	put      []store.DesiredPod
+	del      []types.UID
+	rejected map[string]source.Rejection // replaces the source's list when replace is set
+	replace  bool
+}
+
+// Apply takes one change from the source of kind k: admits its pods, refuses clashes, writes the
+// store, then tells the workers. The store is written first so that what runs is always what the
+// store says; no lock that routing or the API needs is held during the write.
+func (a *Agent) Apply(k source.Kind, c source.Change) {
+	a.applyMu.Lock()
+	defer a.applyMu.Unlock()
+
+	a.mu.Lock()
+	desired := make(map[types.UID]store.DesiredPod, len(a.desired))
+	for uid, d := range a.desired {
+		desired[uid] = d
 	}
-	want := make([]store.DesiredPod, 0, len(s.Pods))
-	for _, p := range s.Pods {
-		want = append(want, store.DesiredPod{Pod: p.Pod, Source: p.Source()})
+	a.mu.Unlock()
+
+	p := a.plan(k, c, desired)
+	for _, r := range p.rejected {
+		a.log.Error("pod rejected", "source", k, "problem", r.Error())
+	}
+	if len(p.put) > 0 || len(p.del) > 0 {
+		if err := a.st.UpdateDesired(p.put, p.del); err != nil {
+			// Acting on pods the store does not hold would break restore-after-reboot.
+			a.log.Error("store desired pods; not acting on the change", "source", k, "op", c.Op, "err", err)
+			return
+		}
 	}
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	// A pod whose file (or the whole directory) cannot be read or parsed right now stays as
-	// stored: after a reboot the source has no memory of the file's last good content, and a
-	// half-written file or a flaky SD card must not take a running pod down.
-	troubled := map[string]bool{}
-	for _, p := range s.Problems {
-		if !p.Duplicate { // a file that parses but repeats a name is not unreadable
-			troubled[p.File] = true
-		}
+	if p.replace || a.rejected[k] == nil {
+		a.rejected[k] = map[string]source.Rejection{}
 	}
-	dir := a.src.Path()
-	for uid, d := range a.desired {
-		file, _, _ := strings.Cut(strings.TrimPrefix(d.Source, fileSource), "#")
-		if !strings.HasPrefix(d.Source, fileSource) || !(troubled[file] || troubled[dir]) {
-			continue
-		}
-		if !slices.ContainsFunc(want, func(w store.DesiredPod) bool { return w.Pod.UID == uid }) {
-			want = append(want, d)
-		}
+	for id, r := range p.rejected {
+		a.rejected[k][id] = r
 	}
-	var changed []store.DesiredPod
-	keep := map[types.UID]bool{}
-	for _, d := range want {
-		keep[d.Pod.UID] = true
-		if old, ok := a.desired[d.Pod.UID]; !ok || old.Source != d.Source || !sameConfig(old.Pod, d.Pod) {
-			changed = append(changed, d)
-		}
-	}
-	var gone []types.UID
-	for uid, d := range a.desired {
-		if strings.HasPrefix(d.Source, fileSource) && !keep[uid] {
-			gone = append(gone, uid)
-		}
-	}
-	if len(changed) > 0 || len(gone) > 0 {
-		if _, err := a.db.ReplaceDesired(fileSource, want); err != nil {
-			// Acting on pods the store does not hold would break restore-after-reboot.
-			a.log.Error("store desired pods; not acting on the manifest change", "err", err)
-			return
-		}
-	}
-	for _, d := range changed {
-		a.desired[d.Pod.UID] = d
+	for _, d := range p.put {
+		a.setDesired(d)
 		if w, ok := a.workers[d.Pod.UID]; ok {
 			w.Update(d.Pod)
 		} else {
 			a.startWorker(d.Pod, nil)
 		}
 	}
-	for _, uid := range gone {
-		delete(a.desired, uid)
+	for _, uid := range p.del {
+		a.dropDesired(uid)
 		if w, ok := a.workers[uid]; ok {
 			w.Delete()
 		}
 	}
+	if c.Op == source.Resync && !a.synced[k] {
+		a.synced[k] = true
+		if a.allSynced() {
+			a.requestRelist() // orphans can be judged now
+		}
+	}
 	a.activity()
-	a.synced.Store(true)
 }
 
-// sameConfig reports whether two versions of a desired pod are the same: by the source's config
+// plan computes a change against a copy of the desired set. Pure apart from logging.
+func (a *Agent) plan(k source.Kind, c source.Change, desired map[types.UID]store.DesiredPod) plan {
+	p := plan{rejected: map[string]source.Rejection{}, replace: c.Op == source.Resync}
+	byKey := map[string]types.UID{}
+	for uid, d := range desired {
+		byKey[source.Key(d.Pod)] = uid
+	}
+	reject := func(r source.Rejection) {
+		id := r.Ref.String()
+		if r.Ref.Kind == source.File && r.Ref.Doc < 0 {
+			id = "file " + r.Ref.Origin
+		}
+		if r.Key != "" {
+			id += " " + r.Key
+		}
+		p.rejected[id] = r
+	}
+	for _, r := range c.Rejections {
+		reject(r)
+	}
+
+	if c.Op == source.Delete {
+		for _, key := range c.Keys {
+			if uid, ok := byKey[key]; ok && desired[uid].Source.Kind == k {
+				p.del = append(p.del, uid)
+			}
+		}
+		return p
+	}
+
+	// Items that already run as they are go first, so a newcomer that clashes with a running
+	// pod is the one refused, whatever the order the source lists them in.
+	items := slices.Clone(c.Items)
+	incumbent := func(it source.Item) bool {
+		if it.Pod == nil {
+			return false
+		}
+		uid, ok := byKey[source.Key(it.Pod)]
+		return ok && desired[uid].Source.Kind == k && (it.Pod.UID == "" || it.Pod.UID == uid)
+	}
+	slices.SortStableFunc(items, func(x, y source.Item) int {
+		switch ix, iy := incumbent(x), incumbent(y); {
+		case ix && !iy:
+			return -1
+		case iy && !ix:
+			return 1
+		}
+		return 0
+	})
+
+	seen := map[string]bool{}        // keys this change declares (admitted or kept)
+	taken := map[types.UID]string{}  // UIDs claimed by this change -> key
+	for _, it := range items {
+		key := ""
+		if it.Pod != nil {
+			key = source.Key(it.Pod)
+		}
+		pod, err := a.admit.Admit(it)
+		if err != nil {
+			reject(source.Rejection{Ref: it.Ref, Key: key, Reason: err.Error()})
+			seen[key] = true // what runs under this name stays until the manifest is fixed or removed
+			continue
+		}
+		uid := pod.UID
+		if oldUID, ok := byKey[key]; ok && desired[oldUID].Source.Kind != k {
+			reject(source.Rejection{Ref: it.Ref, Key: key,
+				Reason: fmt.Sprintf("pod %s is already defined by %s; this one is ignored", key, desired[oldUID].Source)})
+			continue
+		}
+		if other, ok := taken[uid]; ok {
+			reject(source.Rejection{Ref: it.Ref, Key: key,
+				Reason: fmt.Sprintf("metadata.uid %s is already used by pod %s; this one is ignored", uid, other)})
+			continue
+		}
+		if d, ok := desired[uid]; ok && source.Key(d.Pod) != key {
+			reject(source.Rejection{Ref: it.Ref, Key: key,
+				Reason: fmt.Sprintf("metadata.uid %s is already used by pod %s (%s); this one is ignored", uid, source.Key(d.Pod), d.Source)})
+			continue
+		}
+		if oldUID, ok := byKey[key]; ok && oldUID != uid {
+			// Same name, new UID (an explicit uid was added or changed): the old pod goes, the
+			// new one starts, as with a delete and create in Kubernetes.
+			p.del = append(p.del, oldUID)
+		}
+		seen[key] = true
+		taken[uid] = key
+		d := store.DesiredPod{Pod: pod, Source: it.Ref, Generation: it.Generation}
+		if old, ok := desired[uid]; ok {
+			if old.Source.Kind == k && old.Generation > it.Generation {
+				continue // an older generation replayed: what is stored is newer
+			}
+			if old.Source == d.Source && old.Generation == d.Generation && sameConfig(old.Pod, pod) {
+				continue
+			}
+		}
+		p.put = append(p.put, d)
+	}
+	if c.Op != source.Resync {
+		return p
+	}
+
+	// Pods of this source the new set does not name go away, unless their origin cannot be
+	// read right now: a half-written file or a flaky SD card must not take a running pod down.
+	var keep []string
+	for _, r := range c.Rejections {
+		if r.Keep {
+			keep = append(keep, r.Ref.Origin)
+		}
+	}
+	kept := func(origin string) bool {
+		for _, o := range keep {
+			if origin == o || strings.HasPrefix(origin, o+string(filepath.Separator)) {
+				return true
+			}
+		}
+		return false
+	}
+	for uid, d := range desired {
+		if d.Source.Kind != k || seen[source.Key(d.Pod)] || kept(d.Source.Origin) || slices.Contains(p.del, uid) {
+			continue
+		}
+		p.del = append(p.del, uid)
+	}
+	slices.Sort(p.del)
+	return p
+}
+
+// sameConfig reports whether two versions of a desired pod are the same: by admission's config
 // hash when both carry one, else by value (printing the spec would compare pointer addresses).
 func sameConfig(a, b *v1.Pod) bool {
-	ha, hb := a.Annotations[manifest.AnnotationConfigHash], b.Annotations[manifest.AnnotationConfigHash]
+	ha, hb := a.Annotations[admission.AnnotationConfigHash], b.Annotations[admission.AnnotationConfigHash]
 	if ha != "" && hb != "" {
 		return ha == hb
 	}
 	return equality.Semantic.DeepEqual(a.Spec, b.Spec) && equality.Semantic.DeepEqual(a.ObjectMeta, b.ObjectMeta)
 }
 
-// activity notes that something changed; trimAfterQuiet runs once things have been quiet.
+// allSynced reports whether every source has delivered its full set; a.mu held.
+func (a *Agent) allSynced() bool {
+	for _, s := range a.sources {
+		if !a.synced[s.Kind()] {
+			return false
+		}
+	}
+	return true
+}
+
+func (a *Agent) requestRelist() {
+	select {
+	case a.relist <- struct{}{}:
+	default:
+	}
+}
+
+// activity notes that something changed; freed memory is returned once things have been quiet.
 func (a *Agent) activity() {
 	if !a.opts.TrimMemory {
 		return
 	}
 	a.trimMu.Lock()
 	defer a.trimMu.Unlock()
+	if a.runCtx != nil && a.runCtx.Err() != nil {
+		return
+	}
 	if a.trim == nil {
 		a.trim = time.AfterFunc(quietBeforeTrim, debug.FreeOSMemory)
 		return
@@ -352,39 +578,60 @@ func (a *Agent) workerForContainer(id string) *pod.Worker {
 	return a.workers[a.byPrefix[prefix+"-"]]
 }
 
-// relistLoop is the safety net for missed events: every period it nudges all workers and removes
-// containers of pods nobody wants (deleted while the agent was down).
+// relistLoop is the safety net for missed events: every period it nudges stale workers and removes
+// containers of pods nobody wants (deleted while the agent was down); every sweep period it also
+// removes leftovers that have no container any more.
 func (a *Agent) relistLoop(ctx context.Context) {
 	t := time.NewTicker(a.opts.RelistPeriod)
 	defer t.Stop()
+	lastSweep := time.Time{}
 	for {
+		sweep := time.Since(lastSweep) >= a.opts.SweepPeriod
+		if err := a.Relist(ctx, sweep); err != nil {
+			a.log.Warn("relist failed", "err", err)
+		} else if sweep && a.orphansJudged() {
+			lastSweep = time.Now()
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		if err := a.relist(ctx); err != nil {
-			a.log.Warn("relist failed", "err", err)
+		case <-a.relist:
 		}
 	}
+}
+
+func (a *Agent) orphansJudged() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.allSynced()
 }
 
 func (a *Agent) currentHostIP() string {
 	if ip := a.hostIP.Load(); ip != nil {
 		return *ip
 	}
-	ip := hw.HostIP()
+	ip := a.readHostIP()
 	a.hostIP.Store(&ip)
 	return ip
+}
+
+func (a *Agent) readHostIP() string {
+	if a.opts.HostIP == nil {
+		return ""
+	}
+	return a.opts.HostIP()
 }
 
 // relistTimeout bounds one relist, so a hung containerd shows as "not ready" instead of a stall.
 const relistTimeout = 30 * time.Second
 
-// relist lists every container once, nudges the workers whose last view differs from what
-// containerd shows (an event was missed), and removes containers of pods nobody wants. The
-// listing happens outside a.mu so a slow containerd never blocks the API or the sources.
-func (a *Agent) relist(ctx context.Context) error {
+// Relist lists every container once, nudges the workers whose last view differs from what
+// containerd shows (an event was missed), and, once every source has delivered its full set,
+// tears down containers of pods nobody wants; with sweep it also tears down leftovers with no
+// container (pod dirs, mounts, logs, cgroups, status records). Listing and teardown happen
+// outside a.mu, so a slow containerd never blocks the API or the sources.
+func (a *Agent) Relist(ctx context.Context, sweep bool) error {
 	lctx, cancel := context.WithTimeout(ctx, relistTimeout)
 	ctrs, err := a.rt.ListContainers(lctx, "")
 	cancel()
@@ -395,7 +642,7 @@ func (a *Agent) relist(ctx context.Context) error {
 	a.relistOK.Store(true)
 	ipChanged := false
 	// Keep the last address through a brief link loss rather than publish an empty one.
-	if ip := hw.HostIP(); ip != "" && ip != a.currentHostIP() {
+	if ip := a.readHostIP(); ip != "" && ip != a.currentHostIP() {
 		a.hostIP.Store(&ip)
 		ipChanged = true
 	}
@@ -403,6 +650,23 @@ func (a *Agent) relist(ctx context.Context) error {
 	for _, c := range ctrs {
 		byPod[types.UID(c.PodUID)] = append(byPod[types.UID(c.PodUID)], c)
 	}
+
+	// Leftovers outside containerd are read before taking the lock: files and the store are I/O.
+	var leftovers []runtime.PodRef
+	var statusOnly []types.UID
+	if sweep {
+		if leftovers, err = a.rt.ListSandboxes(); err != nil {
+			a.log.Warn("sweep: list pod leftovers", "err", err)
+		}
+		statuses, _, err := a.st.ListStatus()
+		if err != nil {
+			a.log.Warn("sweep: list pod status records", "err", err)
+		}
+		for uid := range statuses {
+			statusOnly = append(statusOnly, uid)
+		}
+	}
+
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for uid, w := range a.workers {
@@ -410,58 +674,60 @@ func (a *Agent) relist(ctx context.Context) error {
 			w.Nudge()
 		}
 	}
+	if !a.allSynced() {
+		// Before every source has spoken, a pod missing from the desired set may just not have
+		// been read yet (an empty store after state.db was moved aside): remove nothing.
+		return nil
+	}
+	unwanted := func(uid types.UID) bool {
+		_, w := a.workers[uid]
+		_, d := a.desired[uid]
+		return !w && !d && a.cleaning[uid] == nil
+	}
 	for uid, cs := range byPod {
-		if _, ok := a.workers[uid]; ok || a.cleaning[uid] != nil {
-			continue
+		if unwanted(uid) {
+			c := cs[0]
+			a.teardownLocked(runtime.PodRef{UID: uid, Namespace: c.PodNamespace, Name: c.PodName}, cs)
 		}
-		a.cleaning[uid] = make(chan struct{})
-		a.wg.Add(1)
-		go a.removeOrphan(uid, cs)
+	}
+	for _, ref := range leftovers {
+		if _, running := byPod[ref.UID]; !running && unwanted(ref.UID) {
+			a.teardownLocked(ref, nil)
+		}
+	}
+	for _, uid := range statusOnly {
+		if _, running := byPod[uid]; !running && unwanted(uid) {
+			a.teardownLocked(runtime.PodRef{UID: uid}, nil)
+		}
 	}
 	return nil
 }
 
-// removeOrphan stops and removes the containers of a pod nobody wants any more (deleted while the
-// agent was down, or while it was terminating), then its files and stored status.
-func (a *Agent) removeOrphan(uid types.UID, cs []runtime.Container) {
-	defer a.wg.Done()
-	ctx := a.runCtx
-	p := &v1.Pod{}
-	p.UID, p.Name, p.Namespace = uid, cs[0].PodName, cs[0].PodNamespace
-	a.log.Info("removing containers of a pod that is no longer desired", "pod", p.Namespace+"/"+p.Name, "containers", len(cs))
-	var wg sync.WaitGroup
-	var failed atomic.Bool
-	for _, c := range cs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// The pod's own grace period went with its spec; kubelet's default stands in.
-			if err := a.rt.StopContainer(ctx, c.ID, 30*time.Second); err != nil {
-				a.log.Warn("stop orphan", "container", c.ID, "err", err)
-				failed.Store(true)
-			}
-			if err := a.rt.RemoveContainer(ctx, c.ID); err != nil {
-				a.log.Warn("remove orphan", "container", c.ID, "err", err)
-				failed.Store(true)
-			}
-		}()
-	}
-	wg.Wait()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	close(a.cleaning[uid])
-	delete(a.cleaning, uid)
-	if _, back := a.workers[uid]; back || failed.Load() {
-		// Re-added meanwhile (its network namespace and files are in use again), or not all
-		// gone yet (the next relist tries again).
-		return
-	}
-	if err := a.rt.RemovePodFiles(p); err != nil {
-		a.log.Warn("remove orphan pod files", "pod", p.Namespace+"/"+p.Name, "err", err)
-	}
-	if err := a.db.DeleteStatus(uid); err != nil {
-		a.log.Warn("delete orphan pod status", "pod", p.Namespace+"/"+p.Name, "err", err)
-	}
+// teardownLocked starts the removal of a pod nobody wants (a.mu held): its containers, each with
+// the grace period recorded on it, its sandbox and its status record. The work runs outside the lock.
+func (a *Agent) teardownLocked(ref runtime.PodRef, cs []runtime.Container) {
+	done := make(chan struct{})
+	a.cleaning[ref.UID] = done
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		name := ref.Namespace + "/" + ref.Name
+		if len(cs) > 0 {
+			a.log.Info("removing containers of a pod that is no longer desired", "pod", name, "uid", ref.UID, "containers", len(cs))
+		} else {
+			a.log.Info("removing leftovers of a pod that is no longer desired", "pod", name, "uid", ref.UID)
+		}
+		err := pod.Teardown(a.runCtx, a.rt, ref, cs, nil, a.log)
+		if err != nil {
+			a.log.Warn("teardown of an unwanted pod; retrying at the next relist", "pod", name, "uid", ref.UID, "err", err)
+		} else if err := a.st.DeleteStatus(ref.UID); err != nil {
+			a.log.Warn("delete status of an unwanted pod", "pod", name, "uid", ref.UID, "err", err)
+		}
+		a.mu.Lock()
+		delete(a.cleaning, ref.UID)
+		a.mu.Unlock()
+		close(done)
+	}()
 }
 
 // Pods returns every pod the agent manages with its latest status (api.Provider).
@@ -482,11 +748,38 @@ func (a *Agent) Pods() []v1.Pod {
 	return out
 }
 
-// Ready is nil once the manifest dir has been read and containerd answers (api.Provider).
+// Rejected returns what the sources or admission refused, with the reason (api.Provider).
+func (a *Agent) Rejected() []source.Rejection {
+	a.mu.Lock()
+	var out []source.Rejection
+	for _, rs := range a.rejected {
+		for _, r := range rs {
+			out = append(out, r)
+		}
+	}
+	a.mu.Unlock()
+	slices.SortFunc(out, func(x, y source.Rejection) int {
+		if c := strings.Compare(x.Ref.String(), y.Ref.String()); c != 0 {
+			return c
+		}
+		return strings.Compare(x.Key, y.Key)
+	})
+	return out
+}
+
+// Ready is nil once every source has been read and containerd answers (api.Provider).
 func (a *Agent) Ready() error {
+	a.mu.Lock()
+	var waiting []string
+	for _, s := range a.sources {
+		if !a.synced[s.Kind()] {
+			waiting = append(waiting, string(s.Kind()))
+		}
+	}
+	a.mu.Unlock()
 	switch {
-	case !a.synced.Load():
-		return errors.New("manifest dir not read yet")
+	case len(waiting) > 0:
+		return fmt.Errorf("sources not read yet: %s", strings.Join(waiting, ", "))
 	case !a.relistOK.Load():
 		return errors.New("containerd is not answering")
 	}
@@ -507,7 +800,7 @@ func (a *Agent) LogPath(namespace, name, container string, previous bool) (strin
 		return "", fmt.Errorf("pod %s/%s not found", namespace, name)
 	}
 	var names []string
-	for _, c := range append(append([]v1.Container(nil), p.Spec.InitContainers...), p.Spec.Containers...) {
+	for _, c := range runtime.AllContainers(&p.Spec) {
 		names = append(names, c.Name)
 	}
 	if container == "" {

@@ -10,23 +10,28 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
-// RunOnce is kubelet's --runonce: start the manifest dir's pods, wait until each is running or
-// finished (or has failed to start), and return them. The pods are left as they are.
+// RunOnce is kubelet's --runonce: read each source that can be read once (the manifest dir), start
+// its pods, wait until each is running or finished (or has failed to start), and return them. The
+// pods are left as they are; every goroutine started has ended on return.
 func (a *Agent) RunOnce(ctx context.Context, timeout time.Duration) ([]v1.Pod, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer func() {
-		cancel()
-		a.wg.Wait()
-	}()
+	defer a.shutdown()
 	if err := a.start(ctx); err != nil {
 		return nil, err
 	}
-	go a.followEvents(ctx)
-	snap, err := a.src.Scan()
-	if err != nil {
-		return nil, err
+	ctx = a.runCtx
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.followEvents(ctx) }()
+	for _, s := range a.sources {
+		o, ok := s.(OneShot)
+		if !ok {
+			continue
+		}
+		c, err := o.Once()
+		if err != nil {
+			return nil, fmt.Errorf("source %s: %w", s.Kind(), err)
+		}
+		a.Apply(s.Kind(), c)
 	}
-	a.applySnapshot(snap)
 
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()

@@ -99,6 +99,15 @@ func (c *Client) GetPod(ctx context.Context, namespace, name string) (*v1.Pod, e
 	return &pod, nil
 }
 
+// Rejected returns what the agent refused (manifests, messages), with the reasons.
+func (c *Client) Rejected(ctx context.Context) ([]Rejected, error) {
+	var list RejectedList
+	if err := c.getJSON(ctx, "/api/v1/rejected", &list); err != nil {
+		return nil, err
+	}
+	return list.Items, nil
+}
+
 // Ready returns nil when the agent reports ready, else the agent's reason.
 func (c *Client) Ready(ctx context.Context) error {
 	resp, err := c.get(ctx, "/readyz")

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/source"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -31,6 +32,30 @@ type Provider interface {
 	// Ready returns nil when the agent is ready (containerd reachable,
 	// initial sync done), else why not.
 	Ready() error
+}
+
+// RejectionProvider is implemented by providers that refuse manifests or messages: what was
+// refused, from where and why, so the user sees it without reading the log.
+type RejectionProvider interface {
+	Rejected() []source.Rejection
+}
+
+// Rejected is one refused manifest or message, as the API serves it.
+type Rejected struct {
+	Source string `json:"source"`           // the source's kind: file, mqtt
+	Origin string `json:"origin,omitempty"` // file path, topic
+	// Document is the 0-based document index in a file, -1 for the whole file.
+	Document int    `json:"document"`
+	Line     int    `json:"line,omitempty"`
+	Pod      string `json:"pod,omitempty"` // namespace/name when known
+	Reason   string `json:"reason"`
+	// Kept says the pods stored from this origin keep running as they were.
+	Kept bool `json:"kept,omitempty"`
+}
+
+// RejectedList is the body of GET /api/v1/rejected.
+type RejectedList struct {
+	Items []Rejected `json:"items"`
 }
 
 // LogProvider is implemented by providers that keep container logs in files.
@@ -63,6 +88,7 @@ func NewServer(p Provider, log *slog.Logger) *Server {
 	s.mux.HandleFunc("GET /api/v1/namespaces/{ns}/pods", s.listPods)
 	s.mux.HandleFunc("GET /api/v1/namespaces/{ns}/pods/{name}", s.getPod)
 	s.mux.HandleFunc("GET /api/v1/namespaces/{ns}/pods/{name}/log", s.getLog)
+	s.mux.HandleFunc("GET /api/v1/rejected", s.listRejected)
 	s.mux.HandleFunc("/", s.fallback)
 	return s
 }
@@ -233,6 +259,17 @@ func (s *Server) listPods(w http.ResponseWriter, r *http.Request) {
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PodList"},
 		Items:    items,
 	})
+}
+
+func (s *Server) listRejected(w http.ResponseWriter, r *http.Request) {
+	list := RejectedList{Items: []Rejected{}}
+	if rp, ok := s.p.(RejectionProvider); ok {
+		for _, x := range rp.Rejected() {
+			list.Items = append(list.Items, Rejected{Source: string(x.Ref.Kind), Origin: x.Ref.Origin, Document: x.Ref.Doc,
+				Line: x.Line, Pod: x.Key, Reason: x.Reason, Kept: x.Keep})
+		}
+	}
+	s.writeJSON(w, http.StatusOK, &list)
 }
 
 func (s *Server) getPod(w http.ResponseWriter, r *http.Request) {

@@ -5,6 +5,7 @@
 package config
 
 import (
+	"github.com/mqlet/mqlet/store"
 	"os"
 	"path/filepath"
 	"strings"
@@ -55,11 +56,27 @@ func Defaults() Config {
 	}
 }
 
-// StatePath is the bbolt database that holds desired pods, statuses and the outbox.
-func (c Config) StatePath() string { return filepath.Join(c.StateDir, "state.db") }
+// Vars are the defaults by name, for the CLI's flag defaults and help texts (kong's ${name}), so
+// that Defaults stays their only home.
+func Vars() map[string]string {
+	d := Defaults()
+	return map[string]string{
+		"state_dir":            d.StateDir,
+		"containerd_address":   d.ContainerdAddress,
+		"containerd_namespace": d.ContainerdNamespace,
+		"manifest_dir":         d.ManifestDir,
+		"image_preload_dir":    d.ImagePreloadDir,
+		"api_socket":           d.APISocket,
+		"log_level":            d.LogLevel,
+		"log_format":           d.LogFormat,
+		"once_timeout":         d.OnceTimeout.String(),
+		"relist_period":        d.RelistPeriod.String(),
+		"containerd_timeout":   d.ContainerdTimeout.String(),
+	}
+}
 
-// LogDir is where container logs are written, one directory per pod.
-func (c Config) LogDir() string { return filepath.Join(c.StateDir, "logs") }
+// StatePath is the bbolt database that holds desired pods, statuses and the outbox.
+func (c Config) StatePath() string { return filepath.Join(c.StateDir, store.FileName) }
 
 // ContainerdSocketPath is ContainerdAddress without an optional "unix://" prefix, which is what
 // the containerd client dials.

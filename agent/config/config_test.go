@@ -89,9 +89,6 @@ func TestDefaults(t *testing.T) {
 	if got, want := d.StatePath(), "/var/lib/mqlet/state.db"; got != want {
 		t.Errorf("StatePath() = %q, want %q", got, want)
 	}
-	if got, want := d.LogDir(), "/var/lib/mqlet/logs"; got != want {
-		t.Errorf("LogDir() = %q, want %q", got, want)
-	}
 	// The hostname of a test machine may not be a valid node name; the rest must validate.
 	d.NodeName = "node-1"
 	if err := d.Validate(); err != nil {

@@ -21,18 +21,18 @@ type Flags struct {
 	Config string `name:"config" env:"MQLET_CONFIG" placeholder:"FILE" help:"YAML config file (see configs/mqlet.yaml); flags and MQLET_* variables override it (default none)."`
 
 	NodeName            *string        `name:"node-name" placeholder:"NAME" help:"Name of this node, a DNS-1123 subdomain (default the hostname, lowercased)."`
-	StateDir            *string        `name:"state-dir" placeholder:"DIR" help:"Directory for the state database and container logs (default /var/lib/mqlet)."`
-	ContainerdAddress   *string        `name:"containerd-address" placeholder:"SOCKET" help:"containerd socket, a path or unix://path (default /run/containerd/containerd.sock)."`
-	ContainerdNamespace *string        `name:"containerd-namespace" placeholder:"NS" help:"containerd namespace that holds mqlet's containers and images (default mqlet)."`
-	ManifestDir         *string        `name:"manifest-dir" placeholder:"DIR" help:"Directory of static pod manifests (default /etc/mqlet/pods)."`
-	ImagePreloadDir     *string        `name:"image-preload-dir" placeholder:"DIR" help:"Image archives imported at start when not already present (default /var/lib/mqlet/images)."`
-	APISocket           *string        `name:"api-socket" placeholder:"SOCKET" help:"Unix socket of the local API used by the mqlet CLI (default /run/mqlet/mqlet.sock)."`
-	LogLevel            *string        `name:"log-level" placeholder:"LEVEL" help:"Log level: debug, info, warn or error (default info)."`
-	LogFormat           *string        `name:"log-format" placeholder:"FORMAT" help:"Log format: text or json (default text)."`
+	StateDir            *string        `name:"state-dir" placeholder:"DIR" help:"Directory for the state database and container logs (default ${state_dir})."`
+	ContainerdAddress   *string        `name:"containerd-address" placeholder:"SOCKET" help:"containerd socket, a path or unix://path (default ${containerd_address})."`
+	ContainerdNamespace *string        `name:"containerd-namespace" placeholder:"NS" help:"containerd namespace that holds mqlet's containers and images (default ${containerd_namespace})."`
+	ManifestDir         *string        `name:"manifest-dir" placeholder:"DIR" help:"Directory of static pod manifests (default ${manifest_dir})."`
+	ImagePreloadDir     *string        `name:"image-preload-dir" placeholder:"DIR" help:"Image archives imported at start when not already present (default ${image_preload_dir})."`
+	APISocket           *string        `name:"api-socket" placeholder:"SOCKET" help:"Unix socket of the local API used by the mqlet CLI (default ${api_socket})."`
+	LogLevel            *string        `name:"log-level" placeholder:"LEVEL" help:"Log level: debug, info, warn or error (default ${log_level})."`
+	LogFormat           *string        `name:"log-format" placeholder:"FORMAT" help:"Log format: text or json (default ${log_format})."`
 	Once                *bool          `name:"once" help:"Start the pods once, wait for them to run or finish, then exit (default false)."`
-	OnceTimeout         *time.Duration `name:"once-timeout" placeholder:"DURATION" help:"How long --once waits for the pods (default 5m)."`
-	RelistPeriod        *time.Duration `name:"relist-period" placeholder:"DURATION" help:"Period of the containerd relist that catches missed events, at least 1s (default 10s)."`
-	ContainerdTimeout   *time.Duration `name:"containerd-timeout" placeholder:"DURATION" help:"Timeout for connecting to containerd (default 10s)."`
+	OnceTimeout         *time.Duration `name:"once-timeout" placeholder:"DURATION" help:"How long --once waits for the pods (default ${once_timeout})."`
+	RelistPeriod        *time.Duration `name:"relist-period" placeholder:"DURATION" help:"Period of the containerd relist that catches missed events, at least 1s (default ${relist_period})."`
+	ContainerdTimeout   *time.Duration `name:"containerd-timeout" placeholder:"DURATION" help:"Timeout for connecting to containerd (default ${containerd_timeout})."`
 	PlainHTTPRegistries []string       `name:"plain-http-registry" placeholder:"HOST[:PORT]" help:"Registry pulled over plain HTTP instead of TLS; repeatable or comma-separated (default none)."`
 	RegistryCAFile      *string        `name:"registry-ca-file" placeholder:"FILE" help:"Extra CA bundle (PEM) trusted for TLS registries (default none)."`
 }

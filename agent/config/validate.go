@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -179,6 +180,16 @@ func (c Config) CheckStateDir() error {
 	}
 	if err := os.MkdirAll(c.StateDir, 0o700); err != nil {
 		return fail("cannot create directory", err)
+	}
+	// The state dir holds the pods' specs (env values included), their logs and emptyDirs: private
+	// on every start, not only when mqlet created it, so a directory made by hand or by an older
+	// release is tightened too. Logs get 0750 so a log shipper's group can be let in.
+	if err := os.Chmod(c.StateDir, 0o700); err != nil {
+		return fail("cannot make it private (0700)", err)
+	}
+	logs := filepath.Join(c.StateDir, "logs")
+	if err := os.Chmod(logs, 0o750); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fail("cannot make the log directory private (0750)", err)
 	}
 	f, err := os.CreateTemp(c.StateDir, ".mqlet-write-check-*")
 	if err != nil {

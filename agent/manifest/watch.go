@@ -221,3 +221,12 @@ func (s Snapshot) Change() source.Change {
 	}
 	return c
 }
+
+// Once reads the directory once (agent --once).
+func (d *Dir) Once() (source.Change, error) {
+	s, err := d.Scan()
+	if err != nil {
+		return source.Change{}, err
+	}
+	return s.Change(), nil
+}

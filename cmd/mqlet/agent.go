@@ -14,7 +14,9 @@ import (
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/api"
 	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/manifest"
 	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/hw"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
 )
@@ -58,13 +60,13 @@ func (c *AgentCmd) Run() error {
 
 	a := agent.New(agent.Options{
 		NodeName:     cfg.NodeName,
-		ManifestDir:  cfg.ManifestDir,
 		PreloadDir:   cfg.ImagePreloadDir,
 		RelistPeriod: cfg.RelistPeriod.Duration,
+		HostIP:       hw.HostIP,
 		Log:          log,
 		// An operator who tunes the Go runtime keeps control of it.
 		TrimMemory: os.Getenv("GOMEMLIMIT") == "" && os.Getenv("GOGC") == "",
-	}, rt, db)
+	}, rt, db, manifest.NewDir(cfg.ManifestDir))
 
 	if cfg.Once {
 		pods, err := a.RunOnce(ctx, cfg.OnceTimeout.Duration)

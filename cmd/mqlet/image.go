@@ -18,9 +18,9 @@ type ImageCmd struct {
 }
 
 type containerdFlags struct {
-	ContainerdAddress   string        `name:"containerd-address" default:"/run/containerd/containerd.sock" env:"MQLET_CONTAINERD_ADDRESS" help:"containerd socket."`
-	ContainerdNamespace string        `name:"containerd-namespace" default:"mqlet" env:"MQLET_CONTAINERD_NAMESPACE" help:"containerd namespace."`
-	ContainerdTimeout   time.Duration `name:"containerd-timeout" default:"10s" env:"MQLET_CONTAINERD_TIMEOUT" help:"Timeout for connecting to containerd."`
+	ContainerdAddress   string        `name:"containerd-address" default:"${containerd_address}" env:"MQLET_CONTAINERD_ADDRESS" help:"containerd socket."`
+	ContainerdNamespace string        `name:"containerd-namespace" default:"${containerd_namespace}" env:"MQLET_CONTAINERD_NAMESPACE" help:"containerd namespace."`
+	ContainerdTimeout   time.Duration `name:"containerd-timeout" default:"${containerd_timeout}" env:"MQLET_CONTAINERD_TIMEOUT" help:"Timeout for connecting to containerd."`
 }
 
 func (f containerdFlags) runtime(ctx context.Context) (*runtime.Runtime, error) {

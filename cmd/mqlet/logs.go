@@ -11,7 +11,7 @@ import (
 
 // LogsCmd is `mqlet logs POD`, like kubectl logs.
 type LogsCmd struct {
-	APISocket string `name:"api-socket" default:"/run/mqlet/mqlet.sock" env:"MQLET_API_SOCKET" help:"Unix socket of the agent's local API."`
+	APISocket string `name:"api-socket" default:"${api_socket}" env:"MQLET_API_SOCKET" help:"Unix socket of the agent's local API."`
 	Namespace string `short:"n" default:"default" help:"Namespace of the pod."`
 	Container string `short:"c" help:"Container (may be omitted when the pod has one)."`
 	Previous  bool   `short:"p" help:"The previous attempt's log (after a restart)."`

@@ -3,6 +3,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/mqlet/mqlet/agent/config"
 	"os"
 
 	"github.com/alecthomas/kong"
@@ -38,6 +39,7 @@ func main() {
 		kong.Name("mqlet"),
 		kong.Description("mqlet runs Kubernetes pods on containerd on edge devices."),
 		kong.UsageOnError(),
+		kong.Vars(config.Vars()),
 	)
 	if err := ctx.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "mqlet:", err)
