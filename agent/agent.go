@@ -419,8 +419,8 @@ func (a *Agent) plan(k source.Kind, c source.Change, desired map[types.UID]store
 		return 0
 	})
 
-	seen := map[string]bool{}        // keys this change declares (admitted or kept)
-	taken := map[types.UID]string{}  // UIDs claimed by this change -> key
+	seen := map[string]bool{}       // keys this change declares (admitted or kept)
+	taken := map[types.UID]string{} // UIDs claimed by this change -> key
 	for _, it := range items {
 		key := ""
 		if it.Pod != nil {

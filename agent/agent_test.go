@@ -109,7 +109,9 @@ func (f *fakeRuntime) Events(ctx context.Context, _ func(runtime.Event)) error {
 	return ctx.Err()
 }
 
-func (f *fakeRuntime) ImportArchiveIfMissing(context.Context, string) ([]string, error) { return nil, nil }
+func (f *fakeRuntime) ImportArchiveIfMissing(context.Context, string) ([]string, error) {
+	return nil, nil
+}
 
 func (f *fakeRuntime) LogPath(p *v1.Pod, name string, restarts int) string {
 	return fmt.Sprintf("/logs/%s/%s/%d.log", p.UID, name, restarts)
