@@ -144,9 +144,14 @@ func migrate0to1(tx *bolt.Tx, note func(string, ...any)) error {
 // and a note. A record that is not schema 1 JSON is left as it is, with a note: loading reports
 // and skips it, so no data is destroyed and the agent still starts. pod_status is unchanged.
 func migrate1to2(tx *bolt.Tx, note func(string, ...any)) error {
-	desired, err := bucket(tx, bucketDesired)
+	// Schema 1 always had both buckets; creating a missing one costs nothing and keeps the rule
+	// that only a damaged file, not odd content, stops Open.
+	desired, err := tx.CreateBucketIfNotExists(bucketDesired)
 	if err != nil {
-		return err
+		return fmt.Errorf("create bucket %q: %w", bucketDesired, err)
+	}
+	if _, err := tx.CreateBucketIfNotExists(bucketStatus); err != nil {
+		return fmt.Errorf("create bucket %q: %w", bucketStatus, err)
 	}
 	type rewrite struct{ key, val []byte }
 	var rewrites []rewrite
