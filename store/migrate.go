@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -75,7 +76,8 @@ func (d *DB) upgrade(version int) error {
 
 // Migrations write the layout of the version they produce with their own frozen types, never
 // with the current encoders: a chain 0 -> 1 -> 2 must hand step 1 -> 2 exactly what a schema 1
-// release wrote.
+// release wrote. (migrate1to2 writes desiredRecord, which is schema 2's layout today; the change
+// that makes schema 3 must first freeze a copy of it here as desiredRecordV2.)
 
 // desiredRecordV1 is a desired_pods value at schema version 1: the source as an opaque string,
 // "file:<path>#<doc>" for the manifest dir ("file:" for pods migrated from schema 0).
@@ -163,7 +165,7 @@ func migrate1to2(tx *bolt.Tx, note func(string, ...any)) error {
 		var old desiredRecordV1
 		if err := json.Unmarshal(v, &old); err != nil || old.Pod == nil {
 			if err == nil {
-				err = fmt.Errorf("no pod")
+				err = errors.New("no pod")
 			}
 			note("schema 1 -> 2: left %s/%s as it is (it will be reported and skipped on load): not a schema 1 record: %v",
 				bucketDesired, k, err)

@@ -503,9 +503,9 @@ func TestMigrateV0(t *testing.T) {
 	checkMigratedV0(t, path)
 }
 
-// TestMigrateV0Fixture opens a copy of a schema 0 file committed under testdata, so that a change
-// to how the test writes v0 files cannot hide a change in what old releases left on disk.
-// Regenerate with: go test ./store -run TestMigrateV0Fixture -regen
+// TestMigrateV0Fixture opens a copy of testdata/v0.db through both migrations (0 -> 1 -> 2). That
+// file was made by writeV0, not by a schema 0 release (see testdata/README), so it only pins what
+// writeV0 wrote when it was made. Regenerate with: go test ./store -run TestMigrateV0Fixture -regen
 func TestMigrateV0Fixture(t *testing.T) {
 	fixture := filepath.Join("testdata", "v0.db")
 	if *regen {
