@@ -2,9 +2,12 @@ package store
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
+	"github.com/mqlet/mqlet/agent/source"
 	bolt "go.etcd.io/bbolt"
 	v1 "k8s.io/api/core/v1"
 )
@@ -24,6 +27,7 @@ type migration struct {
 func migrations(note func(format string, args ...any)) []migration {
 	return []migration{
 		{from: 0, apply: func(tx *bolt.Tx) error { return migrate0to1(tx, note) }},
+		{from: 1, apply: func(tx *bolt.Tx) error { return migrate1to2(tx, note) }},
 	}
 }
 
@@ -70,6 +74,18 @@ func (d *DB) upgrade(version int) error {
 	return nil
 }
 
+// Migrations write the layout of the version they produce with their own frozen types, never
+// with the current encoders: a chain 0 -> 1 -> 2 must hand step 1 -> 2 exactly what a schema 1
+// release wrote. (migrate1to2 writes desiredRecord, which is schema 2's layout today; the change
+// that makes schema 3 must first freeze a copy of it here as desiredRecordV2.)
+
+// desiredRecordV1 is a desired_pods value at schema version 1: the source as an opaque string,
+// "file:<path>#<doc>" for the manifest dir ("file:" for pods migrated from schema 0).
+type desiredRecordV1 struct {
+	Source string  `json:"source"`
+	Pod    *v1.Pod `json:"pod"`
+}
+
 // migrate0to1 moves the v0 "pods" bucket (keyed by namespace/name) into desired_pods keyed by
 // UID. All v0 pods came from the manifest dir, so their source is "file:"; a pod that cannot be
 // keyed (no uid, unparsable) is dropped with a note, since the manifest dir re-adds it on start.
@@ -104,7 +120,7 @@ func migrate0to1(tx *bolt.Tx, note func(string, ...any)) error {
 		if desired.Get(key) != nil {
 			note("schema 0 -> 1: pods/%s has the same uid %s as an earlier pod; keeping pods/%s", k, pod.UID, k)
 		}
-		val, err := encodeDesired(DesiredPod{Pod: &pod, Source: "file:"})
+		val, err := json.Marshal(desiredRecordV1{Source: "file:", Pod: &pod})
 		if err != nil {
 			return fmt.Errorf("pods/%s: %w", k, err)
 		}
@@ -122,4 +138,81 @@ func migrate0to1(tx *bolt.Tx, note func(string, ...any)) error {
 	}
 	note("schema 0 -> 1: moved %d pods from %q to %q", moved, bucketPodsV0, bucketDesired)
 	return nil
+}
+
+// migrate1to2 rewrites each desired_pods record with the source as a typed source.Ref and a
+// generation of 0. The manifest dir's "file:<path>#<doc>" becomes {file, path, doc}; any other
+// string keeps its record, with the kind taken from before the first ':' and the rest as origin,
+// and a note. A record that is not schema 1 JSON is left as it is, with a note: loading reports
+// and skips it, so no data is destroyed and the agent still starts. pod_status is unchanged.
+func migrate1to2(tx *bolt.Tx, note func(string, ...any)) error {
+	// Schema 1 always had both buckets; creating a missing one costs nothing and keeps the rule
+	// that only a damaged file, not odd content, stops Open.
+	desired, err := tx.CreateBucketIfNotExists(bucketDesired)
+	if err != nil {
+		return fmt.Errorf("create bucket %q: %w", bucketDesired, err)
+	}
+	if _, err := tx.CreateBucketIfNotExists(bucketStatus); err != nil {
+		return fmt.Errorf("create bucket %q: %w", bucketStatus, err)
+	}
+	type rewrite struct{ key, val []byte }
+	var rewrites []rewrite
+	err = desired.ForEach(func(k, v []byte) error {
+		if v == nil {
+			note("schema 1 -> 2: left nested bucket %s/%s as it is: schema 1 had none", bucketDesired, k)
+			return nil
+		}
+		var old desiredRecordV1
+		if err := json.Unmarshal(v, &old); err != nil || old.Pod == nil {
+			if err == nil {
+				err = errors.New("no pod")
+			}
+			note("schema 1 -> 2: left %s/%s as it is (it will be reported and skipped on load): not a schema 1 record: %v",
+				bucketDesired, k, err)
+			return nil
+		}
+		ref, ok := parseSourceV1(old.Source)
+		if !ok {
+			note("schema 1 -> 2: %s/%s: source %q is not \"file:<path>#<doc>\"; kept as kind %q, origin %q",
+				bucketDesired, k, old.Source, ref.Kind, ref.Origin)
+		}
+		val, err := json.Marshal(desiredRecord{
+			Source: sourceRecord{Kind: string(ref.Kind), Origin: ref.Origin, Doc: ref.Doc},
+			Pod:    old.Pod,
+		})
+		if err != nil {
+			return fmt.Errorf("%s/%s: encode: %w", bucketDesired, k, err)
+		}
+		// Keys and values are only valid during the transaction, and a bucket must not be
+		// written while ForEach walks it.
+		rewrites = append(rewrites, rewrite{key: append([]byte(nil), k...), val: val})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, r := range rewrites {
+		if err := desired.Put(r.key, r.val); err != nil {
+			return fmt.Errorf("put %s/%s: %w", bucketDesired, r.key, err)
+		}
+	}
+	note("schema 1 -> 2: rewrote %d desired pods with a typed source", len(rewrites))
+	return nil
+}
+
+// parseSourceV1 turns a schema 1 source string into a Ref. ok is false for anything but the
+// manifest dir's "file:<path>#<doc>"; the Ref is then the best reading of it (kind before the
+// first ':', origin after).
+func parseSourceV1(s string) (ref source.Ref, ok bool) {
+	kind, rest, _ := strings.Cut(s, ":")
+	if source.Kind(kind) == source.File {
+		// A path may hold '#'; the manifest dir appended the last one.
+		if i := strings.LastIndexByte(rest, '#'); i > 0 {
+			doc, err := strconv.Atoi(rest[i+1:])
+			if err == nil && doc >= 0 && rest[i+1:] == strconv.Itoa(doc) {
+				return source.Ref{Kind: source.File, Origin: rest[:i], Doc: doc}, true
+			}
+		}
+	}
+	return source.Ref{Kind: source.Kind(kind), Origin: rest}, false
 }

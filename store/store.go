@@ -1,18 +1,27 @@
 // Package store keeps the agent's persistent state in one bbolt file (FileName under the state dir).
 //
-// On-disk layout, schema version 1 (every key and value is a byte string):
+// On-disk layout, schema version 2 (every key and value is a byte string):
 //
 //	meta/
-//	    schema_version  -> decimal ASCII text, e.g. "1"
+//	    schema_version  -> decimal ASCII text, e.g. "2"
 //	desired_pods/
-//	    <pod UID>       -> JSON {"source": "<opaque source>", "pod": <v1.Pod>}
+//	    <pod UID>       -> JSON {"source": {"kind": "file", "origin": "/etc/mqlet/pods/web.yaml", "doc": 0},
+//	                             "generation": 0, "pod": <v1.Pod>}
 //	pod_status/
 //	    <pod UID>       -> JSON <v1.PodStatus>
 //
 // Values are encoding/json of the k8s.io/api types, so metav1.Time fields keep whole seconds only.
+// The source is a source.Ref (kind "file": origin is the manifest's path, doc the 0-based document
+// index; kind "mqtt": origin is the topic); every field is written, zeros included.
 //
-// Schema version 0 is a file written before the meta bucket existed: a single bucket "pods" keyed by
-// "namespace/name" holding v1.Pod JSON. Open migrates it (see migrations in migrate.go).
+// Older layouts, migrated by Open (see migrations in migrate.go):
+//   - schema 1: desired_pods values were {"source": "<string>", "pod": <v1.Pod>}, the source being
+//     "file:<path>#<doc>" for the manifest dir ("file:" for pods migrated from schema 0).
+//   - schema 0: a file written before the meta bucket existed: a single bucket "pods" keyed by
+//     "namespace/name" holding v1.Pod JSON.
+//
+// A record whose value cannot be decoded does not stop Open or a List: it is reported as a
+// RecordError and skipped, and the others load.
 //
 // Open never rewrites an existing file it cannot read: a damaged file is refused with ErrCorrupt
 // and a recovery hint (everything in it can be rebuilt from the pod sources and containerd).
@@ -38,7 +47,7 @@ import (
 )
 
 // SchemaVersion is the layout version this binary writes; see the package comment.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // FileName is the name of the state file under the agent's state dir.
 const FileName = "state.db"

@@ -1,0 +1,251 @@
+package store
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/mqlet/mqlet/agent/source"
+	bolt "go.etcd.io/bbolt"
+	v1 "k8s.io/api/core/v1"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+)
+
+// copyFixture copies testdata/name to a temp state file, so that Open's migration never writes
+// the committed fixture.
+func copyFixture(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatalf("read fixture: %v", err)
+	}
+	path := filepath.Join(t.TempDir(), FileName)
+	writeFile(t, path, b)
+	return path
+}
+
+// TestMigrateV1Fixture opens a copy of testdata/v1.db, written by the released schema 1 binary
+// (mqlet 98acc04, `mqlet agent --once`; see testdata/README): three pods from two manifest files,
+// one of them with two documents, and the status that agent recorded for each.
+func TestMigrateV1Fixture(t *testing.T) {
+	path := copyFixture(t, "v1.db")
+	d, err := Open(path)
+	if err != nil {
+		t.Fatalf("Open(v1 fixture): %v", err)
+	}
+	notices := strings.Join(d.Notices(), "\n")
+	for _, want := range []string{"migrated schema version 1 -> 2", "rewrote 3 desired pods", path} {
+		if !strings.Contains(notices, want) {
+			t.Errorf("notices %q do not mention %q", notices, want)
+		}
+	}
+	if strings.Contains(notices, "is not") || strings.Contains(notices, "left") {
+		t.Errorf("notices %q report a record the migration could not read", notices)
+	}
+
+	type want struct {
+		uid   string
+		ref   source.Ref
+		phase v1.PodPhase
+	}
+	wants := map[string]want{
+		"default/job":   {"c36a6a22-e267-5555-bf99-ae98bb0ecc64", source.Ref{Kind: source.File, Origin: "/tmp/v1fix/pods/b.yaml", Doc: 0}, v1.PodSucceeded},
+		"default/web":   {"3169c6b8-9aab-548b-a454-4c4e3fb93d3f", source.Ref{Kind: source.File, Origin: "/tmp/v1fix/pods/a.yaml", Doc: 0}, v1.PodRunning},
+		"tools/sidecar": {"486d9658-8e9c-5626-9d7a-1b10b5351e11", source.Ref{Kind: source.File, Origin: "/tmp/v1fix/pods/b.yaml", Doc: 1}, v1.PodRunning},
+	}
+	pods, bad, err := d.ListDesired()
+	if err != nil || len(bad) != 0 {
+		t.Fatalf("ListDesired: %v, record errors %v", err, bad)
+	}
+	var keys []string
+	for _, p := range pods {
+		key := p.Pod.Namespace + "/" + p.Pod.Name
+		keys = append(keys, key)
+		w, ok := wants[key]
+		if !ok {
+			continue
+		}
+		if string(p.Pod.UID) != w.uid || p.Source != w.ref || p.Generation != 0 {
+			t.Errorf("%s: uid %s source %+v generation %d; want %s %+v 0", key, p.Pod.UID, p.Source, p.Generation, w.uid, w.ref)
+		}
+		if len(p.Pod.Spec.Containers) != 1 || p.Pod.Spec.Containers[0].Image != "mqlet.test/busybox:1" {
+			t.Errorf("%s: containers %+v, want one running mqlet.test/busybox:1", key, p.Pod.Spec.Containers)
+		}
+	}
+	if want := []string{"default/job", "default/web", "tools/sidecar"}; !reflect.DeepEqual(keys, want) {
+		t.Errorf("desired pods %q, want %q", keys, want)
+	}
+
+	statuses, bad, err := d.ListStatus()
+	if err != nil || len(bad) != 0 {
+		t.Fatalf("ListStatus: %v, record errors %v", err, bad)
+	}
+	if len(statuses) != len(wants) {
+		t.Errorf("ListStatus has %d records, want %d", len(statuses), len(wants))
+	}
+	for key, w := range wants {
+		st, ok, err := d.GetStatus(k8stypes.UID(w.uid))
+		if err != nil || !ok {
+			t.Errorf("%s: GetStatus = found %v, %v", key, ok, err)
+			continue
+		}
+		if st.Phase != w.phase || len(st.ContainerStatuses) != 1 || st.ContainerStatuses[0].Name != "main" ||
+			!strings.HasPrefix(st.ContainerStatuses[0].ContainerID, "containerd://") {
+			t.Errorf("%s: status phase %s containers %+v; want %s and one containerd container named main",
+				key, st.Phase, st.ContainerStatuses, w.phase)
+		}
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The migration is written: the second open has nothing to do.
+	d, err = Open(path)
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	defer d.Close()
+	if n := d.Notices(); len(n) != 0 {
+		t.Errorf("second open of a migrated file: notices %q, want none", n)
+	}
+	if got, _, _ := d.GetDesired(k8stypes.UID(wants["tools/sidecar"].uid)); got.Source != wants["tools/sidecar"].ref {
+		t.Errorf("sidecar source after reopen: %+v", got.Source)
+	}
+}
+
+// writeV1 writes a schema 1 file with raw bbolt calls: desired_pods values as given.
+func writeV1(t *testing.T, path string, desired map[string][]byte) {
+	t.Helper()
+	bdb, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = bdb.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucket(bucketMeta)
+		if err != nil {
+			return err
+		}
+		if err := meta.Put(keySchemaVersion, []byte("1")); err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucket(bucketStatus); err != nil {
+			return err
+		}
+		b, err := tx.CreateBucket(bucketDesired)
+		if err != nil {
+			return err
+		}
+		for k, v := range desired {
+			if v == nil {
+				if _, err := b.CreateBucket([]byte(k)); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := b.Put([]byte(k), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bdb.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMigrateV1OddRecords: sources the manifest dir never wrote keep their pod with a best-effort
+// Ref and a notice; a value that is not a schema 1 record is kept as it is, reported on load, and
+// does not stop Open.
+func TestMigrateV1OddRecords(t *testing.T) {
+	rec := func(uid, src string) []byte {
+		b, err := json.Marshal(desiredRecordV1{Source: src, Pod: testPod("default", "p-"+uid, uid)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	path := filepath.Join(t.TempDir(), FileName)
+	writeV1(t, path, map[string][]byte{
+		"uid-file":    rec("uid-file", "file:/etc/mqlet/pods/a#b.yaml#3"),
+		"uid-mqtt":    rec("uid-mqtt", "mqtt:nodes/n1/pods/x"),
+		"uid-bare":    rec("uid-bare", "file:"),
+		"uid-baddoc":  rec("uid-baddoc", "file:/p.yaml#x"),
+		"uid-nocolon": rec("uid-nocolon", "weird"),
+		"uid-garbage": []byte("{not json"),
+		"uid-nested":  nil,
+	})
+	d, err := Open(path)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer d.Close()
+	wantRefs := map[string]source.Ref{
+		"uid-file":    {Kind: source.File, Origin: "/etc/mqlet/pods/a#b.yaml", Doc: 3},
+		"uid-mqtt":    {Kind: source.MQTT, Origin: "nodes/n1/pods/x"},
+		"uid-bare":    {Kind: source.File},
+		"uid-baddoc":  {Kind: source.File, Origin: "/p.yaml#x"},
+		"uid-nocolon": {Kind: "weird"},
+	}
+	pods, bad, err := d.ListDesired()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]source.Ref{}
+	for _, p := range pods {
+		got[string(p.Pod.UID)] = p.Source
+	}
+	if !reflect.DeepEqual(got, wantRefs) {
+		t.Errorf("sources after migration:\n got %+v\nwant %+v", got, wantRefs)
+	}
+	var badKeys []string
+	for _, e := range bad {
+		badKeys = append(badKeys, e.Key)
+	}
+	if want := []string{"uid-garbage", "uid-nested"}; !reflect.DeepEqual(badKeys, want) {
+		t.Errorf("record errors for %q, want %q", badKeys, want)
+	}
+	notices := strings.Join(d.Notices(), "\n")
+	for _, want := range []string{
+		`desired_pods/uid-mqtt: source "mqtt:nodes/n1/pods/x" is not`,
+		`desired_pods/uid-bare: source "file:" is not`,
+		`desired_pods/uid-baddoc: source "file:/p.yaml#x" is not`,
+		`desired_pods/uid-nocolon: source "weird" is not`,
+		"left desired_pods/uid-garbage as it is",
+		"left nested bucket desired_pods/uid-nested",
+		"rewrote 5 desired pods",
+	} {
+		if !strings.Contains(notices, want) {
+			t.Errorf("notices do not mention %q:\n%s", want, notices)
+		}
+	}
+	if strings.Contains(notices, "uid-file:") {
+		t.Errorf("a well-formed file source got a notice:\n%s", notices)
+	}
+}
+
+func TestParseSourceV1(t *testing.T) {
+	for in, want := range map[string]struct {
+		ref source.Ref
+		ok  bool
+	}{
+		"file:/etc/mqlet/pods/web.yaml#0": {source.Ref{Kind: source.File, Origin: "/etc/mqlet/pods/web.yaml"}, true},
+		"file:/x/a#1.yaml#12":             {source.Ref{Kind: source.File, Origin: "/x/a#1.yaml", Doc: 12}, true},
+		"file:/x.yaml#-1":                 {source.Ref{Kind: source.File, Origin: "/x.yaml#-1"}, false},
+		"file:/x.yaml#01":                 {source.Ref{Kind: source.File, Origin: "/x.yaml#01"}, false},
+		"file:#0":                         {source.Ref{Kind: source.File, Origin: "#0"}, false},
+		"file:":                           {source.Ref{Kind: source.File}, false},
+		"mqtt:a:b":                        {source.Ref{Kind: source.MQTT, Origin: "a:b"}, false},
+		"":                                {source.Ref{}, false},
+	} {
+		ref, ok := parseSourceV1(in)
+		if ref != want.ref || ok != want.ok {
+			t.Errorf("parseSourceV1(%q) = %+v, %v; want %+v, %v", in, ref, ok, want.ref, want.ok)
+		}
+	}
+}
