@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/mqlet/mqlet/store"
 )
 
 // runAgent runs `mqlet agent` to completion with the harness flags plus extra, and returns its output.
@@ -23,7 +25,7 @@ func (h *harness) runAgent(extra ...string) (string, error) {
 func TestCorruptStateFileRefused(t *testing.T) {
 	h := newHarness(t)
 	os.MkdirAll(h.state, 0o700)
-	db := filepath.Join(h.state, "state.db")
+	db := filepath.Join(h.state, store.FileName)
 	garbage := bytes.Repeat([]byte("not a bolt file "), 4096)
 	if err := os.WriteFile(db, garbage, 0o600); err != nil {
 		t.Fatal(err)
