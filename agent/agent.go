@@ -435,8 +435,8 @@ func (a *Agent) removeOrphan(uid types.UID, cs []runtime.Container) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// The pod's own grace period went with its spec; kubelet's default stands in.
-			if err := a.rt.StopContainer(ctx, c.ID, 30*time.Second); err != nil {
+			// The pod's own grace period, recorded on its containers when they were made.
+			if err := a.rt.StopContainer(ctx, c.ID, max(c.Grace, pod.MinGrace)); err != nil {
 				a.log.Warn("stop orphan", "container", c.ID, "err", err)
 				failed.Store(true)
 			}
@@ -456,7 +456,7 @@ func (a *Agent) removeOrphan(uid types.UID, cs []runtime.Container) {
 		// gone yet (the next relist tries again).
 		return
 	}
-	if err := a.rt.RemovePodFiles(p); err != nil {
+	if err := a.rt.RemoveSandbox(ctx, runtime.RefOf(p)); err != nil {
 		a.log.Warn("remove orphan pod files", "pod", p.Namespace+"/"+p.Name, "err", err)
 	}
 	if err := a.db.DeleteStatus(uid); err != nil {
