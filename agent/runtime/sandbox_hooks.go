@@ -166,11 +166,14 @@ func (h ipcHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
 		sb.Shm = "/dev/shm"
 		return nil
 	}
-	path, created, err := h.r.ensurePodNS(ipcNS(), string(pod.UID))
+	// A new IPC namespace alone does not make the sandbox new: pods an older mqlet started have
+	// none, and restarting them all for it at upgrade would be worse than their containers joining
+	// it as they restart. A reboot loses the network namespace or the boot marker too.
+	path, _, err := h.r.ensurePodNS(ipcNS(), string(pod.UID))
 	if err != nil {
 		return err
 	}
-	sb.IPCNS, sb.Created = path, sb.Created || created
+	sb.IPCNS = path
 	shm := filepath.Join(sb.Dir, "shm")
 	if err := os.MkdirAll(shm, 0o700); err != nil {
 		return err

@@ -202,3 +202,23 @@ func TestSandboxRecreated(t *testing.T) {
 		t.Errorf("hostNetwork sandbox after a reboot: created=%v err=%v, want Created", hsb != nil && hsb.Created, err)
 	}
 }
+
+// A pod an older mqlet set up (no IPC namespace, no boot marker, its network namespace live) is
+// not a new sandbox: an upgrade must not restart every pod.
+func TestSandboxFromOlderMqletNotRecreated(t *testing.T) {
+	needRoot(t)
+	r := testSandboxRuntime(t)
+	ctx := context.Background()
+	pod := sandboxPod("6f1c2d3e-0004", "web")
+	t.Cleanup(func() { r.RemoveSandbox(ctx, RefOf(pod)) })
+	sb, err := r.EnsureSandbox(ctx, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(unmount(filepath.Join(sb.Dir, "shm")), r.removePodNS(ipcNS(), string(pod.UID)), os.Remove(filepath.Join(sb.Dir, "boot_id"))); err != nil {
+		t.Fatal(err)
+	}
+	if sb, err = r.EnsureSandbox(ctx, pod); err != nil || sb.Created || !isNS(sb.IPCNS) {
+		t.Errorf("EnsureSandbox of an older mqlet's pod: created=%v ipc pinned=%v err=%v; want intact, with an IPC namespace now", sb != nil && sb.Created, sb != nil && isNS(sb.IPCNS), err)
+	}
+}
