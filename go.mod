@@ -8,6 +8,7 @@ require (
 	github.com/containerd/containerd/api v1.8.0
 	github.com/containerd/platforms v0.2.1
 	github.com/containerd/typeurl/v2 v2.1.1
+	github.com/cyphar/filepath-securejoin v0.5.1
 	github.com/distribution/reference v0.6.0
 	github.com/fsnotify/fsnotify v1.6.0
 	github.com/opencontainers/runtime-spec v1.1.0
@@ -30,7 +31,6 @@ require (
 	github.com/containerd/fifo v1.1.0 // indirect
 	github.com/containerd/log v0.1.0 // indirect
 	github.com/containerd/ttrpc v1.2.7 // indirect
-	github.com/cyphar/filepath-securejoin v0.5.1 // indirect
 	github.com/docker/go-events v0.0.0-20190806004212-e31b211e4f1c // indirect
 	github.com/felixge/httpsnoop v1.0.3 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.1 // indirect

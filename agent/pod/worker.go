@@ -19,10 +19,13 @@ import (
 // Runtime is what a worker needs from the container runtime.
 type Runtime interface {
 	ListContainers(ctx context.Context, podUID string) ([]runtime.Container, error)
-	StartContainer(ctx context.Context, pod *v1.Pod, c *v1.Container, restarts int) (runtime.Container, error)
+	// EnsureSandbox sets up what the pod's containers share (runtime.Runtime.EnsureSandbox).
+	EnsureSandbox(ctx context.Context, pod *v1.Pod) (*runtime.Sandbox, error)
+	StartContainer(ctx context.Context, pod *v1.Pod, sb *runtime.Sandbox, c *v1.Container, restarts int) (runtime.Container, error)
 	StopContainer(ctx context.Context, id string, grace time.Duration) error
 	RemoveContainer(ctx context.Context, id string) error
-	RemovePodFiles(pod *v1.Pod) error
+	// RemoveSandbox removes the sandbox by UID alone if need be; missing parts are fine.
+	RemoveSandbox(ctx context.Context, ref runtime.PodRef) error
 }
 
 // Kubelet's restart back-off: 10 s doubling to 5 min, forgotten after a container ran 10 min.
@@ -75,13 +78,16 @@ type Worker struct {
 	recs      map[string]*record // loop-owned
 	mutations int                // loop-owned: containers started or removed, to know when to look again
 	syncs     atomic.Int64       // completed syncs, for tests that wait for one
-	done      chan struct{}
+
+	sb         *runtime.Sandbox // loop-owned: the pod's sandbox, set up for sbPod
+	sbPod      *v1.Pod          // loop-owned: the spec sb was set up for; a new spec sets it up again
+	sbFailures int              // loop-owned: consecutive failed set-ups, for back-off
 }
 
 // NewWorker starts nothing; call Run. prev is the status stored before an agent restart, if any,
 // so start times and last states survive the restart.
 func NewWorker(pod *v1.Pod, prev *v1.PodStatus, env Env) *Worker {
-	w := &Worker{env: env, nudge: make(chan struct{}, 1), pod: pod, recs: map[string]*record{}, done: make(chan struct{})}
+	w := &Worker{env: env, nudge: make(chan struct{}, 1), pod: pod, recs: map[string]*record{}}
 	if env.Log == nil {
 		w.env.Log = slog.Default()
 	}
@@ -92,11 +98,11 @@ func NewWorker(pod *v1.Pod, prev *v1.PodStatus, env Env) *Worker {
 			r := w.rec(cs.Name)
 			if cs.State.Running != nil {
 				r.startedAt = cs.State.Running.StartedAt.Time
-				r.startedID = trimID(cs.ContainerID)
+				r.startedID = runtime.TrimStatusContainerID(cs.ContainerID)
 			}
 			if cs.State.Terminated != nil {
 				r.startedAt = cs.State.Terminated.StartedAt.Time
-				r.startedID = trimID(cs.ContainerID)
+				r.startedID = runtime.TrimStatusContainerID(cs.ContainerID)
 				// A container that finished for good stays finished across an agent restart or
 				// a reboot (a one-shot job must not run again).
 				r.terminated = cs.State.Terminated.DeepCopy()
@@ -106,14 +112,6 @@ func NewWorker(pod *v1.Pod, prev *v1.PodStatus, env Env) *Worker {
 		}
 	}
 	return w
-}
-
-func trimID(s string) string {
-	const p = "containerd://"
-	if len(s) > len(p) && s[:len(p)] == p {
-		return s[len(p):]
-	}
-	return s
 }
 
 func (w *Worker) rec(name string) *record {
@@ -165,9 +163,6 @@ func (w *Worker) Seen() string {
 	return w.seen
 }
 
-// Done is closed when Run returns.
-func (w *Worker) Done() <-chan struct{} { return w.done }
-
 // Pod returns the desired pod with its latest status.
 func (w *Worker) Pod() v1.Pod {
 	w.mu.Lock()
@@ -184,7 +179,6 @@ func (w *Worker) Pod() v1.Pod {
 // Run syncs on every nudge and on its own timers until the pod is deleted or ctx ends. Ending by
 // ctx (agent shutdown) leaves containers running, as kubelet does.
 func (w *Worker) Run(ctx context.Context) {
-	defer close(w.done)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -223,45 +217,100 @@ func (w *Worker) Run(ctx context.Context) {
 	}
 }
 
+// grace is the pod's termination grace period, raised to kubelet's minimum.
 func grace(pod *v1.Pod) time.Duration {
 	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
-		return time.Duration(*g) * time.Second
+		return max(time.Duration(*g)*time.Second, MinGrace)
 	}
-	return 30 * time.Second
+	return runtime.DefaultGrace
 }
 
-// terminate stops every container of the pod in parallel, each with the pod's grace period, then
-// removes containers and pod files. It reports whether the pod is fully gone.
+// terminate tears the pod down (Teardown) with its current grace period. It reports whether the
+// pod's containers are gone; sandbox leftovers are only warned about, as a later sweep removes them.
 func (w *Worker) terminate(ctx context.Context, pod *v1.Pod) bool {
 	ctrs, err := w.env.Runtime.ListContainers(ctx, string(pod.UID))
 	if err != nil {
 		w.env.Log.Error("terminate: list containers", "err", err)
 		return false
 	}
-	var wg sync.WaitGroup
-	errs := make([]error, len(ctrs))
-	for i, c := range ctrs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := w.env.Runtime.StopContainer(ctx, c.ID, grace(pod)); err != nil {
-				errs[i] = err
-				return
-			}
-			errs[i] = w.env.Runtime.RemoveContainer(ctx, c.ID)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		w.env.Log.Error("terminate", "err", err)
-		return false
-	}
-	if err := w.env.Runtime.RemovePodFiles(pod); err != nil {
-		w.env.Log.Warn("remove pod files", "err", err)
+	g := grace(pod)
+	if err := Teardown(ctx, w.env.Runtime, runtime.RefOf(pod), ctrs, &g, w.env.Log); err != nil {
+		if !errors.Is(err, ErrSandboxLeft) {
+			w.env.Log.Error("terminate", "err", err)
+			return false
+		}
+		w.env.Log.Warn("remove pod sandbox", "err", err)
 	}
 	w.env.Log.Info("pod removed")
 	if w.env.OnGone != nil {
 		w.env.OnGone(pod)
+	}
+	return true
+}
+
+// ensureSandbox sets up the pod's sandbox once per pod instance (and again for a new spec, whose
+// volumes or hostname may differ). When the sandbox had to be made anew for a pod that ran before
+// (its namespaces went with a reboot), the pod starts over as kubelet's does: what its init
+// containers set up went with the old sandbox. It returns the containers left afterwards.
+func (w *Worker) ensureSandbox(ctx context.Context, pod *v1.Pod, observed []runtime.Container) ([]runtime.Container, error) {
+	if w.sb != nil && w.sbPod == pod {
+		return observed, nil
+	}
+	sb, err := w.env.Runtime.EnsureSandbox(ctx, pod)
+	if err != nil {
+		w.sbFailures++
+		return observed, err
+	}
+	w.sb, w.sbPod, w.sbFailures = sb, pod, 0
+	if !sb.Created || !w.ranBefore(observed) || !w.restartsWithNewSandbox(pod) {
+		return observed, nil
+	}
+	w.env.Log.Info("pod sandbox was recreated (reboot or lost namespaces); starting its containers again from the first init container")
+	// Restart counts keep growing across the new sandbox.
+	bumped := map[string]bool{}
+	for i := range observed {
+		c := &observed[i]
+		r := w.rec(c.Name)
+		r.attempt, bumped[c.Name] = max(r.attempt, c.RestartCount+1), true
+		w.stopAndRemove(ctx, pod, c)
+	}
+	for name, r := range w.recs {
+		if !bumped[name] && (r.startedID != "" || r.terminated != nil) {
+			r.attempt++
+		}
+		if isInit(pod, name) {
+			r.terminated, r.crashes, r.retryAt, r.failure = nil, 0, time.Time{}, nil
+		}
+	}
+	return w.env.Runtime.ListContainers(ctx, string(pod.UID))
+}
+
+// ranBefore reports whether any container of the pod ran (or was made) before this sandbox.
+func (w *Worker) ranBefore(observed []runtime.Container) bool {
+	if len(observed) > 0 {
+		return true
+	}
+	for _, r := range w.recs {
+		if r.startedID != "" || r.terminated != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// restartsWithNewSandbox is kubelet's rule for a pod that ran before: a Never pod gets no new run
+// (what ran is reported as it ended), nor does an OnFailure pod whose app containers all succeeded.
+func (w *Worker) restartsWithNewSandbox(pod *v1.Pod) bool {
+	switch pod.Spec.RestartPolicy {
+	case v1.RestartPolicyNever:
+		return false
+	case v1.RestartPolicyOnFailure:
+		for _, c := range pod.Spec.Containers {
+			if t := w.rec(c.Name).terminated; t == nil || t.ExitCode != 0 {
+				return true
+			}
+		}
+		return false
 	}
 	return true
 }
@@ -275,11 +324,12 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 		w.env.Log.Error("list containers", "err", err)
 		return relistRetry
 	}
-	wanted := map[string]bool{}
-	for _, c := range pod.Spec.InitContainers {
-		wanted[c.Name] = true
+	if observed, err = w.ensureSandbox(ctx, pod, observed); err != nil {
+		w.env.Log.Error("pod sandbox", "err", err)
+		return max(backoffDelay(w.sbFailures), relistRetry)
 	}
-	for _, c := range pod.Spec.Containers {
+	wanted := map[string]bool{}
+	for _, c := range runtime.AllContainers(&pod.Spec) {
 		wanted[c.Name] = true
 	}
 	// Keep only the newest attempt of each container; older ones and containers the spec no longer
@@ -368,7 +418,7 @@ func (w *Worker) noteExit(name string, cur *runtime.Container) *v1.ContainerStat
 		started = cur.CreatedAt
 	}
 	t := &v1.ContainerStateTerminated{
-		ExitCode: cur.ExitCode, Reason: reason, ContainerID: "containerd://" + cur.ID,
+		ExitCode: cur.ExitCode, Reason: reason, ContainerID: runtime.StatusContainerID(cur.ID),
 		StartedAt: metav1.NewTime(started), FinishedAt: metav1.NewTime(cur.ExitedAt),
 	}
 	if cur.ExitCode > 128 && cur.ExitCode < 160 {
@@ -437,7 +487,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 					// terminated with an unknown status rather than running it again.
 					r.terminated = &v1.ContainerStateTerminated{ExitCode: 137, Reason: "ContainerStatusUnknown",
 						Message:     "The container could not be located when the pod was restarted",
-						ContainerID: "containerd://" + cur.ID, StartedAt: metav1.NewTime(r.startedAt), FinishedAt: metav1.NewTime(now)}
+						ContainerID: runtime.StatusContainerID(cur.ID), StartedAt: metav1.NewTime(r.startedAt), FinishedAt: metav1.NewTime(now)}
 					return 0
 				}
 			}
@@ -453,7 +503,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 		return 0 // the pod is going away: don't start what terminate would stop at once
 	}
 	r.attempt = attempt
-	started, err := w.env.Runtime.StartContainer(ctx, withNodeStatus(pod, w.hostIP()), c, attempt)
+	started, err := w.env.Runtime.StartContainer(ctx, withNodeStatus(pod, w.hostIP()), w.sb, c, attempt)
 	if err != nil {
 		var se *runtime.StartError
 		if !errors.As(err, &se) {
@@ -502,7 +552,7 @@ func withNodeStatus(pod *v1.Pod, hostIP string) *v1.Pod {
 
 // terminatedAt reports whether the recorded terminal state already describes this attempt.
 func (r *record) terminatedAt(cur *runtime.Container) bool {
-	return r.terminated != nil && r.terminated.ContainerID == "containerd://"+cur.ID
+	return r.terminated != nil && r.terminated.ContainerID == runtime.StatusContainerID(cur.ID)
 }
 
 func backoffDelay(crashes int) time.Duration {
@@ -590,7 +640,7 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *runtime.Cont
 	cs.Started = &f
 	cs.RestartCount = int32(r.attempt)
 	if cur != nil {
-		cs.ContainerID = "containerd://" + cur.ID
+		cs.ContainerID = runtime.StatusContainerID(cur.ID)
 		cs.RestartCount = int32(cur.RestartCount)
 		cs.ImageID = cur.ImageID
 		switch cur.State {

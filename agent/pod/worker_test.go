@@ -35,10 +35,15 @@ type fakeRuntime struct {
 	calls    []call
 	podFiles int
 	startErr map[string]error // by container name: every start of it fails so
+
+	// sandboxes holds the UIDs whose sandbox is set up; a pod not in it gets a new one (Created),
+	// as after a reboot. Tests of an agent restart with the sandbox intact add the UID first.
+	sandboxes map[types.UID]bool
+	ensured   int // EnsureSandbox calls
 }
 
 func newFakeRuntime() *fakeRuntime {
-	return &fakeRuntime{ctrs: map[string]*runtime.Container{}, startErr: map[string]error{}}
+	return &fakeRuntime{ctrs: map[string]*runtime.Container{}, startErr: map[string]error{}, sandboxes: map[types.UID]bool{}}
 }
 
 func (f *fakeRuntime) ListContainers(_ context.Context, podUID string) ([]runtime.Container, error) {
@@ -53,9 +58,21 @@ func (f *fakeRuntime) ListContainers(_ context.Context, podUID string) ([]runtim
 	return out, nil
 }
 
-func (f *fakeRuntime) StartContainer(_ context.Context, pod *v1.Pod, c *v1.Container, restarts int) (runtime.Container, error) {
+func (f *fakeRuntime) EnsureSandbox(_ context.Context, pod *v1.Pod) (*runtime.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.ensured++
+	created := !f.sandboxes[pod.UID]
+	f.sandboxes[pod.UID] = true
+	return &runtime.Sandbox{Ref: runtime.RefOf(pod), Created: created}, nil
+}
+
+func (f *fakeRuntime) StartContainer(_ context.Context, pod *v1.Pod, sb *runtime.Sandbox, c *v1.Container, restarts int) (runtime.Container, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if sb == nil || sb.Ref.UID != pod.UID || !f.sandboxes[pod.UID] {
+		return runtime.Container{}, fmt.Errorf("fake runtime: start %s without the pod's sandbox", c.Name)
+	}
 	id := runtime.ContainerID(string(pod.UID), c.Name, restarts)
 	f.calls = append(f.calls, call{op: "start", id: id, name: c.Name, restarts: restarts})
 	if err := f.startErr[c.Name]; err != nil {
@@ -89,11 +106,19 @@ func (f *fakeRuntime) RemoveContainer(_ context.Context, id string) error {
 	return nil
 }
 
-func (f *fakeRuntime) RemovePodFiles(*v1.Pod) error {
+func (f *fakeRuntime) RemoveSandbox(_ context.Context, ref runtime.PodRef) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.podFiles++
+	delete(f.sandboxes, ref.UID)
 	return nil
+}
+
+// intact marks the pod's sandbox as set up, as an agent restart (not a reboot) finds it.
+func (f *fakeRuntime) intact(uid string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sandboxes[types.UID(uid)] = true
 }
 
 func (f *fakeRuntime) add(c runtime.Container) {
@@ -151,6 +176,7 @@ type harness struct {
 	f       *fakeRuntime
 	w       *Worker
 	changed chan struct{}
+	done    chan struct{} // closed when Run returns
 
 	mu        sync.Mutex
 	last      *v1.PodStatus
@@ -160,7 +186,7 @@ type harness struct {
 
 func startWorker(t *testing.T, pod *v1.Pod, prev *v1.PodStatus, f *fakeRuntime) *harness {
 	t.Helper()
-	h := &harness{t: t, f: f, changed: make(chan struct{}, 1)}
+	h := &harness{t: t, f: f, changed: make(chan struct{}, 1), done: make(chan struct{})}
 	h.w = NewWorker(pod, prev, Env{
 		Runtime: f,
 		Log:     slog.New(slog.DiscardHandler),
@@ -180,11 +206,11 @@ func startWorker(t *testing.T, pod *v1.Pod, prev *v1.PodStatus, f *fakeRuntime) 
 		},
 	})
 	ctx, cancel := context.WithCancel(context.Background())
-	go h.w.Run(ctx)
+	go func() { defer close(h.done); h.w.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
-		case <-h.w.Done():
+		case <-h.done:
 		case <-time.After(waitLimit):
 			t.Errorf("worker did not return within %s of its context ending", waitLimit)
 		}
@@ -339,6 +365,7 @@ func TestWorkerPublishesOnlyChanges(t *testing.T) {
 func TestWorkerAdoptsRunningContainers(t *testing.T) {
 	pod := testPod(v1.RestartPolicyAlways, "a", "b")
 	f := newFakeRuntime()
+	f.intact(testUID) // an agent restart: the sandbox is still there
 	created := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
 	storedStart := time.Date(2024, 5, 1, 11, 0, 0, 0, time.UTC)
 	// a is the very attempt the stored status describes; b was restarted (attempt 2) since.
@@ -373,6 +400,7 @@ func TestWorkerAdoptsRunningContainers(t *testing.T) {
 func TestWorkerRecreatesChangedContainer(t *testing.T) {
 	pod := testPod(v1.RestartPolicyAlways, "a", "b")
 	f := newFakeRuntime()
+	f.intact(testUID) // an agent restart: the sandbox is still there
 	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: "0123456789abcdef",
 		State: runtime.StateRunning, CreatedAt: time.Now()})
 	f.add(runtime.Container{ID: idOf("b", 0), PodUID: testUID, Name: "b", Hash: runtime.SpecHash(pod, &pod.Spec.Containers[1]),
@@ -541,7 +569,7 @@ func TestWorkerDelete(t *testing.T) {
 
 	h.w.Delete()
 	select {
-	case <-h.w.Done():
+	case <-h.done:
 	case <-time.After(waitLimit):
 		t.Fatalf("Run did not return within %s of Delete; runtime calls: %v", waitLimit, f.allCalls())
 	}
@@ -567,7 +595,7 @@ func TestWorkerDelete(t *testing.T) {
 	files := f.podFiles
 	f.mu.Unlock()
 	if files != 1 {
-		t.Errorf("RemovePodFiles calls = %d, want 1", files)
+		t.Errorf("RemoveSandbox calls = %d, want 1", files)
 	}
 	h.mu.Lock()
 	gone := h.gone
@@ -706,12 +734,15 @@ func TestWorkerFailedRestartKeepsCount(t *testing.T) {
 	}
 }
 
-// After a reboot, an init container that had completed is not run again and does not hold the
-// app containers back; the app container whose task vanished restarts (OnFailure).
+// After a containerd restart (tasks gone, the pod's sandbox intact), an init container that had
+// completed is not run again and does not hold the app containers back; the app container whose
+// task vanished restarts (OnFailure). After a reboot the sandbox is new and init runs again: see
+// TestWorkerNewSandboxRerunsInit.
 func TestWorkerAfterRebootInitStaysDone(t *testing.T) {
 	pod := testPod(v1.RestartPolicyOnFailure, "a")
 	pod.Spec.InitContainers = []v1.Container{{Name: "i", Image: "busybox:1.36", Command: []string{"true"}}}
 	f := newFakeRuntime()
+	f.intact(testUID) // an agent restart: the sandbox is still there
 	f.add(runtime.Container{ID: idOf("i", 0), PodUID: testUID, Name: "i", Hash: runtime.SpecHash(pod, &pod.Spec.InitContainers[0]),
 		State: runtime.StateCreated, CreatedAt: time.Now()})
 	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: runtime.SpecHash(pod, &pod.Spec.Containers[0]),

@@ -11,8 +11,34 @@ import (
 )
 
 // podCgroup is the cgroup path (below each hierarchy's root) holding a pod's containers.
-func (r *Runtime) podCgroup(podUID string) string {
-	return filepath.Join("/mqlet", r.opts.Namespace, "pod"+podUID)
+func (r *Runtime) podCgroup(podUID string) (string, error) {
+	if err := checkPathElem("pod UID", podUID); err != nil {
+		return "", err
+	}
+	return joinUnder("/mqlet", r.opts.Namespace, "pod"+podUID)
+}
+
+// podCgroupUIDs lists the UIDs of the pods that have a cgroup directory in any hierarchy.
+func (r *Runtime) podCgroupUIDs() ([]string, error) {
+	mounts, err := cgroupMounts("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, m := range mounts {
+		names, err := dirNames(filepath.Join(m, "mqlet", r.opts.Namespace))
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range names {
+			if uid, ok := strings.CutPrefix(n, "pod"); ok && uid != "" && !seen[uid] {
+				seen[uid] = true
+				out = append(out, uid)
+			}
+		}
+	}
+	return out, nil
 }
 
 // RemoveCgroup removes the (empty) cgroup directory rel in every mounted cgroup hierarchy, v1 and

@@ -50,6 +50,7 @@ type Container struct {
 	Pid          uint32
 	ExitCode     int32
 	ExitedAt     time.Time
+	Grace        time.Duration // the pod's terminationGracePeriodSeconds when it was created (LabelGracePeriod)
 }
 
 // ContainerID names the containerd container for attempt n of a pod container. It is derived, not
@@ -81,9 +82,13 @@ type StartError struct {
 func (e *StartError) Error() string { return e.Reason + ": " + e.Err.Error() }
 func (e *StartError) Unwrap() error { return e.Err }
 
-// StartContainer pulls if needed, creates and starts attempt `restarts` of container c of pod.
-func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, c *v1.Container, restarts int) (Container, error) {
+// StartContainer pulls if needed, creates and starts attempt `restarts` of container c of pod, in
+// the pod's sandbox (EnsureSandbox): the sandbox's namespaces, files and cgroup are used, not made.
+func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, c *v1.Container, restarts int) (Container, error) {
 	ctx = r.ctx(ctx)
+	if sb == nil || sb.Ref.UID != pod.UID {
+		return Container{}, &StartError{"CreateContainerError", fmt.Errorf("container %q of pod %s/%s: no sandbox for this pod", c.Name, pod.Namespace, pod.Name)}
+	}
 	img, err := r.EnsureImage(ctx, c.Image, c.ImagePullPolicy)
 	if err != nil {
 		reason := "ErrImagePull"
@@ -95,19 +100,16 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, c *v1.Contain
 		}
 		return Container{}, &StartError{reason, err}
 	}
-	netns := ""
-	if !pod.Spec.HostNetwork {
-		if netns, err = r.EnsurePodNetNS(string(pod.UID)); err != nil {
-			return Container{}, &StartError{"CreateContainerError", err}
-		}
-	}
 	id := ContainerID(string(pod.UID), c.Name, restarts)
-	opts, err := r.specOpts(pod, c, img, netns, id)
+	opts, err := r.specOpts(pod, sb, c, img, id)
 	if err != nil {
 		return Container{}, &StartError{"CreateContainerConfigError", err}
 	}
-	logPath := r.logPath(pod, c.Name, restarts)
-	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+	logPath, err := r.logPath(pod, c.Name, restarts)
+	if err != nil {
+		return Container{}, &StartError{"CreateContainerConfigError", err}
+	}
+	if err := mkPrivateDir(filepath.Dir(logPath)); err != nil {
 		return Container{}, &StartError{"CreateContainerError", err}
 	}
 	labels := map[string]string{
@@ -119,6 +121,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, c *v1.Contain
 		LabelRestartCount:  strconv.Itoa(restarts),
 		LabelLogPath:       logPath,
 		LabelImageID:       imageID(img),
+		LabelGracePeriod:   strconv.FormatInt(int64(podGrace(pod)/time.Second), 10),
 	}
 	create := func() (containerd.Container, error) {
 		return r.client.NewContainer(ctx, id,
@@ -161,27 +164,59 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, c *v1.Contain
 	// Keep this attempt's log and the one before (kubectl logs --previous); a crash-looping
 	// container must not fill the disk with one file per restart.
 	if restarts >= 2 {
-		os.Remove(r.logPath(pod, c.Name, restarts-2))
+		if old, err := r.logPath(pod, c.Name, restarts-2); err == nil {
+			os.Remove(old)
+		}
 	}
 	return Container{
 		ID: id, PodUID: string(pod.UID), PodName: pod.Name, PodNamespace: pod.Namespace, Name: c.Name,
 		Hash: labels[LabelSpecHash], RestartCount: restarts, Image: img.Name(), ImageID: labels[LabelImageID],
-		LogPath: logPath, CreatedAt: time.Now(), State: StateRunning, Pid: task.Pid(),
+		LogPath: logPath, CreatedAt: time.Now(), State: StateRunning, Pid: task.Pid(), Grace: podGrace(pod),
 	}, nil
 }
 
-// LogPath is the file attempt `restarts` of container name of pod writes its output to.
+// LogPath is the file attempt `restarts` of container name of pod writes its output to; "" when
+// the pod's names cannot make a path (they never can for a pod that ran).
 func (r *Runtime) LogPath(pod *v1.Pod, name string, restarts int) string {
-	return r.logPath(pod, name, restarts)
+	p, _ := r.logPath(pod, name, restarts)
+	return p
 }
 
-func (r *Runtime) logPath(pod *v1.Pod, name string, restarts int) string {
-	return filepath.Join(r.podLogDir(pod), name, strconv.Itoa(restarts)+".log")
+func (r *Runtime) logPath(pod *v1.Pod, name string, restarts int) (string, error) {
+	dir, err := r.podLogDir(pod)
+	if err != nil {
+		return "", err
+	}
+	return joinUnder(dir, name, strconv.Itoa(restarts)+".log")
 }
 
 // podLogDir follows kubelet's /var/log/pods naming so log tooling finds its way around.
-func (r *Runtime) podLogDir(pod *v1.Pod) string {
-	return filepath.Join(r.opts.StateDir, "logs", fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, pod.UID))
+func (r *Runtime) podLogDir(pod *v1.Pod) (string, error) {
+	for what, v := range map[string]string{"pod namespace": pod.Namespace, "pod name": pod.Name, "pod UID": string(pod.UID)} {
+		if err := checkPathElem(what, v); err != nil {
+			return "", err
+		}
+	}
+	return joinUnder(r.opts.StateDir, "logs", fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, pod.UID))
+}
+
+// DefaultGrace is kubelet's termination grace period when a pod sets none.
+const DefaultGrace = 30 * time.Second
+
+// podGrace is the pod's terminationGracePeriodSeconds, or kubelet's default.
+func podGrace(pod *v1.Pod) time.Duration {
+	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil && *g >= 0 {
+		return time.Duration(*g) * time.Second
+	}
+	return DefaultGrace
+}
+
+// parseGrace reads LabelGracePeriod; containers made before the label existed get kubelet's default.
+func parseGrace(v string) time.Duration {
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil && s >= 0 {
+		return time.Duration(s) * time.Second
+	}
+	return DefaultGrace
 }
 
 // ListContainers returns the mqlet containers in the namespace (of one pod when podUID is set, else
@@ -207,7 +242,7 @@ func (r *Runtime) ListContainers(ctx context.Context, podUID string) ([]Containe
 		ct := Container{
 			ID: c.ID, PodUID: l[LabelPodUID], PodName: l[LabelPodName], PodNamespace: l[LabelPodNamespace],
 			Name: l[LabelContainerName], Hash: l[LabelSpecHash], RestartCount: rc, Image: c.Image, ImageID: l[LabelImageID],
-			LogPath: l[LabelLogPath], CreatedAt: c.CreatedAt, State: StateCreated,
+			LogPath: l[LabelLogPath], CreatedAt: c.CreatedAt, State: StateCreated, Grace: parseGrace(l[LabelGracePeriod]),
 		}
 		if t, ok := byID[c.ID]; ok {
 			ct.Pid = t.Pid
@@ -350,15 +385,6 @@ func (r *Runtime) removeByID(ctx context.Context, id string) error {
 		return fmt.Errorf("remove %s: %w", id, err)
 	}
 	return nil
-}
-
-// RemovePodFiles deletes the pod's hosts file, emptyDir volumes, logs and network namespace.
-func (r *Runtime) RemovePodFiles(pod *v1.Pod) error {
-	errs := []error{r.RemovePodNetNS(string(pod.UID))}
-	errs = append(errs, os.RemoveAll(r.podDir(string(pod.UID))))
-	errs = append(errs, os.RemoveAll(r.podLogDir(pod)))
-	errs = append(errs, RemoveCgroup(r.podCgroup(string(pod.UID))))
-	return errors.Join(errs...)
 }
 
 // imageID is the repository digest the container was made from, as kubelet reports it

@@ -45,7 +45,7 @@ func envFrom(pod *v1.Pod, c *v1.Container, e v1.EnvVar) (string, error) {
 			name = c.Name
 		}
 		// Init containers may read their own resources too.
-		for _, ctr := range append(append([]v1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		for _, ctr := range AllContainers(&pod.Spec) {
 			if ctr.Name != name {
 				continue
 			}

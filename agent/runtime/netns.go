@@ -10,19 +10,30 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A pod's containers share one network namespace that must outlive any one container, so that a
-// restarted container keeps the pod's localhost. kubelet keeps it alive with a pause container; we pin
-// it with a bind mount instead, which needs no image and no process. The mount survives agent restarts
-// (it lives in the host's mount namespace) and disappears at reboot, when it must be rebuilt anyway.
+// A pod's containers share namespaces (network, IPC) that must outlive any one container, so that a
+// restarted container keeps the pod's localhost and its shared memory. kubelet keeps them alive with a
+// pause container; we pin each with a bind mount instead, which needs no image and no process. The
+// mount survives agent restarts (it lives in the host's mount namespace) and disappears at reboot,
+// when it must be rebuilt anyway: then the file is still there but is no longer a namespace.
 
 const nsfsMagic = 0x6e736673
 
-func (r *Runtime) netnsPath(podUID string) string {
-	return filepath.Join(r.opts.StateDir, "netns", podUID)
+// podNS is one kind of namespace a pod shares, pinned under <state>/<dir>/<uid>.
+type podNS struct {
+	dir  string // directory under the state dir
+	flag int    // unshare flag
+	proc string // name under /proc/<pid>/ns
 }
 
-// isNetNS reports whether path is a live namespace bind mount (after a reboot it is an empty file).
-func isNetNS(path string) bool {
+func netNS() podNS { return podNS{dir: "netns", flag: unix.CLONE_NEWNET, proc: "net"} }
+func ipcNS() podNS { return podNS{dir: "ipcns", flag: unix.CLONE_NEWIPC, proc: "ipc"} }
+
+func (r *Runtime) nsPath(kind podNS, podUID string) (string, error) {
+	return joinUnder(r.opts.StateDir, kind.dir, podUID)
+}
+
+// isNS reports whether path is a live namespace bind mount (after a reboot it is an empty file).
+func isNS(path string) bool {
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {
 		return false
@@ -30,45 +41,52 @@ func isNetNS(path string) bool {
 	return st.Type == nsfsMagic
 }
 
-// EnsurePodNetNS returns the path of the pod's network namespace, creating it with loopback up.
-func (r *Runtime) EnsurePodNetNS(podUID string) (string, error) {
-	path := r.netnsPath(podUID)
-	if isNetNS(path) {
-		return path, nil
+// ensurePodNS returns the path of the pod's namespace of this kind, and whether it had to be made
+// now (a new pod, or the old one gone with a reboot). A new network namespace gets loopback up.
+func (r *Runtime) ensurePodNS(kind podNS, podUID string) (path string, created bool, err error) {
+	path, err = r.nsPath(kind, podUID)
+	if err != nil {
+		return "", false, err
+	}
+	if isNS(path) {
+		return path, false, nil
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return "", fmt.Errorf("pod %s network namespace: %w", podUID, err)
+		return "", false, fmt.Errorf("pod %s %s namespace: %w", podUID, kind.proc, err)
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o400)
 	if err != nil {
-		return "", fmt.Errorf("pod %s network namespace: %w", podUID, err)
+		return "", false, fmt.Errorf("pod %s %s namespace: %w", podUID, kind.proc, err)
 	}
 	f.Close()
 
 	errc := make(chan error, 1)
 	go func() {
-		// unshare(CLONE_NEWNET) changes only this OS thread. The goroutine ends still locked, which
-		// makes the Go runtime throw the thread away instead of reusing it in the wrong namespace.
+		// unshare changes only this OS thread. The goroutine ends still locked, which makes the Go
+		// runtime throw the thread away instead of reusing it in the wrong namespace.
 		goruntime.LockOSThread()
-		errc <- enterNewNetNS(path)
+		errc <- enterNewNS(kind, path)
 	}()
 	if err := <-errc; err != nil {
 		unix.Unmount(path, unix.MNT_DETACH)
 		os.Remove(path)
-		return "", fmt.Errorf("pod %s network namespace at %s: %w", podUID, path, err)
+		return "", false, fmt.Errorf("pod %s %s namespace at %s: %w", podUID, kind.proc, path, err)
 	}
-	return path, nil
+	return path, true, nil
 }
 
-func enterNewNetNS(path string) error {
-	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+func enterNewNS(kind podNS, path string) error {
+	if err := unix.Unshare(kind.flag); err != nil {
 		return fmt.Errorf("unshare: %w", err)
 	}
-	self := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+	self := fmt.Sprintf("/proc/self/task/%d/ns/%s", unix.Gettid(), kind.proc)
 	if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("bind mount: %w", err)
 	}
-	return loopbackUp()
+	if kind.flag == unix.CLONE_NEWNET {
+		return loopbackUp()
+	}
+	return nil
 }
 
 // loopbackUp sets lo up in the calling thread's network namespace. runc does this only for
@@ -93,14 +111,45 @@ func loopbackUp() error {
 	return nil
 }
 
-// RemovePodNetNS releases the pod's network namespace; missing is fine.
-func (r *Runtime) RemovePodNetNS(podUID string) error {
-	path := r.netnsPath(podUID)
-	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("pod %s network namespace: unmount %s: %w", podUID, path, err)
+// removePodNS releases the pod's namespace of this kind; missing is fine.
+func (r *Runtime) removePodNS(kind podNS, podUID string) error {
+	path, err := r.nsPath(kind, podUID)
+	if err != nil {
+		return err
+	}
+	if err := unmount(path); err != nil {
+		return fmt.Errorf("pod %s %s namespace: %w", podUID, kind.proc, err)
 	}
 	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("pod %s network namespace: %w", podUID, err)
+		return fmt.Errorf("pod %s %s namespace: %w", podUID, kind.proc, err)
 	}
 	return nil
+}
+
+// unmount detaches whatever is mounted at path; nothing mounted, or no path, is fine.
+func unmount(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount %s: %w", path, err)
+	}
+	return nil
+}
+
+// podNSUIDs lists the pod UIDs that have a pinned namespace file of this kind.
+func (r *Runtime) podNSUIDs(kind podNS) ([]string, error) {
+	return dirNames(filepath.Join(r.opts.StateDir, kind.dir))
+}
+
+// dirNames lists the entries of dir; a missing dir has none.
+func dirNames(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out, nil
 }

@@ -25,6 +25,7 @@ const (
 	LabelRestartCount  = "io.mqlet.container.restart-count"
 	LabelLogPath       = "io.mqlet.container.log"
 	LabelImageID       = "io.mqlet.container.image-id"
+	LabelGracePeriod   = "io.mqlet.pod.grace-period" // seconds: an orphan is stopped with its own pod's grace
 )
 
 // Options configures a Runtime.

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/containers"
 	"github.com/containerd/containerd/oci"
+	securejoin "github.com/cyphar/filepath-securejoin"
 	"github.com/mqlet/mqlet/agent/qos"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
@@ -32,6 +34,14 @@ func SpecHash(pod *v1.Pod, c *v1.Container) string {
 		Security    *v1.PodSecurityContext
 		Volumes     []v1.Volume
 	}{pod.Spec.HostNetwork, pod.Spec.Hostname, pod.Spec.SecurityContext, pod.Spec.Volumes})
+	// Encoded only when set, so the hash of every container made before these fields were honoured
+	// stays the same and an upgrade restarts nothing.
+	if pod.Spec.HostPID || pod.Spec.HostIPC || pod.Spec.ShareProcessNamespace != nil {
+		enc.Encode(struct {
+			HostPID, HostIPC bool
+			SharePID         *bool
+		}{pod.Spec.HostPID, pod.Spec.HostIPC, pod.Spec.ShareProcessNamespace})
+	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
@@ -44,12 +54,9 @@ func (e *ConfigError) Unwrap() error { return e.Err }
 
 func configErr(format string, a ...any) error { return &ConfigError{fmt.Errorf(format, a...)} }
 
-// podDir holds per-pod files the runtime makes (hosts file, emptyDir volumes).
-func (r *Runtime) podDir(uid string) string { return filepath.Join(r.opts.StateDir, "pods", uid) }
-
 // specOpts turns a Kubernetes container into OCI spec options, with kubelet's semantics for
 // command/args, env expansion and resources.
-func (r *Runtime) specOpts(pod *v1.Pod, c *v1.Container, img containerd.Image, netns, id string) ([]oci.SpecOpts, error) {
+func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img containerd.Image, id string) ([]oci.SpecOpts, error) {
 	env, err := containerEnv(pod, c)
 	if err != nil {
 		return nil, err
@@ -88,24 +95,13 @@ func (r *Runtime) specOpts(pod *v1.Pod, c *v1.Container, img containerd.Image, n
 		opts = append(opts, oci.WithProcessCwd(c.WorkingDir))
 	}
 
-	if pod.Spec.HostNetwork {
-		opts = append(opts,
-			oci.WithHostNamespace(specs.NetworkNamespace),
-			oci.WithHostNamespace(specs.UTSNamespace),
-			oci.WithHostHostsFile, oci.WithHostResolvconf)
-	} else {
-		hosts, err := r.writeHostsFile(pod)
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts,
-			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: netns}),
-			oci.WithHostname(podHostname(pod)),
-			oci.WithMounts([]specs.Mount{{Destination: "/etc/hosts", Type: "bind", Source: hosts, Options: []string{"rbind", "ro"}}}),
-			oci.WithHostResolvconf)
+	nsOpts, err := namespaceOpts(pod, sb)
+	if err != nil {
+		return nil, err
 	}
+	opts = append(opts, nsOpts...)
 
-	mounts, err := r.volumeMounts(pod, c)
+	mounts, err := volumeMounts(pod, sb, c)
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +111,7 @@ func (r *Runtime) specOpts(pod *v1.Pod, c *v1.Container, img containerd.Image, n
 	opts = append(opts, resourceOpts(c, r.swapLimit)...)
 	opts = append(opts, withOOMScoreAdj(r.oomScoreAdj(pod, c)))
 	opts = append(opts, securityOpts(pod, c)...)
-	opts = append(opts, oci.WithCgroup(filepath.Join(r.podCgroup(string(pod.UID)), id)))
+	opts = append(opts, oci.WithCgroup(filepath.Join(sb.CgroupParent, id)))
 	return opts, nil
 }
 
@@ -130,25 +126,61 @@ func podHostname(pod *v1.Pod) string {
 	return strings.TrimRight(n, "-.")
 }
 
-func (r *Runtime) writeHostsFile(pod *v1.Pod) (string, error) {
-	dir := r.podDir(string(pod.UID))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, err)
+// namespaceOpts puts the container in the pod's namespaces: the sandbox's network and IPC
+// namespaces (or the host's with hostNetwork/hostIPC), and the host's PID namespace with hostPID.
+func namespaceOpts(pod *v1.Pod, sb *Sandbox) ([]oci.SpecOpts, error) {
+	var opts []oci.SpecOpts
+	if pod.Spec.ShareProcessNamespace != nil && *pod.Spec.ShareProcessNamespace {
+		// A shared PID namespace needs a process to be its PID 1 for the pod's life (kubelet's
+		// pause container); mqlet runs no such process, and a namespace whose init died takes no
+		// new process. Refusing is better than running the containers apart, silently.
+		return nil, configErr("pod %s/%s: shareProcessNamespace: true is not supported by mqlet (it has no pause container to hold a shared PID namespace)", pod.Namespace, pod.Name)
 	}
-	path := filepath.Join(dir, "hosts")
-	content := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", podHostname(pod))
-	if old, err := os.ReadFile(path); err == nil && string(old) == content {
-		return path, nil
+	if pod.Spec.HostNetwork {
+		opts = append(opts,
+			oci.WithHostNamespace(specs.NetworkNamespace),
+			oci.WithHostNamespace(specs.UTSNamespace),
+			oci.WithHostHostsFile, oci.WithHostResolvconf)
+	} else {
+		if sb.NetNS == "" || sb.HostsFile == "" {
+			return nil, fmt.Errorf("pod %s/%s: the sandbox has no network namespace or hosts file", pod.Namespace, pod.Name)
+		}
+		opts = append(opts,
+			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: sb.NetNS}),
+			oci.WithHostname(podHostname(pod)),
+			oci.WithMounts([]specs.Mount{{Destination: "/etc/hosts", Type: "bind", Source: sb.HostsFile, Options: []string{"rbind", "ro"}}}),
+			oci.WithHostResolvconf)
 	}
-	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-		return "", fmt.Errorf("pod %s/%s hosts file: %w", pod.Namespace, pod.Name, err)
+	if pod.Spec.HostIPC {
+		opts = append(opts, oci.WithHostNamespace(specs.IPCNamespace))
+	} else {
+		if sb.IPCNS == "" {
+			return nil, fmt.Errorf("pod %s/%s: the sandbox has no IPC namespace", pod.Namespace, pod.Name)
+		}
+		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.IPCNamespace, Path: sb.IPCNS}))
 	}
-	return path, nil
+	if sb.Shm != "" {
+		opts = append(opts, withShm(sb.Shm))
+	}
+	if pod.Spec.HostPID {
+		opts = append(opts, oci.WithHostNamespace(specs.PIDNamespace))
+	}
+	return opts, nil
 }
 
-// volumeMounts supports emptyDir and hostPath; other volume kinds arrive with later work and are
-// refused clearly rather than silently skipped.
-func (r *Runtime) volumeMounts(pod *v1.Pod, c *v1.Container) ([]specs.Mount, error) {
+// withShm replaces the default spec's private /dev/shm tmpfs with the pod's shared one (or the
+// host's), so POSIX shared memory is shared like the IPC namespace is.
+func withShm(src string) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		s.Mounts = slices.DeleteFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == "/dev/shm" })
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/dev/shm", Type: "bind", Source: src, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}})
+		return nil
+	}
+}
+
+// volumeMounts supports emptyDir (made by the sandbox) and hostPath; other volume kinds arrive with
+// later work and are refused clearly rather than silently skipped.
+func volumeMounts(pod *v1.Pod, sb *Sandbox, c *v1.Container) ([]specs.Mount, error) {
 	vols := map[string]v1.Volume{}
 	for _, v := range pod.Spec.Volumes {
 		vols[v.Name] = v
@@ -162,13 +194,8 @@ func (r *Runtime) volumeMounts(pod *v1.Pod, c *v1.Container) ([]specs.Mount, err
 		var src string
 		switch {
 		case v.EmptyDir != nil:
-			src = filepath.Join(r.podDir(string(pod.UID)), "volumes", v.Name)
-			if err := os.MkdirAll(src, 0o777); err != nil {
-				return nil, fmt.Errorf("emptyDir %q: %w", v.Name, err)
-			}
-			// World-writable like kubelet's, whatever the umask: pods often run as non-root.
-			if err := os.Chmod(src, 0o777); err != nil {
-				return nil, fmt.Errorf("emptyDir %q: %w", v.Name, err)
+			if src = sb.Volumes[v.Name]; src == "" {
+				return nil, fmt.Errorf("emptyDir %q: not set up by the pod's sandbox", v.Name)
 			}
 		case v.HostPath != nil:
 			src = v.HostPath.Path
@@ -183,10 +210,11 @@ func (r *Runtime) volumeMounts(pod *v1.Pod, c *v1.Container) ([]specs.Mount, err
 			return nil, configErr("volume %q: only emptyDir and hostPath volumes are supported", v.Name)
 		}
 		if m.SubPath != "" {
-			if filepath.IsAbs(m.SubPath) || slices.Contains(strings.Split(filepath.ToSlash(m.SubPath), "/"), "..") {
-				return nil, configErr("container %q volumeMount %q: subPath %q must be relative and must not contain '..'", c.Name, m.Name, m.SubPath)
+			sub, err := resolveSubPath(src, m.SubPath)
+			if err != nil {
+				return nil, configErr("container %q volumeMount %q: subPath %q: %v", c.Name, m.Name, m.SubPath, err)
 			}
-			src = filepath.Join(src, m.SubPath)
+			src = sub
 		}
 		opt := "rw"
 		if m.ReadOnly {
@@ -195,6 +223,63 @@ func (r *Runtime) volumeMounts(pod *v1.Pod, c *v1.Container) ([]specs.Mount, err
 		out = append(out, specs.Mount{Destination: m.MountPath, Type: "bind", Source: src, Options: []string{"rbind", opt}})
 	}
 	return out, nil
+}
+
+// resolveSubPath finds subPath inside the volume at root, refusing anything that leads out of it:
+// an absolute path, "..", or a symlink (planted by a container writing to the volume) whose target
+// is outside (kubelet's CVE-2017-1002101). securejoin resolves the path as if root were "/"; the
+// host resolves it for real. They agree only when no symlink on the way leaves the volume. A path
+// that does not exist yet is left to runc, as before.
+//
+// The check and runc's mount are not atomic: a container that swaps a checked directory for a
+// symlink in between can still win the race. Closing that needs the mount source passed as an open
+// file descriptor, which kubelet does and mqlet does not yet.
+func resolveSubPath(root, subPath string) (string, error) {
+	if filepath.IsAbs(subPath) || slices.Contains(strings.Split(filepath.ToSlash(subPath), "/"), "..") {
+		return "", fmt.Errorf("must be a relative path without '..'")
+	}
+	realRoot, err := filepath.EvalSymlinks(root)
+	if err != nil {
+		return "", fmt.Errorf("volume root %s: %w", root, err)
+	}
+	scoped, err := securejoin.SecureJoin(realRoot, subPath)
+	if err != nil {
+		return "", fmt.Errorf("resolve in %s: %w", realRoot, err)
+	}
+	host, err := hostResolve(realRoot, subPath)
+	if err != nil {
+		return "", err
+	}
+	if host != scoped || (host != realRoot && !strings.HasPrefix(host, realRoot+string(filepath.Separator))) {
+		return "", fmt.Errorf("leads out of the volume (a symlink on the way resolves to %s)", host)
+	}
+	return host, nil
+}
+
+// hostResolve follows subPath below root as the kernel would, symlinks included, as far as it
+// exists; the missing rest is appended as it is.
+func hostResolve(root, subPath string) (string, error) {
+	cur := root
+	parts := strings.Split(filepath.Clean(subPath), string(filepath.Separator))
+	for i, p := range parts {
+		if p == "" || p == "." {
+			continue
+		}
+		next := filepath.Join(cur, p)
+		if _, err := os.Lstat(next); errors.Is(err, os.ErrNotExist) {
+			return filepath.Join(append([]string{cur}, parts[i:]...)...), nil
+		} else if err != nil {
+			return "", err
+		}
+		real, err := filepath.EvalSymlinks(next)
+		if errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("%s is a dangling symlink", next)
+		} else if err != nil {
+			return "", err
+		}
+		cur = real
+	}
+	return cur, nil
 }
 
 // oomScoreAdj is kubelet's score for the container's QoS class, raised to the floor this machine

@@ -273,18 +273,18 @@ func TestCapabilityOptsAll(t *testing.T) {
 }
 
 func TestSubPathEscapeRefused(t *testing.T) {
-	r := &Runtime{opts: Options{StateDir: t.TempDir()}}
 	pod := &v1.Pod{Spec: v1.PodSpec{Volumes: []v1.Volume{{Name: "v", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}}}
 	pod.UID = "u1"
+	sb := &Sandbox{Volumes: map[string]string{"v": t.TempDir()}}
 	for _, sub := range []string{"../../etc", "/etc", "a/../../b"} {
 		c := &v1.Container{Name: "c", VolumeMounts: []v1.VolumeMount{{Name: "v", MountPath: "/x", SubPath: sub}}}
 		var ce *ConfigError
-		if _, err := r.volumeMounts(pod, c); !errors.As(err, &ce) {
+		if _, err := volumeMounts(pod, sb, c); !errors.As(err, &ce) {
 			t.Errorf("subPath %q: err = %v, want a ConfigError", sub, err)
 		}
 	}
 	c := &v1.Container{Name: "c", VolumeMounts: []v1.VolumeMount{{Name: "v", MountPath: "/x", SubPath: "data"}}}
-	if m, err := r.volumeMounts(pod, c); err != nil || len(m) != 1 {
+	if m, err := volumeMounts(pod, sb, c); err != nil || len(m) != 1 {
 		t.Errorf("subPath data: %v %v", m, err)
 	}
 }

@@ -91,11 +91,13 @@ func newHarness(t *testing.T) *harness {
 	h.sock = filepath.Join(dir, "api.sock")
 	os.MkdirAll(h.manifests, 0o755)
 	t.Cleanup(func() {
-		// Pod network namespaces are bind mounts under the state dir; unmount before removing.
-		nsDir := filepath.Join(h.state, "netns")
-		entries, _ := os.ReadDir(nsDir)
-		for _, e := range entries {
-			unix.Unmount(filepath.Join(nsDir, e.Name()), unix.MNT_DETACH)
+		// Pod namespaces are bind mounts under the state dir and each pod's /dev/shm a tmpfs in
+		// its pod dir; unmount before removing.
+		mounts, _ := filepath.Glob(filepath.Join(h.state, "netns", "*"))
+		ipc, _ := filepath.Glob(filepath.Join(h.state, "ipcns", "*"))
+		shm, _ := filepath.Glob(filepath.Join(h.state, "pods", "*", "shm"))
+		for _, m := range append(append(mounts, ipc...), shm...) {
+			unix.Unmount(m, unix.MNT_DETACH)
 		}
 		os.RemoveAll(dir)
 	})

@@ -1,0 +1,227 @@
+package runtime_test
+
+// Sandbox tests with real containers on the test environment's containerd.
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mqlet/mqlet/agent/pod"
+	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/internal/testenv"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// waitLimit bounds waits for a container to do something; it only matters when a test fails.
+const waitLimit = 30 * time.Second
+
+type rig struct {
+	t     *testing.T
+	r     *runtime.Runtime
+	state string
+}
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	env := testenv.Require(t)
+	ns := testenv.Namespace(t, env.ContainerdAddress)
+	state := t.TempDir()
+	r, err := runtime.New(context.Background(), runtime.Options{Address: env.ContainerdAddress, Namespace: ns, StateDir: state,
+		Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	if _, err := r.ImportArchiveIfMissing(context.Background(), env.Image(testenv.Busybox)); err != nil {
+		t.Fatal(err)
+	}
+	return &rig{t: t, r: r, state: state}
+}
+
+func newPod(uid string, ctrs ...v1.Container) *v1.Pod {
+	for i := range ctrs {
+		ctrs[i].Image = testenv.BusyboxRef
+		ctrs[i].ImagePullPolicy = v1.PullNever
+	}
+	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p" + uid[:4], Namespace: "default", UID: types.UID(uid)},
+		Spec: v1.PodSpec{Containers: ctrs}}
+}
+
+func shell(name, script string) v1.Container {
+	return v1.Container{Name: name, Command: []string{"sh", "-c", script}}
+}
+
+// sandbox sets the pod's sandbox up and removes containers and sandbox when the test ends.
+func (g *rig) sandbox(p *v1.Pod) *runtime.Sandbox {
+	g.t.Helper()
+	ctx := context.Background()
+	sb, err := g.r.EnsureSandbox(ctx, p)
+	if err != nil {
+		g.t.Fatalf("EnsureSandbox: %v", err)
+	}
+	g.t.Cleanup(func() {
+		cs, _ := g.r.ListContainers(ctx, string(p.UID))
+		for _, c := range cs {
+			g.r.RemoveContainer(ctx, c.ID)
+		}
+		if err := g.r.RemoveSandbox(ctx, runtime.RefOf(p)); err != nil {
+			g.t.Logf("cleanup: %v", err)
+		}
+	})
+	return sb
+}
+
+func (g *rig) start(p *v1.Pod, sb *runtime.Sandbox, c *v1.Container) runtime.Container {
+	g.t.Helper()
+	ctr, err := g.r.StartContainer(context.Background(), p, sb, c, 0)
+	if err != nil {
+		g.t.Fatalf("StartContainer %s: %v", c.Name, err)
+	}
+	return ctr
+}
+
+// waitLog waits until the container's log holds want.
+func (g *rig) waitLog(c runtime.Container, want string) {
+	g.t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for {
+		b, _ := os.ReadFile(c.LogPath)
+		if strings.Contains(string(b), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			g.t.Fatalf("container %s did not log %q within %s; log:\n%s", c.Name, want, waitLimit, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func nsOf(t *testing.T, pid uint32, kind string) string {
+	t.Helper()
+	p := "/proc/self/ns/" + kind
+	if pid != 0 {
+		p = filepath.Join("/proc", strconv.FormatUint(uint64(pid), 10), "ns", kind)
+	}
+	l, err := os.Readlink(p)
+	if err != nil {
+		t.Fatalf("namespace of pid %d: %v", pid, err)
+	}
+	return l
+}
+
+// Two containers of a pod share its IPC namespace (not the host's) and its /dev/shm.
+func TestPodContainersShareIPC(t *testing.T) {
+	g := newRig(t)
+	p := newPod("6a0c0001-ipc",
+		shell("writer", "echo shared-hi > /dev/shm/x; sleep 3600"),
+		shell("reader", "until cat /dev/shm/x; do sleep 0.1; done; sleep 3600"))
+	sb := g.sandbox(p)
+	w := g.start(p, sb, &p.Spec.Containers[0])
+	rd := g.start(p, sb, &p.Spec.Containers[1])
+	g.waitLog(rd, "shared-hi")
+	wi, ri, host := nsOf(t, w.Pid, "ipc"), nsOf(t, rd.Pid, "ipc"), nsOf(t, 0, "ipc")
+	if wi != ri || wi == host {
+		t.Errorf("ipc namespaces: writer %s, reader %s, host %s; want the pod's own, shared", wi, ri, host)
+	}
+}
+
+// hostIPC and hostPID put the container in the host's namespaces: it sees the host's pid 1.
+func TestHostIPCAndHostPID(t *testing.T) {
+	g := newRig(t)
+	p := newPod("6a0c0002-host", shell("c", "echo comm=$(cat /proc/1/comm); sleep 3600"))
+	p.Spec.HostIPC, p.Spec.HostPID = true, true
+	sb := g.sandbox(p)
+	c := g.start(p, sb, &p.Spec.Containers[0])
+	comm, err := os.ReadFile("/proc/1/comm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.waitLog(c, "comm="+strings.TrimSpace(string(comm)))
+	for _, kind := range []string{"ipc", "pid"} {
+		if got, host := nsOf(t, c.Pid, kind), nsOf(t, 0, kind); got != host {
+			t.Errorf("%s namespace = %s, want the host's %s", kind, got, host)
+		}
+	}
+}
+
+// shareProcessNamespace cannot be honoured without a process to hold the namespace: it is refused
+// with a clear reason rather than ignored.
+func TestShareProcessNamespaceRefused(t *testing.T) {
+	g := newRig(t)
+	p := newPod("6a0c0003-spn", shell("c", "sleep 3600"))
+	share := true
+	p.Spec.ShareProcessNamespace = &share
+	sb := g.sandbox(p)
+	_, err := g.r.StartContainer(context.Background(), p, sb, &p.Spec.Containers[0], 0)
+	var se *runtime.StartError
+	if !errors.As(err, &se) || se.Reason != "CreateContainerConfigError" || !strings.Contains(err.Error(), "shareProcessNamespace") {
+		t.Errorf("StartContainer with shareProcessNamespace: err = %v, want a CreateContainerConfigError naming it", err)
+	}
+}
+
+// A container plants symlinks in an emptyDir; a subPath through one pointing out of the volume is
+// refused (CVE-2017-1002101), one staying inside works.
+func TestSubPathSymlinkOutOfVolumeRefused(t *testing.T) {
+	g := newRig(t)
+	mount := func(sub string) []v1.VolumeMount { return []v1.VolumeMount{{Name: "v", MountPath: "/x", SubPath: sub}} }
+	planter := shell("planter", "mkdir -p /x/data && echo inside > /x/data/f && ln -s /etc /x/evil && ln -s data /x/ok && echo planted; sleep 3600")
+	planter.VolumeMounts = mount("")
+	victim := shell("victim", "ls /x; sleep 3600")
+	victim.VolumeMounts = mount("evil")
+	fine := shell("fine", "cat /x/f; sleep 3600")
+	fine.VolumeMounts = mount("ok")
+	p := newPod("6a0c0004-sub", planter, victim, fine)
+	p.Spec.Volumes = []v1.Volume{{Name: "v", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}
+	sb := g.sandbox(p)
+	g.waitLog(g.start(p, sb, &p.Spec.Containers[0]), "planted")
+
+	_, err := g.r.StartContainer(context.Background(), p, sb, &p.Spec.Containers[1], 0)
+	var se *runtime.StartError
+	if !errors.As(err, &se) || se.Reason != "CreateContainerConfigError" || !strings.Contains(err.Error(), `subPath "evil"`) {
+		t.Errorf("subPath through a symlink to /etc: err = %v, want a CreateContainerConfigError naming subPath \"evil\"", err)
+	}
+	g.waitLog(g.start(p, sb, &p.Spec.Containers[2]), "inside")
+}
+
+// Teardown with no grace given (an orphan) stops each container with its pod's own grace from the
+// label, then removes containers and the whole sandbox, found by UID alone.
+func TestTeardownOrphanByUID(t *testing.T) {
+	g := newRig(t)
+	p := newPod("6a0c0005-td", shell("c", "trap 'echo got-term; exit 0' TERM; echo up; while true; do sleep 0.1; done"))
+	grace := int64(7)
+	p.Spec.TerminationGracePeriodSeconds = &grace
+	sb := g.sandbox(p)
+	c := g.start(p, sb, &p.Spec.Containers[0])
+	g.waitLog(c, "up")
+	ctx := context.Background()
+	ctrs, err := g.r.ListContainers(ctx, string(p.UID))
+	if err != nil || len(ctrs) != 1 {
+		t.Fatalf("ListContainers = %v, %v", ctrs, err)
+	}
+	if ctrs[0].Grace != 7*time.Second {
+		t.Errorf("Container.Grace = %s, want the pod's 7s from its label", ctrs[0].Grace)
+	}
+	if err := pod.Teardown(ctx, g.r, runtime.PodRef{UID: p.UID}, ctrs, nil, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatalf("Teardown: %v", err)
+	}
+	if left, err := g.r.ListContainers(ctx, string(p.UID)); err != nil || len(left) != 0 {
+		t.Errorf("containers left after Teardown: %v %v", left, err)
+	}
+	if refs, err := g.r.ListSandboxes(); err != nil || len(refs) != 0 {
+		t.Errorf("sandboxes left after Teardown: %v %v", refs, err)
+	}
+	for _, d := range []string{sb.Dir, sb.LogDir, sb.NetNS, sb.IPCNS} {
+		if _, err := os.Lstat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left after Teardown: %v", d, err)
+		}
+	}
+}

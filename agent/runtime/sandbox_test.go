@@ -1,0 +1,224 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// needRoot skips tests that mount namespaces and tmpfs; they need no containerd.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting namespaces needs root")
+	}
+}
+
+func sandboxPod(uid, name string) *v1.Pod {
+	return &v1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID(uid)},
+		Spec:       v1.PodSpec{Volumes: []v1.Volume{{Name: "cache", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}},
+	}
+}
+
+func testSandboxRuntime(t *testing.T) *Runtime {
+	return &Runtime{opts: Options{StateDir: t.TempDir(), Namespace: "mqlet-unit-" + strings.ToLower(t.Name())}}
+}
+
+// mountedUnder lists the mount points below dir, from the host's mount table.
+func mountedUnder(t *testing.T, dir string) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			out = append(out, f[4])
+		}
+	}
+	return out
+}
+
+func mode(t *testing.T, path string) os.FileMode {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Mode().Perm()
+}
+
+// The sandbox makes private dirs, pinned namespaces, a shared shm and the emptyDirs; ListSandboxes
+// finds it; RemoveSandbox by UID alone removes all of it, twice without error, and a UID that never
+// had a sandbox is fine too.
+func TestSandboxSetUpListRemove(t *testing.T) {
+	needRoot(t)
+	r := testSandboxRuntime(t)
+	ctx := context.Background()
+	pod := sandboxPod("6f1c2d3e-0001", "web")
+	other := sandboxPod("x6f1c2d3e-0001", "other") // its UID ends like pod's: must survive pod's removal
+	t.Cleanup(func() {
+		r.RemoveSandbox(ctx, RefOf(pod))
+		r.RemoveSandbox(ctx, RefOf(other))
+	})
+	sb, err := r.EnsureSandbox(ctx, pod)
+	if err != nil {
+		t.Fatalf("EnsureSandbox: %v", err)
+	}
+	if _, err := r.EnsureSandbox(ctx, other); err != nil {
+		t.Fatalf("EnsureSandbox(other): %v", err)
+	}
+	if !sb.Created {
+		t.Errorf("a new pod's sandbox is not reported Created")
+	}
+	for _, d := range []string{sb.Dir, sb.LogDir, filepath.Dir(sb.Dir), filepath.Dir(sb.LogDir)} {
+		if m := mode(t, d); m != 0o750 {
+			t.Errorf("%s mode = %v, want 0750", d, m)
+		}
+	}
+	if m := mode(t, sb.Volumes["cache"]); m != 0o777 {
+		t.Errorf("emptyDir mode = %v, want 0777", m)
+	}
+	if !isNS(sb.NetNS) || !isNS(sb.IPCNS) {
+		t.Errorf("netns %s / ipcns %s are not pinned namespaces", sb.NetNS, sb.IPCNS)
+	}
+	if b, err := os.ReadFile(sb.HostsFile); err != nil || !strings.Contains(string(b), "\tweb\n") {
+		t.Errorf("hosts file %s: %q %v", sb.HostsFile, b, err)
+	}
+	if again, err := r.EnsureSandbox(ctx, pod); err != nil || again.Created {
+		t.Errorf("second EnsureSandbox: created=%v err=%v, want an intact sandbox", again != nil && again.Created, err)
+	}
+	refs, err := r.ListSandboxes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, ref := range refs {
+		if ref.UID == pod.UID {
+			found = ref.Name == "web" && ref.Namespace == "default"
+		}
+	}
+	if !found || len(refs) != 2 {
+		t.Errorf("ListSandboxes = %v, want both pods, web with its name", refs)
+	}
+
+	for i := 0; i < 2; i++ {
+		if err := r.RemoveSandbox(ctx, PodRef{UID: pod.UID}); err != nil {
+			t.Fatalf("RemoveSandbox #%d by UID: %v", i+1, err)
+		}
+	}
+	for _, p := range []string{sb.Dir, sb.LogDir, sb.NetNS, sb.IPCNS} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left after RemoveSandbox: %v", p, err)
+		}
+	}
+	for _, m := range mountedUnder(t, r.opts.StateDir) {
+		if strings.Contains(m, string(pod.UID)) && !strings.Contains(m, string(other.UID)) {
+			t.Errorf("mount %s left after RemoveSandbox", m)
+		}
+	}
+	if refs, _ := r.ListSandboxes(); len(refs) != 1 || refs[0].UID != other.UID {
+		t.Errorf("ListSandboxes after removing web = %v, want only other", refs)
+	}
+	if err := r.RemoveSandbox(ctx, PodRef{UID: "never-set-up"}); err != nil {
+		t.Errorf("RemoveSandbox of a pod that never had a sandbox: %v", err)
+	}
+}
+
+// A UID or name that would leave its directory is refused before anything is made or removed.
+func TestSandboxRefusesEscapingNames(t *testing.T) {
+	r := testSandboxRuntime(t)
+	ctx := context.Background()
+	victim := filepath.Join(t.TempDir(), "victim")
+	os.MkdirAll(victim, 0o755)
+	for _, uid := range []string{"../../../victim", "..", "a/b", ""} {
+		if _, err := r.EnsureSandbox(ctx, sandboxPod(uid, "web")); err == nil {
+			t.Errorf("EnsureSandbox with UID %q: no error", uid)
+		}
+		if err := r.RemoveSandbox(ctx, PodRef{UID: types.UID(uid)}); err == nil {
+			t.Errorf("RemoveSandbox with UID %q: no error", uid)
+		}
+	}
+	if _, err := r.EnsureSandbox(ctx, sandboxPod("u1", "../x")); err == nil {
+		t.Errorf("EnsureSandbox with pod name ../x: no error")
+	}
+	bad := sandboxPod("u2", "web")
+	bad.Spec.Volumes[0].Name = "../../x"
+	if _, err := r.EnsureSandbox(ctx, bad); err == nil || !strings.Contains(err.Error(), "../../x") {
+		t.Errorf("EnsureSandbox with volume name ../../x: err = %v", err)
+	}
+	r.RemoveSandbox(ctx, PodRef{UID: "u1"})
+	r.RemoveSandbox(ctx, PodRef{UID: "u2"})
+	if _, err := os.Stat(victim); err != nil {
+		t.Errorf("a directory outside the state dir was touched: %v", err)
+	}
+}
+
+// A sandbox whose network namespace vanished (a reboot) is made again and reported Created; a
+// hostNetwork pod has no namespace to lose, so a boot id different from the recorded one says it.
+func TestSandboxRecreated(t *testing.T) {
+	needRoot(t)
+	r := testSandboxRuntime(t)
+	ctx := context.Background()
+	pod := sandboxPod("6f1c2d3e-0002", "web")
+	host := sandboxPod("6f1c2d3e-0003", "host")
+	host.Spec.HostNetwork, host.Spec.HostIPC = true, true
+	t.Cleanup(func() { r.RemoveSandbox(ctx, RefOf(pod)); r.RemoveSandbox(ctx, RefOf(host)) })
+
+	sb, err := r.EnsureSandbox(ctx, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unmount(sb.NetNS); err != nil {
+		t.Fatal(err)
+	}
+	if sb, err = r.EnsureSandbox(ctx, pod); err != nil || !sb.Created || !isNS(sb.NetNS) {
+		t.Errorf("EnsureSandbox after its netns vanished: created=%v pinned=%v err=%v, want a new one", sb != nil && sb.Created, sb != nil && isNS(sb.NetNS), err)
+	}
+
+	hsb, err := r.EnsureSandbox(ctx, host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hsb.NetNS != "" || hsb.IPCNS != "" || hsb.Shm != "/dev/shm" {
+		t.Errorf("host pod sandbox: netns %q ipcns %q shm %q, want none, none, the host's", hsb.NetNS, hsb.IPCNS, hsb.Shm)
+	}
+	if hsb, _ = r.EnsureSandbox(ctx, host); hsb.Created {
+		t.Errorf("hostNetwork sandbox in the same boot reported Created")
+	}
+	if err := os.WriteFile(filepath.Join(hsb.Dir, "boot_id"), []byte("an-earlier-boot\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if hsb, err = r.EnsureSandbox(ctx, host); err != nil || !hsb.Created {
+		t.Errorf("hostNetwork sandbox after a reboot: created=%v err=%v, want Created", hsb != nil && hsb.Created, err)
+	}
+}
+
+// A pod an older mqlet set up (no IPC namespace, no boot marker, its network namespace live) is
+// not a new sandbox: an upgrade must not restart every pod.
+func TestSandboxFromOlderMqletNotRecreated(t *testing.T) {
+	needRoot(t)
+	r := testSandboxRuntime(t)
+	ctx := context.Background()
+	pod := sandboxPod("6f1c2d3e-0004", "web")
+	t.Cleanup(func() { r.RemoveSandbox(ctx, RefOf(pod)) })
+	sb, err := r.EnsureSandbox(ctx, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(unmount(filepath.Join(sb.Dir, "shm")), r.removePodNS(ipcNS(), string(pod.UID)), os.Remove(filepath.Join(sb.Dir, "boot_id"))); err != nil {
+		t.Fatal(err)
+	}
+	if sb, err = r.EnsureSandbox(ctx, pod); err != nil || sb.Created || !isNS(sb.IPCNS) {
+		t.Errorf("EnsureSandbox of an older mqlet's pod: created=%v ipc pinned=%v err=%v; want intact, with an IPC namespace now", sb != nil && sb.Created, sb != nil && isNS(sb.IPCNS), err)
+	}
+}
