@@ -166,6 +166,7 @@ type testAgent struct {
 	st     store.State
 	cancel context.CancelFunc
 	done   chan error
+	once   sync.Once
 }
 
 func startAgent(t *testing.T, rt *fakeRuntime, st store.State, sources ...source.Source) *testAgent {
@@ -180,12 +181,14 @@ func startAgent(t *testing.T, rt *fakeRuntime, st store.State, sources ...source
 }
 
 func (ta *testAgent) stopAgent() {
-	ta.cancel()
-	select {
-	case <-ta.done:
-	case <-time.After(10 * time.Second):
-		panic("agent did not stop within 10s")
-	}
+	ta.once.Do(func() {
+		ta.cancel()
+		select {
+		case <-ta.done:
+		case <-time.After(10 * time.Second):
+			panic("agent did not stop within 10s")
+		}
+	})
 }
 
 // eventually polls cond for up to 5 s (bounded; the fakes act at once).

@@ -19,7 +19,7 @@ func parseFlags(t *testing.T, args ...string) (Flags, error) {
 	var cli struct {
 		Flags `embed:""`
 	}
-	parser, err := kong.New(&cli, kong.Name("mqlet-agent-test"))
+	parser, err := kong.New(&cli, kong.Name("mqlet-agent-test"), kong.Vars(Vars()))
 	if err != nil {
 		t.Fatalf("building kong parser: %v", err)
 	}
@@ -145,7 +145,7 @@ func TestFlagsCoverEverySetting(t *testing.T) {
 	var cli struct {
 		Flags `embed:""`
 	}
-	parser := kong.Must(&cli)
+	parser := kong.Must(&cli, kong.Vars(Vars()))
 	flags := map[string]bool{}
 	for _, fl := range parser.Model.Flags {
 		if fl.Name != "help" && fl.Name != "config" {
@@ -184,7 +184,7 @@ func TestHelpStatesDefaults(t *testing.T) {
 	var cli struct {
 		Flags `embed:""`
 	}
-	parser := kong.Must(&cli)
+	parser := kong.Must(&cli, kong.Vars(Vars()))
 	help := map[string]string{}
 	for _, fl := range parser.Model.Flags {
 		help[fl.Name] = fl.Help

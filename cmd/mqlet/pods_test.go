@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/mqlet/mqlet/agent/api"
+	"github.com/mqlet/mqlet/agent/config"
 )
 
 var now = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -438,7 +439,7 @@ func TestKongFlags(t *testing.T) {
 		Pods     PodsCmd     `cmd:""`
 		Describe DescribeCmd `cmd:""`
 	}
-	parser, err := kong.New(&cli, kong.Exit(func(int) { t.Fatal("kong tried to exit") }))
+	parser, err := kong.New(&cli, kong.Exit(func(int) { t.Fatal("kong tried to exit") }), kong.Vars(config.Vars()))
 	if err != nil {
 		t.Fatal(err)
 	}
