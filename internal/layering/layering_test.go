@@ -1,0 +1,56 @@
+package layering
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// deps lists every package pattern's transitive imports (test imports excluded), by go list.
+func deps(t *testing.T, pattern string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{.ImportPath}}", pattern).Output()
+	if err != nil {
+		msg := ""
+		if ee, ok := err.(*exec.ExitError); ok {
+			msg = string(ee.Stderr)
+		}
+		t.Fatalf("go list -deps %s: %v\n%s", pattern, err, msg)
+	}
+	return strings.Fields(string(out))
+}
+
+// forbidden returns the imports of pattern that start with one of the prefixes.
+func forbidden(t *testing.T, pattern string, prefixes ...string) []string {
+	var bad []string
+	for _, d := range deps(t, pattern) {
+		for _, p := range prefixes {
+			if strings.HasPrefix(d, p) {
+				bad = append(bad, d)
+			}
+		}
+	}
+	return bad
+}
+
+// MQTT libraries the agent core must never link: it runs with no broker at all.
+var mqttLibraries = []string{"github.com/eclipse/paho", "github.com/mochi-mqtt/", "github.com/hivemq/", "github.com/at-wat/mqtt-go"}
+
+func TestAgentImportsNoMQTT(t *testing.T) {
+	if bad := forbidden(t, "github.com/mqlet/mqlet/agent/...", mqttLibraries...); len(bad) > 0 {
+		t.Errorf("agent/ imports an MQTT library: %v", bad)
+	}
+}
+
+func TestSyncImportsNoContainerd(t *testing.T) {
+	if bad := forbidden(t, "github.com/mqlet/mqlet/sync/...", "github.com/containerd/"); len(bad) > 0 {
+		t.Errorf("sync/ imports containerd: %v", bad)
+	}
+}
+
+// The check itself must be able to see a dependency: the agent does link containerd.
+func TestCheckSeesDependencies(t *testing.T) {
+	if bad := forbidden(t, "github.com/mqlet/mqlet/agent/...", "github.com/containerd/"); len(bad) == 0 {
+		t.Errorf("go list found no containerd package under agent/: the check is blind")
+	}
+}
