@@ -14,12 +14,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containerd/containerd"
 	tasks "github.com/containerd/containerd/api/services/tasks/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/cio"
-	"github.com/containerd/containerd/containers"
-	"github.com/containerd/containerd/errdefs"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/distribution/reference"
 	v1 "k8s.io/api/core/v1"
 )
@@ -248,7 +249,7 @@ func (r *Runtime) tasks(ctx context.Context, podUID string, ctrs []containers.Co
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			if !errdefs.IsNotFound(errdefs.FromGRPC(err)) {
+			if !errdefs.IsNotFound(errgrpc.ToNative(err)) {
 				// A dead or stuck shim: read the container as having no task (as the namespace
 				// listing does), so the worker replaces or removes it instead of failing forever.
 				r.log.Warn("task state unreadable; treating the container as stopped", "container", c.ID, "err", err)

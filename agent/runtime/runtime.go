@@ -10,8 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/namespaces"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/defaults"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/mqlet/mqlet/hw"
 )
 
@@ -63,7 +64,7 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 		o.DialTimeout = 10 * time.Second
 	}
 	if o.Snapshotter == "" {
-		o.Snapshotter = containerd.DefaultSnapshotter
+		o.Snapshotter = defaults.DefaultSnapshotter
 	}
 	addr := strings.TrimPrefix(o.Address, "unix://")
 	c, err := containerd.New(addr,

@@ -12,11 +12,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containerd/containerd"
 	tasks "github.com/containerd/containerd/api/services/tasks/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/errdefs"
-	"github.com/containerd/containerd/namespaces"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/defaults"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
 	"github.com/mqlet/mqlet/agent/api"
 	"github.com/mqlet/mqlet/agent/manifest"
 	"github.com/mqlet/mqlet/agent/runtime"
@@ -97,8 +98,8 @@ func (b *bench) prepare(ctx context.Context) error {
 		return fmt.Errorf("image %s after importing %s: %w", b.cfg.image, b.cfg.imageArchive, err)
 	}
 	// ctr run unpacks on demand; unpacking first keeps that out of the floor's first sample.
-	if ok, err := img.IsUnpacked(b.nsctx(ctx), containerd.DefaultSnapshotter); err != nil || !ok {
-		if err := img.Unpack(b.nsctx(ctx), containerd.DefaultSnapshotter); err != nil {
+	if ok, err := img.IsUnpacked(b.nsctx(ctx), defaults.DefaultSnapshotter); err != nil || !ok {
+		if err := img.Unpack(b.nsctx(ctx), defaults.DefaultSnapshotter); err != nil {
 			return fmt.Errorf("unpack %s: %w", b.cfg.image, err)
 		}
 	}
