@@ -52,6 +52,10 @@ type Runtime struct {
 	oomFloor    int   // lowest oom_score_adj runc may set (see oomScoreFloor)
 	oomWarned   sync.Once
 	swapLimit   bool // limit memory+swap to the memory limit (the kernel accounts swap)
+
+	// taskStatus reads a task's status; nil means task.Status. Tests replace it to make the
+	// status unreadable, which a real shim does only when busy or broken.
+	taskStatus func(context.Context, containerd.Task) (containerd.Status, error)
 }
 
 // New connects to containerd. The error names the address, because an unreachable containerd is the
