@@ -529,6 +529,24 @@ func TestWorkerImagePullFailureWaits(t *testing.T) {
 	}
 }
 
+// Between a failed pull and its retry, the status says ImagePullBackOff, as kubelet's does: the
+// worker must look again before the retry is due to show it.
+func TestWorkerImagePullBackOffShownWhileWaiting(t *testing.T) {
+	f := newFakeRuntime()
+	f.startErr["a"] = &runtime.StartError{Reason: "ErrImagePull", Err: errors.New("pull busybox:1.36: connection refused")}
+	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
+	st := h.waitFor("a in ImagePullBackOff", func(st *v1.PodStatus) bool {
+		cs := statusOf(st, "a")
+		return cs != nil && cs.State.Waiting != nil && cs.State.Waiting.Reason == "ImagePullBackOff"
+	})
+	if starts := f.callsOf("start"); len(starts) != 1 {
+		t.Errorf("StartContainer calls when ImagePullBackOff was shown = %d, want 1: it must be shown while waiting for the retry (%s back-off)", len(starts), backoffInitial)
+	}
+	if msg := statusOf(st, "a").State.Waiting.Message; !strings.Contains(msg, "connection refused") {
+		t.Errorf("ImagePullBackOff message = %q, want the pull error", msg)
+	}
+}
+
 func TestWorkerStartErrorWithoutReason(t *testing.T) {
 	f := newFakeRuntime()
 	f.startErr["a"] = errors.New("netns: permission denied")
