@@ -688,7 +688,7 @@ func (b *bench) measureBurst(ctx context.Context, r *results) error {
 	if err != nil {
 		return fmt.Errorf("ctr floor of the burst: %w", err)
 	}
-	r.ctrBurst20Ms = ms(floor)
+	r.CtrBurst20Ms = ms(floor)
 	return nil
 }
 
