@@ -6,7 +6,7 @@ export PATH := /usr/local/go/bin:$(PATH)
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
-GOBUILD := CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)"
+GOBUILD := CGO_ENABLED=0 go build -trimpath -tags grpcnotrace -ldflags "$(LDFLAGS)"
 TESTENV := /run/mqlet-test/env
 
 .PHONY: build cross test unit demo demo-down bench testenv testenv-down vet clean

@@ -335,11 +335,14 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 	// Keep only the newest attempt of each container; older ones and containers the spec no longer
 	// names are removed (stopped first, with the pod's grace period).
 	newest := map[string]*runtime.Container{}
+	stuck := map[string]bool{} // names with an older attempt that may still run: start nothing for them
 	sort.Slice(observed, func(i, j int) bool { return observed[i].RestartCount > observed[j].RestartCount })
 	for i := range observed {
 		c := &observed[i]
 		if _, dup := newest[c.Name]; dup || !wanted[c.Name] {
-			w.stopAndRemove(ctx, pod, c)
+			if !w.stopAndRemove(ctx, pod, c) {
+				stuck[c.Name] = true
+			}
 			continue
 		}
 		newest[c.Name] = c
@@ -352,6 +355,12 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 			next = d
 		}
 	}
+	reconcile := func(c *v1.Container, cur *runtime.Container) time.Duration {
+		if stuck[c.Name] {
+			return relistRetry
+		}
+		return w.reconcile(ctx, pod, c, cur, now)
+	}
 	initDone := true
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
@@ -362,13 +371,13 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 			continue
 		}
 		initDone = false
-		want(w.reconcile(ctx, pod, c, cur, now))
+		want(reconcile(c, cur))
 		break
 	}
 	if initDone {
 		for i := range pod.Spec.Containers {
 			c := &pod.Spec.Containers[i]
-			want(w.reconcile(ctx, pod, c, newest[c.Name], now))
+			want(reconcile(c, newest[c.Name]))
 		}
 	}
 	// Observe again after acting, so the published status is what containerd now has.
@@ -392,15 +401,19 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 	return next
 }
 
-func (w *Worker) stopAndRemove(ctx context.Context, pod *v1.Pod, c *runtime.Container) {
+// stopAndRemove stops and removes one attempt. It reports whether the attempt is known to be no
+// longer running; when it is not, nothing may replace it yet, or two instances would run at once.
+// A failed remove leaves a stopped record, which the next sync removes as an older attempt.
+func (w *Worker) stopAndRemove(ctx context.Context, pod *v1.Pod, c *runtime.Container) bool {
 	w.mutations++
 	if err := w.env.Runtime.StopContainer(ctx, c.ID, grace(pod)); err != nil {
-		w.env.Log.Error("stop container", "container", c.ID, "err", err)
-		return
+		w.env.Log.Error("stop container; not starting its replacement until it is stopped", "container", c.ID, "err", err)
+		return false
 	}
 	if err := w.env.Runtime.RemoveContainer(ctx, c.ID); err != nil {
 		w.env.Log.Error("remove container", "container", c.ID, "err", err)
 	}
+	return true
 }
 
 // noteExit remembers how an attempt ended, in Kubernetes' terms.
@@ -447,7 +460,9 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 		switch {
 		case cur.Hash != hash:
 			w.env.Log.Info("container spec changed; recreating", "container", c.Name)
-			w.stopAndRemove(ctx, pod, cur)
+			if !w.stopAndRemove(ctx, pod, cur) {
+				return relistRetry
+			}
 			r.crashes, r.retryAt, r.failure = 0, time.Time{}, nil
 		case cur.State == runtime.StateRunning:
 			r.failure, r.terminated = nil, nil
@@ -476,7 +491,9 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 				return wait
 			}
 			r.last = t
-			w.stopAndRemove(ctx, pod, cur)
+			if !w.stopAndRemove(ctx, pod, cur) {
+				return relistRetry
+			}
 		default: // created but never started, or its task vanished (containerd restart, reboot)
 			if r.startedID == cur.ID {
 				if r.terminatedAt(cur) && !shouldRestart(pod.Spec.RestartPolicy, r.terminated.ExitCode) {
@@ -491,7 +508,9 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 					return 0
 				}
 			}
-			w.stopAndRemove(ctx, pod, cur)
+			if !w.stopAndRemove(ctx, pod, cur) {
+				return relistRetry
+			}
 		}
 	} else if r.failure != nil && now.Before(r.retryAt) {
 		return r.retryAt.Sub(now)

@@ -35,6 +35,7 @@ type fakeRuntime struct {
 	calls    []call
 	podFiles int
 	startErr map[string]error // by container name: every start of it fails so
+	stopErr  map[string]error // by container id: every stop of it fails so, and it keeps running
 
 	// sandboxes holds the UIDs whose sandbox is set up; a pod not in it gets a new one (Created),
 	// as after a reboot. Tests of an agent restart with the sandbox intact add the UID first.
@@ -43,7 +44,7 @@ type fakeRuntime struct {
 }
 
 func newFakeRuntime() *fakeRuntime {
-	return &fakeRuntime{ctrs: map[string]*runtime.Container{}, startErr: map[string]error{}, sandboxes: map[types.UID]bool{}}
+	return &fakeRuntime{ctrs: map[string]*runtime.Container{}, startErr: map[string]error{}, stopErr: map[string]error{}, sandboxes: map[types.UID]bool{}}
 }
 
 func (f *fakeRuntime) ListContainers(_ context.Context, podUID string) ([]runtime.Container, error) {
@@ -91,6 +92,9 @@ func (f *fakeRuntime) StopContainer(_ context.Context, id string, grace time.Dur
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls = append(f.calls, call{op: "stop", id: id, grace: grace})
+	if err := f.stopErr[id]; err != nil {
+		return err
+	}
 	if c, ok := f.ctrs[id]; ok {
 		// Like containerd: the task is deleted, the container record stays.
 		c.State, c.Pid = runtime.StateCreated, 0
@@ -137,6 +141,46 @@ func (f *fakeRuntime) exit(t *testing.T, id string, code int32) {
 		t.Fatalf("fake runtime: container %s is not running (present %v)", id, ok)
 	}
 	c.State, c.ExitCode, c.ExitedAt, c.Pid = runtime.StateExited, code, time.Now(), 0
+}
+
+func (f *fakeRuntime) setStopErr(id string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stopErr[id] = err
+}
+
+// running lists the ids of the containers whose task runs.
+func (f *fakeRuntime) running() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []string
+	for id, c := range f.ctrs {
+		if c.State == runtime.StateRunning {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// waitCalls waits until the worker has made at least n calls of op.
+func (f *fakeRuntime) waitCalls(t *testing.T, op, id string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for {
+		got := 0
+		for _, c := range f.callsOf(op) {
+			if c.id == id {
+				got++
+			}
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %d %s calls for %s within %s; runtime calls: %v", n, op, id, waitLimit, f.allCalls())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func (f *fakeRuntime) callsOf(op string) []call {
@@ -513,6 +557,24 @@ func TestWorkerImagePullFailureWaits(t *testing.T) {
 	}
 }
 
+// Between a failed pull and its retry, the status says ImagePullBackOff, as kubelet's does: the
+// worker must look again before the retry is due to show it.
+func TestWorkerImagePullBackOffShownWhileWaiting(t *testing.T) {
+	f := newFakeRuntime()
+	f.startErr["a"] = &runtime.StartError{Reason: "ErrImagePull", Err: errors.New("pull busybox:1.36: connection refused")}
+	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
+	st := h.waitFor("a in ImagePullBackOff", func(st *v1.PodStatus) bool {
+		cs := statusOf(st, "a")
+		return cs != nil && cs.State.Waiting != nil && cs.State.Waiting.Reason == "ImagePullBackOff"
+	})
+	if starts := f.callsOf("start"); len(starts) != 1 {
+		t.Errorf("StartContainer calls when ImagePullBackOff was shown = %d, want 1: it must be shown while waiting for the retry (%s back-off)", len(starts), backoffInitial)
+	}
+	if msg := statusOf(st, "a").State.Waiting.Message; !strings.Contains(msg, "connection refused") {
+		t.Errorf("ImagePullBackOff message = %q, want the pull error", msg)
+	}
+}
+
 func TestWorkerStartErrorWithoutReason(t *testing.T) {
 	f := newFakeRuntime()
 	f.startErr["a"] = errors.New("netns: permission denied")
@@ -759,5 +821,47 @@ func TestWorkerAfterRebootInitStaysDone(t *testing.T) {
 		if c.name == "i" {
 			t.Errorf("the completed init container ran again: %v", c)
 		}
+	}
+}
+
+// An attempt that cannot be stopped may still run: its replacement must wait until the stop
+// succeeds, or two instances of the container would run at once.
+func TestWorkerStartsNothingWhileOldAttemptCannotBeStopped(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		old  []runtime.Container // what containerd holds for container a; the first is stuck
+	}{
+		{"spec changed", []runtime.Container{{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: "0123456789abcdef",
+			State: runtime.StateRunning, CreatedAt: time.Now()}}},
+		{"older attempt beside an exited one", []runtime.Container{
+			{ID: idOf("a", 0), PodUID: testUID, Name: "a", State: runtime.StateRunning, CreatedAt: time.Now()},
+			{ID: idOf("a", 1), PodUID: testUID, Name: "a", RestartCount: 1, State: runtime.StateExited, ExitCode: 1,
+				CreatedAt: time.Now().Add(-time.Hour), ExitedAt: time.Now().Add(-time.Hour)}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			pod := testPod(v1.RestartPolicyAlways, "a")
+			f := newFakeRuntime()
+			for _, c := range tt.old {
+				if c.Hash == "" {
+					c.Hash = runtime.SpecHash(pod, &pod.Spec.Containers[0])
+				}
+				f.add(c)
+			}
+			stuck := tt.old[0].ID
+			f.setStopErr(stuck, errors.New("shim not answering"))
+			h := startWorker(t, pod, nil, f)
+			// A second stop means the worker has finished the sync that failed the first and retried.
+			f.waitCalls(t, "stop", stuck, 2)
+			if starts := f.callsOf("start"); len(starts) != 0 {
+				t.Fatalf("StartContainer calls while %s could not be stopped = %v, want none (running: %v)", stuck, starts, f.running())
+			}
+
+			f.setStopErr(stuck, nil)
+			want := len(tt.old)
+			h.waitFor("a running again", func(st *v1.PodStatus) bool { return isRunning(st, "a", int32(want)) })
+			if ids := f.running(); len(ids) != 1 || ids[0] != idOf("a", want) {
+				t.Errorf("running containers = %v, want only %s", ids, idOf("a", want))
+			}
+		})
 	}
 }

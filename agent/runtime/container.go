@@ -14,12 +14,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containerd/containerd"
 	tasks "github.com/containerd/containerd/api/services/tasks/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/cio"
-	"github.com/containerd/containerd/containers"
-	"github.com/containerd/containerd/errdefs"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/distribution/reference"
 	v1 "k8s.io/api/core/v1"
 )
@@ -283,7 +284,7 @@ func (r *Runtime) tasks(ctx context.Context, podUID string, ctrs []containers.Co
 			if ctx.Err() != nil {
 				return nil, ctx.Err()
 			}
-			if !errdefs.IsNotFound(errdefs.FromGRPC(err)) {
+			if !errdefs.IsNotFound(errgrpc.ToNative(err)) {
 				// A dead or stuck shim: read the container as having no task (as the namespace
 				// listing does), so the worker replaces or removes it instead of failing forever.
 				r.log.Warn("task state unreadable; treating the container as stopped", "container", c.ID, "err", err)
@@ -322,39 +323,26 @@ func (r *Runtime) StopContainer(ctx context.Context, id string, grace time.Durat
 	} else if err != nil {
 		return fmt.Errorf("stop %s: %w", id, err)
 	}
-	st, err := task.Status(ctx)
-	if err == nil && st.Status == containerd.Running {
-		wctx, cancel := context.WithCancel(ctx) // ends the wait stream however we return
-		defer cancel()
-		wait, err := task.Wait(wctx)
-		if err != nil {
-			return fmt.Errorf("stop %s: wait: %w", id, err)
+	status := r.taskStatus
+	if status == nil {
+		status = func(ctx context.Context, t containerd.Task) (containerd.Status, error) { return t.Status(ctx) }
+	}
+	// Only a task known not to run skips the graceful path: a status that cannot be read (a busy
+	// shim, a timeout) may hide a running process, and SIGKILL at once would deny it its shutdown.
+	st, serr := status(ctx, task)
+	if serr != nil {
+		r.log.Warn("task status unreadable; stopping it as if it runs", "container", id, "err", serr)
+	}
+	if serr != nil || st.Status == containerd.Running {
+		err := r.signalAndWait(ctx, ctr, task, grace)
+		switch {
+		case errors.Is(err, errNoWait) && serr != nil:
+			// Neither status nor exit can be read: the shim is gone or stuck, so no signal would
+			// be seen either. Deleting with kill below is all that can be done.
+			r.log.Warn("task unreachable; deleting it", "container", id, "err", err)
+		case err != nil:
+			return fmt.Errorf("stop %s: %w", id, err)
 		}
-		sig, err := containerd.GetStopSignal(ctx, ctr, syscall.SIGTERM)
-		if err != nil {
-			sig = syscall.SIGTERM
-		}
-		if err := task.Kill(ctx, sig); err != nil && !errdefs.IsNotFound(err) {
-			return fmt.Errorf("stop %s: %s: %w", id, sig, err)
-		}
-		timer := time.NewTimer(grace)
-		select {
-		case <-wait:
-		case <-timer.C:
-			r.log.Info("grace period over, killing", "container", id, "grace", grace)
-			if err := task.Kill(ctx, syscall.SIGKILL); err != nil && !errdefs.IsNotFound(err) {
-				return fmt.Errorf("stop %s: SIGKILL: %w", id, err)
-			}
-			select {
-			case <-wait:
-			case <-time.After(10 * time.Second):
-				return fmt.Errorf("stop %s: still running 10s after SIGKILL", id)
-			}
-		case <-ctx.Done():
-			timer.Stop()
-			return ctx.Err()
-		}
-		timer.Stop()
 	}
 	if _, err := task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
 		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
@@ -362,6 +350,51 @@ func (r *Runtime) StopContainer(ctx context.Context, id string, grace time.Durat
 		}
 	}
 	return nil
+}
+
+// errNoWait marks a task whose exit cannot be waited for.
+var errNoWait = errors.New("cannot wait for the task's exit")
+
+// signalAndWait sends the container's stop signal, waits up to grace for the task to exit, then
+// sends SIGKILL and waits for that.
+func (r *Runtime) signalAndWait(ctx context.Context, ctr containerd.Container, task containerd.Task, grace time.Duration) error {
+	wctx, cancel := context.WithCancel(ctx) // ends the wait stream however we return
+	defer cancel()
+	wait, err := task.Wait(wctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errNoWait, err)
+	}
+	sig, err := containerd.GetStopSignal(ctx, ctr, syscall.SIGTERM)
+	if err != nil {
+		sig = syscall.SIGTERM
+	}
+	if err := task.Kill(ctx, sig); err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil // it ended meanwhile
+		}
+		return fmt.Errorf("%s: %w", sig, err)
+	}
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-wait:
+		return nil
+	case <-timer.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	r.log.Info("grace period over, killing", "container", ctr.ID(), "grace", grace)
+	if err := task.Kill(ctx, syscall.SIGKILL); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("SIGKILL: %w", err)
+	}
+	select {
+	case <-wait:
+		return nil
+	case <-time.After(10 * time.Second):
+		return errors.New("still running 10s after SIGKILL")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // RemoveContainer stops (SIGKILL) whatever runs and deletes the container and its snapshot.

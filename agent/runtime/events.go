@@ -3,19 +3,16 @@ package runtime
 import (
 	"context"
 	"fmt"
-	"time"
 
 	apievents "github.com/containerd/containerd/api/events"
 	"github.com/containerd/typeurl/v2"
 )
 
-// Event is a container lifecycle change that the pod workers care about.
+// Event is a container lifecycle change that the pod workers care about. It carries no exit
+// details: a worker reads those from containerd when it syncs, so an event only says whom to wake.
 type Event struct {
 	ContainerID string
-	OOM         bool // the container hit its memory limit (an exit event follows)
-	Exited      bool
-	ExitCode    uint32
-	ExitedAt    time.Time
+	OOM         bool // the container hit its memory limit (an exit event follows); else it exited
 }
 
 // Events streams task exits and OOMs of this namespace until ctx ends or the stream breaks; the
@@ -45,11 +42,7 @@ func (r *Runtime) Events(ctx context.Context, fn func(Event)) error {
 				if e.ID != e.ContainerID { // an exec'd process, not the container's init
 					continue
 				}
-				ev := Event{ContainerID: e.ContainerID, Exited: true, ExitCode: e.ExitStatus}
-				if e.ExitedAt != nil {
-					ev.ExitedAt = e.ExitedAt.AsTime()
-				}
-				fn(ev)
+				fn(Event{ContainerID: e.ContainerID})
 			case *apievents.TaskOOM:
 				fn(Event{ContainerID: e.ContainerID, OOM: true})
 			}

@@ -7,17 +7,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
-	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/errdefs"
-	"github.com/containerd/containerd/remotes"
-	"github.com/containerd/containerd/remotes/docker"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/remotes"
+	"github.com/containerd/containerd/v2/core/remotes/docker"
+	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/distribution/reference"
 	v1 "k8s.io/api/core/v1"
@@ -40,16 +42,22 @@ var (
 // as bytes keep coming, but a stalled connection must not hold a pod (or its deletion) forever.
 const registryStall = time.Minute
 
-// stallTransport closes a response body that has delivered nothing for registryStall.
-type stallTransport struct{ base http.RoundTripper }
+// errRegistryStalled marks a pull cut off because the registry stopped sending.
+var errRegistryStalled = errors.New("registry stalled")
+
+// stallTransport closes a response body that has delivered nothing for stall.
+type stallTransport struct {
+	base  http.RoundTripper
+	stall time.Duration
+}
 
 func (t stallTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.base.RoundTrip(req)
 	if err != nil {
 		return nil, err
 	}
-	b := &stallBody{rc: resp.Body, url: req.URL.Redacted()}
-	b.timer = time.AfterFunc(registryStall, func() {
+	b := &stallBody{rc: resp.Body, url: req.URL.Redacted(), stall: t.stall}
+	b.timer = time.AfterFunc(t.stall, func() {
 		b.stalled.Store(true)
 		b.rc.Close()
 	})
@@ -61,6 +69,7 @@ func (t stallTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 type stallBody struct {
 	rc      io.ReadCloser
 	url     string
+	stall   time.Duration
 	timer   *time.Timer
 	stalled atomic.Bool
 }
@@ -68,11 +77,11 @@ type stallBody struct {
 // Read counts only time spent waiting on the registry: a consumer slow to write what it got (an
 // SD card) is not a stalled registry.
 func (b *stallBody) Read(p []byte) (int, error) {
-	b.timer.Reset(registryStall)
+	b.timer.Reset(b.stall)
 	n, err := b.rc.Read(p)
 	b.timer.Stop()
 	if err != nil && b.stalled.Load() {
-		return n, fmt.Errorf("registry sent nothing for %s on %s", registryStall, b.url)
+		return n, fmt.Errorf("%w: nothing for %s on %s", errRegistryStalled, b.stall, b.url)
 	}
 	return n, err
 }
@@ -118,10 +127,12 @@ func (r *Runtime) EnsureImage(ctx context.Context, image string, policy v1.PullP
 		// fails within the dial timeout (30 s) or registryStall, while a large update on a slow
 		// link is allowed to finish instead of being abandoned for the old copy every time.
 		img, err := r.pullShared(ctx, ref)
-		if err != nil && local != nil {
+		if err != nil && local != nil && ctx.Err() == nil && registryUnreachable(err) {
 			// An edge node is often offline. kubelet would fail the pod here; we run the copy we
 			// have, because a reboot without network must not take down a pod that ran before.
-			r.log.Warn("pull failed; using the local copy of the image", "image", ref, "err", err)
+			// A registry that answered (a refusal, a bad certificate, no such image) is not
+			// offline: hiding that behind an old copy would leave it unnoticed.
+			r.log.Warn("registry unreachable; using the local copy of the image", "image", ref, "err", err)
 			return local, r.unpack(ctx, local)
 		}
 		return img, err
@@ -130,6 +141,41 @@ func (r *Runtime) EnsureImage(ctx context.Context, image string, policy v1.PullP
 	default:
 		return r.pullShared(ctx, ref)
 	}
+}
+
+// registryUnreachable reports whether a pull failed for want of a connection to the registry (no
+// route, no DNS, refused, reset or dropped, timed out, stalled) rather than because the registry,
+// or something claiming to be it, answered: an authentication refusal, a certificate that does not
+// verify, a TLS alert, or an unknown image.
+func registryUnreachable(err error) bool {
+	var (
+		verify   *tls.CertificateVerificationError
+		unknown  x509.UnknownAuthorityError
+		hostname x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		record   tls.RecordHeaderError
+		dns      *net.DNSError
+		op       *net.OpError
+		netErr   net.Error
+	)
+	switch {
+	case errors.As(err, &verify), errors.As(err, &unknown), errors.As(err, &hostname),
+		errors.As(err, &invalid), errors.As(err, &record):
+		return false
+	case errors.Is(err, errRegistryStalled), errors.As(err, &dns):
+		return true
+	case errors.As(err, &op):
+		return op.Op != "remote error" // a TLS alert: the server answered and refused us
+	case errors.As(err, &netErr) && netErr.Timeout():
+		return true
+	}
+	for _, e := range []error{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED,
+		syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.ETIMEDOUT, syscall.EPIPE, io.ErrUnexpectedEOF} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *Runtime) unpack(ctx context.Context, img containerd.Image) error {
@@ -205,7 +251,7 @@ func (r *Runtime) resolver() (remotes.Resolver, error) {
 	tr.ResponseHeaderTimeout = registryStall
 	plain := r.opts.Registry.PlainHTTP
 	hosts := docker.ConfigureDefaultRegistries(
-		docker.WithClient(&http.Client{Transport: stallTransport{tr}}),
+		docker.WithClient(&http.Client{Transport: stallTransport{base: tr, stall: registryStall}}),
 		docker.WithPlainHTTP(func(host string) (bool, error) { return slices.Contains(plain, host), nil }),
 	)
 	return docker.NewResolver(docker.ResolverOptions{Hosts: hosts}), nil

@@ -10,8 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/namespaces"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/defaults"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/mqlet/mqlet/hw"
 )
 
@@ -52,6 +53,10 @@ type Runtime struct {
 	oomFloor    int   // lowest oom_score_adj runc may set (see oomScoreFloor)
 	oomWarned   sync.Once
 	swapLimit   bool // limit memory+swap to the memory limit (the kernel accounts swap)
+
+	// taskStatus reads a task's status; nil means task.Status. Tests replace it to make the
+	// status unreadable, which a real shim does only when busy or broken.
+	taskStatus func(context.Context, containerd.Task) (containerd.Status, error)
 }
 
 // New connects to containerd. The error names the address, because an unreachable containerd is the
@@ -64,7 +69,7 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 		o.DialTimeout = 10 * time.Second
 	}
 	if o.Snapshotter == "" {
-		o.Snapshotter = containerd.DefaultSnapshotter
+		o.Snapshotter = defaults.DefaultSnapshotter
 	}
 	addr := strings.TrimPrefix(o.Address, "unix://")
 	c, err := containerd.New(addr,

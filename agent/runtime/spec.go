@@ -12,9 +12,9 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/containers"
-	"github.com/containerd/containerd/oci"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	securejoin "github.com/cyphar/filepath-securejoin"
 	"github.com/mqlet/mqlet/agent/qos"
 	specs "github.com/opencontainers/runtime-spec/specs-go"

@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
-	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/namespaces"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"os"
 	"path/filepath"
 	"strconv"

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/namespaces"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/mqlet/mqlet/agent/api"
 	"github.com/mqlet/mqlet/internal/testenv"
 	"golang.org/x/sys/unix"

@@ -4,6 +4,7 @@ package main
 // with --registry-ca-file the pull works, without it the pod reports a certificate error.
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -22,6 +23,8 @@ import (
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/mqlet/mqlet/internal/testenv"
 	v1 "k8s.io/api/core/v1"
 )
@@ -83,6 +86,38 @@ spec:
 		}
 		if p.Status.Phase != v1.PodPending {
 			t.Errorf("phase %s, want Pending", p.Status.Phase)
+		}
+	})
+
+	// imagePullPolicy Always falls back to a local copy only when the registry cannot be reached;
+	// a registry that answers with a certificate nobody trusts is an error to show, not to hide.
+	t.Run("without CA, with a local copy", func(t *testing.T) {
+		h := newHarness(t)
+		c, err := containerd.New(h.env.ContainerdAddress)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		ctx := namespaces.WithNamespace(context.Background(), h.ns)
+		img, err := c.ImageService().Get(ctx, testenv.BusyboxRef)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img.Name = ref
+		if _, err := c.ImageService().Create(ctx, img); err != nil {
+			t.Fatal(err)
+		}
+		h.writeManifest("tls.yaml", manifest)
+		h.startAgent()
+		p := h.waitPod("tls", "failing to pull despite the local copy", func(p *v1.Pod) bool {
+			w := containerStatus(p, "main").State.Waiting
+			return w != nil && (w.Reason == "ErrImagePull" || w.Reason == "ImagePullBackOff")
+		})
+		if w := containerStatus(p, "main").State.Waiting; !strings.Contains(w.Message, "certificate") {
+			t.Errorf("pull failure message does not name the certificate problem: %s: %s", w.Reason, w.Message)
+		}
+		if strings.Contains(h.agentLog.String(), "using the local copy") {
+			t.Errorf("the local copy was used although the registry answered:\n%s", h.agentLog)
 		}
 	})
 }

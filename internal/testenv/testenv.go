@@ -21,13 +21,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/content"
-	"github.com/containerd/containerd/errdefs"
-	"github.com/containerd/containerd/images"
-	"github.com/containerd/containerd/leases"
-	"github.com/containerd/containerd/namespaces"
-	"github.com/containerd/containerd/snapshots"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/leases"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
 	mqruntime "github.com/mqlet/mqlet/agent/runtime"
 )
 
@@ -326,7 +326,7 @@ func cleanupNamespace(t testing.TB, addr, ns string) {
 // namespace. A parent cannot go before its children, so it repeats passes
 // until a pass removes nothing.
 func removeSnapshots(ctx context.Context, client *containerd.Client, logf func(string, ...any)) {
-	plugins, err := client.IntrospectionService().Plugins(ctx, []string{`type=="io.containerd.snapshotter.v1"`})
+	plugins, err := client.IntrospectionService().Plugins(ctx, `type=="io.containerd.snapshotter.v1"`)
 	if err != nil {
 		logf("listing snapshotters: %v", err)
 		return

@@ -9,12 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/containerd"
-	"github.com/containerd/containerd/cio"
-	"github.com/containerd/containerd/identifiers"
-	"github.com/containerd/containerd/images"
-	"github.com/containerd/containerd/namespaces"
-	"github.com/containerd/containerd/oci"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/defaults"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/identifiers"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
 )
 
 func TestLoadPrefersProcessEnvironmentOverFile(t *testing.T) {
@@ -226,7 +227,7 @@ func importImage(ctx context.Context, t *testing.T, client *containerd.Client, a
 		t.Fatalf("importing %s gave images %v, want one named %s", archive, imgs, ref)
 	}
 	image := containerd.NewImage(client, *found)
-	if err := image.Unpack(ctx, containerd.DefaultSnapshotter); err != nil {
+	if err := image.Unpack(ctx, defaults.DefaultSnapshotter); err != nil {
 		t.Fatalf("unpacking %s: %v", ref, err)
 	}
 	return image

@@ -23,7 +23,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/containerd/containerd"
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/mqlet/mqlet/agent/api"
 )
 
@@ -151,6 +151,7 @@ type results struct {
 	CtrRunP50Ms        float64  `json:"ctr_run_p50_ms"`
 	CtrRunP90Ms        float64  `json:"ctr_run_p90_ms"`
 	Burst20Ms          float64  `json:"burst20_ms"`
+	CtrBurst20Ms       float64  `json:"ctr_burst20_ms"` // the floor: the same burst as 20 concurrent ctr run -d
 	Recovery10PodsMs   float64  `json:"recovery_10_pods_ms"`
 	AgentStartMs       float64  `json:"agent_start_ms"`
 	IdleLinkKBPerHour  *float64 `json:"idle_link_kb_per_hour"`
@@ -164,9 +165,17 @@ type results struct {
 	ctrEventP50Ms      float64
 	podStartSamples    int
 	agentStartFirstAPI float64
-	ctrBurst20Ms       float64
 	burstCPU           struct{ agent, containerd, shims float64 }
 }
+
+// burstRatio is the burst target as a share of containerd's own burst: the burst is bound by
+// containerd (see BENCHMARKS.md), so a fixed number of milliseconds would measure the machine.
+const burstRatio = 0.8
+
+func (r results) burstTarget() float64 { return burstRatio * r.CtrBurst20Ms }
+
+// burstMet needs a measured floor: without one, no burst could be under 0.8 x of it.
+func (r results) burstMet() bool { return r.CtrBurst20Ms > 0 && r.Burst20Ms <= r.burstTarget() }
 
 func writeResults(path string, r results) error {
 	data, err := json.MarshalIndent(r, "", "  ")
@@ -201,8 +210,8 @@ func printResults(w io.Writer, r results) {
 	info("pod_start_p90_ms", r.PodStartP90Ms, "ms", fmt.Sprintf("(%d samples)", r.podStartSamples))
 	info("ctr_run_p50_ms", r.CtrRunP50Ms, "ms", fmt.Sprintf("floor; to its task-start event: %.1f ms", r.ctrEventP50Ms))
 	info("ctr_run_p90_ms", r.CtrRunP90Ms, "ms", "")
-	row("burst20_ms", r.Burst20Ms, "ms", "<= 600", r.Burst20Ms <= 600)
-	info("  ctr floor of the burst", r.ctrBurst20Ms, "ms", "20 concurrent ctr run -d (not in results.json)")
+	row("burst20_ms", r.Burst20Ms, "ms", fmt.Sprintf("<= %.1f x ctr burst (%.1f)", burstRatio, r.burstTarget()), r.burstMet())
+	info("ctr_burst20_ms", r.CtrBurst20Ms, "ms", "floor: 20 concurrent ctr run -d")
 	fmt.Fprintf(tw, "  CPU used in the burst\tagent %.0f ms\tcontainerd %.0f ms, shims+runc %.0f ms (%d CPUs x burst: %.0f ms)\t\n",
 		r.burstCPU.agent, r.burstCPU.containerd, r.burstCPU.shims, goruntime.NumCPU(), float64(goruntime.NumCPU())*r.Burst20Ms)
 	row("idle_rss_mib", r.IdleRSSMiB, "MiB", "<= 20", r.IdleRSSMiB <= 20)

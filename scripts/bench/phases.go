@@ -12,13 +12,14 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containerd/containerd"
 	tasks "github.com/containerd/containerd/api/services/tasks/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
-	"github.com/containerd/containerd/errdefs"
-	"github.com/containerd/containerd/namespaces"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/defaults"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/agent/api"
-	"github.com/mqlet/mqlet/agent/manifest"
 	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 )
@@ -97,8 +98,8 @@ func (b *bench) prepare(ctx context.Context) error {
 		return fmt.Errorf("image %s after importing %s: %w", b.cfg.image, b.cfg.imageArchive, err)
 	}
 	// ctr run unpacks on demand; unpacking first keeps that out of the floor's first sample.
-	if ok, err := img.IsUnpacked(b.nsctx(ctx), containerd.DefaultSnapshotter); err != nil || !ok {
-		if err := img.Unpack(b.nsctx(ctx), containerd.DefaultSnapshotter); err != nil {
+	if ok, err := img.IsUnpacked(b.nsctx(ctx), defaults.DefaultSnapshotter); err != nil || !ok {
+		if err := img.Unpack(b.nsctx(ctx), defaults.DefaultSnapshotter); err != nil {
 			return fmt.Errorf("unpack %s: %w", b.cfg.image, err)
 		}
 	}
@@ -304,7 +305,7 @@ spec:
 func podKeys(names []string) func(id string) string {
 	byPrefix := map[string]string{}
 	for _, n := range names {
-		uid := manifest.StableUID(nodeName, podNamespace, n)
+		uid := admission.StableUID(nodeName, podNamespace, n)
 		byPrefix[runtime.ContainerIDPrefix(string(uid))] = n
 	}
 	return func(id string) string {
@@ -687,7 +688,7 @@ func (b *bench) measureBurst(ctx context.Context, r *results) error {
 	if err != nil {
 		return fmt.Errorf("ctr floor of the burst: %w", err)
 	}
-	r.ctrBurst20Ms = ms(floor)
+	r.CtrBurst20Ms = ms(floor)
 	return nil
 }
 

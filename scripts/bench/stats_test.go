@@ -1,6 +1,10 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -60,5 +64,48 @@ func TestParseStatCPU(t *testing.T) {
 	}
 	if got != 400*time.Millisecond {
 		t.Errorf("with children = %v, want 400ms", got)
+	}
+}
+
+// results.json carries containerd's own burst, and the burst target is 0.8 x that floor.
+func TestBurstFloorRecordedAndTarget(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "results.json")
+	if err := writeResults(path, results{Burst20Ms: 790, CtrBurst20Ms: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatalf("results.json: %v\n%s", err, data)
+	}
+	if v, ok := got["ctr_burst20_ms"].(float64); !ok || v != 1000 {
+		t.Errorf("results.json ctr_burst20_ms = %v (present %v), want 1000:\n%s", got["ctr_burst20_ms"], ok, data)
+	}
+
+	for _, c := range []struct {
+		burst, floor float64
+		met          bool
+	}{{790, 1000, true}, {800, 1000, true}, {810, 1000, false}, {500, 0, false}} {
+		r := results{Burst20Ms: c.burst, CtrBurst20Ms: c.floor}
+		if r.burstMet() != c.met {
+			t.Errorf("burst %v ms against a ctr floor of %v ms: met = %v, want %v", c.burst, c.floor, r.burstMet(), c.met)
+		}
+		var out strings.Builder
+		printResults(&out, r)
+		line := ""
+		for _, l := range strings.Split(out.String(), "\n") {
+			if strings.HasPrefix(l, "burst20_ms") {
+				line = l
+			}
+		}
+		if want := fmt.Sprintf("<= 0.8 x ctr burst (%.1f)", 0.8*c.floor); !strings.Contains(line, want) {
+			t.Errorf("burst row %q does not show the target %q", line, want)
+		}
+		if strings.Contains(line, "MISSED") == c.met {
+			t.Errorf("burst row %q: want met=%v", line, c.met)
+		}
 	}
 }
