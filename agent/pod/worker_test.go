@@ -841,6 +841,7 @@ func TestWorkerStartsNothingWhileOldAttemptCannotBeStopped(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := testPod(v1.RestartPolicyAlways, "a")
 			f := newFakeRuntime()
+			f.intact(testUID) // the pod's sandbox survives: only the stuck attempt is in the way
 			for _, c := range tt.old {
 				if c.Hash == "" {
 					c.Hash = runtime.SpecHash(pod, &pod.Spec.Containers[0])
