@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mqlet/mqlet/agent/podspec"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -800,7 +801,7 @@ func (a *Agent) LogPath(namespace, name, container string, previous bool) (strin
 		return "", fmt.Errorf("pod %s/%s not found", namespace, name)
 	}
 	var names []string
-	for _, c := range runtime.AllContainers(&p.Spec) {
+	for _, c := range podspec.AllContainers(&p.Spec) {
 		names = append(names, c.Name)
 	}
 	if container == "" {
@@ -809,7 +810,7 @@ func (a *Agent) LogPath(namespace, name, container string, previous bool) (strin
 		}
 		container = p.Spec.Containers[0].Name
 	}
-	for _, cs := range append(append([]v1.ContainerStatus(nil), p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+	for _, cs := range podspec.AllStatuses(&p.Status) {
 		if cs.Name != container {
 			continue
 		}

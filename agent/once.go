@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mqlet/mqlet/agent/podspec"
 	"strings"
 	"time"
 
@@ -66,7 +67,7 @@ func OnceOutcome(p *v1.Pod) (failed, done bool) {
 	case v1.PodFailed:
 		return true, true
 	}
-	all := append(append([]v1.ContainerStatus(nil), p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...)
+	all := podspec.AllStatuses(&p.Status)
 	if len(all) == 0 {
 		return false, false
 	}

@@ -33,10 +33,7 @@ func memTotal(path string) (int64, error) {
 	return 0, fmt.Errorf("%s: no MemTotal line", path)
 }
 
-// HasCapability reports whether this process holds capability bit cap in its effective set.
-func HasCapability(cap uint) bool { return capEff("/proc/self/status", cap) }
-
-// ProcessHasCapability is HasCapability for another process.
+// ProcessHasCapability reports whether process pid holds capability bit cap in its effective set.
 func ProcessHasCapability(pid int, cap uint) bool {
 	return capEff(fmt.Sprintf("/proc/%d/status", pid), cap)
 }

@@ -3,6 +3,7 @@ package pod
 import (
 	"context"
 	"errors"
+	"github.com/mqlet/mqlet/agent/podspec"
 	"log/slog"
 	"sort"
 	"sync"
@@ -94,7 +95,7 @@ func NewWorker(pod *v1.Pod, prev *v1.PodStatus, env Env) *Worker {
 	w.env.Log = w.env.Log.With("pod", pod.Namespace+"/"+pod.Name)
 	if prev != nil {
 		w.status = *prev.DeepCopy()
-		for _, cs := range append(append([]v1.ContainerStatus(nil), prev.InitContainerStatuses...), prev.ContainerStatuses...) {
+		for _, cs := range podspec.AllStatuses(prev) {
 			r := w.rec(cs.Name)
 			if cs.State.Running != nil {
 				r.startedAt = cs.State.Running.StartedAt.Time
@@ -329,7 +330,7 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 		return max(backoffDelay(w.sbFailures), relistRetry)
 	}
 	wanted := map[string]bool{}
-	for _, c := range runtime.AllContainers(&pod.Spec) {
+	for _, c := range podspec.AllContainers(&pod.Spec) {
 		wanted[c.Name] = true
 	}
 	// Keep only the newest attempt of each container; older ones and containers the spec no longer

@@ -3,6 +3,7 @@
 package qos
 
 import (
+	"github.com/mqlet/mqlet/agent/podspec"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -10,7 +11,7 @@ import (
 // requests and limits, BestEffort when none has any, Burstable otherwise.
 func Class(spec *v1.PodSpec) v1.PodQOSClass {
 	any, guaranteed := false, true
-	all := append(append([]v1.Container(nil), spec.InitContainers...), spec.Containers...)
+	all := podspec.AllContainers(spec)
 	for _, c := range all {
 		for _, r := range []v1.ResourceName{v1.ResourceCPU, v1.ResourceMemory} {
 			// Zero quantities count as unset, as in Kubernetes.

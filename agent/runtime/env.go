@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"fmt"
+	"github.com/mqlet/mqlet/agent/podspec"
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
@@ -45,7 +46,7 @@ func envFrom(pod *v1.Pod, c *v1.Container, e v1.EnvVar) (string, error) {
 			name = c.Name
 		}
 		// Init containers may read their own resources too.
-		for _, ctr := range AllContainers(&pod.Spec) {
+		for _, ctr := range podspec.AllContainers(&pod.Spec) {
 			if ctr.Name != name {
 				continue
 			}

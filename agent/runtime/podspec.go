@@ -4,14 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-
-	v1 "k8s.io/api/core/v1"
 )
-
-// AllContainers is the pod's init containers followed by its app containers, in a new slice.
-func AllContainers(spec *v1.PodSpec) []v1.Container {
-	return append(append(make([]v1.Container, 0, len(spec.InitContainers)+len(spec.Containers)), spec.InitContainers...), spec.Containers...)
-}
 
 const statusIDPrefix = "containerd://"
 

@@ -436,7 +436,7 @@ spec:
 	if !(score["guaranteed"] < score["burstable"] && score["burstable"] < score["besteffort"]) {
 		t.Errorf("scores not ordered Guaranteed < Burstable < BestEffort: %v", score)
 	}
-	restricted := !hw.HasCapability(24) // CAP_SYS_RESOURCE
+	restricted := !hw.ProcessHasCapability(os.Getpid(), 24) // CAP_SYS_RESOURCE
 	warned := strings.Contains(h.agentLog.String(), "oom_score_adj raised")
 	switch {
 	case restricted && !warned:
