@@ -1,9 +1,6 @@
 package main
 
 import (
-	"context"
-	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -471,20 +468,7 @@ func TestAlwaysPullFallsBackToLocalCopyOffline(t *testing.T) {
 	h := newHarness(t)
 	// The busybox image under a name whose registry refuses connections (port 1 on loopback).
 	const offline = "127.0.0.1:1/mqlet/busybox:1"
-	c, err := containerd.New(h.env.ContainerdAddress)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx := namespaces.WithNamespace(context.Background(), h.ns)
-	img, err := c.ImageService().Get(ctx, testenv.BusyboxRef)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img.Name = offline
-	if _, err := c.ImageService().Create(ctx, img); err != nil {
-		t.Fatal(err)
-	}
+	h.tagBusybox(offline)
 	h.writeManifest("offline.yaml", `apiVersion: v1
 kind: Pod
 metadata: {name: offline}

@@ -338,3 +338,23 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// tagBusybox makes the test's busybox image also known under name in the harness's namespace, so a
+// pod can ask for an image whose registry is unreachable or untrusted and still have a local copy.
+func (h *harness) tagBusybox(name string) {
+	h.t.Helper()
+	c, err := containerd.New(h.env.ContainerdAddress)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := namespaces.WithNamespace(context.Background(), h.ns)
+	img, err := c.ImageService().Get(ctx, testenv.BusyboxRef)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	img.Name = name
+	if _, err := c.ImageService().Create(ctx, img); err != nil {
+		h.t.Fatal(err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/mqlet/mqlet/agent/config"
 	"os"
+	goruntime "runtime"
 
 	"github.com/alecthomas/kong"
 )
@@ -32,6 +33,11 @@ func (VersionCmd) Run() error {
 	fmt.Printf("mqlet %s (commit %s)\n", version, commit)
 	return nil
 }
+
+// The pod sandbox creates namespaces by unshare on a locked thread that the Go runtime throws away
+// afterwards; the main thread cannot be thrown away and would stay in a pod's namespace, taking
+// /proc/self/ns/* with it. Keeping the main goroutine on the main thread keeps that work off it.
+func init() { goruntime.LockOSThread() }
 
 func main() {
 	var c cli

@@ -4,7 +4,6 @@ package main
 // with --registry-ca-file the pull works, without it the pod reports a certificate error.
 
 import (
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -23,8 +22,6 @@ import (
 	"testing"
 	"time"
 
-	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/mqlet/mqlet/internal/testenv"
 	v1 "k8s.io/api/core/v1"
 )
@@ -93,20 +90,7 @@ spec:
 	// a registry that answers with a certificate nobody trusts is an error to show, not to hide.
 	t.Run("without CA, with a local copy", func(t *testing.T) {
 		h := newHarness(t)
-		c, err := containerd.New(h.env.ContainerdAddress)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		ctx := namespaces.WithNamespace(context.Background(), h.ns)
-		img, err := c.ImageService().Get(ctx, testenv.BusyboxRef)
-		if err != nil {
-			t.Fatal(err)
-		}
-		img.Name = ref
-		if _, err := c.ImageService().Create(ctx, img); err != nil {
-			t.Fatal(err)
-		}
+		h.tagBusybox(ref)
 		h.writeManifest("tls.yaml", manifest)
 		h.startAgent()
 		p := h.waitPod("tls", "failing to pull despite the local copy", func(p *v1.Pod) bool {
