@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -128,4 +129,64 @@ func swapAccounting() bool {
 		}
 	}
 	return false
+}
+
+// EnterCgroup moves pid into the cgroup rel in every mounted hierarchy, making it (and its parents)
+// where missing. A new cpuset cgroup of v1 starts with no CPUs and no memory nodes and takes no
+// process, so each level made here gets its parent's. Every hierarchy is tried; the error names
+// those that failed.
+func EnterCgroup(rel string, pid int) error {
+	mounts, err := cgroupMounts("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range mounts {
+		if err := enterCgroupIn(m, rel, pid); err != nil {
+			errs = append(errs, fmt.Errorf("cgroup %s in %s: %w", rel, m, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func enterCgroupIn(mount, rel string, pid int) error {
+	dir := mount
+	for _, elem := range strings.Split(strings.Trim(filepath.Clean(rel), "/"), "/") {
+		parent := dir
+		dir = filepath.Join(dir, elem)
+		if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
+		if _, err := os.Stat(filepath.Join(dir, "cgroup.controllers")); err == nil {
+			continue // v2: an empty cpuset means the parent's
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if err := inheritEmpty(filepath.Join(parent, f), filepath.Join(dir, f)); err != nil {
+				return err
+			}
+		}
+	}
+	return os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
+}
+
+// inheritEmpty copies the parent's value of a cgroup file into the child's when the child's is
+// empty; a hierarchy without the file (not cpuset) is skipped.
+func inheritEmpty(parent, child string) error {
+	cur, err := os.ReadFile(child)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if strings.TrimSpace(string(cur)) != "" {
+		return nil
+	}
+	val, err := os.ReadFile(parent)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(child, val, 0o644); err != nil {
+		return fmt.Errorf("%s = %q: %w", child, strings.TrimSpace(string(val)), err)
+	}
+	return nil
 }

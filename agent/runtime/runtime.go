@@ -36,8 +36,11 @@ type Options struct {
 	DialTimeout time.Duration // how long to wait for containerd at start
 	StateDir    string        // where pod network namespaces and logs live
 	Snapshotter string        // "" means containerd's default (overlayfs)
-	Registry    RegistryOptions
-	Log         *slog.Logger
+	// Executable is the mqlet binary, run as `<Executable> sandbox-pause` to hold the shared PID
+	// namespace of pods with shareProcessNamespace; "" refuses those pods.
+	Executable string
+	Registry   RegistryOptions
+	Log        *slog.Logger
 }
 
 // Runtime is a thin layer over the containerd client.

@@ -38,6 +38,7 @@ type Sandbox struct {
 	LogDir       string            // <state>/logs/<ns>_<name>_<uid>
 	NetNS        string            // pinned network namespace; "" with hostNetwork
 	IPCNS        string            // pinned IPC namespace; "" with hostIPC
+	PIDNS        string            // pinned shared PID namespace (shareProcessNamespace); "" otherwise
 	Shm          string            // what is mounted at /dev/shm (the pod's tmpfs, or the host's with hostIPC)
 	HostsFile    string            // the pod's /etc/hosts; "" with hostNetwork (the host's is used)
 	CgroupParent string            // cgroup path the pod's containers go below
@@ -82,6 +83,7 @@ func (r *Runtime) sandboxHooks() []sandboxHook {
 		netnsHook{r},
 		ipcHook{r},
 		cgroupHook{r},
+		pidnsHook{r}, // after the pod dir (its record) and the cgroup (where the holder goes)
 		emptyDirHook{r},
 		hostsHook{r},
 		bootMarkerHook{r}, // last: only a complete set-up is recorded as done in this boot

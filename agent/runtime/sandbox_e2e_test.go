@@ -35,8 +35,12 @@ func newRig(t *testing.T) *rig {
 	env := testenv.Require(t)
 	ns := testenv.Namespace(t, env.ContainerdAddress)
 	state := t.TempDir()
+	exe, err := os.Executable() // its TestMain acts as the mqlet binary's sandbox-pause
+	if err != nil {
+		t.Fatal(err)
+	}
 	r, err := runtime.New(context.Background(), runtime.Options{Address: env.ContainerdAddress, Namespace: ns, StateDir: state,
-		Log: slog.New(slog.DiscardHandler)})
+		Executable: exe, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,19 +157,64 @@ func TestHostIPCAndHostPID(t *testing.T) {
 	}
 }
 
-// shareProcessNamespace cannot be honoured without a process to hold the namespace: it is refused
-// with a clear reason rather than ignored.
-func TestShareProcessNamespaceRefused(t *testing.T) {
+// shareProcessNamespace: the pod's containers share one PID namespace, not the host's, whose PID 1
+// is the holder mqlet started; a container sees the other's processes, and an orphan that exits is
+// reaped by the holder rather than left a zombie.
+func TestShareProcessNamespace(t *testing.T) {
 	g := newRig(t)
-	p := newPod("6a0c0003-spn", shell("c", "sleep 3600"))
+	p := newPod("6a0c0003-spn",
+		shell("sleeper", "exec sleep 3601"),
+		shell("looker", "until ps | grep -q '[s]leep 3601'; do sleep 0.1; done; echo saw-sleeper; echo init=$(tr '\\0' ' ' < /proc/1/cmdline); sleep 3600"),
+		shell("orphaner", "(sleep 0.2 &); echo spawned; sleep 3600"))
 	share := true
 	p.Spec.ShareProcessNamespace = &share
 	sb := g.sandbox(p)
-	_, err := g.r.StartContainer(context.Background(), p, sb, &p.Spec.Containers[0], 0)
-	var se *runtime.StartError
-	if !errors.As(err, &se) || se.Reason != "CreateContainerConfigError" || !strings.Contains(err.Error(), "shareProcessNamespace") {
-		t.Errorf("StartContainer with shareProcessNamespace: err = %v, want a CreateContainerConfigError naming it", err)
+	holder := runtime.HolderPID(g.r, string(p.UID))
+	if holder == 0 || sb.PIDNS == "" {
+		t.Fatalf("sandbox of a pod with shareProcessNamespace: holder pid %d, PIDNS %q; want both", holder, sb.PIDNS)
 	}
+	s := g.start(p, sb, &p.Spec.Containers[0])
+	l := g.start(p, sb, &p.Spec.Containers[1])
+	g.waitLog(l, "saw-sleeper")
+	g.waitLog(l, "init=/") // the holder's argv[0] is the executable's path
+	g.waitLog(l, " "+runtime.PauseCommand)
+	sp, lp, hp := nsOf(t, s.Pid, "pid"), nsOf(t, l.Pid, "pid"), nsOf(t, uint32(holder), "pid")
+	if sp != lp || sp != hp || sp == nsOf(t, 0, "pid") {
+		t.Errorf("pid namespaces: sleeper %s, looker %s, holder %s, host %s; want the holder's, shared", sp, lp, hp, nsOf(t, 0, "pid"))
+	}
+
+	o := g.start(p, sb, &p.Spec.Containers[2])
+	g.waitLog(o, "spawned")
+	time.Sleep(time.Second) // the orphaned sleep 0.2 has exited by now
+	if z := zombieChildren(t, holder); len(z) > 0 {
+		t.Errorf("the holder (pid %d) left zombie children %v: it does not reap orphans", holder, z)
+	}
+}
+
+// zombieChildren lists the pids of ppid's children that are zombies.
+func zombieChildren(t *testing.T, ppid int) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(b), ')')
+		f := strings.Fields(string(b[i+1:])) // state, ppid, ...
+		if len(f) > 1 && f[0] == "Z" && f[1] == strconv.Itoa(ppid) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // A container plants symlinks in an emptyDir; a subPath through one pointing out of the volume is

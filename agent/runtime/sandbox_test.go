@@ -3,10 +3,14 @@ package runtime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -220,5 +224,151 @@ func TestSandboxFromOlderMqletNotRecreated(t *testing.T) {
 	}
 	if sb, err = r.EnsureSandbox(ctx, pod); err != nil || sb.Created || !isNS(sb.IPCNS) {
 		t.Errorf("EnsureSandbox of an older mqlet's pod: created=%v ipc pinned=%v err=%v; want intact, with an IPC namespace now", sb != nil && sb.Created, sb != nil && isNS(sb.IPCNS), err)
+	}
+}
+
+// readHolder is the pod's recorded PID namespace holder.
+func readHolder(t *testing.T, sb *Sandbox) holder {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(sb.Dir, holderFile))
+	if err != nil {
+		t.Fatalf("holder record: %v", err)
+	}
+	hd, err := parseHolder(b)
+	if err != nil {
+		t.Fatalf("holder record: %v", err)
+	}
+	return hd
+}
+
+// pinnedTo reports whether the pinned namespace at pin is pid's PID namespace.
+func pinnedTo(t *testing.T, pin string, pid int) bool {
+	t.Helper()
+	var a, b unix.Stat_t
+	if err := unix.Stat(pin, &a); err != nil {
+		t.Fatalf("stat %s: %v", pin, err)
+	}
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/pid", pid), &b); err != nil {
+		t.Fatalf("PID namespace of %d: %v", pid, err)
+	}
+	return isNS(pin) && a.Dev == b.Dev && a.Ino == b.Ino
+}
+
+// waitGone waits until the holder no longer runs.
+func waitGone(t *testing.T, hd holder) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); hd.alive(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("holder pid %d still runs", hd.pid)
+		}
+	}
+}
+
+// A pod with shareProcessNamespace gets a holder process as PID 1 of a new PID namespace, pinned;
+// SIGTERM does not stop it; a second Prerun finds it again. Killed by hand, it is replaced and the
+// sandbox is reported Created (its containers died with it). RemoveSandbox by UID stops it and
+// leaves nothing, twice without error.
+func TestSharedPIDNamespaceHolder(t *testing.T) {
+	needRoot(t)
+	r := testSandboxRuntime(t)
+	r.opts.Executable = testExecutable(t)
+	ctx := context.Background()
+	pod := sandboxPod("6f1c2d3e-0005", "shared")
+	share := true
+	pod.Spec.ShareProcessNamespace = &share
+	t.Cleanup(func() {
+		r.RemoveSandbox(ctx, RefOf(pod))
+		RemoveCgroupTree(filepath.Join("/mqlet", r.opts.Namespace))
+	})
+
+	sb, err := r.EnsureSandbox(ctx, pod)
+	if err != nil {
+		t.Fatalf("EnsureSandbox: %v", err)
+	}
+	first := readHolder(t, sb)
+	if !first.alive() || !pinnedTo(t, sb.PIDNS, first.pid) {
+		t.Fatalf("holder %+v alive=%v, PIDNS %q: want a live holder whose namespace is pinned", first, first.alive(), sb.PIDNS)
+	}
+	if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", first.pid)); !strings.Contains(string(cmd), PauseCommand) {
+		t.Errorf("holder cmdline = %q, want %s", cmd, PauseCommand)
+	}
+	// Out of the agent's (here the test's) cgroup, in a leaf of the pod's, in every hierarchy.
+	cgs, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", first.pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Fields(string(cgs)) {
+		if want := "pod" + string(pod.UID) + "/" + holderCgroup; !strings.HasSuffix(line, want) {
+			t.Errorf("holder cgroup %s, want one ending in %s", line, want)
+		}
+	}
+	if pinnedTo(t, sb.PIDNS, os.Getpid()) {
+		t.Errorf("the pinned PID namespace is the test's own")
+	}
+	if err := unix.Kill(first.pid, unix.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if !first.alive() {
+		t.Fatalf("holder pid %d stopped on SIGTERM; it must ignore it", first.pid)
+	}
+	again, err := r.EnsureSandbox(ctx, pod)
+	if err != nil || again.Created || readHolder(t, again) != first {
+		t.Fatalf("second EnsureSandbox: created=%v err=%v; want the same holder %+v, intact", again != nil && again.Created, err, first)
+	}
+
+	if err := unix.Kill(first.pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, first)
+	sb, err = r.EnsureSandbox(ctx, pod)
+	if err != nil {
+		t.Fatalf("EnsureSandbox after the holder was killed: %v", err)
+	}
+	second := readHolder(t, sb)
+	if !sb.Created || second == first || !second.alive() || !pinnedTo(t, sb.PIDNS, second.pid) {
+		t.Fatalf("EnsureSandbox after the holder was killed: created=%v holder %+v (was %+v) alive=%v; want Created with a new, pinned holder",
+			sb.Created, second, first, second.alive())
+	}
+
+	for i := 0; i < 2; i++ {
+		if err := r.RemoveSandbox(ctx, PodRef{UID: pod.UID}); err != nil {
+			t.Fatalf("RemoveSandbox #%d: %v", i+1, err)
+		}
+	}
+	if second.alive() {
+		t.Errorf("holder pid %d still runs after RemoveSandbox", second.pid)
+	}
+	for _, p := range []string{sb.PIDNS, sb.Dir} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s left after RemoveSandbox: %v", p, err)
+		}
+	}
+	if refs, err := r.ListSandboxes(); err != nil || len(refs) != 0 {
+		t.Errorf("ListSandboxes after RemoveSandbox = %v, %v; want none (no pin, no cgroup left)", refs, err)
+	}
+}
+
+// Without the mqlet executable there is no holder: the sandbox has no PID namespace, and the
+// containers' spec is refused (a CreateContainerConfigError) rather than run apart.
+func TestSharedPIDNamespaceWithoutExecutable(t *testing.T) {
+	needRoot(t)
+	r := testSandboxRuntime(t)
+	ctx := context.Background()
+	pod := sandboxPod("6f1c2d3e-0006", "shared")
+	share := true
+	pod.Spec.ShareProcessNamespace = &share
+	t.Cleanup(func() { r.RemoveSandbox(ctx, RefOf(pod)) })
+	sb, err := r.EnsureSandbox(ctx, pod)
+	if err != nil {
+		t.Fatalf("EnsureSandbox: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(sb.Dir, holderFile)); sb.PIDNS != "" || !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("PIDNS = %q, holder record: %v; want neither", sb.PIDNS, err)
+	}
+	_, err = namespaceOpts(pod, sb)
+	var ce *ConfigError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "shareProcessNamespace") {
+		t.Errorf("namespaceOpts: err = %v, want a ConfigError naming shareProcessNamespace", err)
 	}
 }

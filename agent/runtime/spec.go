@@ -127,14 +127,14 @@ func podHostname(pod *v1.Pod) string {
 }
 
 // namespaceOpts puts the container in the pod's namespaces: the sandbox's network and IPC
-// namespaces (or the host's with hostNetwork/hostIPC), and the host's PID namespace with hostPID.
+// namespaces (or the host's with hostNetwork/hostIPC), and the host's PID namespace with hostPID or
+// the pod's shared one with shareProcessNamespace.
 func namespaceOpts(pod *v1.Pod, sb *Sandbox) ([]oci.SpecOpts, error) {
 	var opts []oci.SpecOpts
-	if pod.Spec.ShareProcessNamespace != nil && *pod.Spec.ShareProcessNamespace {
-		// A shared PID namespace needs a process to be its PID 1 for the pod's life (kubelet's
-		// pause container); mqlet runs no such process, and a namespace whose init died takes no
-		// new process. Refusing is better than running the containers apart, silently.
-		return nil, configErr("pod %s/%s: shareProcessNamespace: true is not supported by mqlet (it has no pause container to hold a shared PID namespace)", pod.Namespace, pod.Name)
+	if sharesPIDNS(pod) && sb.PIDNS == "" {
+		// The sandbox starts no holder when the runtime does not know the mqlet binary (see
+		// Options.Executable). Refusing is better than running the containers apart, silently.
+		return nil, configErr("pod %s/%s: shareProcessNamespace: true needs a PID-1 holder, and this runtime was given no mqlet executable to run one", pod.Namespace, pod.Name)
 	}
 	if pod.Spec.HostNetwork {
 		opts = append(opts,
@@ -164,6 +164,8 @@ func namespaceOpts(pod *v1.Pod, sb *Sandbox) ([]oci.SpecOpts, error) {
 	}
 	if pod.Spec.HostPID {
 		opts = append(opts, oci.WithHostNamespace(specs.PIDNamespace))
+	} else if sharesPIDNS(pod) {
+		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.PIDNamespace, Path: sb.PIDNS}))
 	}
 	return opts, nil
 }

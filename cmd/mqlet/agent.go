@@ -40,7 +40,15 @@ func (c *AgentCmd) Run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
+	// The agent's own binary holds shared PID namespaces (`mqlet sandbox-pause`). Without it only
+	// pods with shareProcessNamespace fail, so a lookup error is a warning.
+	exe, err := os.Executable()
+	if err != nil {
+		log.Warn("cannot find the mqlet executable; pods with shareProcessNamespace will be refused", "err", err)
+		exe = ""
+	}
 	rt, err := runtime.New(ctx, runtime.Options{
+		Executable:  exe,
 		Address:     cfg.ContainerdAddress,
 		Namespace:   cfg.ContainerdNamespace,
 		DialTimeout: cfg.ContainerdTimeout.Duration,

@@ -3,9 +3,11 @@ package main
 
 import (
 	"fmt"
-	"github.com/mqlet/mqlet/agent/config"
 	"os"
 	goruntime "runtime"
+
+	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/runtime"
 
 	"github.com/alecthomas/kong"
 )
@@ -23,7 +25,17 @@ type cli struct {
 	Logs     LogsCmd     `cmd:"" help:"Print the logs of a container of a pod."`
 	Image    ImageCmd    `cmd:"" help:"Import and list images in containerd (works without the agent)."`
 	Version  VersionCmd  `cmd:"" help:"Print the version."`
+
+	SandboxPause SandboxPauseCmd `cmd:"" name:"sandbox-pause" hidden:"" help:"PID 1 of a pod's shared PID namespace (started by the agent)."`
 }
+
+// SandboxPauseCmd is the holder of a pod's shared PID namespace (shareProcessNamespace): the agent
+// runs its own binary with it, as PID 1 of a new PID namespace, in place of kubelet's pause
+// container. Its name must be runtime.PauseCommand.
+type SandboxPauseCmd struct{}
+
+// Run never returns in the holder; run by hand (not PID 1) it fails.
+func (SandboxPauseCmd) Run() error { return runtime.RunPause() }
 
 // VersionCmd prints the build's version and commit.
 type VersionCmd struct{}
