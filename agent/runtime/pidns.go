@@ -124,6 +124,16 @@ func (h holder) alive() bool {
 	return err == nil && start == h.start && state != 'Z' && state != 'X'
 }
 
+// exists reports whether the recorded holder's process is still there, alive or a zombie not yet
+// reaped. A zombie still holds its cgroup: it must be gone before the cgroup can be removed.
+func (h holder) exists() bool {
+	if h.boot != bootID() {
+		return false
+	}
+	_, start, err := procStat(h.pid)
+	return err == nil && start == h.start
+}
+
 // bootID is the kernel's id of this boot; "-" when the kernel has none (the start time alone then
 // tells processes apart, which is right within a boot).
 func bootID() string {
@@ -253,16 +263,20 @@ const holderStopWait = 10 * time.Second
 // pid), and waits until it is gone. PID 1 of a namespace ignores signals from outside it except
 // SIGKILL and SIGSTOP. With it, the kernel kills whatever else is left in the namespace.
 func killHolder(hd holder) error {
-	if !hd.alive() {
+	if !hd.exists() {
 		return nil
 	}
-	if err := unix.Kill(hd.pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("kill PID namespace holder pid %d: %w", hd.pid, err)
+	if hd.alive() {
+		if err := unix.Kill(hd.pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+			return fmt.Errorf("kill PID namespace holder pid %d: %w", hd.pid, err)
+		}
 	}
+	// Wait until it is reaped (by this agent's cmd.Wait, or by init after an agent restart), not
+	// only dead, so its cgroup can be removed next.
 	deadline := time.Now().Add(holderStopWait)
-	for hd.alive() {
+	for hd.exists() {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("PID namespace holder pid %d still runs %s after SIGKILL", hd.pid, holderStopWait)
+			return fmt.Errorf("PID namespace holder pid %d is not gone %s after SIGKILL", hd.pid, holderStopWait)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -265,7 +265,7 @@ func waitGone(t *testing.T, hd holder) {
 }
 
 // A pod with shareProcessNamespace gets a holder process as PID 1 of a new PID namespace, pinned;
-// SIGTERM does not stop it; a second Prerun finds it again. Killed by hand, it is replaced and the
+// SIGTERM does not stop it; a restarted agent's Prerun finds it again. Killed by hand, it is replaced and the
 // sandbox is reported Created (its containers died with it). RemoveSandbox by UID stops it and
 // leaves nothing, twice without error.
 func TestSharedPIDNamespaceHolder(t *testing.T) {
@@ -276,8 +276,12 @@ func TestSharedPIDNamespaceHolder(t *testing.T) {
 	pod := sandboxPod("6f1c2d3e-0005", "shared")
 	share := true
 	pod.Spec.ShareProcessNamespace = &share
+	var started []holder // stopped at the end even if RemoveSandbox fails to
 	t.Cleanup(func() {
 		r.RemoveSandbox(ctx, RefOf(pod))
+		for _, hd := range started {
+			killHolder(hd)
+		}
 		RemoveCgroupTree(filepath.Join("/mqlet", r.opts.Namespace))
 	})
 
@@ -286,6 +290,7 @@ func TestSharedPIDNamespaceHolder(t *testing.T) {
 		t.Fatalf("EnsureSandbox: %v", err)
 	}
 	first := readHolder(t, sb)
+	started = append(started, first)
 	if !first.alive() || !pinnedTo(t, sb.PIDNS, first.pid) {
 		t.Fatalf("holder %+v alive=%v, PIDNS %q: want a live holder whose namespace is pinned", first, first.alive(), sb.PIDNS)
 	}
@@ -312,9 +317,10 @@ func TestSharedPIDNamespaceHolder(t *testing.T) {
 	if !first.alive() {
 		t.Fatalf("holder pid %d stopped on SIGTERM; it must ignore it", first.pid)
 	}
-	again, err := r.EnsureSandbox(ctx, pod)
-	if err != nil || again.Created || readHolder(t, again) != first {
-		t.Fatalf("second EnsureSandbox: created=%v err=%v; want the same holder %+v, intact", again != nil && again.Created, err, first)
+	restarted := &Runtime{opts: r.opts} // an agent restart: nothing in memory, the state dir kept
+	again, err := restarted.EnsureSandbox(ctx, pod)
+	if err != nil || again.Created || readHolder(t, again) != first || again.PIDNS != sb.PIDNS {
+		t.Fatalf("EnsureSandbox after an agent restart: created=%v err=%v; want the same holder %+v, intact", again != nil && again.Created, err, first)
 	}
 
 	if err := unix.Kill(first.pid, unix.SIGKILL); err != nil {
@@ -326,6 +332,7 @@ func TestSharedPIDNamespaceHolder(t *testing.T) {
 		t.Fatalf("EnsureSandbox after the holder was killed: %v", err)
 	}
 	second := readHolder(t, sb)
+	started = append(started, second)
 	if !sb.Created || second == first || !second.alive() || !pinnedTo(t, sb.PIDNS, second.pid) {
 		t.Fatalf("EnsureSandbox after the holder was killed: created=%v holder %+v (was %+v) alive=%v; want Created with a new, pinned holder",
 			sb.Created, second, first, second.alive())

@@ -95,8 +95,9 @@ func newHarness(t *testing.T) *harness {
 		// its pod dir; unmount before removing.
 		mounts, _ := filepath.Glob(filepath.Join(h.state, "netns", "*"))
 		ipc, _ := filepath.Glob(filepath.Join(h.state, "ipcns", "*"))
+		pid, _ := filepath.Glob(filepath.Join(h.state, "pidns", "*"))
 		shm, _ := filepath.Glob(filepath.Join(h.state, "pods", "*", "shm"))
-		for _, m := range append(append(mounts, ipc...), shm...) {
+		for _, m := range append(append(append(mounts, ipc...), pid...), shm...) {
 			unix.Unmount(m, unix.MNT_DETACH)
 		}
 		os.RemoveAll(dir)
