@@ -156,6 +156,9 @@ func sharesPIDNS(pod *v1.Pod) bool {
 
 func (h pidnsHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
 	if !sharesPIDNS(pod) {
+		// A holder left from before shareProcessNamespace was turned off is kept until the pod is
+		// removed: stopping it here would SIGKILL the old containers still in its namespace before
+		// the worker stops them with their grace period.
 		return nil
 	}
 	if h.r.opts.Executable == "" {
