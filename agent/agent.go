@@ -85,7 +85,6 @@ type Agent struct {
 	// containerd event finds its pod without hashing every UID.
 	byPrefix map[string]types.UID
 	desired  map[types.UID]store.DesiredPod
-	byKey    map[string]types.UID // "namespace/name" -> UID of the desired pod
 	// rejected holds, per source, what it or admission refused, keyed by where it came from.
 	rejected map[source.Kind]map[string]source.Rejection
 	synced   map[source.Kind]bool // the source delivered its first full set
@@ -123,7 +122,6 @@ func New(opts Options, rt Runtime, st store.State, sources ...source.Source) *Ag
 		workers:  map[types.UID]*pod.Worker{},
 		byPrefix: map[string]types.UID{},
 		desired:  map[types.UID]store.DesiredPod{},
-		byKey:    map[string]types.UID{},
 		rejected: map[source.Kind]map[string]source.Rejection{},
 		synced:   map[source.Kind]bool{},
 		cleaning: map[types.UID]chan struct{}{},
@@ -202,7 +200,7 @@ func (a *Agent) start(ctx context.Context) error {
 	}
 	a.mu.Lock()
 	for _, d := range pods {
-		a.setDesired(d)
+		a.desired[d.Pod.UID] = d
 		a.startWorker(d.Pod, statuses[d.Pod.UID])
 	}
 	a.mu.Unlock()
@@ -236,24 +234,6 @@ func (a *Agent) preload(ctx context.Context) {
 		if len(names) > 0 {
 			a.log.Info("preloaded images", "archive", path, "images", names)
 		}
-	}
-}
-
-// setDesired and dropDesired keep desired and byKey together; a.mu held.
-func (a *Agent) setDesired(d store.DesiredPod) {
-	if old, ok := a.desired[d.Pod.UID]; ok && source.Key(old.Pod) != source.Key(d.Pod) {
-		delete(a.byKey, source.Key(old.Pod))
-	}
-	a.desired[d.Pod.UID] = d
-	a.byKey[source.Key(d.Pod)] = d.Pod.UID
-}
-
-func (a *Agent) dropDesired(uid types.UID) {
-	if d, ok := a.desired[uid]; ok {
-		if a.byKey[source.Key(d.Pod)] == uid { // the name may have passed to a new UID already
-			delete(a.byKey, source.Key(d.Pod))
-		}
-		delete(a.desired, uid)
 	}
 }
 
@@ -348,7 +328,7 @@ func (a *Agent) Apply(k source.Kind, c source.Change) {
 		a.rejected[k][id] = r
 	}
 	for _, d := range p.put {
-		a.setDesired(d)
+		a.desired[d.Pod.UID] = d
 		if w, ok := a.workers[d.Pod.UID]; ok {
 			w.Update(d.Pod)
 		} else {
@@ -356,7 +336,7 @@ func (a *Agent) Apply(k source.Kind, c source.Change) {
 		}
 	}
 	for _, uid := range p.del {
-		a.dropDesired(uid)
+		delete(a.desired, uid)
 		if w, ok := a.workers[uid]; ok {
 			w.Delete()
 		}
@@ -379,9 +359,6 @@ func (a *Agent) plan(k source.Kind, c source.Change, desired map[types.UID]store
 	}
 	reject := func(r source.Rejection) {
 		id := r.Ref.String()
-		if r.Ref.Kind == source.File && r.Ref.Doc < 0 {
-			id = "file " + r.Ref.Origin
-		}
 		if r.Key != "" {
 			id += " " + r.Key
 		}
@@ -587,10 +564,12 @@ func (a *Agent) relistLoop(ctx context.Context) {
 	defer t.Stop()
 	lastSweep := time.Time{}
 	for {
-		sweep := time.Since(lastSweep) >= a.opts.SweepPeriod
+		// Leftovers are only looked for once every source has spoken: before that nothing may
+		// be removed, so reading them would be wasted I/O.
+		sweep := time.Since(lastSweep) >= a.opts.SweepPeriod && a.orphansJudged()
 		if err := a.Relist(ctx, sweep); err != nil {
 			a.log.Warn("relist failed", "err", err)
-		} else if sweep && a.orphansJudged() {
+		} else if sweep {
 			lastSweep = time.Now()
 		}
 		select {

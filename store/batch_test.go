@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/mqlet/mqlet/agent/source"
 	bolt "go.etcd.io/bbolt"
@@ -30,6 +31,10 @@ func TestConcurrentPutStatus(t *testing.T) {
 	const workers, updates = 50, 5
 	const calls = workers * updates
 	before := lastTxid(t, d)
+	// A batch window far longer than the goroutines need to queue, and room for all of them, so
+	// the fold does not depend on how busy the machine is; without batching it is still one
+	// commit per call.
+	d.bolt.MaxBatchDelay, d.bolt.MaxBatchSize = time.Second, workers
 
 	// All workers start together, so each round of calls arrives within one batch window.
 	start := make(chan struct{})

@@ -46,13 +46,6 @@ func (m *Memory) SetRaw(bucket, key string, val []byte) error {
 	return nil
 }
 
-// AddNotice makes Notices report s, as if Open had done something worth logging.
-func (m *Memory) AddNotice(s string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.notices = append(m.notices, s)
-}
-
 // bucket returns the named bucket, or errClosed; m.mu must be held.
 func (m *Memory) bucket(name []byte) (map[string][]byte, error) {
 	if m.closed {
@@ -121,21 +114,20 @@ func (m *Memory) ListDesired() ([]DesiredPod, []RecordError, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("memory state: list desired pods: %w", err)
 	}
-	var (
-		pods []DesiredPod
-		bad  []RecordError
-	)
-	for k, v := range b {
-		p, err := decodeDesired([]byte(k), v)
-		if err != nil {
-			bad = append(bad, asRecordError(err))
-			continue
-		}
-		pods = append(pods, p)
-	}
-	sortDesired(pods)
-	sortRecordErrors(bad)
+	pods, bad := collectDesired(walkMap(b))
 	return pods, bad, nil
+}
+
+// walkMap walks a bucket the way bbolt's ForEach does, for the collectors shared with DB.
+func walkMap(b map[string][]byte) func(func(k, v []byte) error) error {
+	return func(fn func(k, v []byte) error) error {
+		for k, v := range b {
+			if err := fn([]byte(k), v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 }
 
 func (m *Memory) DeleteDesired(uid types.UID) error {
@@ -189,17 +181,7 @@ func (m *Memory) ListStatus() (map[types.UID]*v1.PodStatus, []RecordError, error
 	if err != nil {
 		return nil, nil, fmt.Errorf("memory state: list status: %w", err)
 	}
-	out := make(map[types.UID]*v1.PodStatus, len(b))
-	var bad []RecordError
-	for k, v := range b {
-		s, err := decodeStatus([]byte(k), v)
-		if err != nil {
-			bad = append(bad, asRecordError(err))
-			continue
-		}
-		out[types.UID(k)] = s
-	}
-	sortRecordErrors(bad)
+	out, bad := collectStatus(walkMap(b))
 	return out, bad, nil
 }
 

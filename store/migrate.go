@@ -40,13 +40,7 @@ func (d *DB) upgrade(version int) error {
 	var notes []string
 	note := func(format string, args ...any) { notes = append(notes, fmt.Sprintf(format, args...)) }
 	err := d.bolt.Update(func(tx *bolt.Tx) error {
-		if version == versionEmpty {
-			for _, b := range currentBuckets() {
-				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-					return fmt.Errorf("create bucket %q: %w", b, err)
-				}
-			}
-		} else {
+		if version != versionEmpty {
 			steps := migrations(note)
 			for v := version; v < SchemaVersion; v++ {
 				if v >= len(steps) || steps[v].from != v {
@@ -56,6 +50,12 @@ func (d *DB) upgrade(version int) error {
 					return fmt.Errorf("migrate schema %d -> %d: %w", v, v+1, err)
 				}
 				note("state db %s: migrated schema version %d -> %d", d.path, v, v+1)
+			}
+		}
+		// One rule for every path (a new file, any chain of steps): the current buckets exist.
+		for _, b := range currentBuckets() {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return fmt.Errorf("create bucket %q: %w", b, err)
 			}
 		}
 		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
@@ -93,9 +93,6 @@ func migrate0to1(tx *bolt.Tx, note func(string, ...any)) error {
 	desired, err := tx.CreateBucketIfNotExists(bucketDesired)
 	if err != nil {
 		return fmt.Errorf("create bucket %q: %w", bucketDesired, err)
-	}
-	if _, err := tx.CreateBucketIfNotExists(bucketStatus); err != nil {
-		return fmt.Errorf("create bucket %q: %w", bucketStatus, err)
 	}
 	old := tx.Bucket(bucketPodsV0)
 	if old == nil {
@@ -146,18 +143,15 @@ func migrate0to1(tx *bolt.Tx, note func(string, ...any)) error {
 // and a note. A record that is not schema 1 JSON is left as it is, with a note: loading reports
 // and skips it, so no data is destroyed and the agent still starts. pod_status is unchanged.
 func migrate1to2(tx *bolt.Tx, note func(string, ...any)) error {
-	// Schema 1 always had both buckets; creating a missing one costs nothing and keeps the rule
-	// that only a damaged file, not odd content, stops Open.
-	desired, err := tx.CreateBucketIfNotExists(bucketDesired)
-	if err != nil {
-		return fmt.Errorf("create bucket %q: %w", bucketDesired, err)
-	}
-	if _, err := tx.CreateBucketIfNotExists(bucketStatus); err != nil {
-		return fmt.Errorf("create bucket %q: %w", bucketStatus, err)
+	// Schema 1 always had the bucket; a file without it has nothing to rewrite (upgrade creates
+	// the current buckets after the steps), so odd content never stops Open.
+	desired := tx.Bucket(bucketDesired)
+	if desired == nil {
+		return nil
 	}
 	type rewrite struct{ key, val []byte }
 	var rewrites []rewrite
-	err = desired.ForEach(func(k, v []byte) error {
+	err := desired.ForEach(func(k, v []byte) error {
 		if v == nil {
 			note("schema 1 -> 2: left nested bucket %s/%s as it is: schema 1 had none", bucketDesired, k)
 			return nil

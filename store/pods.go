@@ -277,31 +277,53 @@ func (d *DB) GetDesired(uid types.UID) (DesiredPod, bool, error) {
 
 // ListDesired returns the desired pods sorted by namespace/name (then UID), and a RecordError for
 // each record that could not be decoded and was skipped.
-func (d *DB) ListDesired() ([]DesiredPod, []RecordError, error) {
-	var (
-		pods []DesiredPod
-		bad  []RecordError
-	)
-	err := d.bolt.View(func(tx *bolt.Tx) error {
+func (d *DB) ListDesired() (pods []DesiredPod, bad []RecordError, err error) {
+	err = d.bolt.View(func(tx *bolt.Tx) error {
 		b, err := bucket(tx, bucketDesired)
 		if err != nil {
 			return err
 		}
-		return b.ForEach(func(k, v []byte) error {
-			p, err := decodeDesired(k, v)
-			if err != nil {
-				bad = append(bad, asRecordError(err))
-				return nil
-			}
-			pods = append(pods, p)
-			return nil
-		})
+		pods, bad = collectDesired(b.ForEach)
+		return nil
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("state db %s: list desired pods: %w", d.path, err)
 	}
-	sortDesired(pods)
 	return pods, bad, nil
+}
+
+// collectDesired decodes every record a walk of desired_pods yields, for DB and Memory alike: the
+// good ones sorted, the undecodable ones as RecordErrors.
+func collectDesired(walk func(func(k, v []byte) error) error) ([]DesiredPod, []RecordError) {
+	var pods []DesiredPod
+	var bad []RecordError
+	walk(func(k, v []byte) error {
+		if p, err := decodeDesired(k, v); err != nil {
+			bad = append(bad, asRecordError(err))
+		} else {
+			pods = append(pods, p)
+		}
+		return nil
+	})
+	sortDesired(pods)
+	sortRecordErrors(bad)
+	return pods, bad
+}
+
+// collectStatus is collectDesired for pod_status.
+func collectStatus(walk func(func(k, v []byte) error) error) (map[types.UID]*v1.PodStatus, []RecordError) {
+	out := map[types.UID]*v1.PodStatus{}
+	var bad []RecordError
+	walk(func(k, v []byte) error {
+		if s, err := decodeStatus(k, v); err != nil {
+			bad = append(bad, asRecordError(err))
+		} else {
+			out[types.UID(k)] = s
+		}
+		return nil
+	})
+	sortRecordErrors(bad)
+	return out, bad
 }
 
 // PutStatus stores the last observed status of pod uid. Concurrent calls are folded into one
@@ -349,23 +371,14 @@ func (d *DB) GetStatus(uid types.UID) (*v1.PodStatus, bool, error) {
 
 // ListStatus returns every stored pod status by pod UID, and a RecordError for each record that
 // could not be decoded and was skipped.
-func (d *DB) ListStatus() (map[types.UID]*v1.PodStatus, []RecordError, error) {
-	out := make(map[types.UID]*v1.PodStatus)
-	var bad []RecordError
-	err := d.bolt.View(func(tx *bolt.Tx) error {
+func (d *DB) ListStatus() (out map[types.UID]*v1.PodStatus, bad []RecordError, err error) {
+	err = d.bolt.View(func(tx *bolt.Tx) error {
 		b, err := bucket(tx, bucketStatus)
 		if err != nil {
 			return err
 		}
-		return b.ForEach(func(k, v []byte) error {
-			s, err := decodeStatus(k, v)
-			if err != nil {
-				bad = append(bad, asRecordError(err))
-				return nil
-			}
-			out[types.UID(k)] = s
-			return nil
-		})
+		out, bad = collectStatus(b.ForEach)
+		return nil
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("state db %s: list status: %w", d.path, err)

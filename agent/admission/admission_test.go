@@ -37,13 +37,13 @@ func admit(file, data string) (*v1.Pod, error) {
 }
 
 // parseOne admits data expecting success.
-func parseOne(t *testing.T, file, data string) struct{ Pod *v1.Pod } {
+func parseOne(t *testing.T, file, data string) *v1.Pod {
 	t.Helper()
 	p, err := admit(file, data)
 	if err != nil {
 		t.Fatalf("admit %s: %v", file, err)
 	}
-	return struct{ Pod *v1.Pod }{p}
+	return p
 }
 
 // parseProblem admits data expecting it to be refused, and returns the error.
@@ -128,7 +128,7 @@ spec:
     ports: [{containerPort: 80}]
     resources: {limits: {memory: 64Mi}, requests: {cpu: 10m}}
 `
-	p := parseOne(t, "/m/d.yaml", data).Pod
+	p := parseOne(t, "/m/d.yaml", data)
 	wantPull := []v1.PullPolicy{v1.PullAlways, v1.PullAlways, v1.PullIfNotPresent, v1.PullAlways, v1.PullIfNotPresent, v1.PullIfNotPresent, v1.PullNever, v1.PullIfNotPresent}
 	for i, c := range p.Spec.Containers {
 		if c.ImagePullPolicy != wantPull[i] {
@@ -164,15 +164,15 @@ spec:
 }
 
 func TestUIDStableAcrossEdits(t *testing.T) {
-	a := parseOne(t, "/m/u.yaml", podYAML("web", "nginx:1")).Pod
-	b := parseOne(t, "/m/other.yaml", podYAML("web", "nginx:2")).Pod
+	a := parseOne(t, "/m/u.yaml", podYAML("web", "nginx:1"))
+	b := parseOne(t, "/m/other.yaml", podYAML("web", "nginx:2"))
 	if a.UID == "" || a.UID != b.UID {
 		t.Errorf("UID changed across an edit: %q vs %q", a.UID, b.UID)
 	}
 	if a.Annotations[AnnotationConfigHash] == b.Annotations[AnnotationConfigHash] {
 		t.Errorf("config hash did not change across an edit: %q", a.Annotations[AnnotationConfigHash])
 	}
-	c := parseOne(t, "/m/u.yaml", podYAML("web2", "nginx:1")).Pod
+	c := parseOne(t, "/m/u.yaml", podYAML("web2", "nginx:1"))
 	if c.UID == a.UID {
 		t.Errorf("pods web and web2 got the same UID %q", a.UID)
 	}
@@ -183,7 +183,7 @@ func TestUIDStableAcrossEdits(t *testing.T) {
 		t.Errorf("UID %q is not UUIDv5-shaped", got)
 	}
 	explicit := strings.Replace(podYAML("web", "nginx"), "  name: web\n", "  name: web\n  uid: 11111111-2222-3333-4444-555555555555\n", 1)
-	if got := parseOne(t, "/m/u.yaml", explicit).Pod.UID; got != "11111111-2222-3333-4444-555555555555" {
+	if got := parseOne(t, "/m/u.yaml", explicit).UID; got != "11111111-2222-3333-4444-555555555555" {
 		t.Errorf("explicit UID replaced by %q", got)
 	}
 }

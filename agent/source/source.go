@@ -32,6 +32,9 @@ type Ref struct {
 
 func (r Ref) String() string {
 	if r.Kind == File {
+		if r.Doc < 0 { // the whole file
+			return "file " + r.Origin
+		}
 		return fmt.Sprintf("file %s#%d", r.Origin, r.Doc)
 	}
 	if r.Origin == "" {
@@ -100,9 +103,6 @@ type Rejection struct {
 
 func (r Rejection) Error() string {
 	where := r.Ref.String()
-	if r.Ref.Kind == File && r.Ref.Doc < 0 {
-		where = "file " + r.Ref.Origin
-	}
 	if r.Line > 0 {
 		where += fmt.Sprintf(" (line %d)", r.Line)
 	}
