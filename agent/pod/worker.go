@@ -219,12 +219,7 @@ func (w *Worker) Run(ctx context.Context) {
 }
 
 // grace is the pod's termination grace period, raised to kubelet's minimum.
-func grace(pod *v1.Pod) time.Duration {
-	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil {
-		return max(time.Duration(*g)*time.Second, MinGrace)
-	}
-	return runtime.DefaultGrace
-}
+func grace(pod *v1.Pod) time.Duration { return max(runtime.PodGrace(pod), MinGrace) }
 
 // terminate tears the pod down (Teardown) with its current grace period. It reports whether the
 // pod's containers are gone; sandbox leftovers are only warned about, as a later sweep removes them.

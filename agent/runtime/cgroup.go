@@ -89,7 +89,7 @@ func cgroupMounts(mountinfo string) ([]string, error) {
 }
 
 // RemoveCgroupTree removes rel and every cgroup below it, deepest first, in every hierarchy. The
-// cgroups must hold no processes; it is for tests and tools that tear a whole namespace down.
+// cgroups must hold no processes: it runs once a pod's processes are gone.
 func RemoveCgroupTree(rel string) error {
 	mounts, err := cgroupMounts("/proc/self/mountinfo")
 	if err != nil {

@@ -122,7 +122,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		LabelRestartCount:  strconv.Itoa(restarts),
 		LabelLogPath:       logPath,
 		LabelImageID:       imageID(img),
-		LabelGracePeriod:   strconv.FormatInt(int64(podGrace(pod)/time.Second), 10),
+		LabelGracePeriod:   strconv.FormatInt(int64(PodGrace(pod)/time.Second), 10),
 	}
 	create := func() (containerd.Container, error) {
 		return r.client.NewContainer(ctx, id,
@@ -172,7 +172,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 	return Container{
 		ID: id, PodUID: string(pod.UID), PodName: pod.Name, PodNamespace: pod.Namespace, Name: c.Name,
 		Hash: labels[LabelSpecHash], RestartCount: restarts, Image: img.Name(), ImageID: labels[LabelImageID],
-		LogPath: logPath, CreatedAt: time.Now(), State: StateRunning, Pid: task.Pid(), Grace: podGrace(pod),
+		LogPath: logPath, CreatedAt: time.Now(), State: StateRunning, Pid: task.Pid(), Grace: PodGrace(pod),
 	}, nil
 }
 
@@ -204,8 +204,8 @@ func (r *Runtime) podLogDir(pod *v1.Pod) (string, error) {
 // DefaultGrace is kubelet's termination grace period when a pod sets none.
 const DefaultGrace = 30 * time.Second
 
-// podGrace is the pod's terminationGracePeriodSeconds, or kubelet's default.
-func podGrace(pod *v1.Pod) time.Duration {
+// PodGrace is the pod's terminationGracePeriodSeconds, or kubelet's default.
+func PodGrace(pod *v1.Pod) time.Duration {
 	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil && *g >= 0 {
 		return time.Duration(*g) * time.Second
 	}

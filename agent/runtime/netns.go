@@ -10,6 +10,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// The sandbox makes namespaces by unshare on a locked thread that the Go runtime then throws away.
+// The main thread cannot be thrown away: a goroutine that happened to run there would leave it (and
+// /proc/self/ns/* with it) in a pod's namespace. Keeping every importer's main goroutine on the main
+// thread keeps that work off it.
+func init() { goruntime.LockOSThread() }
+
 // A pod's containers share namespaces (network, IPC) that must outlive any one container, so that a
 // restarted container keeps the pod's localhost and its shared memory. kubelet keeps them alive with a
 // pause container; we pin each with a bind mount instead, which needs no image and no process. The

@@ -311,11 +311,7 @@ func (h pidnsHook) Destroy(_ context.Context, ref PodRef) error {
 	if err := os.Remove(record); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
-	if cg, err := h.r.podCgroup(string(ref.UID)); err != nil {
-		errs = append(errs, err)
-	} else {
-		errs = append(errs, RemoveCgroup(filepath.Join(cg, holderCgroup)))
-	}
+	// The holder's leaf cgroup goes with the pod cgroup's tree (cgroup hook, destroyed after this).
 	return errors.Join(errs...)
 }
 

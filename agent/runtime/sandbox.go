@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 
@@ -163,13 +162,4 @@ func uidRefs(names []string) []PodRef {
 		}
 	}
 	return out
-}
-
-// removeAllUnder removes path, which must be a directory entry of a state subdirectory; it never
-// follows a symlink out (os.RemoveAll removes a symlink, not its target).
-func removeAllUnder(path string) error {
-	if err := os.RemoveAll(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
 }

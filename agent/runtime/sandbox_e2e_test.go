@@ -165,7 +165,7 @@ func TestShareProcessNamespace(t *testing.T) {
 	p := newPod("6a0c0003-spn",
 		shell("sleeper", "exec sleep 3601"),
 		shell("looker", "until ps | grep -q '[s]leep 3601'; do sleep 0.1; done; echo saw-sleeper; echo init=$(tr '\\0' ' ' < /proc/1/cmdline); sleep 3600"),
-		shell("orphaner", "(sleep 0.2 &); echo spawned; sleep 3600"))
+		shell("orphaner", "(sh -c 'sleep 0.2; echo orphan-exiting' &); echo spawned; sleep 3600"))
 	share := true
 	p.Spec.ShareProcessNamespace = &share
 	sb := g.sandbox(p)
@@ -184,10 +184,15 @@ func TestShareProcessNamespace(t *testing.T) {
 	}
 
 	o := g.start(p, sb, &p.Spec.Containers[2])
-	g.waitLog(o, "spawned")
-	time.Sleep(time.Second) // the orphaned sleep 0.2 has exited by now
-	if z := zombieChildren(t, holder); len(z) > 0 {
-		t.Errorf("the holder (pid %d) left zombie children %v: it does not reap orphans", holder, z)
+	g.waitLog(o, "orphan-exiting")
+	// The orphan exits right after its last words; a holder that reaps clears it at once, one that
+	// does not keeps it a zombie past any deadline.
+	deadline := time.Now().Add(5 * time.Second)
+	for z := zombieChildren(t, holder); len(z) > 0; z = zombieChildren(t, holder) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the holder (pid %d) left zombie children %v: it does not reap orphans", holder, z)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

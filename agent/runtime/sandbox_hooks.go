@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -59,7 +58,7 @@ func (h podDirHook) Destroy(_ context.Context, ref PodRef) error {
 	if err != nil {
 		return err
 	}
-	return removeAllUnder(dir)
+	return os.RemoveAll(dir)
 }
 
 func (h podDirHook) List() ([]PodRef, error) {
@@ -97,7 +96,7 @@ func (h logDirHook) Destroy(_ context.Context, ref PodRef) error {
 	var errs []error
 	for _, n := range names {
 		if got, ok := parseLogDirName(n); ok && got.UID == ref.UID {
-			errs = append(errs, removeAllUnder(filepath.Join(root, n)))
+			errs = append(errs, os.RemoveAll(filepath.Join(root, n)))
 		}
 	}
 	return errors.Join(errs...)
@@ -223,7 +222,9 @@ func (h cgroupHook) Destroy(_ context.Context, ref PodRef) error {
 	if err != nil {
 		return err
 	}
-	return RemoveCgroup(cg)
+	// The whole tree: the pod cgroup and what was left below it (a container's cgroup runc did not
+	// remove, the PID namespace holder's leaf).
+	return RemoveCgroupTree(cg)
 }
 
 func (h cgroupHook) List() ([]PodRef, error) {
@@ -287,22 +288,14 @@ func (bootMarkerHook) Name() string { return "boot marker" }
 const bootIDFile = "/proc/sys/kernel/random/boot_id"
 
 func (bootMarkerHook) Prerun(_ context.Context, _ *v1.Pod, sb *Sandbox) error {
-	boot, err := os.ReadFile(bootIDFile)
-	if err != nil {
-		return nil // no boot id (an odd kernel): the namespaces alone tell a new sandbox
-	}
-	boot = bytes.TrimSpace(boot)
+	boot := bootID() // "-" on an odd kernel without one: then the namespaces alone tell a new sandbox
 	marker := filepath.Join(sb.Dir, "boot_id")
 	old, err := os.ReadFile(marker)
-	if err == nil && bytes.Equal(bytes.TrimSpace(old), boot) {
+	if err == nil && strings.TrimSpace(string(old)) == boot {
 		return nil
 	}
 	if err == nil {
 		sb.Created = true
 	}
-	tmp := marker + ".tmp"
-	if err := os.WriteFile(tmp, append(boot, '\n'), 0o640); err != nil {
-		return err
-	}
-	return os.Rename(tmp, marker)
+	return writeFileAtomic(marker, []byte(boot+"\n"), 0o640)
 }

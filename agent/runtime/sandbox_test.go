@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -310,10 +311,13 @@ func TestSharedPIDNamespaceHolder(t *testing.T) {
 	if pinnedTo(t, sb.PIDNS, os.Getpid()) {
 		t.Errorf("the pinned PID namespace is the test's own")
 	}
+	// SIGTERM is ignored (SIG_IGN, so the kernel drops it): read the mask rather than wait and see.
+	if !ignores(t, first.pid, unix.SIGTERM) {
+		t.Fatalf("holder pid %d does not ignore SIGTERM", first.pid)
+	}
 	if err := unix.Kill(first.pid, unix.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
 	if !first.alive() {
 		t.Fatalf("holder pid %d stopped on SIGTERM; it must ignore it", first.pid)
 	}
@@ -378,4 +382,24 @@ func TestSharedPIDNamespaceWithoutExecutable(t *testing.T) {
 	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "shareProcessNamespace") {
 		t.Errorf("namespaceOpts: err = %v, want a ConfigError naming shareProcessNamespace", err)
 	}
+}
+
+// ignores reports whether process pid has sig set to SIG_IGN (the SigIgn mask of /proc/PID/status).
+func ignores(t *testing.T, pid int, sig unix.Signal) bool {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if hex, ok := strings.CutPrefix(line, "SigIgn:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			if err != nil {
+				t.Fatalf("SigIgn of pid %d: %v", pid, err)
+			}
+			return mask&(1<<(uint(sig)-1)) != 0
+		}
+	}
+	t.Fatalf("/proc/%d/status has no SigIgn", pid)
+	return false
 }

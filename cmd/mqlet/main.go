@@ -4,7 +4,6 @@ package main
 import (
 	"fmt"
 	"os"
-	goruntime "runtime"
 
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/runtime"
@@ -45,11 +44,6 @@ func (VersionCmd) Run() error {
 	fmt.Printf("mqlet %s (commit %s)\n", version, commit)
 	return nil
 }
-
-// The pod sandbox creates namespaces by unshare on a locked thread that the Go runtime throws away
-// afterwards; the main thread cannot be thrown away and would stay in a pod's namespace, taking
-// /proc/self/ns/* with it. Keeping the main goroutine on the main thread keeps that work off it.
-func init() { goruntime.LockOSThread() }
 
 func main() {
 	var c cli
