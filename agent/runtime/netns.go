@@ -57,14 +57,9 @@ func (r *Runtime) ensurePodNS(kind podNS, podUID string) (path string, created b
 	if isNS(path) {
 		return path, false, nil
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	if err := pinTarget(path); err != nil {
 		return "", false, fmt.Errorf("pod %s %s namespace: %w", podUID, kind.proc, err)
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o400)
-	if err != nil {
-		return "", false, fmt.Errorf("pod %s %s namespace: %w", podUID, kind.proc, err)
-	}
-	f.Close()
 
 	errc := make(chan error, 1)
 	go func() {
@@ -79,6 +74,18 @@ func (r *Runtime) ensurePodNS(kind podNS, podUID string) (path string, created b
 		return "", false, fmt.Errorf("pod %s %s namespace at %s: %w", podUID, kind.proc, path, err)
 	}
 	return path, true, nil
+}
+
+// pinTarget makes the empty file a namespace is bind-mounted onto to pin it.
+func pinTarget(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o400)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 func enterNewNS(kind podNS, path string) error {

@@ -243,14 +243,9 @@ func pinPIDNS(pid int, pin string) error {
 	if err := unmount(pin); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
+	if err := pinTarget(pin); err != nil {
 		return fmt.Errorf("pin PID namespace: %w", err)
 	}
-	f, err := os.OpenFile(pin, os.O_CREATE|os.O_RDONLY, 0o400)
-	if err != nil {
-		return fmt.Errorf("pin PID namespace: %w", err)
-	}
-	f.Close()
 	src := fmt.Sprintf("/proc/%d/ns/pid", pid)
 	if err := unix.Mount(src, pin, "none", unix.MS_BIND, ""); err != nil {
 		return fmt.Errorf("pin PID namespace: bind mount %s at %s: %w", src, pin, err)

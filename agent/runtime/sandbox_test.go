@@ -312,8 +312,11 @@ func TestSharedPIDNamespaceHolder(t *testing.T) {
 		t.Errorf("the pinned PID namespace is the test's own")
 	}
 	// SIGTERM is ignored (SIG_IGN, so the kernel drops it): read the mask rather than wait and see.
-	if !ignores(t, first.pid, unix.SIGTERM) {
-		t.Fatalf("holder pid %d does not ignore SIGTERM", first.pid)
+	// The holder sets it as it starts up, so wait (bounded) for that; one that never does fails.
+	for deadline := time.Now().Add(5 * time.Second); !ignores(t, first.pid, unix.SIGTERM); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("holder pid %d does not ignore SIGTERM", first.pid)
+		}
 	}
 	if err := unix.Kill(first.pid, unix.SIGTERM); err != nil {
 		t.Fatal(err)
