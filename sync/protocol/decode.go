@@ -1,0 +1,304 @@
+package protocol
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	sigsjson "sigs.k8s.io/json"
+)
+
+// ErrTooLarge is wrapped by every decoder when a payload exceeds the size limit.
+var ErrTooLarge = errors.New("payload too large")
+
+// Decoding is strict: unknown and duplicate fields are refused, so a payload from a newer or
+// broken control plane is reported instead of being half-applied. Every decoder checks the size
+// first, so an oversized payload costs no parsing.
+func decodeStrict(payload []byte, max int, what string, v any) error {
+	if max <= 0 {
+		max = DefaultMaxPayload
+	}
+	if len(payload) > max {
+		return fmt.Errorf("%s: %w: %d bytes, the limit is %d", what, ErrTooLarge, len(payload), max)
+	}
+	if len(payload) == 0 {
+		return fmt.Errorf("%s: empty payload", what)
+	}
+	strict, err := sigsjson.UnmarshalStrict(payload, v)
+	if err != nil {
+		return fmt.Errorf("%s: invalid JSON: %w", what, err)
+	}
+	if len(strict) > 0 {
+		msgs := make([]string, len(strict))
+		for i, e := range strict {
+			msgs[i] = e.Error()
+		}
+		return fmt.Errorf("%s: %s", what, strings.Join(msgs, "; "))
+	}
+	return nil
+}
+
+func checkAPIVersion(got, what string) error {
+	if got != APIVersion {
+		return fmt.Errorf("%s: apiVersion %q, want %q", what, got, APIVersion)
+	}
+	return nil
+}
+
+// DecodeDesired decodes a desired object's payload received on topic t (already parsed with
+// Topics.Parse, so its names are valid) and checks that the payload is about exactly that object:
+// same node, kind, namespace and name in the envelope and in the object.
+func DecodeDesired(t Topic, payload []byte, max int) (*DesiredObject, error) {
+	what := "desired " + strings.ToLower(string(t.Kind))
+	if t.Class != ClassDesired {
+		return nil, fmt.Errorf("%s: topic class %q is not desired", what, t.Class)
+	}
+	var d DesiredObject
+	if err := decodeStrict(payload, max, what, &d.Desired); err != nil {
+		return nil, err
+	}
+	if err := checkAPIVersion(d.APIVersion, what); err != nil {
+		return nil, err
+	}
+	switch {
+	case d.Kind != t.Kind:
+		return nil, fmt.Errorf("%s: payload kind %q does not match the topic's %q", what, d.Kind, t.Kind)
+	case d.Node != t.Node:
+		return nil, fmt.Errorf("%s: payload is for node %q, not %q", what, d.Node, t.Node)
+	case d.Namespace != t.Namespace || d.Name != t.Name:
+		return nil, fmt.Errorf("%s: payload names %s/%s, the topic %s/%s", what, d.Namespace, d.Name, t.Namespace, t.Name)
+	case d.Generation <= 0:
+		return nil, fmt.Errorf("%s %s/%s: generation %d, must be positive", what, d.Namespace, d.Name, d.Generation)
+	}
+	if d.Deleted {
+		if len(d.Object) != 0 {
+			return nil, fmt.Errorf("%s %s/%s: a tombstone carries no object", what, d.Namespace, d.Name)
+		}
+		return &d, nil
+	}
+	if len(d.Object) == 0 || string(d.Object) == "null" {
+		return nil, fmt.Errorf("%s %s/%s: no object (a deletion is a tombstone with \"deleted\": true)", what, d.Namespace, d.Name)
+	}
+	var kind, apiVersion, namespace, name string
+	switch d.Kind {
+	case KindPod:
+		d.Pod = new(v1.Pod)
+		if err := decodeStrict(d.Object, max, what+" object", d.Pod); err != nil {
+			return nil, err
+		}
+		kind, apiVersion, namespace, name = d.Pod.Kind, d.Pod.APIVersion, d.Pod.Namespace, d.Pod.Name
+	case KindConfigMap:
+		d.ConfigMap = new(v1.ConfigMap)
+		if err := decodeStrict(d.Object, max, what+" object", d.ConfigMap); err != nil {
+			return nil, err
+		}
+		kind, apiVersion, namespace, name = d.ConfigMap.Kind, d.ConfigMap.APIVersion, d.ConfigMap.Namespace, d.ConfigMap.Name
+	case KindSecret:
+		d.Secret = new(v1.Secret)
+		if err := decodeStrict(d.Object, max, what+" object", d.Secret); err != nil {
+			return nil, err
+		}
+		kind, apiVersion, namespace, name = d.Secret.Kind, d.Secret.APIVersion, d.Secret.Namespace, d.Secret.Name
+	default:
+		return nil, fmt.Errorf("%s: unknown kind %q", what, d.Kind)
+	}
+	if kind != "" && kind != string(d.Kind) {
+		return nil, fmt.Errorf("%s %s/%s: object kind %q", what, d.Namespace, d.Name, kind)
+	}
+	if apiVersion != "" && apiVersion != "v1" {
+		return nil, fmt.Errorf("%s %s/%s: object apiVersion %q, want v1", what, d.Namespace, d.Name, apiVersion)
+	}
+	if namespace == "" {
+		namespace = "default"
+	}
+	if namespace != d.Namespace || name != d.Name {
+		return nil, fmt.Errorf("%s: object is %s/%s, the envelope says %s/%s", what, namespace, name, d.Namespace, d.Name)
+	}
+	return &d, nil
+}
+
+// DecodeIndex decodes and validates a node's index.
+func DecodeIndex(t Topic, payload []byte, max int) (*Index, error) {
+	var x Index
+	if err := decodeStrict(payload, max, "index", &x); err != nil {
+		return nil, err
+	}
+	if err := checkAPIVersion(x.APIVersion, "index"); err != nil {
+		return nil, err
+	}
+	if x.Node != t.Node {
+		return nil, fmt.Errorf("index: payload is for node %q, not %q", x.Node, t.Node)
+	}
+	if x.Revision <= 0 {
+		return nil, fmt.Errorf("index: revision %d, must be positive", x.Revision)
+	}
+	for k, g := range x.Objects {
+		if _, _, _, err := ParseObjectKey(k); err != nil {
+			return nil, fmt.Errorf("index: %w", err)
+		}
+		if g <= 0 || g > x.Revision {
+			return nil, fmt.Errorf("index: %s has generation %d, outside 1..%d (the index revision)", k, g, x.Revision)
+		}
+	}
+	return &x, nil
+}
+
+// DecodeLiveness decodes an online message or Will.
+func DecodeLiveness(payload []byte, max int) (*Liveness, error) {
+	var x Liveness
+	if err := decodeStrict(payload, max, "liveness", &x); err != nil {
+		return nil, err
+	}
+	if err := checkAPIVersion(x.APIVersion, "liveness"); err != nil {
+		return nil, err
+	}
+	if x.Session <= 0 {
+		return nil, fmt.Errorf("liveness: session %d, must be positive", x.Session)
+	}
+	return &x, nil
+}
+
+// IsStaleOffline is true when payload is an offline message from a session older than current:
+// an earlier connection's Will that the broker delivered after the newer connection came up.
+func IsStaleOffline(payload []byte, current int64) bool {
+	l, err := DecodeLiveness(payload, DefaultMaxPayload)
+	return err == nil && !l.Online && l.Session < current
+}
+
+// DecodeNodeStatus decodes a node status message.
+func DecodeNodeStatus(payload []byte, max int) (*NodeStatus, error) {
+	var x NodeStatus
+	if err := decodeStrict(payload, max, "node status", &x); err != nil {
+		return nil, err
+	}
+	if err := checkAPIVersion(x.APIVersion, "node status"); err != nil {
+		return nil, err
+	}
+	if x.Object == nil {
+		return nil, errors.New("node status: no object")
+	}
+	return &x, nil
+}
+
+// DecodePodStatus decodes a pod status message.
+func DecodePodStatus(payload []byte, max int) (*PodStatus, error) {
+	var x PodStatus
+	if err := decodeStrict(payload, max, "pod status", &x); err != nil {
+		return nil, err
+	}
+	if err := checkAPIVersion(x.APIVersion, "pod status"); err != nil {
+		return nil, err
+	}
+	return &x, nil
+}
+
+// DecodeEvent decodes an event.
+func DecodeEvent(payload []byte, max int) (*Event, error) {
+	var x Event
+	if err := decodeStrict(payload, max, "event", &x); err != nil {
+		return nil, err
+	}
+	return &x, checkAPIVersion(x.APIVersion, "event")
+}
+
+// DecodeAcks decodes a node's acknowledgements.
+func DecodeAcks(payload []byte, max int) (*Acks, error) {
+	var x Acks
+	if err := decodeStrict(payload, max, "acks", &x); err != nil {
+		return nil, err
+	}
+	return &x, checkAPIVersion(x.APIVersion, "acks")
+}
+
+// DecodeResync decodes a resync request.
+func DecodeResync(payload []byte, max int) (*ResyncRequest, error) {
+	var x ResyncRequest
+	if err := decodeStrict(payload, max, "resync request", &x); err != nil {
+		return nil, err
+	}
+	return &x, checkAPIVersion(x.APIVersion, "resync request")
+}
+
+// DecodeLogsRequest decodes and validates a logs request. The names are validated here because
+// the agent turns them into a log file path.
+func DecodeLogsRequest(payload []byte, max int) (*LogsRequest, error) {
+	var x LogsRequest
+	if err := decodeStrict(payload, max, "logs request", &x); err != nil {
+		return nil, err
+	}
+	if err := checkAPIVersion(x.APIVersion, "logs request"); err != nil {
+		return nil, err
+	}
+	if err := ValidateRequestID(x.ID); err != nil {
+		return nil, fmt.Errorf("logs request: %w", err)
+	}
+	switch x.Op {
+	case LogsOpen:
+		if err := ValidateObjectName(KindPod, x.Namespace, x.Pod); err != nil {
+			return nil, fmt.Errorf("logs request %s: %w", x.ID, err)
+		}
+		if x.Container != "" {
+			if err := ValidateObjectName(KindPod, x.Namespace, x.Container); err != nil {
+				return nil, fmt.Errorf("logs request %s: container: %w", x.ID, err)
+			}
+		}
+	case LogsRenew, LogsCancel:
+	default:
+		return nil, fmt.Errorf("logs request %s: unknown op %q (want open, renew or cancel)", x.ID, x.Op)
+	}
+	return &x, nil
+}
+
+// DecodeLogsChunk decodes one logs reply.
+func DecodeLogsChunk(payload []byte, max int) (*LogsChunk, error) {
+	var x LogsChunk
+	if err := decodeStrict(payload, max, "logs chunk", &x); err != nil {
+		return nil, err
+	}
+	if err := checkAPIVersion(x.APIVersion, "logs chunk"); err != nil {
+		return nil, err
+	}
+	if len(x.Data) > MaxLogChunk {
+		return nil, fmt.Errorf("logs chunk %s/%d: %d bytes of data, more than %d", x.ID, x.Seq, len(x.Data), MaxLogChunk)
+	}
+	return &x, nil
+}
+
+// Encode marshals any payload of this package. It exists so every writer fills APIVersion the
+// same way; the value's APIVersion field is set if empty.
+func Encode(v any) ([]byte, error) {
+	switch x := v.(type) {
+	case *Desired:
+		x.APIVersion = orDefault(x.APIVersion)
+	case *Index:
+		x.APIVersion = orDefault(x.APIVersion)
+	case *Liveness:
+		x.APIVersion = orDefault(x.APIVersion)
+	case *NodeStatus:
+		x.APIVersion = orDefault(x.APIVersion)
+	case *PodStatus:
+		x.APIVersion = orDefault(x.APIVersion)
+	case *Event:
+		x.APIVersion = orDefault(x.APIVersion)
+	case *Acks:
+		x.APIVersion = orDefault(x.APIVersion)
+	case *ResyncRequest:
+		x.APIVersion = orDefault(x.APIVersion)
+	case *LogsRequest:
+		x.APIVersion = orDefault(x.APIVersion)
+	case *LogsChunk:
+		x.APIVersion = orDefault(x.APIVersion)
+	default:
+		return nil, fmt.Errorf("encode %T: not a protocol payload", v)
+	}
+	return json.Marshal(v)
+}
+
+func orDefault(v string) string {
+	if v == "" {
+		return APIVersion
+	}
+	return v
+}

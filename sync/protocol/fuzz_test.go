@@ -1,0 +1,98 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+// The fuzz targets check that no payload or topic makes a decoder panic, and that whatever a
+// decoder accepts satisfies the checks the receiver relies on (names valid, sizes bounded).
+// CI runs each for a bounded time (see Makefile's fuzz target).
+
+func FuzzParseTopic(f *testing.F) {
+	for _, s := range []string{tp.Desired("n", KindPod, "default", "a"), tp.Index("n"), tp.LogsReply("n", "x"),
+		"mqlet/v1/nodes/n/desired/pods/../a", "mqlet/v1/nodes/+/online", "mqlet/v1/nodes/n/status/pods/a/b"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := tp.Parse(s)
+		if err != nil {
+			return
+		}
+		if ValidateNodeName(got.Node) != nil {
+			t.Fatalf("accepted node %q", got.Node)
+		}
+		if got.Class == ClassDesired || got.Class == ClassPodStatus {
+			if ValidateObjectName(got.Kind, got.Namespace, got.Name) != nil {
+				t.Fatalf("accepted object %+v", got)
+			}
+		}
+	})
+}
+
+func FuzzDecodeDesired(f *testing.F) {
+	d, _ := NewDesired("n", 3, pod("default", "a"))
+	good, _ := Encode(d)
+	tomb, _ := Encode(NewTombstone("n", KindPod, "default", "a", 4))
+	f.Add(good)
+	f.Add(tomb)
+	f.Add([]byte(`{"apiVersion":"mqlet.io/v1","kind":"Pod","node":"n","namespace":"default","name":"a","generation":1,"object":{"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"x"}]}}}`))
+	f.Add([]byte(`{"kind":"Pod","object":null}`))
+	topic, _ := tp.Parse(tp.Desired("n", KindPod, "default", "a"))
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		got, err := DecodeDesired(topic, payload, 4096)
+		if err != nil {
+			return
+		}
+		if len(payload) > 4096 || got.Generation <= 0 || got.Node != "n" || got.Key() != "pods/default/a" {
+			t.Fatalf("accepted %+v", got.Desired)
+		}
+		if got.Deleted != (got.Pod == nil) {
+			t.Fatalf("deleted=%v but pod=%v", got.Deleted, got.Pod)
+		}
+		if !got.Deleted && (got.Pod.Name != "a") {
+			t.Fatalf("accepted a pod named %q", got.Pod.Name)
+		}
+	})
+}
+
+func FuzzDecodeIndex(f *testing.F) {
+	good, _ := Encode(&Index{Node: "n", Revision: 4, Objects: map[string]int64{"pods/default/a": 4}})
+	f.Add(good)
+	f.Add([]byte(`{"apiVersion":"mqlet.io/v1","node":"n","revision":1,"objects":{"pods/x":1}}`))
+	topic, _ := tp.Parse(tp.Index("n"))
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		got, err := DecodeIndex(topic, payload, 4096)
+		if err != nil {
+			return
+		}
+		for k, g := range got.Objects {
+			if _, _, _, err := ParseObjectKey(k); err != nil || g <= 0 || g > got.Revision {
+				t.Fatalf("accepted entry %q=%d (revision %d)", k, g, got.Revision)
+			}
+		}
+	})
+}
+
+func FuzzDecodeLogsRequest(f *testing.F) {
+	good, _ := Encode(&LogsRequest{ID: "a", Op: LogsOpen, Namespace: "default", Pod: "p", Container: "c", Follow: true})
+	f.Add(good)
+	f.Add([]byte(`{"apiVersion":"mqlet.io/v1","id":"a","op":"open","namespace":"default","pod":"../x"}`))
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		got, err := DecodeLogsRequest(payload, 4096)
+		if err != nil {
+			return
+		}
+		if got.Op == LogsOpen {
+			for _, s := range []string{got.Pod, got.Namespace, got.Container} {
+				if bytes.ContainsAny([]byte(s), "/\x00") || s == ".." {
+					t.Fatalf("accepted a name that could walk a path: %q", s)
+				}
+			}
+		}
+		if _, err := json.Marshal(got); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -1,0 +1,277 @@
+package protocol
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// APIVersion is carried by every payload, so a receiver can refuse a payload of a contract it does
+// not speak instead of misreading it.
+const APIVersion = "mqlet.io/v1"
+
+// DefaultMaxPayload is the largest payload a receiver accepts unless configured otherwise. It matches
+// the example broker's message_size_limit.
+const DefaultMaxPayload = 1 << 20
+
+// MaxLogChunk bounds the data of one logs reply, so a log stream never makes a payload that a
+// constrained broker or link would refuse.
+const MaxLogChunk = 16 << 10
+
+// ObjectKind is a kind of desired object.
+type ObjectKind string
+
+const (
+	KindPod       ObjectKind = "Pod"
+	KindConfigMap ObjectKind = "ConfigMap"
+	KindSecret    ObjectKind = "Secret"
+)
+
+// Plural is the kind's topic segment.
+func (k ObjectKind) Plural() string {
+	switch k {
+	case KindPod:
+		return "pods"
+	case KindConfigMap:
+		return "configmaps"
+	case KindSecret:
+		return "secrets"
+	}
+	return strings.ToLower(string(k)) + "s"
+}
+
+// KindFromPlural is the inverse of Plural for the kinds the protocol carries.
+func KindFromPlural(s string) (ObjectKind, error) {
+	switch s {
+	case "pods":
+		return KindPod, nil
+	case "configmaps":
+		return KindConfigMap, nil
+	case "secrets":
+		return KindSecret, nil
+	}
+	return "", fmt.Errorf("unknown kind %q (want pods, configmaps or secrets)", s)
+}
+
+// ObjectKey names an object within a node's desired set: "<kinds>/<namespace>/<name>", the same
+// string as the tail of its desired topic. Index entries and acks use it.
+func ObjectKey(kind ObjectKind, namespace, name string) string {
+	return kind.Plural() + "/" + namespace + "/" + name
+}
+
+// ParseObjectKey splits and validates an ObjectKey.
+func ParseObjectKey(key string) (ObjectKind, string, string, error) {
+	seg := strings.Split(key, "/")
+	if len(seg) != 3 {
+		return "", "", "", fmt.Errorf("object key %q is not <kinds>/<namespace>/<name>", key)
+	}
+	k, err := KindFromPlural(seg[0])
+	if err != nil {
+		return "", "", "", fmt.Errorf("object key %q: %w", key, err)
+	}
+	if err := ValidateObjectName(k, seg[1], seg[2]); err != nil {
+		return "", "", "", fmt.Errorf("object key %q: %w", key, err)
+	}
+	return k, seg[1], seg[2], nil
+}
+
+// Desired is the payload of a desired object's retained topic: the whole object and its
+// generation, or a tombstone. Generations of one node's objects come from one counter per node
+// (see Index), so a node applies a message only when its generation is above what it stored.
+type Desired struct {
+	APIVersion string     `json:"apiVersion"`
+	Kind       ObjectKind `json:"kind"`
+	Node       string     `json:"node"`
+	Namespace  string     `json:"namespace"`
+	Name       string     `json:"name"`
+	Generation int64      `json:"generation"`
+	// Deleted makes this a tombstone: the object was deleted at Generation. Object is then empty.
+	Deleted bool            `json:"deleted,omitempty"`
+	Object  json.RawMessage `json:"object,omitempty"`
+}
+
+// DesiredObject is a decoded, validated Desired: exactly one of the pointers is set unless Deleted.
+type DesiredObject struct {
+	Desired
+	Pod       *v1.Pod
+	ConfigMap *v1.ConfigMap
+	Secret    *v1.Secret
+}
+
+// Key is the object's ObjectKey.
+func (d *Desired) Key() string { return ObjectKey(d.Kind, d.Namespace, d.Name) }
+
+// Index is the retained summary of a node's desired set: every live object and its generation,
+// as of Revision. Revision is the node's counter at the time the index was written; every object
+// generation is drawn from the same counter, so an object stored with a generation <= Revision
+// that the index does not list was deleted, and one with a higher generation is newer than the
+// index (the index is then stale for it, not authoritative).
+type Index struct {
+	APIVersion string           `json:"apiVersion"`
+	Node       string           `json:"node"`
+	Revision   int64            `json:"revision"`
+	Objects    map[string]int64 `json:"objects"`
+}
+
+// Liveness is the payload of the retained online topic and of the Last Will. Session grows with
+// every connection of the node, so a Will from an older session, delivered late, is recognisably
+// stale: readers ignore an offline whose session is below the newest online they saw, and the node
+// republishes its online message when it sees one.
+type Liveness struct {
+	APIVersion string    `json:"apiVersion"`
+	Node       string    `json:"node"`
+	Online     bool      `json:"online"`
+	Session    int64     `json:"session"`
+	Time       time.Time `json:"time,omitzero"` // the node's clock: informational only
+	Version    string    `json:"version,omitempty"`
+}
+
+// NodeStatus is the node's retained status, republished only when something that matters changed.
+type NodeStatus struct {
+	APIVersion string    `json:"apiVersion"`
+	Node       string    `json:"node"`
+	Time       time.Time `json:"time,omitzero"`
+	Object     *v1.Node  `json:"object"`
+}
+
+// PodStatus is a pod's retained, latest-only status. Generation is the desired generation the node
+// runs (observedGeneration; 0 for pods from the node's manifest dir). A pod gone from the node
+// is reported once with Deleted set.
+type PodStatus struct {
+	APIVersion string    `json:"apiVersion"`
+	Node       string    `json:"node"`
+	Namespace  string    `json:"namespace"`
+	Name       string    `json:"name"`
+	UID        types.UID `json:"uid,omitempty"`
+	Source     string    `json:"source"` // "file" or "mqtt"
+	Generation int64     `json:"observedGeneration"`
+	Deleted    bool      `json:"deleted,omitempty"`
+	Time       time.Time `json:"time,omitzero"`
+	// Object is the pod as the node runs it: metadata, spec and status.
+	Object *v1.Pod `json:"object,omitempty"`
+}
+
+// ObjectRef names what an event is about.
+type ObjectRef struct {
+	Kind      string    `json:"kind"`
+	Namespace string    `json:"namespace,omitempty"`
+	Name      string    `json:"name,omitempty"`
+	UID       types.UID `json:"uid,omitempty"`
+}
+
+// Event is one event from the node (not retained: events are a stream, bounded in the outbox).
+type Event struct {
+	APIVersion string    `json:"apiVersion"`
+	Node       string    `json:"node"`
+	Time       time.Time `json:"time,omitzero"`
+	Type       string    `json:"type"` // Normal or Warning
+	Reason     string    `json:"reason"`
+	Message    string    `json:"message"`
+	Object     ObjectRef `json:"object"`
+	Source     string    `json:"source,omitempty"`
+	// Dropped is how many events the node's outbox dropped (oldest first, because it was full)
+	// since the last event that reached the broker.
+	Dropped uint64 `json:"dropped,omitempty"`
+}
+
+// Acks is the node's retained statement of what it has taken in: for each object key, the highest
+// generation applied (Deleted for tombstones), and the last index revision it compared against.
+// It is how the control plane knows what the node runs, and when a tombstone can be cleared.
+type Acks struct {
+	APIVersion    string           `json:"apiVersion"`
+	Node          string           `json:"node"`
+	Session       int64            `json:"session"`
+	IndexRevision int64            `json:"indexRevision"`
+	Applied       map[string]int64 `json:"applied"`
+	Deleted       map[string]int64 `json:"deleted,omitempty"`
+	// Refused holds objects the node refused (admission, policy, bad payload), by key.
+	Refused map[string]Refusal `json:"refused,omitempty"`
+}
+
+// Refusal is why a node did not apply a generation of an object.
+type Refusal struct {
+	Generation int64  `json:"generation"`
+	Reason     string `json:"reason"`
+}
+
+// ResyncRequest asks the control plane to publish the node's whole desired set again; the node
+// also resubscribes, which makes the broker resend every retained desired message it still holds.
+type ResyncRequest struct {
+	APIVersion string   `json:"apiVersion"`
+	Node       string   `json:"node"`
+	Session    int64    `json:"session"`
+	Reason     string   `json:"reason"`
+	Missing    []string `json:"missing,omitempty"`
+}
+
+// Logs request operations.
+const (
+	LogsOpen   = "open"
+	LogsRenew  = "renew"  // a following reader is still there
+	LogsCancel = "cancel" // stop a stream now
+)
+
+// LogsRequest asks a node for a container's log. A follow stream ends on cancel, when the
+// container's log ends for good, or when the requester stops renewing (see docs/protocol.md).
+type LogsRequest struct {
+	APIVersion string `json:"apiVersion"`
+	ID         string `json:"id"`
+	Op         string `json:"op"`
+	Namespace  string `json:"namespace,omitempty"`
+	Pod        string `json:"pod,omitempty"`
+	Container  string `json:"container,omitempty"`
+	Follow     bool   `json:"follow,omitempty"`
+	// Tail is the number of last lines to send; 0 or less means the whole log.
+	Tail     int64 `json:"tail,omitempty"`
+	Previous bool  `json:"previous,omitempty"`
+}
+
+// LogsChunk is one reply to a LogsRequest. Seq starts at 0 and grows by one per chunk, so the
+// requester can tell a lost chunk. The last chunk has EOF set, with Error when the request failed.
+type LogsChunk struct {
+	APIVersion string `json:"apiVersion"`
+	ID         string `json:"id"`
+	Seq        int64  `json:"seq"`
+	Data       []byte `json:"data,omitempty"`
+	EOF        bool   `json:"eof,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+// NewDesired wraps an object (a *v1.Pod, *v1.ConfigMap or *v1.Secret) for node at generation.
+// The object's namespace defaults to "default", as the node's admission would default it.
+func NewDesired(node string, generation int64, obj any) (*Desired, error) {
+	var kind ObjectKind
+	var namespace, name string
+	switch o := obj.(type) {
+	case *v1.Pod:
+		kind, namespace, name = KindPod, o.Namespace, o.Name
+	case *v1.ConfigMap:
+		kind, namespace, name = KindConfigMap, o.Namespace, o.Name
+	case *v1.Secret:
+		kind, namespace, name = KindSecret, o.Namespace, o.Name
+	default:
+		return nil, fmt.Errorf("desired object of type %T: only pods, configMaps and secrets are carried", obj)
+	}
+	if namespace == "" {
+		namespace = "default"
+	}
+	if err := ValidateObjectName(kind, namespace, name); err != nil {
+		return nil, err
+	}
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
+	}
+	return &Desired{APIVersion: APIVersion, Kind: kind, Node: node, Namespace: namespace, Name: name,
+		Generation: generation, Object: raw}, nil
+}
+
+// NewTombstone is the deletion of an object at generation.
+func NewTombstone(node string, kind ObjectKind, namespace, name string, generation int64) *Desired {
+	return &Desired{APIVersion: APIVersion, Kind: kind, Node: node, Namespace: namespace, Name: name,
+		Generation: generation, Deleted: true}
+}
