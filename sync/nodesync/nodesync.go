@@ -1,0 +1,258 @@
+// Package nodesync is the node's end of the MQTT channel: one link to the broker, the downlink
+// source that feeds the agent, the uplink that reports through the outbox, and the logs server.
+// cmd/mqlet wires it to the agent; nothing here knows containerd.
+package nodesync
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/store"
+	"github.com/mqlet/mqlet/sync/downlink"
+	"github.com/mqlet/mqlet/sync/link"
+	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/uplink"
+	v1 "k8s.io/api/core/v1"
+)
+
+// Store is what the channel keeps in the state store.
+type Store interface {
+	downlink.Store
+	uplink.Store
+	NextSession() (int64, error)
+}
+
+// LogsServer serves logs requests (sync/logserve); optional.
+type LogsServer interface {
+	Handle(payload []byte)
+	Run(ctx context.Context) error
+}
+
+// DefaultNodeStatusPeriod is how often the node's status is recomputed locally. Recomputing costs
+// no traffic: it is published only when something that matters changed.
+const DefaultNodeStatusPeriod = 10 * time.Second
+
+// Options configure the channel.
+type Options struct {
+	Node   string
+	Topics protocol.Topics
+	// Link carries the broker URL, TLS, credentials, keepalive and back-off; the client id,
+	// subscriptions and liveness are filled in here.
+	Link       link.Options
+	Store      Store
+	MaxPayload int
+	Outbox     store.OutboxLimits
+	// NodeStatus builds the node's status; nil publishes none.
+	NodeStatus       func() *v1.Node
+	NodeStatusPeriod time.Duration
+	// Logs, when set, answers logs requests.
+	Logs    LogsServer
+	Version string
+	Log     *slog.Logger
+}
+
+// Sync is the running channel.
+type Sync struct {
+	o    Options
+	link *link.Link
+	down *downlink.Downlink
+	up   *uplink.Uplink
+
+	resendMu sync.Mutex
+}
+
+// sender adapts the link to the uplink's Link interface.
+type sender struct{ *link.Link }
+
+func (s sender) Send(topic string, payload []byte, retained bool) uplink.Receipt {
+	return s.Publish(topic, payload, retained)
+}
+
+// New validates the options and builds the parts; nothing connects before Run.
+func New(o Options) (*Sync, error) {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.NodeStatusPeriod <= 0 {
+		o.NodeStatusPeriod = DefaultNodeStatusPeriod
+	}
+	if err := protocol.ValidateNodeName(o.Node); err != nil {
+		return nil, err
+	}
+	s := &Sync{o: o}
+	t := o.Topics
+	lo := o.Link
+	lo.ClientID = o.Node
+	lo.Subscriptions = []string{t.DesiredFilter(o.Node), t.Index(o.Node), t.LogsRequest(o.Node)}
+	lo.LivenessTopic = t.Liveness(o.Node)
+	lo.Online = func(session int64) []byte { return s.liveness(true, session) }
+	lo.Offline = func(session int64) []byte { return s.liveness(false, session) }
+	lo.IsStaleOffline = protocol.IsStaleOffline
+	lo.NextSession = o.Store.NextSession
+	lo.OnOverflow = func() { s.resend("the node's message queue overflowed", nil) }
+	if lo.Log == nil {
+		lo.Log = o.Log
+	}
+	l, err := link.New(lo)
+	if err != nil {
+		return nil, err
+	}
+	s.link = l
+	s.up = uplink.New(uplink.Options{Node: o.Node, Topics: t, Store: o.Store, Link: sender{l}, Limits: o.Outbox, Log: o.Log})
+	s.down = downlink.New(downlink.Options{
+		Node: o.Node, Topics: t, Store: o.Store, MaxPayload: o.MaxPayload, Events: s.up,
+		Acks: s.up.Acks, Resend: s.resend, Log: o.Log,
+	})
+	return s, nil
+}
+
+func (s *Sync) liveness(online bool, session int64) []byte {
+	b, err := protocol.Encode(&protocol.Liveness{Node: s.o.Node, Online: online, Session: session, Time: time.Now().UTC(), Version: s.o.Version})
+	if err != nil {
+		panic(err) // a fixed struct of plain fields always encodes
+	}
+	return b
+}
+
+// Source is the MQTT source for the agent.
+func (s *Sync) Source() source.Source { return s.down }
+
+// Reporter is what the agent reports through (pod status, pod gone, events).
+func (s *Sync) Reporter() *uplink.Uplink { return s.up }
+
+// Emit sends an event (the agent's Reporter also does, through Reporter()).
+func (s *Sync) Emit(e event.Event) { s.up.Emit(e) }
+
+// resend asks for every retained desired message again (resubscribe) and, for a control plane that
+// lost them, publishes a resync request. Called from the downlink's goroutine or the link's
+// overflow handler, never from paho's delivery path: Resubscribe waits for the broker.
+func (s *Sync) resend(reason string, missing []string) {
+	s.resendMu.Lock()
+	defer s.resendMu.Unlock()
+	session, _, ok := s.link.Connected()
+	if !ok {
+		return // the next connection subscribes afresh, which replays everything anyway
+	}
+	for _, f := range []string{s.o.Topics.DesiredFilter(s.o.Node), s.o.Topics.Index(s.o.Node)} {
+		if err := s.link.Resubscribe(f); err != nil {
+			s.o.Log.Warn("mqtt: resubscribe for a full resend", "filter", f, "err", err)
+		}
+	}
+	s.up.Resync(protocol.ResyncRequest{Session: session, Reason: reason, Missing: missing})
+}
+
+// Run runs the link, the uplink, message routing, the node status loop and the logs server until
+// ctx ends; every goroutine has ended when it returns.
+func (s *Sync) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 1)
+	run := func(name string, f func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(ctx); err != nil && ctx.Err() == nil {
+				select {
+				case errc <- fmt.Errorf("mqtt %s: %w", name, err):
+				default:
+				}
+				cancel()
+			}
+		}()
+	}
+	run("link", s.link.Run)
+	run("uplink", s.up.Run)
+	run("routing", s.route)
+	if s.o.NodeStatus != nil {
+		run("node status", s.nodeStatusLoop)
+	}
+	if s.o.Logs != nil {
+		run("logs", s.o.Logs.Run)
+	}
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+// route hands each received message to its consumer without blocking the link.
+func (s *Sync) route(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m := <-s.link.Inbox():
+			t, err := s.o.Topics.Parse(m.Topic)
+			switch {
+			case err != nil || t.Node != s.o.Node:
+				// Refused by the downlink, which reports it with the topic and reason.
+				s.down.Offer(downlink.Message{Topic: m.Topic, Payload: m.Payload, Retained: m.Retained})
+			case t.Class == protocol.ClassLogsRequest:
+				if s.o.Logs != nil {
+					s.o.Logs.Handle(m.Payload)
+				}
+			default:
+				if !s.down.Offer(downlink.Message{Topic: m.Topic, Payload: m.Payload, Retained: m.Retained}) {
+					// Dropped: ask for everything again once the queue has room.
+					go s.resend("the downlink queue overflowed", nil)
+				}
+			}
+		}
+	}
+}
+
+// nodeStatusLoop publishes the node status when something that matters changed.
+func (s *Sync) nodeStatusLoop(ctx context.Context) error {
+	var last [32]byte
+	tick := time.NewTicker(s.o.NodeStatusPeriod)
+	defer tick.Stop()
+	for {
+		if n := s.o.NodeStatus(); n != nil {
+			if fp := Fingerprint(n); fp != last {
+				last = fp
+				s.up.NodeStatus(n)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// Fingerprint digests what makes a node status worth publishing: labels, addresses, capacity,
+// allocatable, node info, images and each condition's type, status and reason. Heartbeat and
+// transition times, and usage figures that move all the time, are left out, so an idle node
+// publishes nothing.
+func Fingerprint(n *v1.Node) [32]byte {
+	type cond struct{ Type, Status, Reason string }
+	var conds []cond
+	for _, c := range n.Status.Conditions {
+		conds = append(conds, cond{string(c.Type), string(c.Status), c.Reason})
+	}
+	sort.Slice(conds, func(i, j int) bool { return conds[i].Type < conds[j].Type })
+	b, _ := json.Marshal(struct {
+		Labels      map[string]string
+		Taints      []v1.Taint
+		Addresses   []v1.NodeAddress
+		Capacity    v1.ResourceList
+		Allocatable v1.ResourceList
+		Info        v1.NodeSystemInfo
+		Conditions  []cond
+		Images      []v1.ContainerImage
+	}{n.Labels, n.Spec.Taints, n.Status.Addresses, n.Status.Capacity, n.Status.Allocatable, n.Status.NodeInfo, conds, n.Status.Images})
+	return sha256.Sum256(b)
+}
