@@ -56,8 +56,8 @@ const (
 	readyTimeout = 10 * time.Second // listeners accepting after a start
 	stopTimeout  = 10 * time.Second // exit after SIGTERM, before SIGKILL
 	killTimeout  = 5 * time.Second  // exit after SIGKILL
-	// bridgeTimeout bounds WaitBridge. The site retries a lost bridge every
-	// second (restart_timeout 1).
+	// bridgeTimeout bounds WaitBridge. The site retries a lost bridge after
+	// 1 to 3 seconds (restart_timeout 1 2).
 	bridgeTimeout = 15 * time.Second
 	startAttempts = 3 // fresh ports when another process took one first
 )
@@ -108,8 +108,8 @@ type Options struct {
 	Prefix string
 	// BridgeTo, when set, makes this broker a "site" broker bridging
 	// `<prefix>/# both 1` to BridgeTo's Plain listener (clean session; the
-	// bridge retries every second while BridgeTo is down). BridgeTo must
-	// stay in use for as long as this broker.
+	// bridge retries every 1 to 3 seconds while BridgeTo is down). BridgeTo
+	// must stay in use for as long as this broker.
 	BridgeTo *Broker
 }
 
@@ -509,7 +509,9 @@ topic %s/# both 1
 topic mqtttest/bridge-probe/# both 0
 cleansession true
 start_type automatic
-restart_timeout 1
+# A base and a cap: in 2.0.11 a single value leaves the default 5-30s
+# backoff in force.
+restart_timeout 1 2
 `, u.Host, b.bridgeID, b.opts.Prefix)
 	}
 	return os.WriteFile(b.conf, []byte(c.String()), 0o600)
