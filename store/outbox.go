@@ -433,7 +433,7 @@ func (o *boltOutbox) walk(from uint64, fn func(uint64, []byte) bool) error {
 	return nil
 }
 
-func (o *boltOutbox) get(seq uint64) []byte           { return o.entries.Get(seqKey(seq)) }
+func (o *boltOutbox) get(seq uint64) []byte            { return o.entries.Get(seqKey(seq)) }
 func (o *boltOutbox) put(seq uint64, val []byte) error { return o.entries.Put(seqKey(seq), val) }
 func (o *boltOutbox) del(seq uint64) error             { return o.entries.Delete(seqKey(seq)) }
 
