@@ -1,8 +1,10 @@
 package store
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 
 	v1 "k8s.io/api/core/v1"
@@ -13,11 +15,15 @@ import (
 // them, so it has the same semantics down to the details: callers never share objects with it,
 // times come back with whole seconds, input DB refuses is refused, and a record that cannot be
 // decoded degrades the same way (see SetRaw). It writes nothing to disk.
+//
+// Secrets are kept in clear: nothing reaches a disk, and a test needs no node key.
 type Memory struct {
 	mu      sync.Mutex
 	closed  bool
 	buckets map[string]map[string][]byte
 	notices []string
+	// outboxSeq is the last Seq given, what DB keeps as the outbox bucket's sequence.
+	outboxSeq uint64
 }
 
 var _ State = (*Memory)(nil)
@@ -27,14 +33,16 @@ var errClosed = errors.New("state is closed")
 
 // NewMemory returns an empty in-memory state.
 func NewMemory() *Memory {
-	return &Memory{buckets: map[string]map[string][]byte{
-		string(bucketDesired): {},
-		string(bucketStatus):  {},
-	}}
+	buckets := map[string]map[string][]byte{}
+	for _, b := range currentBuckets() {
+		buckets[string(b)] = map[string][]byte{}
+	}
+	return &Memory{buckets: buckets}
 }
 
 // SetRaw stores val under bucket/key as it is, bypassing the encoders, so that a test can plant a
-// record that does not decode ("desired_pods" or "pod_status"; see the package comment).
+// record that does not decode (any bucket of the package comment's layout; objects values are
+// the clear JSON, as Memory does not seal).
 func (m *Memory) SetRaw(bucket, key string, val []byte) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -194,6 +202,272 @@ func (m *Memory) DeleteStatus(uid types.UID) error {
 	}
 	delete(b, string(uid))
 	return nil
+}
+
+func (m *Memory) PutObject(r ObjectRecord) error {
+	key, val, err := encodeObject(r)
+	if err != nil {
+		return fmt.Errorf("memory state: put object: %w", err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, err := m.bucket(bucketObjects)
+	if err != nil {
+		return fmt.Errorf("memory state: put object %s: %w", key, err)
+	}
+	b[key] = val
+	return nil
+}
+
+func (m *Memory) GetObject(kind ObjectKind, namespace, name string) (ObjectRecord, bool, error) {
+	key, err := objectKey(kind, namespace, name)
+	if err != nil {
+		return ObjectRecord{}, false, fmt.Errorf("memory state: get object: %w", err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, err := m.bucket(bucketObjects)
+	if err != nil {
+		return ObjectRecord{}, false, fmt.Errorf("memory state: get object %s: %w", key, err)
+	}
+	val, ok := b[key]
+	if !ok {
+		return ObjectRecord{}, false, nil
+	}
+	r, err := openAndDecodeObject([]byte(key), val, inClear)
+	if err != nil {
+		return ObjectRecord{}, false, fmt.Errorf("memory state: get object %s: %w", key, err)
+	}
+	return r, true, nil
+}
+
+// inClear is Memory's way of opening a stored object value: it never seals.
+func inClear(_, v []byte) ([]byte, error) { return v, nil }
+
+func (m *Memory) ListObjects() ([]ObjectRecord, []RecordError, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, err := m.bucket(bucketObjects)
+	if err != nil {
+		return nil, nil, fmt.Errorf("memory state: list objects: %w", err)
+	}
+	out, bad := collectObjects(walkMap(b), inClear)
+	return out, bad, nil
+}
+
+func (m *Memory) DeleteObject(kind ObjectKind, namespace, name string) error {
+	key, err := objectKey(kind, namespace, name)
+	if err != nil {
+		return fmt.Errorf("memory state: delete object: %w", err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, err := m.bucket(bucketObjects)
+	if err != nil {
+		return fmt.Errorf("memory state: delete object %s: %w", key, err)
+	}
+	delete(b, key)
+	return nil
+}
+
+func (m *Memory) PutMarks(marks []SyncMark) error {
+	kvs, err := encodeMarks(marks)
+	if err != nil {
+		return fmt.Errorf("memory state: put sync marks: %w", err)
+	}
+	if len(kvs) == 0 {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, err := m.bucket(bucketMarks)
+	if err != nil {
+		return fmt.Errorf("memory state: put sync marks: %w", err)
+	}
+	for _, kv := range kvs {
+		b[string(kv[0])] = kv[1]
+	}
+	return nil
+}
+
+func (m *Memory) ListMarks() (map[string]SyncMark, []RecordError, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, err := m.bucket(bucketMarks)
+	if err != nil {
+		return nil, nil, fmt.Errorf("memory state: list sync marks: %w", err)
+	}
+	out, bad := collectMarks(walkMap(b))
+	return out, bad, nil
+}
+
+func (m *Memory) DeleteMarks(keys []string) error {
+	for i, k := range keys {
+		if err := checkMarkKey(k); err != nil {
+			return fmt.Errorf("memory state: delete sync marks: keys[%d]: %w", i, err)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, err := m.bucket(bucketMarks)
+	if err != nil {
+		return fmt.Errorf("memory state: delete sync marks: %w", err)
+	}
+	for _, k := range keys {
+		delete(b, k)
+	}
+	return nil
+}
+
+func (m *Memory) NextSession() (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	meta, err := m.bucket(bucketMeta)
+	if err != nil {
+		return 0, fmt.Errorf("memory state: next session: %w", err)
+	}
+	n, val, err := nextSession(meta[string(keySession)])
+	if err != nil {
+		return 0, fmt.Errorf("memory state: next session: %w", err)
+	}
+	meta[string(keySession)] = val
+	return n, nil
+}
+
+// memOutbox is outboxTx over Memory's maps; m.mu must be held. Memory has no rollback, so the
+// shared code must not fail halfway, and over maps nothing can.
+type memOutbox struct{ m *Memory }
+
+// outbox returns the outbox of an open Memory; m.mu must be held.
+func (m *Memory) outbox() (memOutbox, error) {
+	if m.closed {
+		return memOutbox{}, errClosed
+	}
+	return memOutbox{m}, nil
+}
+
+func (o memOutbox) entries() map[string][]byte { return o.m.buckets[string(bucketOutbox)] }
+func (o memOutbox) index() map[string][]byte   { return o.m.buckets[string(bucketOutboxLatest)] }
+func (o memOutbox) meta() map[string][]byte    { return o.m.buckets[string(bucketMeta)] }
+
+func (o memOutbox) walk(from uint64, fn func(uint64, []byte) bool) error {
+	// Sorted on every walk: fine for tests, and it keeps Memory a plain map like the others.
+	start := string(seqKey(from))
+	var keys []string
+	for k := range o.entries() {
+		if len(k) == 8 && k >= start {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if !fn(binary.BigEndian.Uint64([]byte(k)), o.entries()[k]) {
+			return nil
+		}
+	}
+	return nil
+}
+
+func (o memOutbox) get(seq uint64) []byte { return o.entries()[string(seqKey(seq))] }
+
+func (o memOutbox) put(seq uint64, val []byte) error {
+	o.entries()[string(seqKey(seq))] = val
+	return nil
+}
+
+func (o memOutbox) del(seq uint64) error {
+	delete(o.entries(), string(seqKey(seq)))
+	return nil
+}
+
+func (o memOutbox) latest(topic string) (uint64, bool) {
+	v, ok := o.index()[topic]
+	if !ok || len(v) != 8 {
+		return 0, false
+	}
+	return binary.BigEndian.Uint64(v), true
+}
+
+func (o memOutbox) setLatest(topic string, seq uint64) error {
+	o.index()[topic] = seqKey(seq)
+	return nil
+}
+
+func (o memOutbox) delLatest(topic string) error {
+	delete(o.index(), topic)
+	return nil
+}
+
+func (o memOutbox) nextSeq() (uint64, error) {
+	o.m.outboxSeq++
+	return o.m.outboxSeq, nil
+}
+
+func (o memOutbox) counters() []byte { return o.meta()[string(keyOutboxCounters)] }
+
+func (o memOutbox) setCounters(val []byte) error {
+	o.meta()[string(keyOutboxCounters)] = val
+	return nil
+}
+
+func (m *Memory) OutboxPut(entries []OutboxEntry, lim OutboxLimits) ([]uint64, error) {
+	if err := checkOutbox(entries); err != nil {
+		return nil, fmt.Errorf("memory state: outbox put: %w", err)
+	}
+	if len(entries) == 0 {
+		return []uint64{}, nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	o, err := m.outbox()
+	if err != nil {
+		return nil, fmt.Errorf("memory state: outbox put: %w", err)
+	}
+	seqs, refused, err := outboxPut(o, entries, lim)
+	if err != nil {
+		return nil, fmt.Errorf("memory state: outbox put of %d entries (first for topic %s): %w", len(entries), entries[0].Topic, err)
+	}
+	return seqs, refusedError("memory state", refused)
+}
+
+func (m *Memory) OutboxList(limit int) ([]OutboxEntry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	o, err := m.outbox()
+	if err != nil {
+		return nil, fmt.Errorf("memory state: outbox list: %w", err)
+	}
+	return outboxList(o, limit)
+}
+
+func (m *Memory) OutboxAck(topic string, seq uint64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	o, err := m.outbox()
+	if err == nil {
+		err = outboxAck(o, topic, seq)
+	}
+	if err != nil {
+		return fmt.Errorf("memory state: outbox ack of entry %d for topic %s: %w", seq, topic, err)
+	}
+	return nil
+}
+
+func (m *Memory) OutboxStats() (OutboxStats, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	o, err := m.outbox()
+	if err != nil {
+		return OutboxStats{}, fmt.Errorf("memory state: outbox stats: %w", err)
+	}
+	st, err := outboxStats(o)
+	if err != nil {
+		return OutboxStats{}, fmt.Errorf("memory state: outbox stats: %w", err)
+	}
+	return st, nil
 }
 
 func (m *Memory) Notices() []string {

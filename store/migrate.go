@@ -28,6 +28,7 @@ func migrations(note func(format string, args ...any)) []migration {
 	return []migration{
 		{from: 0, apply: func(tx *bolt.Tx) error { return migrate0to1(tx, note) }},
 		{from: 1, apply: func(tx *bolt.Tx) error { return migrate1to2(tx, note) }},
+		{from: 2, apply: func(tx *bolt.Tx) error { return migrate2to3(tx, note) }},
 	}
 }
 
@@ -75,9 +76,22 @@ func (d *DB) upgrade(version int) error {
 }
 
 // Migrations write the layout of the version they produce with their own frozen types, never
-// with the current encoders: a chain 0 -> 1 -> 2 must hand step 1 -> 2 exactly what a schema 1
-// release wrote. (migrate1to2 writes desiredRecord, which is schema 2's layout today; the change
-// that makes schema 3 must first freeze a copy of it here as desiredRecordV2.)
+// with the current encoders: a chain 0 -> 1 -> 2 -> 3 must hand each step exactly what a release
+// of its starting schema wrote.
+
+// desiredRecordV2 is a desired_pods value at schema version 2 (unchanged in schema 3, but frozen
+// here so that a later change to desiredRecord cannot change what migrate1to2 writes).
+type desiredRecordV2 struct {
+	Source     sourceRecordV2 `json:"source"`
+	Generation int64          `json:"generation"`
+	Pod        *v1.Pod        `json:"pod"`
+}
+
+type sourceRecordV2 struct {
+	Kind   string `json:"kind"`
+	Origin string `json:"origin"`
+	Doc    int    `json:"doc"`
+}
 
 // desiredRecordV1 is a desired_pods value at schema version 1: the source as an opaque string,
 // "file:<path>#<doc>" for the manifest dir ("file:" for pods migrated from schema 0).
@@ -170,8 +184,8 @@ func migrate1to2(tx *bolt.Tx, note func(string, ...any)) error {
 			note("schema 1 -> 2: %s/%s: source %q is not \"file:<path>#<doc>\"; kept as kind %q, origin %q",
 				bucketDesired, k, old.Source, ref.Kind, ref.Origin)
 		}
-		val, err := json.Marshal(desiredRecord{
-			Source: sourceRecord{Kind: string(ref.Kind), Origin: ref.Origin, Doc: ref.Doc},
+		val, err := json.Marshal(desiredRecordV2{
+			Source: sourceRecordV2{Kind: string(ref.Kind), Origin: ref.Origin, Doc: ref.Doc},
 			Pod:    old.Pod,
 		})
 		if err != nil {
@@ -209,4 +223,19 @@ func parseSourceV1(s string) (ref source.Ref, ok bool) {
 		}
 	}
 	return source.Ref{Kind: source.Kind(kind), Origin: rest}, false
+}
+
+// migrate2to3 adds what the MQTT sync needs: the objects (configMaps and sealed secrets),
+// sync_marks, outbox and outbox_latest buckets, empty. Nothing of schema 2 changes; the meta keys
+// session and outbox_counters appear with their first use. The names are spelled out here, not
+// taken from the current layout, so that this step keeps producing schema 3 whatever comes later.
+func migrate2to3(tx *bolt.Tx, note func(string, ...any)) error {
+	added := []string{"objects", "sync_marks", "outbox", "outbox_latest"}
+	for _, name := range added {
+		if _, err := tx.CreateBucketIfNotExists([]byte(name)); err != nil {
+			return fmt.Errorf("create bucket %q: %w", name, err)
+		}
+	}
+	note("schema 2 -> 3: added buckets %s", strings.Join(added, ", "))
+	return nil
 }

@@ -7,7 +7,7 @@ import (
 
 // State is the agent's persistent state, one typed Put/Get/List/Delete per kind of record. It is
 // implemented by the bbolt file (DB) and by Memory, the in-memory twin used by unit tests. Later
-// record kinds (outbox, node status, configMaps/secrets, events) are added here, to both.
+// record kinds (node status, events) are added here, to both.
 //
 // List methods degrade per record: a record that cannot be decoded is returned as a RecordError
 // and skipped, the others load, so one bad key never stops the node. The error result is for the
@@ -25,6 +25,31 @@ type State interface {
 	GetStatus(uid types.UID) (*v1.PodStatus, bool, error)
 	ListStatus() (map[types.UID]*v1.PodStatus, []RecordError, error)
 	DeleteStatus(uid types.UID) error
+
+	// PutObject stores a ConfigMap or Secret delivered by a source, replacing the previous record
+	// for its kind, namespace and name. A Secret is never written in clear (see OpenWith).
+	PutObject(r ObjectRecord) error
+	GetObject(kind ObjectKind, namespace, name string) (ObjectRecord, bool, error)
+	ListObjects() ([]ObjectRecord, []RecordError, error)
+	DeleteObject(kind ObjectKind, namespace, name string) error
+
+	// PutMarks stores what the MQTT source has taken in, in one transaction (one fsync) for the
+	// whole slice.
+	PutMarks(marks []SyncMark) error
+	ListMarks() (map[string]SyncMark, []RecordError, error)
+	DeleteMarks(keys []string) error
+	// NextSession returns 1, 2, 3, ... across restarts, each number stored before it is returned.
+	NextSession() (int64, error)
+
+	// OutboxPut queues messages for the broker in one transaction and returns the Seq given to
+	// each; see DB.OutboxPut for how the limits are kept.
+	OutboxPut(entries []OutboxEntry, lim OutboxLimits) ([]uint64, error)
+	// OutboxList returns queued entries oldest first (by Seq); limit <= 0 means all.
+	OutboxList(limit int) ([]OutboxEntry, error)
+	// OutboxAck removes the entry with seq if it is still queued; a Latest entry since replaced
+	// by a newer one for its topic is gone already, and the newer one stays.
+	OutboxAck(topic string, seq uint64) error
+	OutboxStats() (OutboxStats, error)
 
 	// Notices are what Open did that an operator should see in the log (migrations run,
 	// a damaged meta page repaired).

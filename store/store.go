@@ -1,20 +1,44 @@
 // Package store keeps the agent's persistent state in one bbolt file (FileName under the state dir).
 //
-// On-disk layout, schema version 2 (every key and value is a byte string):
+// On-disk layout, schema version 3 (every key and value is a byte string):
 //
 //	meta/
-//	    schema_version  -> decimal ASCII text, e.g. "2"
+//	    schema_version   -> decimal ASCII text, e.g. "3"
+//	    session          -> decimal ASCII text: the last number NextSession returned (absent before the first)
+//	    outbox_counters  -> JSON {"eventBytes": 0, "latestBytes": 0, "events": 0, "latest": 0,
+//	                              "droppedEvents": 0, "refusedLatest": 0} (absent until the first outbox write)
 //	desired_pods/
 //	    <pod UID>       -> JSON {"source": {"kind": "file", "origin": "/etc/mqlet/pods/web.yaml", "doc": 0},
 //	                             "generation": 0, "pod": <v1.Pod>}
 //	pod_status/
 //	    <pod UID>       -> JSON <v1.PodStatus>
+//	objects/
+//	    ConfigMap/<namespace>/<name> -> JSON {"source": {...}, "generation": 3, "configMap": <v1.ConfigMap>}
+//	    Secret/<namespace>/<name>    -> seal(JSON {"source": {...}, "generation": 3, "secret": <v1.Secret>})
+//	sync_marks/
+//	    <key, e.g. "pods/default/web"> -> JSON {"generation": 4, "deleted": false}
+//	outbox/              (its bbolt bucket sequence is the last Seq given)
+//	    <seq, uint64 big-endian> -> format byte (1), flags byte (1 retained, 2 latest), uvarint len(topic),
+//	                                topic, payload
+//	outbox_latest/
+//	    <topic>         -> seq (uint64 big-endian) of the topic's Latest entry in outbox
 //
 // Values are encoding/json of the k8s.io/api types, so metav1.Time fields keep whole seconds only.
 // The source is a source.Ref (kind "file": origin is the manifest's path, doc the 0-based document
 // index; kind "mqtt": origin is the topic); every field is written, zeros included.
 //
+// A Secret is never written in clear: its whole value is sealed with AES-256-GCM under the node key
+// (package seal; see OpenWith), with "objects/<key>" as additional data, so a sealed value copied
+// under another key does not open. The key (kind, namespace and name) is in clear. A DB opened
+// without a key refuses to store Secrets and reports stored ones as RecordErrors.
+//
+// The outbox keeps running totals in meta/outbox_counters so that a put does not walk the bucket
+// unless it has to drop events; a missing or undecodable counters record is rebuilt from the
+// buckets (the two persistent counts then restart at 0).
+//
 // Older layouts, migrated by Open (see migrations in migrate.go):
+//   - schema 2: as schema 3 without the session and outbox_counters keys and without the objects,
+//     sync_marks, outbox and outbox_latest buckets.
 //   - schema 1: desired_pods values were {"source": "<string>", "pod": <v1.Pod>}, the source being
 //     "file:<path>#<doc>" for the manifest dir ("file:" for pods migrated from schema 0).
 //   - schema 0: a file written before the meta bucket existed: a single bucket "pods" keyed by
@@ -26,7 +50,7 @@
 // Open never rewrites an existing file it cannot read: a damaged file is refused with ErrCorrupt
 // and a recovery hint (everything in it can be rebuilt from the pod sources and containerd).
 //
-// Rules for changing the layout (later parts add the outbox, events and node status): add buckets or
+// Rules for changing the layout (later parts add events and node status): add buckets or
 // change encodings only together with a new SchemaVersion and a migration step from the previous
 // version, and commit a fixture file written by the previous release under testdata/ with a test
 // that opens a copy of it. A binary refuses a file with a newer schema than it knows, so a downgrade
@@ -42,12 +66,13 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/mqlet/mqlet/store/seal"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
 
 // SchemaVersion is the layout version this binary writes; see the package comment.
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // FileName is the name of the state file under the agent's state dir.
 const FileName = "state.db"
@@ -62,16 +87,22 @@ const (
 )
 
 var (
-	bucketMeta    = []byte("meta")
-	bucketDesired = []byte("desired_pods")
-	bucketStatus  = []byte("pod_status")
+	bucketMeta         = []byte("meta")
+	bucketDesired      = []byte("desired_pods")
+	bucketStatus       = []byte("pod_status")
+	bucketObjects      = []byte("objects")
+	bucketMarks        = []byte("sync_marks")
+	bucketOutbox       = []byte("outbox")
+	bucketOutboxLatest = []byte("outbox_latest")
 
-	keySchemaVersion = []byte("schema_version")
+	keySchemaVersion  = []byte("schema_version")
+	keySession        = []byte("session")
+	keyOutboxCounters = []byte("outbox_counters")
 )
 
 // currentBuckets are the buckets a file at SchemaVersion must have.
 func currentBuckets() [][]byte {
-	return [][]byte{bucketMeta, bucketDesired, bucketStatus}
+	return [][]byte{bucketMeta, bucketDesired, bucketStatus, bucketObjects, bucketMarks, bucketOutbox, bucketOutboxLatest}
 }
 
 // Errors that Open wraps, for callers that want to react (e.g. exit codes); the error text
@@ -87,17 +118,41 @@ type DB struct {
 	path    string
 	bolt    *bolt.DB
 	notices []string
+	// box seals Secret records; nil when the DB was opened without a node key.
+	box *seal.Box
 }
 
-// Open opens (creating if absent) the bbolt state file at path. The parent directory must exist.
-// An existing file that is not a readable bbolt file is refused with ErrCorrupt and left untouched;
-// a file with a newer schema is refused with ErrNewerSchema; an older schema is migrated in one
-// transaction. A second agent on the same file gets ErrLocked after about two seconds.
+// Options are what OpenWith takes beyond the path.
+type Options struct {
+	// SecretKey is the node key that Secret records are sealed under (seal.KeySize bytes, from
+	// seal.LoadOrCreateKey). Without one, everything but Secrets works: PutObject refuses a Secret
+	// and stored ones are reported as RecordErrors.
+	SecretKey []byte
+}
+
+// Open opens (creating if absent) the bbolt state file at path, without a node key (see
+// OpenWith). The parent directory must exist. An existing file that is not a readable bbolt file
+// is refused with ErrCorrupt and left untouched; a file with a newer schema is refused with
+// ErrNewerSchema; an older schema is migrated in one transaction. A second agent on the same file
+// gets ErrLocked after about two seconds.
 func Open(path string) (*DB, error) {
-	return open(path, lockTimeout)
+	return open(path, lockTimeout, Options{})
 }
 
-func open(path string, timeout time.Duration) (d *DB, err error) {
+// OpenWith is Open with options: o.SecretKey, when set, must be a valid node key, and lets the
+// DB store and read Secret records.
+func OpenWith(path string, o Options) (*DB, error) {
+	return open(path, lockTimeout, o)
+}
+
+func open(path string, timeout time.Duration, o Options) (d *DB, err error) {
+	var box *seal.Box
+	if o.SecretKey != nil {
+		if box, err = seal.New(o.SecretKey); err != nil {
+			return nil, fmt.Errorf("open state db %s: node key: %w", path, err)
+		}
+	}
+
 	// bbolt trusts the file: a bad page can make it panic, or fault on the mmap, and a panic inside
 	// bolt.Open leaks its file and lock. So the parts bolt.Open reads (meta pages, freelist page,
 	// file length) are checked first with plain reads, and the rest is walked once below, where
@@ -136,7 +191,7 @@ func open(path string, timeout time.Duration) (d *DB, err error) {
 	}
 	bdb.MaxBatchDelay = batchDelay
 
-	d = &DB{path: path, bolt: bdb}
+	d = &DB{path: path, bolt: bdb, box: box}
 	if notice != "" {
 		d.notices = append(d.notices, notice)
 	}

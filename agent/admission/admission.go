@@ -38,10 +38,13 @@ const (
 // Admitter admits pods for one node.
 type Admitter struct {
 	NodeName string
+	// MQTTPolicy applies to pods whose Ref.Kind is source.MQTT; the manifest dir is trusted.
+	MQTTPolicy Policy
 }
 
 // Admit returns a defaulted, validated copy of the item's pod with its UID and the config
 // annotations set, or an error listing every problem found. The item's pod is not modified.
+// A pod that is valid but asks for more than its source's policy allows gets a *PolicyError.
 func (a Admitter) Admit(it source.Item) (*v1.Pod, error) {
 	if it.Pod == nil {
 		return nil, fmt.Errorf("no pod")
@@ -55,12 +58,23 @@ func (a Admitter) Admit(it source.Item) (*v1.Pod, error) {
 	if pod.UID != "" {
 		errs = append(errs, validateUID(pod.UID)...)
 	}
+	var violations []Violation
+	if it.Ref.Kind == source.MQTT {
+		violations = a.MQTTPolicy.Check(&pod.Spec)
+	}
 	if len(errs) > 0 {
-		msgs := make([]string, len(errs))
-		for i, e := range errs {
-			msgs[i] = e.Error()
+		// Every problem in one message, the policy's too, so one round trip fixes the pod.
+		msgs := make([]string, 0, len(errs)+len(violations))
+		for _, e := range errs {
+			msgs = append(msgs, e.Error())
+		}
+		for _, v := range violations {
+			msgs = append(msgs, v.String())
 		}
 		return nil, fmt.Errorf("%s", strings.Join(msgs, "; "))
+	}
+	if len(violations) > 0 {
+		return nil, &PolicyError{Pod: pod.Namespace + "/" + pod.Name, Source: string(it.Ref.Kind), Violations: violations}
 	}
 	if pod.UID == "" {
 		pod.UID = StableUID(a.NodeName, pod.Namespace, pod.Name)

@@ -1,0 +1,159 @@
+package admission
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/mqlet/mqlet/agent/source"
+	v1 "k8s.io/api/core/v1"
+)
+
+func policyPod(mutate func(*v1.Pod)) *v1.Pod {
+	p := &v1.Pod{}
+	p.Name, p.Namespace = "web", "apps"
+	p.Spec.InitContainers = []v1.Container{{Name: "init", Image: "busybox:1"}}
+	p.Spec.Containers = []v1.Container{{Name: "main", Image: "busybox:1"}, {Name: "side", Image: "busybox:1"}}
+	if mutate != nil {
+		mutate(p)
+	}
+	return p
+}
+
+func yes() *bool { t := true; return &t }
+func no() *bool  { f := false; return &f }
+
+func hostPathVolume(name, path string) v1.Volume {
+	return v1.Volume{Name: name, VolumeSource: v1.VolumeSource{HostPath: &v1.HostPathVolumeSource{Path: path}}}
+}
+
+func TestMQTTPolicy(t *testing.T) {
+	strict := Policy{}
+	paths := Policy{AllowedHostPaths: []string{"/data", "/var/log/app"}}
+	tests := []struct {
+		name   string
+		policy Policy
+		mutate func(*v1.Pod)
+		wants  []string // empty: admitted
+	}{
+		{"plain pod", strict, nil, nil},
+		{"privileged", strict, func(p *v1.Pod) { p.Spec.Containers[1].SecurityContext = &v1.SecurityContext{Privileged: yes()} },
+			[]string{"pod apps/web", "spec.containers[1].securityContext.privileged", "mqttPolicy.allowPrivileged"}},
+		{"privileged false", strict, func(p *v1.Pod) { p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: no()} }, nil},
+		{"privileged init container", strict, func(p *v1.Pod) { p.Spec.InitContainers[0].SecurityContext = &v1.SecurityContext{Privileged: yes()} },
+			[]string{"spec.initContainers[0].securityContext.privileged", "mqttPolicy.allowPrivileged"}},
+		{"privileged ephemeral container", strict, func(p *v1.Pod) {
+			p.Spec.EphemeralContainers = []v1.EphemeralContainer{{EphemeralContainerCommon: v1.EphemeralContainerCommon{
+				Name: "debug", Image: "busybox:1", SecurityContext: &v1.SecurityContext{Privileged: yes()}}}}
+		}, []string{"spec.ephemeralContainers[0].securityContext.privileged"}},
+		{"privileged allowed", Policy{AllowPrivileged: true}, func(p *v1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: yes(), AllowPrivilegeEscalation: yes(),
+				Capabilities: &v1.Capabilities{Add: []v1.Capability{"ALL"}}}
+		}, nil},
+		{"privilege escalation", strict, func(p *v1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{AllowPrivilegeEscalation: yes()}
+		},
+			[]string{"spec.containers[0].securityContext.allowPrivilegeEscalation", "mqttPolicy.allowPrivileged"}},
+		{"no privilege escalation", strict, func(p *v1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{AllowPrivilegeEscalation: no()}
+		}, nil},
+		{"baseline capabilities", strict, func(p *v1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Capabilities: &v1.Capabilities{
+				Add: []v1.Capability{"NET_BIND_SERVICE", "cap_chown"}, Drop: []v1.Capability{"ALL"}}}
+		}, nil},
+		{"SYS_ADMIN", strict, func(p *v1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Capabilities: &v1.Capabilities{Add: []v1.Capability{"CHOWN", "SYS_ADMIN"}}}
+		}, []string{"spec.containers[0].securityContext.capabilities.add[1]", `"SYS_ADMIN"`, "mqttPolicy.allowPrivileged"}},
+		{"net_admin with prefix and lower case", strict, func(p *v1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Capabilities: &v1.Capabilities{Add: []v1.Capability{"cap_net_admin"}}}
+		}, []string{"capabilities.add[0]", `"cap_net_admin"`}},
+		{"ALL", strict, func(p *v1.Pod) {
+			p.Spec.InitContainers[0].SecurityContext = &v1.SecurityContext{Capabilities: &v1.Capabilities{Add: []v1.Capability{"ALL"}}}
+		}, []string{"spec.initContainers[0].securityContext.capabilities.add[0]", `"ALL"`}},
+		{"hostNetwork", strict, func(p *v1.Pod) { p.Spec.HostNetwork = true },
+			[]string{"spec.hostNetwork", "mqttPolicy.allowHostNamespaces"}},
+		{"hostPID", strict, func(p *v1.Pod) { p.Spec.HostPID = true }, []string{"spec.hostPID", "mqttPolicy.allowHostNamespaces"}},
+		{"hostIPC", strict, func(p *v1.Pod) { p.Spec.HostIPC = true }, []string{"spec.hostIPC", "mqttPolicy.allowHostNamespaces"}},
+		{"host namespaces allowed", Policy{AllowHostNamespaces: true}, func(p *v1.Pod) {
+			p.Spec.HostNetwork, p.Spec.HostPID, p.Spec.HostIPC = true, true, true
+		}, nil},
+		{"hostPath with no allowed paths", strict, func(p *v1.Pod) { p.Spec.Volumes = []v1.Volume{hostPathVolume("d", "/data")} },
+			[]string{"spec.volumes[0].hostPath.path", `"/data"`, "mqttPolicy.allowedHostPaths", "no hostPath"}},
+		{"hostPath equal", paths, func(p *v1.Pod) { p.Spec.Volumes = []v1.Volume{hostPathVolume("d", "/data")} }, nil},
+		{"hostPath below", paths, func(p *v1.Pod) {
+			p.Spec.Volumes = []v1.Volume{{Name: "e", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}},
+				hostPathVolume("d", "/data/sensors/x"), hostPathVolume("l", "/var/log/app/")}
+		}, nil},
+		{"hostPath sharing a prefix but not a segment", paths, func(p *v1.Pod) { p.Spec.Volumes = []v1.Volume{hostPathVolume("d", "/database")} },
+			[]string{"spec.volumes[0].hostPath.path", `"/database"`, "not under an allowed path (/data, /var/log/app)"}},
+		{"hostPath above", paths, func(p *v1.Pod) { p.Spec.Volumes = []v1.Volume{hostPathVolume("d", "/var/log")} },
+			[]string{`"/var/log"`, "not under"}},
+		{"hostPath root", paths, func(p *v1.Pod) { p.Spec.Volumes = []v1.Volume{hostPathVolume("d", "/")} }, []string{`"/"`}},
+		{"hostPath with ..", paths, func(p *v1.Pod) { p.Spec.Volumes = []v1.Volume{hostPathVolume("d", "/data/../etc")} },
+			[]string{"spec.volumes[0].hostPath.path", `"/data/../etc"`, "'..'"}},
+		{"hostPath with .. that stays inside", paths, func(p *v1.Pod) { p.Spec.Volumes = []v1.Volume{hostPathVolume("d", "/data/a/../b")} },
+			[]string{"'..'"}},
+		{"relative hostPath", paths, func(p *v1.Pod) { p.Spec.Volumes = []v1.Volume{hostPathVolume("d", "data/x")} },
+			[]string{`"data/x"`, "absolute"}},
+		{"everything at once", paths, func(p *v1.Pod) {
+			p.Spec.HostNetwork = true
+			p.Spec.Volumes = []v1.Volume{hostPathVolume("d", "/etc")}
+			p.Spec.Containers[1].SecurityContext = &v1.SecurityContext{Privileged: yes()}
+		}, []string{"spec.hostNetwork", "spec.volumes[0].hostPath.path", "spec.containers[1].securityContext.privileged"}},
+		{"a bad allowed prefix widens nothing", Policy{AllowedHostPaths: []string{"/data/", "data", "/x/../"}},
+			func(p *v1.Pod) { p.Spec.Volumes = []v1.Volume{hostPathVolume("d", "/data/x")} }, []string{`"/data/x"`}},
+		{"allowed root", Policy{AllowedHostPaths: []string{"/"}}, func(p *v1.Pod) { p.Spec.Volumes = []v1.Volume{hostPathVolume("d", "/etc")} }, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := Admitter{NodeName: node, MQTTPolicy: tt.policy}
+			pod := policyPod(tt.mutate)
+			got, err := a.Admit(source.Item{Pod: pod, Ref: source.Ref{Kind: source.MQTT, Origin: "mqlet/v1/nodes/edge-1/desired/pods/apps/web"}, Generation: 3})
+			if len(tt.wants) == 0 {
+				if err != nil {
+					t.Fatalf("want admitted, got %v", err)
+				}
+				if got == nil || got.UID == "" {
+					t.Fatalf("admitted pod %+v", got)
+				}
+				return
+			}
+			var pe *PolicyError
+			if !errors.As(err, &pe) {
+				t.Fatalf("got %v (%T), want a *PolicyError", err, err)
+			}
+			for _, w := range tt.wants {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+
+			// The manifest dir is trusted: the same pod from a file is admitted.
+			if _, err := a.Admit(source.Item{Pod: pod, Ref: source.Ref{Kind: source.File, Origin: "/etc/mqlet/pods/web.yaml"}}); err != nil {
+				t.Errorf("file pod refused: %v", err)
+			}
+		})
+	}
+}
+
+// A pod that is invalid and against the policy gets every problem in one plain error: it is a
+// rejection first, not a policy decision.
+func TestPolicyWithValidationErrors(t *testing.T) {
+	pod := policyPod(func(p *v1.Pod) {
+		p.Spec.Containers[0].Image = ""
+		p.Spec.HostPID = true
+	})
+	_, err := Admitter{NodeName: node}.Admit(source.Item{Pod: pod, Ref: source.Ref{Kind: source.MQTT, Origin: "t"}})
+	if err == nil {
+		t.Fatal("admitted")
+	}
+	var pe *PolicyError
+	if errors.As(err, &pe) {
+		t.Errorf("got a *PolicyError for an invalid pod: %v", err)
+	}
+	for _, w := range []string{"spec.containers[0].image: Required value", "spec.hostPID", "mqttPolicy.allowHostNamespaces"} {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("error %q does not mention %q", err, w)
+		}
+	}
+}

@@ -1,0 +1,226 @@
+package link
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+)
+
+// Options configure a Link. Zero durations and sizes take the defaults below.
+type Options struct {
+	// Broker is the broker's URL: tcp://, ssl://, tls://, ws:// or wss:// (mqtt:// means tcp://,
+	// mqtts:// means ssl://). A tcp or ssl URL without a port gets 1883 or 8883.
+	Broker string
+	// CAFile, CertFile and KeyFile configure TLS for ssl, tls and wss brokers. With CAFile empty the
+	// system roots verify the broker; CertFile and KeyFile (both or neither) are the client
+	// certificate. They are read once, by New.
+	CAFile, CertFile, KeyFile string
+	Username, Password        string
+	// ClientID is the MQTT client identifier: the node name.
+	ClientID string
+	// Keepalive is the MQTT keepalive (default 60s); ConnectTimeout bounds the dial, the TLS and
+	// MQTT handshakes, a write to the socket and each wait for a SUBACK (default 10s).
+	Keepalive      time.Duration
+	ConnectTimeout time.Duration
+	// ReconnectMin and ReconnectMax bound the exponential back-off between connection attempts
+	// (defaults 1s and 2m). The sleep is uniform in [0, min(max, min·2^attempt)) ("full jitter":
+	// a fleet that lost its broker does not come back in lockstep). The attempt count resets after
+	// a connection that stayed up for at least a minute.
+	ReconnectMin, ReconnectMax time.Duration
+	// Subscriptions are topic filters subscribed with QoS 1 on every connection, in paho's
+	// OnConnect handler.
+	Subscriptions []string
+	// InboxSize is the capacity of Inbox() (default 1024).
+	InboxSize int
+	// OnOverflow, when set, is called after the inbox overflowed (messages were dropped), from a
+	// goroutine of Run, never from paho's: the caller can ask for a full resend (Resubscribe) once
+	// it caught up. Overflows that happen while it runs are folded into one more call. It must
+	// return promptly: Run waits for it before returning.
+	OnOverflow func()
+
+	// Liveness (optional; on when LivenessTopic is set, and then Online, Offline, IsStaleOffline
+	// and NextSession are required).
+	//
+	// Each connection attempt takes a new session number from NextSession (persistent and
+	// growing, so a Will left over from before a reboot is recognisably old). The Will (retained,
+	// QoS 1, on LivenessTopic) is Offline(session); once connected Online(session) is published
+	// retained on LivenessTopic. The link subscribes to LivenessTopic itself (its messages are not
+	// delivered to Inbox): when a message there is a stale offline (IsStaleOffline(payload,
+	// current) is true: an older session's Will delivered late, e.g. when the broker noticed the
+	// previous connection's death after this one began) it republishes Online(current). Before
+	// any clean disconnect (Run's stop included) it publishes Offline(session) retained and waits
+	// up to 2s for its PUBACK, since a clean DISCONNECT suppresses the Will.
+	//
+	// Without liveness, sessions are numbered from 1 in memory and no Will is set.
+	LivenessTopic  string
+	Online         func(session int64) []byte
+	Offline        func(session int64) []byte
+	IsStaleOffline func(payload []byte, current int64) bool // called on paho's goroutine: must be quick and pure
+	NextSession    func() (int64, error)
+
+	Log *slog.Logger // default: discard
+}
+
+// Defaults for the zero values of Options.
+const (
+	DefaultKeepalive      = 60 * time.Second
+	DefaultConnectTimeout = 10 * time.Second
+	DefaultReconnectMin   = time.Second
+	DefaultReconnectMax   = 2 * time.Minute
+	DefaultInboxSize      = 1024
+)
+
+// withDefaults returns o with zero values replaced by the defaults.
+func (o Options) withDefaults() Options {
+	if o.Keepalive == 0 {
+		o.Keepalive = DefaultKeepalive
+	}
+	if o.ConnectTimeout == 0 {
+		o.ConnectTimeout = DefaultConnectTimeout
+	}
+	if o.ReconnectMin == 0 {
+		o.ReconnectMin = DefaultReconnectMin
+	}
+	if o.ReconnectMax == 0 {
+		o.ReconnectMax = DefaultReconnectMax
+	}
+	if o.InboxSize == 0 {
+		o.InboxSize = DefaultInboxSize
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// brokerURL checks the broker URL and returns it in the form paho dials: mqtt:// and mqtts://
+// spelled tcp:// and ssl://, and a port added to tcp and ssl URLs that lack one. tlsScheme
+// reports whether the scheme is a TLS one.
+func brokerURL(s string) (normalized string, tlsScheme bool, err error) {
+	if s == "" {
+		return "", false, errors.New("broker URL is empty")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", false, fmt.Errorf("broker URL %q: %w", s, err)
+	}
+	defaultPort := ""
+	switch u.Scheme {
+	case "tcp", "mqtt":
+		u.Scheme, defaultPort = "tcp", "1883"
+	case "ssl", "tls", "mqtts":
+		u.Scheme, defaultPort, tlsScheme = "ssl", "8883", true
+	case "ws":
+	case "wss":
+		tlsScheme = true
+	default:
+		return "", false, fmt.Errorf("broker URL %q: scheme %q is not one of tcp, ssl, tls, ws, wss, mqtt, mqtts", s, u.Scheme)
+	}
+	if u.Hostname() == "" {
+		return "", false, fmt.Errorf("broker URL %q: no host", s)
+	}
+	if defaultPort != "" {
+		if u.Path != "" && u.Path != "/" {
+			return "", false, fmt.Errorf("broker URL %q: a %s URL takes no path", s, u.Scheme)
+		}
+		if u.Port() == "" {
+			u.Host = net.JoinHostPort(u.Hostname(), defaultPort)
+		}
+	}
+	return u.String(), tlsScheme, nil
+}
+
+// tlsConfig builds the TLS configuration from the files in o, each error naming its file.
+func tlsConfig(o Options) (*tls.Config, error) {
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.CAFile != "" {
+		pem, err := os.ReadFile(o.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("read CA file: %w", err) // the *PathError names the file
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("CA file %s: no PEM certificate in it", o.CAFile)
+		}
+		c.RootCAs = pool
+	}
+	if (o.CertFile == "") != (o.KeyFile == "") {
+		return nil, fmt.Errorf("client certificate %q and key %q: give both or neither", o.CertFile, o.KeyFile)
+	}
+	if o.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("load client certificate %s with key %s: %w", o.CertFile, o.KeyFile, err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}
+
+// validFilter reports what is wrong with an MQTT topic filter, or nil.
+func validFilter(f string) error {
+	if f == "" {
+		return errors.New("empty topic filter")
+	}
+	levels := strings.Split(f, "/")
+	for i, l := range levels {
+		if strings.Contains(l, "#") && (l != "#" || i != len(levels)-1) {
+			return fmt.Errorf("topic filter %q: '#' must be a whole last level", f)
+		}
+		if strings.Contains(l, "+") && l != "+" {
+			return fmt.Errorf("topic filter %q: '+' must be a whole level", f)
+		}
+	}
+	return nil
+}
+
+// validate checks o (after withDefaults) and reports the first problem, naming the field.
+func (o Options) validate() error {
+	if o.ClientID == "" {
+		return errors.New("client ID (the node name) is empty")
+	}
+	if o.Password != "" && o.Username == "" {
+		return errors.New("a password without a username is not allowed by MQTT 3.1.1")
+	}
+	for name, d := range map[string]time.Duration{"keepalive": o.Keepalive, "connect timeout": o.ConnectTimeout,
+		"reconnect min": o.ReconnectMin, "reconnect max": o.ReconnectMax} {
+		if d < 0 {
+			return fmt.Errorf("%s %s is negative", name, d)
+		}
+	}
+	if o.Keepalive < time.Second {
+		return fmt.Errorf("keepalive %s is under a second (MQTT counts it in whole seconds)", o.Keepalive)
+	}
+	if o.ReconnectMin > o.ReconnectMax {
+		return fmt.Errorf("reconnect min %s is above reconnect max %s", o.ReconnectMin, o.ReconnectMax)
+	}
+	if o.InboxSize < 0 {
+		return fmt.Errorf("inbox size %d is negative", o.InboxSize)
+	}
+	seen := map[string]bool{}
+	for _, f := range o.Subscriptions {
+		if err := validFilter(f); err != nil {
+			return fmt.Errorf("subscriptions: %w", err)
+		}
+		if seen[f] {
+			return fmt.Errorf("subscriptions: %q is listed twice", f)
+		}
+		seen[f] = true
+	}
+	if o.LivenessTopic != "" {
+		if strings.ContainsAny(o.LivenessTopic, "+#") {
+			return fmt.Errorf("liveness topic %q: a topic name has no wildcards", o.LivenessTopic)
+		}
+		if o.Online == nil || o.Offline == nil || o.IsStaleOffline == nil || o.NextSession == nil {
+			return fmt.Errorf("liveness topic %q needs Online, Offline, IsStaleOffline and NextSession", o.LivenessTopic)
+		}
+	}
+	return nil
+}
