@@ -1,0 +1,220 @@
+package nodesync
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/internal/mqtttest"
+	"github.com/mqlet/mqlet/store"
+	"github.com/mqlet/mqlet/sync/link"
+	"github.com/mqlet/mqlet/sync/protocol"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// These tests run the node's channel against a real mosquitto and a real bbolt state file, with
+// the agent replaced by a recorder of the changes the source delivers. cmd/mqlet's tests run the
+// whole agent on containerd.
+
+var tp = protocol.MustTopics(protocol.DefaultPrefix)
+
+const node = "edge-1"
+
+type running struct {
+	s       *Sync
+	db      *store.DB
+	mu      sync.Mutex
+	changes []source.Change
+	stop    func()
+}
+
+func (r *running) Changes() []source.Change {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]source.Change(nil), r.changes...)
+}
+
+func start(t *testing.T, broker, dbPath string) *running {
+	t.Helper()
+	db, err := store.Open(dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{
+		Node: node, Topics: tp, Store: db,
+		Link: link.Options{Broker: broker, Keepalive: 5 * time.Second, ReconnectMin: 100 * time.Millisecond, ReconnectMax: 500 * time.Millisecond},
+		Log:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &running{s: s, db: db}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); s.Run(ctx) }()
+	go func() {
+		defer wg.Done()
+		s.Source().Run(ctx, func(c source.Change) { r.mu.Lock(); r.changes = append(r.changes, c); r.mu.Unlock() })
+	}()
+	var once sync.Once
+	r.stop = func() {
+		once.Do(func() {
+			cancel()
+			wg.Wait()
+			db.Close()
+		})
+	}
+	t.Cleanup(r.stop)
+	return r
+}
+
+func client(t *testing.T, broker string) mqtt.Client {
+	t.Helper()
+	o := mqtt.NewClientOptions().AddBroker(broker).SetClientID("test-" + t.Name()).SetAutoReconnect(false)
+	c := mqtt.NewClient(o)
+	if tok := c.Connect(); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
+		t.Fatalf("connect %s: %v", broker, tok.Error())
+	}
+	t.Cleanup(func() { c.Disconnect(100) })
+	return c
+}
+
+func publish(t *testing.T, c mqtt.Client, topic string, v any, retained bool) {
+	t.Helper()
+	b, err := protocol.Encode(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok := c.Publish(topic, 1, retained, b); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
+		t.Fatalf("publish %s: %v", topic, tok.Error())
+	}
+}
+
+// retained waits (bounded) until the retained message on topic satisfies ok.
+func retained(t *testing.T, broker, topic string, ok func([]byte) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		c := mqtt.NewClient(mqtt.NewClientOptions().AddBroker(broker).SetClientID("reader").SetAutoReconnect(false))
+		if tok := c.Connect(); tok.WaitTimeout(5*time.Second) && tok.Error() == nil {
+			got := make(chan []byte, 1)
+			c.Subscribe(topic, 1, func(_ mqtt.Client, m mqtt.Message) {
+				select {
+				case got <- m.Payload():
+				default:
+				}
+			}).WaitTimeout(5 * time.Second)
+			select {
+			case p := <-got:
+				if ok(p) {
+					c.Disconnect(0)
+					return
+				}
+			case <-time.After(200 * time.Millisecond):
+			}
+			c.Disconnect(0)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("retained %s never matched within 10s", topic)
+}
+
+func testPod(name string) *v1.Pod {
+	return &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: "uid-" + "x"},
+		Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Image: "busybox"}}}}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestDesiredDownStatusUp(t *testing.T) {
+	mqtttest.Require(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	r := start(t, b.Plain, filepath.Join(t.TempDir(), "state.db"))
+	ctl := client(t, b.Plain)
+
+	d, _ := protocol.NewDesired(node, 1, testPod("web"))
+	publish(t, ctl, tp.Desired(node, protocol.KindPod, "default", "web"), d, true)
+	publish(t, ctl, tp.Index(node), &protocol.Index{Node: node, Revision: 1, Objects: map[string]int64{"pods/default/web": 1}}, true)
+	waitFor(t, "upsert delivered", func() bool {
+		for _, c := range r.Changes() {
+			if c.Op == source.Upsert && c.Items[0].Pod.Name == "web" && c.Items[0].Generation == 1 {
+				return true
+			}
+		}
+		return false
+	})
+
+	// Acks and liveness reach the broker as retained messages.
+	retained(t, b.Plain, tp.Acks(node), func(p []byte) bool {
+		a, err := protocol.DecodeAcks(p, 0)
+		return err == nil && a.Applied["pods/default/web"] == 1 && a.IndexRevision == 1
+	})
+	retained(t, b.Plain, tp.Liveness(node), func(p []byte) bool {
+		l, err := protocol.DecodeLiveness(p, 0)
+		return err == nil && l.Online
+	})
+
+	// A status report reaches the broker.
+	dp := store.DesiredPod{Pod: testPod("web"), Source: source.Ref{Kind: source.MQTT}, Generation: 1}
+	r.s.Reporter().PodStatus(dp, v1.PodStatus{Phase: v1.PodRunning})
+	retained(t, b.Plain, tp.PodStatus(node, "default", "web"), func(p []byte) bool {
+		s, err := protocol.DecodePodStatus(p, 0)
+		return err == nil && s.Object.Status.Phase == v1.PodRunning && s.Generation == 1
+	})
+	r.s.Reporter().Emit(event.Event{Type: event.Normal, Reason: "Test", Message: "hello"})
+}
+
+// Status reported while the broker is down stays in the bbolt outbox, survives a restart of the
+// node, and reaches the broker once it returns: only the final status of each pod.
+func TestOutboxSurvivesBrokerOutageAndRestart(t *testing.T) {
+	mqtttest.Require(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	dbPath := filepath.Join(t.TempDir(), "state.db")
+	r := start(t, b.Plain, dbPath)
+	waitFor(t, "connected", func() bool { _, _, ok := r.s.link.Connected(); return ok })
+	b.Stop(t)
+	waitFor(t, "disconnected", func() bool { _, _, ok := r.s.link.Connected(); return !ok })
+
+	for i := range 10 {
+		for _, name := range []string{"a", "b"} {
+			dp := store.DesiredPod{Pod: testPod(name), Source: source.Ref{Kind: source.MQTT}, Generation: int64(i + 1)}
+			r.s.Reporter().PodStatus(dp, v1.PodStatus{Phase: v1.PodRunning, Message: "change " + string(rune('0'+i))})
+		}
+	}
+	waitFor(t, "outbox written", func() bool {
+		st, _ := r.db.OutboxStats()
+		return st.Entries >= 2
+	})
+	r.stop() // the node goes down with its outbox full
+
+	b.Start(t)
+	r2 := start(t, b.Plain, dbPath)
+	for _, name := range []string{"a", "b"} {
+		retained(t, b.Plain, tp.PodStatus(node, "default", name), func(p []byte) bool {
+			s, err := protocol.DecodePodStatus(p, 0)
+			return err == nil && s.Generation == 10 && s.Object.Status.Message == "change 9"
+		})
+	}
+	waitFor(t, "outbox drained", func() bool {
+		st, _ := r2.db.OutboxStats()
+		return st.Entries == 0
+	})
+}
