@@ -60,6 +60,8 @@ type Runtime struct {
 	// taskStatus reads a task's status; nil means task.Status. Tests replace it to make the
 	// status unreadable, which a real shim does only when busy or broken.
 	taskStatus func(context.Context, containerd.Task) (containerd.Status, error)
+
+	version string
 }
 
 // New connects to containerd. The error names the address, because an unreachable containerd is the
@@ -85,11 +87,13 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 	// fails here, at start, rather than at the first pod.
 	vctx, cancel := context.WithTimeout(ctx, o.DialTimeout)
 	defer cancel()
-	if _, err := c.Version(vctx); err != nil {
+	ver, err := c.Version(vctx)
+	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("containerd at %s (--containerd-address) is not answering: %w", addr, err)
 	}
-	r := &Runtime{client: c, opts: o, log: o.Log, pulling: map[string]*pull{}, oomFloor: -1000, swapLimit: swapAccounting()}
+	r := &Runtime{client: c, opts: o, log: o.Log, pulling: map[string]*pull{}, oomFloor: -1000, swapLimit: swapAccounting(),
+		version: ver.Version}
 	if r.memCapacity, err = hw.MemoryCapacity(); err != nil {
 		o.Log.Warn("memory capacity unknown; Burstable containers get oom_score_adj 999", "err", err)
 	}
@@ -105,6 +109,9 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 	}
 	return r, nil
 }
+
+// Version is containerd's version as it answered at connect (for the node's nodeInfo).
+func (r *Runtime) Version() string { return r.version }
 
 // Close releases the client connection; containers keep running.
 func (r *Runtime) Close() error { return r.client.Close() }

@@ -17,7 +17,10 @@ import (
 	"github.com/mqlet/mqlet/agent/manifest"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/hw"
+	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/store"
+	"github.com/mqlet/mqlet/store/seal"
+	"github.com/mqlet/mqlet/sync/nodesync"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -60,13 +63,33 @@ func (c *AgentCmd) Run() error {
 		return err
 	}
 	defer rt.Close()
-	db, err := store.Open(cfg.StatePath())
+	// Secrets from the control plane are sealed in the state store under the node key; a
+	// standalone node has none, so it needs no key.
+	var storeOpts store.Options
+	if cfg.MQTTBroker != "" {
+		if storeOpts.SecretKey, err = seal.LoadOrCreateKey(cfg.SecretKeyFile); err != nil {
+			return fmt.Errorf("node key (--secret-key-file): %w", err)
+		}
+	}
+	db, err := store.OpenWith(cfg.StatePath(), storeOpts)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 
-	a := agent.New(agent.Options{
+	sources := []source.Source{manifest.NewDir(cfg.ManifestDir)}
+	var channel *nodesync.Sync
+	var report agent.Reporter
+	var a *agent.Agent
+	if cfg.MQTTBroker != "" && !cfg.Once {
+		channel, err = newChannel(cfg, db, rt.Version(), log, func() *agent.Agent { return a })
+		if err != nil {
+			return err
+		}
+		sources = append(sources, channel.Source())
+		report = channel.Reporter()
+	}
+	a = agent.New(agent.Options{
 		NodeName:     cfg.NodeName,
 		PreloadDir:   cfg.ImagePreloadDir,
 		RelistPeriod: cfg.RelistPeriod.Duration,
@@ -74,7 +97,9 @@ func (c *AgentCmd) Run() error {
 		Log:          log,
 		// An operator who tunes the Go runtime keeps control of it.
 		TrimMemory: os.Getenv("GOMEMLIMIT") == "" && os.Getenv("GOGC") == "",
-	}, rt, db, manifest.NewDir(cfg.ManifestDir))
+		Report:     report,
+		MQTTPolicy: cfg.AdmissionPolicy(),
+	}, rt, db, sources...)
 
 	if cfg.Once {
 		pods, err := a.RunOnce(ctx, cfg.OnceTimeout.Duration)
@@ -89,6 +114,14 @@ func (c *AgentCmd) Run() error {
 	go func() { apiErr <- srv.Serve(ctx, cfg.APISocket) }()
 	runErr := make(chan error, 1)
 	go func() { runErr <- a.Run(ctx) }()
+	// The channel stops after the agent, so the last statuses the agent reports reach the outbox;
+	// the link then says offline before it disconnects.
+	chCtx, chStop := context.WithCancel(context.Background())
+	defer chStop()
+	chErr := make(chan error, 1)
+	if channel != nil {
+		go func() { chErr <- channel.Run(chCtx) }()
+	}
 	select {
 	case err = <-apiErr:
 		if err != nil {
@@ -99,6 +132,15 @@ func (c *AgentCmd) Run() error {
 	case err = <-runErr:
 		stop()
 		<-apiErr
+	case err = <-chErr:
+		stop()
+		<-runErr
+		<-apiErr
+		channel = nil
+	}
+	if channel != nil {
+		chStop()
+		<-chErr
 	}
 	log.Info("mqlet agent stopped; pods keep running")
 	if errors.Is(err, context.Canceled) {

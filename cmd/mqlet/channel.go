@@ -1,0 +1,48 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/mqlet/mqlet/agent"
+	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/store"
+	"github.com/mqlet/mqlet/sync/link"
+	"github.com/mqlet/mqlet/sync/nodesync"
+	"github.com/mqlet/mqlet/sync/protocol"
+)
+
+// newChannel builds the MQTT channel from the validated config. The agent is handed over lazily
+// because the agent needs the channel's source and reporter to be built first.
+func newChannel(cfg config.Config, db *store.DB, containerdVersion string, log *slog.Logger, agentOf func() *agent.Agent) (*nodesync.Sync, error) {
+	topics, err := protocol.NewTopics(cfg.MQTTTopicPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("--mqtt-topic-prefix: %w", err)
+	}
+	var password string
+	if cfg.MQTTPasswordFile != "" {
+		b, err := os.ReadFile(cfg.MQTTPasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("--mqtt-password-file: %w", err)
+		}
+		password = strings.TrimRight(string(b), "\r\n")
+	}
+	_ = agentOf
+	return nodesync.New(nodesync.Options{
+		Node:   cfg.NodeName,
+		Topics: topics,
+		Link: link.Options{
+			Broker: cfg.MQTTBroker, CAFile: cfg.MQTTCAFile, CertFile: cfg.MQTTCertFile, KeyFile: cfg.MQTTKeyFile,
+			Username: cfg.MQTTUsername, Password: password,
+			Keepalive: cfg.MQTTKeepalive.Duration, ReconnectMax: cfg.MQTTReconnectMax.Duration,
+		},
+		Store:      db,
+		MaxPayload: int(cfg.MQTTMaxPayload),
+		Outbox:     store.OutboxLimits{MaxBytes: cfg.OutboxMaxBytes},
+		NodeStatus: basicNodeStatus(cfg.NodeName, containerdVersion),
+		Version:    version,
+		Log:        log,
+	})
+}
