@@ -8,8 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/mqlet/mqlet/agent/podspec"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -20,7 +20,9 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/admission"
+	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/pod"
+	"github.com/mqlet/mqlet/agent/podspec"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/store"
@@ -38,6 +40,30 @@ type Runtime interface {
 	LogPath(pod *v1.Pod, name string, restarts int) string
 	ListSandboxes() ([]runtime.PodRef, error)
 }
+
+// Reporter receives what the node reports to a control plane. Calls must not block (the MQTT uplink
+// queues them): they come from pod workers and from the path that applies desired state, which a
+// link that is down must not stall. The agent never calls it with a lock held.
+type Reporter interface {
+	// PodStatus is the latest status of a desired pod (called on every status change the worker
+	// reports). d is the version of the pod the status was computed for, so d.Generation is the
+	// generation the node has observed; calls for one pod come in order.
+	PodStatus(d store.DesiredPod, st v1.PodStatus)
+	// PodGone says the pod and its containers are gone from the node (deleted and torn down). d is
+	// the last version the node had. A pod deleted and re-added while it was terminating is not
+	// gone: its new worker reports its status instead. A pod whose containers are found and removed
+	// with no record of it (deleted while the agent was down and the store lost) is reported with
+	// a zero d.Source and a d.Pod that carries only namespace, name and UID.
+	PodGone(d store.DesiredPod)
+	event.Sink
+}
+
+// nopReporter is the standalone node's Reporter: there is no one to report to.
+type nopReporter struct{}
+
+func (nopReporter) PodStatus(store.DesiredPod, v1.PodStatus) {}
+func (nopReporter) PodGone(store.DesiredPod)                 {}
+func (nopReporter) Emit(event.Event)                         {}
 
 // OneShot is a source that can also be read once, for --once.
 type OneShot interface {
@@ -58,7 +84,16 @@ type Options struct {
 	// TrimMemory hands freed memory back to the OS once the node goes quiet after activity
 	// (see trimAfterQuiet). Off when the operator tunes the Go runtime with GOGC/GOMEMLIMIT.
 	TrimMemory bool
+	// Report receives pod statuses, deletions and events for a control plane; nil for a standalone
+	// node (nothing is reported).
+	Report Reporter
+	// MQTTPolicy limits what pods from the MQTT source may ask of the node (admission.Policy).
+	MQTTPolicy admission.Policy
 }
+
+// maxVersions bounds how many versions of one pod the agent remembers for status reports (see
+// Agent.versions); only a burst of spec updates during one long sync (an image pull) reaches it.
+const maxVersions = 8
 
 // quietBeforeTrim is how long nothing must change before the agent returns freed memory to the
 // OS. A burst of pod starts allocates several MiB that the Go runtime would otherwise keep for
@@ -73,6 +108,7 @@ type Agent struct {
 	sources []source.Source
 	admit   admission.Admitter
 	log     *slog.Logger
+	report  Reporter
 
 	// applyMu serialises changes to the desired set, store writes included. Event routing, the
 	// API and the workers never take it, so a slow fsync delays only the next source change.
@@ -85,8 +121,15 @@ type Agent struct {
 	// containerd event finds its pod without hashing every UID.
 	byPrefix map[string]types.UID
 	desired  map[types.UID]store.DesiredPod
-	// rejected holds, per source, what it or admission refused, keyed by where it came from.
-	rejected map[source.Kind]map[string]source.Rejection
+	// versions holds, per pod with a worker, the DesiredPods handed to the worker that a status
+	// may still be reported for, oldest first: the first is the version the last status was for
+	// (or the first handed), the last is the newest. A worker names the pod of a status by pointer;
+	// this finds that version's source and generation, also once the pod has left a.desired
+	// (deleted, terminating), until the worker reports it gone.
+	versions map[types.UID][]store.DesiredPod
+	// rejected holds, per source, what it or admission refused, keyed by where it came from. It is
+	// also what tells a new rejection (an event) from one a resync repeats (silence).
+	rejected map[source.Kind]map[string]rejection
 	synced   map[source.Kind]bool // the source delivered its first full set
 	// cleaning holds pods whose leftovers are being torn down, closed when done: relists don't
 	// start a second teardown, and a pod re-added meanwhile (same stable UID, so the same
@@ -116,13 +159,18 @@ func New(opts Options, rt Runtime, st store.State, sources ...source.Source) *Ag
 	if opts.SweepPeriod == 0 {
 		opts.SweepPeriod = time.Minute
 	}
+	report := opts.Report
+	if report == nil {
+		report = nopReporter{}
+	}
 	return &Agent{
-		opts: opts, rt: rt, st: st, sources: sources, log: opts.Log,
-		admit:    admission.Admitter{NodeName: opts.NodeName},
+		opts: opts, rt: rt, st: st, sources: sources, log: opts.Log, report: report,
+		admit:    admission.Admitter{NodeName: opts.NodeName, MQTTPolicy: opts.MQTTPolicy},
 		workers:  map[types.UID]*pod.Worker{},
 		byPrefix: map[string]types.UID{},
 		desired:  map[types.UID]store.DesiredPod{},
-		rejected: map[source.Kind]map[string]source.Rejection{},
+		versions: map[types.UID][]store.DesiredPod{},
+		rejected: map[source.Kind]map[string]rejection{},
 		synced:   map[source.Kind]bool{},
 		cleaning: map[types.UID]chan struct{}{},
 		relist:   make(chan struct{}, 1),
@@ -201,7 +249,7 @@ func (a *Agent) start(ctx context.Context) error {
 	a.mu.Lock()
 	for _, d := range pods {
 		a.desired[d.Pod.UID] = d
-		a.startWorker(d.Pod, statuses[d.Pod.UID])
+		a.startWorker(d, statuses[d.Pod.UID])
 	}
 	a.mu.Unlock()
 	a.log.Info("restored pods from the store", "pods", len(pods))
@@ -238,7 +286,9 @@ func (a *Agent) preload(ctx context.Context) {
 }
 
 // startWorker must be called with a.mu held.
-func (a *Agent) startWorker(p *v1.Pod, prev *v1.PodStatus) {
+func (a *Agent) startWorker(d store.DesiredPod, prev *v1.PodStatus) {
+	p := d.Pod
+	a.versions[p.UID] = []store.DesiredPod{d}
 	w := pod.NewWorker(p, prev, pod.Env{
 		Runtime:  a.rt,
 		Log:      a.log,
@@ -263,11 +313,47 @@ func (a *Agent) startWorker(p *v1.Pod, prev *v1.PodStatus) {
 	}()
 }
 
+// updateWorkerLocked hands a new version of a desired pod to its running worker (a.mu held).
+func (a *Agent) updateWorkerLocked(w *pod.Worker, d store.DesiredPod) {
+	vs := append(a.versions[d.Pod.UID], d)
+	if len(vs) > maxVersions {
+		// A worker only ever syncs the newest version it has, so versions in the middle were
+		// replaced before it saw them. Drop those, not the first: a long sync may still be on it.
+		vs = slices.Delete(vs, 1, 2)
+	}
+	a.versions[d.Pod.UID] = vs
+	w.Update(d.Pod)
+}
+
+// versionLocked finds the version of a pod that p, a pointer a worker was handed, is (a.mu held).
+// With drop, older versions are forgotten: the worker has moved past them.
+func (a *Agent) versionLocked(p *v1.Pod, drop bool) store.DesiredPod {
+	vs := a.versions[p.UID]
+	for i, d := range vs {
+		if d.Pod == p {
+			if drop {
+				a.versions[p.UID] = slices.Delete(vs, 0, i)
+			}
+			return d
+		}
+	}
+	if len(vs) == 0 {
+		return store.DesiredPod{Pod: p} // not handed out by this agent: cannot happen
+	}
+	// Dropped by maxVersions: the oldest version kept is older than p, so its generation claims
+	// no more than the node has observed.
+	return store.DesiredPod{Pod: p, Source: vs[0].Source, Generation: vs[0].Generation}
+}
+
 func (a *Agent) onStatus(p *v1.Pod, st v1.PodStatus) {
 	a.activity()
+	a.mu.Lock()
+	d := a.versionLocked(p, true)
+	a.mu.Unlock()
 	if err := a.st.PutStatus(p.UID, &st); err != nil {
 		a.log.Error("store pod status", "pod", p.Namespace+"/"+p.Name, "err", err)
 	}
+	a.report.PodStatus(d, st)
 }
 
 func (a *Agent) onGone(p *v1.Pod) {
@@ -275,28 +361,52 @@ func (a *Agent) onGone(p *v1.Pod) {
 		a.log.Error("delete pod status", "pod", p.Namespace+"/"+p.Name, "err", err)
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	// A pod re-added while it was terminating gets a fresh worker from its desired entry.
+	last := store.DesiredPod{Pod: p}
+	if vs := a.versions[p.UID]; len(vs) > 0 {
+		last = vs[len(vs)-1] // the newest version the node had (it may have come during termination)
+	}
+	delete(a.versions, p.UID)
 	delete(a.workers, p.UID)
 	delete(a.byPrefix, runtime.ContainerIDPrefix(string(p.UID)))
+	// A pod re-added while it was terminating gets a fresh worker from its desired entry, and is
+	// not gone: reporting it gone, then running, would make a control plane's view flicker.
 	d, again := a.desired[p.UID]
 	if again && a.runCtx.Err() == nil {
-		a.startWorker(d.Pod, nil)
+		a.startWorker(d, nil)
 	}
+	a.mu.Unlock()
+	if !again {
+		a.report.PodGone(last)
+	}
+}
+
+// rejection is a source.Rejection with what its event says.
+type rejection struct {
+	source.Rejection
+	reason string    // the event's reason: event.ReasonRejected, ReasonNameClash, ...
+	uid    types.UID // the pod's UID when known
 }
 
 // plan is what one source change does to the desired set.
 type plan struct {
 	put      []store.DesiredPod
 	del      []types.UID
-	rejected map[string]source.Rejection // replaces the source's list when replace is set
+	rejected map[string]rejection // replaces the source's list when replace is set
 	replace  bool
 }
 
 // Apply takes one change from the source of kind k: admits its pods, refuses clashes, writes the
 // store, then tells the workers. The store is written first so that what runs is always what the
-// store says; no lock that routing or the API needs is held during the write.
+// store says; no lock that routing or the API needs is held during the write. Rejections that are
+// new, or whose reason changed, become events, emitted once the locks are released: a resync that
+// repeats the same rejections reports nothing, so an idle link stays idle.
 func (a *Agent) Apply(k source.Kind, c source.Change) {
+	for _, e := range a.apply(k, c) {
+		a.report.Emit(e)
+	}
+}
+
+func (a *Agent) apply(k source.Kind, c source.Change) []event.Event {
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
 
@@ -313,26 +423,22 @@ func (a *Agent) Apply(k source.Kind, c source.Change) {
 	}
 	if len(p.put) > 0 || len(p.del) > 0 {
 		if err := a.st.UpdateDesired(p.put, p.del); err != nil {
-			// Acting on pods the store does not hold would break restore-after-reboot.
+			// Acting on pods the store does not hold would break restore-after-reboot. The
+			// rejections are not recorded either, so the retry reports them as new.
 			a.log.Error("store desired pods; not acting on the change", "source", k, "op", c.Op, "err", err)
-			return
+			return nil
 		}
 	}
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if p.replace || a.rejected[k] == nil {
-		a.rejected[k] = map[string]source.Rejection{}
-	}
-	for id, r := range p.rejected {
-		a.rejected[k][id] = r
-	}
+	events := a.recordRejectionsLocked(k, c, p)
 	for _, d := range p.put {
 		a.desired[d.Pod.UID] = d
 		if w, ok := a.workers[d.Pod.UID]; ok {
-			w.Update(d.Pod)
+			a.updateWorkerLocked(w, d)
 		} else {
-			a.startWorker(d.Pod, nil)
+			a.startWorker(d, nil)
 		}
 	}
 	for _, uid := range p.del {
@@ -348,24 +454,72 @@ func (a *Agent) Apply(k source.Kind, c source.Change) {
 		}
 	}
 	a.activity()
+	return events
+}
+
+// recordRejectionsLocked makes the plan's rejections the source's current ones and returns an
+// event for each that is new or whose reason changed (a.mu held). A resync replaces the source's
+// list; an upsert or delete settles the pods it names, so their old rejections go (a fixed pod
+// stops being listed as rejected) before its own are added.
+func (a *Agent) recordRejectionsLocked(k source.Kind, c source.Change, p plan) []event.Event {
+	prev := a.rejected[k]
+	next := map[string]rejection{}
+	if !p.replace {
+		named := map[string]bool{}
+		for _, it := range c.Items {
+			if it.Pod != nil {
+				named[source.Key(it.Pod)] = true
+			}
+		}
+		for _, key := range c.Keys {
+			named[key] = true
+		}
+		for id, r := range prev {
+			if r.Key == "" || !named[r.Key] {
+				next[id] = r
+			}
+		}
+	}
+	var events []event.Event
+	now := time.Now()
+	for _, id := range slices.Sorted(maps.Keys(p.rejected)) {
+		r := p.rejected[id]
+		next[id] = r
+		if old, ok := prev[id]; ok && old.Reason == r.Reason && old.reason == r.reason {
+			continue
+		}
+		events = append(events, a.rejectionEvent(r, now))
+	}
+	a.rejected[k] = next
+	return events
+}
+
+// rejectionEvent is the Warning a rejection becomes: about the pod when its name is known, else
+// about the node (a file that is not a pod at all).
+func (a *Agent) rejectionEvent(r rejection, now time.Time) event.Event {
+	obj := event.Object{Kind: event.KindNode, Name: a.opts.NodeName}
+	if ns, name, ok := strings.Cut(r.Key, "/"); ok {
+		obj = event.Object{Kind: event.KindPod, Namespace: ns, Name: name, UID: r.uid}
+	}
+	return event.Event{Time: now, Type: event.Warning, Reason: r.reason, Message: r.Reason, Object: obj, Source: r.Ref.String()}
 }
 
 // plan computes a change against a copy of the desired set. Pure apart from logging.
 func (a *Agent) plan(k source.Kind, c source.Change, desired map[types.UID]store.DesiredPod) plan {
-	p := plan{rejected: map[string]source.Rejection{}, replace: c.Op == source.Resync}
+	p := plan{rejected: map[string]rejection{}, replace: c.Op == source.Resync}
 	byKey := map[string]types.UID{}
 	for uid, d := range desired {
 		byKey[source.Key(d.Pod)] = uid
 	}
-	reject := func(r source.Rejection) {
+	reject := func(r source.Rejection, reason string, uid types.UID) {
 		id := r.Ref.String()
 		if r.Key != "" {
 			id += " " + r.Key
 		}
-		p.rejected[id] = r
+		p.rejected[id] = rejection{Rejection: r, reason: reason, uid: uid}
 	}
 	for _, r := range c.Rejections {
-		reject(r)
+		reject(r, event.ReasonRejected, byKey[r.Key])
 	}
 
 	if c.Op == source.Delete {
@@ -406,24 +560,31 @@ func (a *Agent) plan(k source.Kind, c source.Change, desired map[types.UID]store
 		}
 		pod, err := a.admit.Admit(it)
 		if err != nil {
-			reject(source.Rejection{Ref: it.Ref, Key: key, Reason: err.Error()})
+			reason := event.ReasonRejected
+			if _, denied := errors.AsType[*admission.PolicyError](err); denied {
+				reason = event.ReasonPolicyDenied
+			}
+			reject(source.Rejection{Ref: it.Ref, Key: key, Reason: err.Error()}, reason, byKey[key])
 			seen[key] = true // what runs under this name stays until the manifest is fixed or removed
 			continue
 		}
 		uid := pod.UID
 		if oldUID, ok := byKey[key]; ok && desired[oldUID].Source.Kind != k {
 			reject(source.Rejection{Ref: it.Ref, Key: key,
-				Reason: fmt.Sprintf("pod %s is already defined by %s; this one is ignored", key, desired[oldUID].Source)})
+				Reason: fmt.Sprintf("pod %s is already defined by %s; this one is ignored", key, desired[oldUID].Source)},
+				event.ReasonNameClash, uid)
 			continue
 		}
 		if other, ok := taken[uid]; ok {
 			reject(source.Rejection{Ref: it.Ref, Key: key,
-				Reason: fmt.Sprintf("metadata.uid %s is already used by pod %s; this one is ignored", uid, other)})
+				Reason: fmt.Sprintf("metadata.uid %s is already used by pod %s; this one is ignored", uid, other)},
+				event.ReasonDuplicateUID, uid)
 			continue
 		}
 		if d, ok := desired[uid]; ok && source.Key(d.Pod) != key {
 			reject(source.Rejection{Ref: it.Ref, Key: key,
-				Reason: fmt.Sprintf("metadata.uid %s is already used by pod %s (%s); this one is ignored", uid, source.Key(d.Pod), d.Source)})
+				Reason: fmt.Sprintf("metadata.uid %s is already used by pod %s (%s); this one is ignored", uid, source.Key(d.Pod), d.Source)},
+				event.ReasonDuplicateUID, uid)
 			continue
 		}
 		if oldUID, ok := byKey[key]; ok && oldUID != uid {
@@ -700,8 +861,18 @@ func (a *Agent) teardownLocked(ref runtime.PodRef, cs []runtime.Container) {
 		err := pod.Teardown(a.runCtx, a.rt, ref, cs, nil, a.log)
 		if err != nil {
 			a.log.Warn("teardown of an unwanted pod; retrying at the next relist", "pod", name, "uid", ref.UID, "err", err)
-		} else if err := a.st.DeleteStatus(ref.UID); err != nil {
-			a.log.Warn("delete status of an unwanted pod", "pod", name, "uid", ref.UID, "err", err)
+		} else {
+			if err := a.st.DeleteStatus(ref.UID); err != nil {
+				a.log.Warn("delete status of an unwanted pod", "pod", name, "uid", ref.UID, "err", err)
+			}
+			// Containers of a pod nobody knows were deleted while the agent was down: a
+			// control plane may still show it. Leftovers without containers were reported
+			// gone by their worker already (or never ran), so they are not reported again.
+			if len(cs) > 0 && ref.Name != "" {
+				gone := &v1.Pod{}
+				gone.Namespace, gone.Name, gone.UID = ref.Namespace, ref.Name, ref.UID
+				a.report.PodGone(store.DesiredPod{Pod: gone})
+			}
 		}
 		a.mu.Lock()
 		delete(a.cleaning, ref.UID)
@@ -734,7 +905,7 @@ func (a *Agent) Rejected() []source.Rejection {
 	var out []source.Rejection
 	for _, rs := range a.rejected {
 		for _, r := range rs {
-			out = append(out, r)
+			out = append(out, r.Rejection)
 		}
 	}
 	a.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -126,6 +127,14 @@ func (f *fakeRuntime) podContainers(uid types.UID) int {
 type fakeSource struct {
 	kind source.Kind
 	ch   chan source.Change
+	// sent and applied count changes given to send and changes Apply has returned from.
+	sent, applied atomic.Int64
+}
+
+// send queues c; waitApplied waits until it has been applied.
+func (s *fakeSource) send(c source.Change) {
+	s.sent.Add(1)
+	s.ch <- c
 }
 
 func newFakeSource(k source.Kind) *fakeSource {
@@ -141,6 +150,7 @@ func (s *fakeSource) Run(ctx context.Context, deliver func(source.Change)) error
 			return nil
 		case c := <-s.ch:
 			deliver(c)
+			s.applied.Add(1)
 		}
 	}
 }
@@ -171,8 +181,15 @@ type testAgent struct {
 
 func startAgent(t *testing.T, rt *fakeRuntime, st store.State, sources ...source.Source) *testAgent {
 	t.Helper()
-	a := New(Options{NodeName: "node-1", RelistPeriod: time.Hour, SweepPeriod: time.Hour,
-		Log: slog.New(slog.DiscardHandler)}, rt, st, sources...)
+	return startAgentWith(t, Options{}, rt, st, sources...)
+}
+
+// startAgentWith runs an agent with opts; the node name, periods and logger are the tests'.
+func startAgentWith(t *testing.T, opts Options, rt *fakeRuntime, st store.State, sources ...source.Source) *testAgent {
+	t.Helper()
+	opts.NodeName, opts.RelistPeriod, opts.SweepPeriod = "node-1", time.Hour, time.Hour
+	opts.Log = slog.New(slog.DiscardHandler)
+	a := New(opts, rt, st, sources...)
 	ctx, cancel := context.WithCancel(context.Background())
 	ta := &testAgent{Agent: a, rt: rt, st: st, cancel: cancel, done: make(chan error, 1)}
 	go func() { ta.done <- a.Run(ctx) }()
