@@ -44,14 +44,20 @@ func (r *running) Changes() []source.Change {
 
 func start(t *testing.T, broker, dbPath string) *running {
 	t.Helper()
-	db, err := store.Open(dbPath)
+	return startWith(t, node, link.Options{Broker: broker}, dbPath)
+}
+
+func startWith(t *testing.T, name string, lo link.Options, dbPath string) *running {
+	t.Helper()
+	key := make([]byte, 32)
+	db, err := store.OpenWith(dbPath, store.Options{SecretKey: key})
 	if err != nil {
 		t.Fatal(err)
 	}
+	lo.Keepalive, lo.ReconnectMin, lo.ReconnectMax = 5*time.Second, 100*time.Millisecond, 500*time.Millisecond
 	s, err := New(Options{
-		Node: node, Topics: tp, Store: db,
-		Link: link.Options{Broker: broker, Keepalive: 5 * time.Second, ReconnectMin: 100 * time.Millisecond, ReconnectMax: 500 * time.Millisecond},
-		Log:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Node: name, Topics: tp, Store: db, Link: lo,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -217,4 +223,77 @@ func TestOutboxSurvivesBrokerOutageAndRestart(t *testing.T) {
 		st, _ := r2.db.OutboxStats()
 		return st.Entries == 0
 	})
+}
+
+// Over the TLS listener with the node ACL, node A never receives node B's desired objects (a
+// secret for B stays B's), and what A publishes into B's subtree is dropped by the broker.
+func TestACLConfinesEachNodeToItsSubtree(t *testing.T) {
+	mqtttest.Require(t)
+	b := mqtttest.Start(t, mqtttest.Options{Identities: []string{"node-a", "node-b"}})
+	dir := t.TempDir()
+	tlsOpts := func(id string) link.Options {
+		cert, key := b.ClientCert(id)
+		return link.Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: cert, KeyFile: key}
+	}
+	ra := startWith(t, "node-a", tlsOpts("node-a"), filepath.Join(dir, "a.db"))
+	rb := startWith(t, "node-b", tlsOpts("node-b"), filepath.Join(dir, "b.db"))
+
+	admin := mqtt.NewClient(mqtt.NewClientOptions().AddBroker(b.TLS).SetClientID("admin").
+		SetTLSConfig(b.TLSConfig(mqtttest.Admin)).SetAutoReconnect(false))
+	if tok := admin.Connect(); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
+		t.Fatalf("admin connect: %v", tok.Error())
+	}
+	defer admin.Disconnect(100)
+	secret := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "b-only"}, Data: map[string][]byte{"token": []byte("for-b")}}
+	d, _ := protocol.NewDesired("node-b", 1, secret)
+	publish(t, admin, tp.Desired("node-b", protocol.KindSecret, "default", "b-only"), d, true)
+	// A's own object, published after B's secret: once A has it, B's secret had its chance.
+	da, _ := protocol.NewDesired("node-a", 1, testPod("a-pod"))
+	publish(t, admin, tp.Desired("node-a", protocol.KindPod, "default", "a-pod"), da, true)
+
+	waitFor(t, "B stores its secret", func() bool {
+		_, ok, _ := rb.db.GetObject(store.KindSecret, "default", "b-only")
+		return ok
+	})
+	waitFor(t, "A gets its own pod", func() bool {
+		for _, c := range ra.Changes() {
+			if c.Op == source.Upsert && c.Items[0].Pod.Name == "a-pod" {
+				return true
+			}
+		}
+		return false
+	})
+	if objs, _, _ := ra.db.ListObjects(); len(objs) != 0 {
+		t.Fatalf("node A stored another node's objects: %+v", objs)
+	}
+
+	// A client with A's identity subscribing to B's subtree gets nothing; publishing there is
+	// dropped (the admin sees A's own-topic publish sent after it, and not the forged one).
+	ca := mqtt.NewClient(mqtt.NewClientOptions().AddBroker(b.TLS).SetClientID("node-a-probe").
+		SetTLSConfig(b.TLSConfig("node-a")).SetAutoReconnect(false))
+	if tok := ca.Connect(); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
+		t.Fatalf("node-a probe connect: %v", tok.Error())
+	}
+	defer ca.Disconnect(100)
+	leaked := make(chan string, 4)
+	ca.Subscribe(tp.Node("node-b")+"/#", 1, func(_ mqtt.Client, m mqtt.Message) { leaked <- m.Topic() }).WaitTimeout(5 * time.Second)
+
+	seen := make(chan string, 8)
+	admin.Subscribe(tp.Node("node-b")+"/status/pods/#", 1, func(_ mqtt.Client, m mqtt.Message) { seen <- "b:" + m.Topic() }).WaitTimeout(5 * time.Second)
+	admin.Subscribe(tp.Node("node-a")+"/events", 1, func(_ mqtt.Client, m mqtt.Message) { seen <- "a:" + m.Topic() }).WaitTimeout(5 * time.Second)
+	ca.Publish(tp.PodStatus("node-b", "default", "forged"), 1, false, []byte("{}")).WaitTimeout(5 * time.Second)
+	ca.Publish(tp.Events("node-a"), 1, false, []byte("{}")).WaitTimeout(5 * time.Second)
+	select {
+	case got := <-seen:
+		if got != "a:"+tp.Events("node-a") {
+			t.Fatalf("a forged publish into node B's subtree reached the admin: %s", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("node A's publish to its own topic never reached the admin")
+	}
+	select {
+	case topic := <-leaked:
+		t.Fatalf("node A's identity received %s from node B's subtree", topic)
+	default:
+	}
 }
