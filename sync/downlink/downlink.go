@@ -251,6 +251,18 @@ func (d *Downlink) desired(t protocol.Topic, m Message) {
 		d.refuse(m.Topic, t, obj.Generation, fmt.Errorf("duplicate generation %d: already applied", obj.Generation))
 		return
 	}
+	if d.index != nil && obj.Generation <= d.index.Revision {
+		if _, listed := d.index.Objects[key]; !listed {
+			// The index at this revision covers every generation up to it and does not list the
+			// object: it was deleted since. Starting it only to delete it at the next compare
+			// would flap a pod, so it is recorded as deleted right away.
+			d.o.Log.Info("mqtt downlink: object older than the index and not listed in it; treated as deleted",
+				"key", key, "generation", obj.Generation, "revision", d.index.Revision)
+			d.deleteByIndex(key)
+			d.ack()
+			return
+		}
+	}
 	if err := d.apply(obj, m.Topic); err != nil {
 		// Not marked: the next delivery of this retained message tries again.
 		d.o.Log.Error("mqtt downlink: apply failed; will retry on the next delivery", "topic", m.Topic, "err", err)
@@ -307,16 +319,28 @@ func (d *Downlink) applyIndex(t protocol.Topic, m Message) {
 		return
 	}
 	d.index = x
-	var podKeys []string
-	var gone []store.SyncMark
+	var gone []string
 	for _, key := range slices.Sorted(maps.Keys(d.marks)) {
 		mk := d.marks[key]
 		if key == indexMark || mk.Deleted || mk.Generation > x.Revision {
 			continue // a tombstone already, or newer than this index
 		}
-		if _, listed := x.Objects[key]; listed {
-			continue
+		if _, listed := x.Objects[key]; !listed {
+			d.o.Log.Info("mqtt downlink: the index no longer lists an object; deleting it", "key", key, "revision", x.Revision)
+			gone = append(gone, key)
 		}
+	}
+	d.deleteByIndex(gone...)
+	d.mark(store.SyncMark{Key: indexMark, Generation: x.Revision})
+	d.ack()
+}
+
+// deleteByIndex deletes objects the current index does not list and records tombstones at the
+// index's revision (pods in one change, so the agent writes the store once).
+func (d *Downlink) deleteByIndex(keys ...string) {
+	var podKeys []string
+	var gone []store.SyncMark
+	for _, key := range keys {
 		kind, ns, name, err := protocol.ParseObjectKey(key)
 		if err != nil {
 			continue
@@ -330,18 +354,18 @@ func (d *Downlink) applyIndex(t protocol.Topic, m Message) {
 				sk = store.KindSecret
 			}
 			if err := d.o.Store.DeleteObject(sk, ns, name); err != nil {
-				d.o.Log.Error("mqtt downlink: delete object the index no longer lists", "key", key, "err", err)
+				d.o.Log.Error("mqtt downlink: delete an object the index no longer lists", "key", key, "err", err)
 				continue
 			}
 		}
-		d.o.Log.Info("mqtt downlink: the index no longer lists an object; deleting it", "key", key, "revision", x.Revision)
-		gone = append(gone, store.SyncMark{Key: key, Generation: x.Revision, Deleted: true})
+		gone = append(gone, store.SyncMark{Key: key, Generation: d.index.Revision, Deleted: true})
 	}
 	if len(podKeys) > 0 {
 		d.deliver(source.Change{Op: source.Delete, Keys: podKeys})
 	}
-	d.mark(append(gone, store.SyncMark{Key: indexMark, Generation: x.Revision})...)
-	d.ack()
+	if len(gone) > 0 {
+		d.mark(gone...)
+	}
 }
 
 // missing lists the index entries the node has not taken in yet.

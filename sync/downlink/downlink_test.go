@@ -339,3 +339,30 @@ func TestRestartRestatesStoredPods(t *testing.T) {
 		t.Fatalf("a replay of the stored generation was applied: %+v", changes)
 	}
 }
+
+// An object at or below the index's revision that the index does not list was deleted since:
+// a reordered replay of it is never started.
+func TestObjectOlderThanIndexAndUnlistedIsNotStarted(t *testing.T) {
+	r := newRig(t, store.NewMemory())
+	it, idx := indexMsg(6, map[string]int64{})
+	r.send(it, idx, true)
+	ta, a := podMsg(t, "a", 4, "img")
+	r.send(ta, a, true)
+	changes, _ := r.snapshot()
+	for _, c := range changes {
+		if c.Op == source.Upsert {
+			t.Fatalf("a pod the index says is deleted was started: %+v", c)
+		}
+	}
+	marks, _, _ := r.st.ListMarks()
+	if m := marks["pods/default/a"]; !m.Deleted || m.Generation != 6 {
+		t.Fatalf("mark %+v, want a tombstone at the index revision", m)
+	}
+	// Newer than the index: applied.
+	_, a7 := podMsg(t, "a", 7, "img")
+	r.send(ta, a7, false)
+	changes, _ = r.snapshot()
+	if last := changes[len(changes)-1]; last.Op != source.Upsert || last.Items[0].Generation != 7 {
+		t.Fatalf("last change %+v", last)
+	}
+}

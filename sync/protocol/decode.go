@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	sigsjson "sigs.k8s.io/json"
 )
 
@@ -240,8 +241,9 @@ func DecodeLogsRequest(payload []byte, max int) (*LogsRequest, error) {
 			return nil, fmt.Errorf("logs request %s: %w", x.ID, err)
 		}
 		if x.Container != "" {
-			if err := ValidateObjectName(KindPod, x.Namespace, x.Container); err != nil {
-				return nil, fmt.Errorf("logs request %s: container: %w", x.ID, err)
+			// Container names are DNS-1123 labels in Kubernetes.
+			if errs := validation.IsDNS1123Label(x.Container); len(errs) > 0 {
+				return nil, fmt.Errorf("logs request %s: container name %q is invalid: %s", x.ID, x.Container, strings.Join(errs, "; "))
 			}
 		}
 	case LogsRenew, LogsCancel:

@@ -112,6 +112,10 @@ func (t Topics) PodStatusFilter(node string) string { return t.Node(node) + "/st
 // LogsReply is where the chunks answering one logs request go.
 func (t Topics) LogsReply(node, id string) string { return t.Node(node) + "/logs/resp/" + id }
 
+// Marker is a reader's private topic for the end-of-retained marker (docs/protocol.md, "Reading
+// retained state"): outside every node's subtree, so no node can write or read it.
+func (t Topics) Marker(clientID string) string { return t.prefix + "/ctl/" + clientID + "/marker" }
+
 // AllNodes matches topic class c of every node, for `mqlet ctl` and the bridge (never for a node:
 // its ACL does not allow it).
 func (t Topics) AllNodes(c Class) string {

@@ -76,6 +76,10 @@ type Uplink struct {
 	events  []store.OutboxEntry
 	dropped uint64            // events dropped in memory, not yet reported
 	sent    map[string][32]byte // digest of the last payload queued per topic: unchanged reports cost nothing
+	// again holds the last acks and node status: they are queued again on every new connection,
+	// so a broker that lost its retained messages learns what the node runs (a writer needs the
+	// acks to pick generations above the node's) at the cost of two small messages per reconnect.
+	again map[string]store.OutboxEntry
 
 	wake  chan struct{} // writer
 	drain chan struct{} // drainer
@@ -89,7 +93,7 @@ func New(o Options) *Uplink {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Uplink{o: o, latest: map[string]store.OutboxEntry{}, sent: map[string][32]byte{},
+	return &Uplink{o: o, latest: map[string]store.OutboxEntry{}, sent: map[string][32]byte{}, again: map[string]store.OutboxEntry{},
 		wake: make(chan struct{}, 1), drain: make(chan struct{}, 1)}
 }
 
@@ -101,7 +105,10 @@ func signal(c chan struct{}) {
 }
 
 // queueLatest queues a retained, latest-only payload for topic unless it equals the last one.
-func (u *Uplink) queueLatest(topic string, v any) {
+func (u *Uplink) queueLatest(topic string, v any) { u.queue(topic, v, true, false) }
+
+// queue queues a latest-only payload; keep marks it for republishing on every new connection.
+func (u *Uplink) queue(topic string, v any, retained, keep bool) {
 	payload, err := protocol.Encode(v)
 	if err != nil {
 		u.o.Log.Error("uplink: encode", "topic", topic, "err", err)
@@ -117,7 +124,11 @@ func (u *Uplink) queueLatest(topic string, v any) {
 	if _, ok := u.latest[topic]; !ok {
 		u.order = append(u.order, topic)
 	}
-	u.latest[topic] = store.OutboxEntry{Topic: topic, Payload: payload, Retained: true, Latest: true}
+	e := store.OutboxEntry{Topic: topic, Payload: payload, Retained: retained, Latest: true}
+	u.latest[topic] = e
+	if keep {
+		u.again[topic] = e
+	}
 	u.mu.Unlock()
 	signal(u.wake)
 }
@@ -169,19 +180,32 @@ func (u *Uplink) Emit(e event.Event) {
 
 // NodeStatus reports the node's status; the caller decides what is a real change.
 func (u *Uplink) NodeStatus(n *v1.Node) {
-	u.queueLatest(u.o.Topics.NodeStatus(u.o.Node), &protocol.NodeStatus{Node: u.o.Node, Object: n})
+	u.queue(u.o.Topics.NodeStatus(u.o.Node), &protocol.NodeStatus{Node: u.o.Node, Object: n}, true, true)
 }
 
 // Acks reports what the node has taken in.
 func (u *Uplink) Acks(a protocol.Acks) {
 	a.Node = u.o.Node
-	u.queueLatest(u.o.Topics.Acks(u.o.Node), &a)
+	u.queue(u.o.Topics.Acks(u.o.Node), &a, true, true)
 }
 
-// Resync asks the control plane for a full resend.
+// Resync asks the control plane for a full resend. Requests coalesce: only the latest is sent.
 func (u *Uplink) Resync(r protocol.ResyncRequest) {
 	r.Node = u.o.Node
-	u.queueEvent(u.o.Topics.Resync(u.o.Node), &r)
+	u.queue(u.o.Topics.Resync(u.o.Node), &r, false, false)
+}
+
+// reconnected queues the acks and node status again for a new connection.
+func (u *Uplink) reconnected() {
+	u.mu.Lock()
+	for topic, e := range u.again {
+		if _, ok := u.latest[topic]; !ok {
+			u.order = append(u.order, topic)
+			u.latest[topic] = e
+		}
+	}
+	u.mu.Unlock()
+	signal(u.wake)
 }
 
 // Run writes and drains the outbox until ctx ends; both goroutines end before it returns.
@@ -261,11 +285,16 @@ func (u *Uplink) flush(reported *uint64) {
 
 // drainer publishes the outbox oldest first whenever connected.
 func (u *Uplink) drainer(ctx context.Context) {
+	var last int64
 	for {
-		_, lost, err := u.o.Link.WaitConnected(ctx)
+		session, lost, err := u.o.Link.WaitConnected(ctx)
 		if err != nil {
 			return // ctx ended
 		}
+		if last != 0 && session != last {
+			u.reconnected()
+		}
+		last = session
 		u.drainConnection(ctx, lost)
 		if ctx.Err() != nil {
 			return
