@@ -1,0 +1,169 @@
+package uplink
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/store"
+	"github.com/mqlet/mqlet/sync/protocol"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Pure-logic tests with a fake link whose receipts the test completes; sync/nodesync runs the
+// uplink against a real mosquitto and bbolt file.
+
+type receipt struct {
+	done chan struct{}
+	err  error
+}
+
+func (r *receipt) Done() <-chan struct{} { return r.done }
+func (r *receipt) Err() error            { return r.err }
+
+type sent struct {
+	topic   string
+	payload []byte
+	r       *receipt
+}
+
+type fakeLink struct {
+	mu   sync.Mutex
+	up   chan struct{} // closed when "connected"
+	lost chan struct{}
+	sent []sent
+}
+
+func (l *fakeLink) WaitConnected(ctx context.Context) (int64, <-chan struct{}, error) {
+	select {
+	case <-l.up:
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return 1, l.lost, nil
+	case <-ctx.Done():
+		return 0, nil, ctx.Err()
+	}
+}
+
+func (l *fakeLink) Send(topic string, payload []byte, retained bool) Receipt {
+	r := &receipt{done: make(chan struct{})}
+	l.mu.Lock()
+	l.sent = append(l.sent, sent{topic, payload, r})
+	l.mu.Unlock()
+	return r
+}
+
+func (l *fakeLink) all() []sent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]sent(nil), l.sent...)
+}
+
+var tp = protocol.MustTopics(protocol.DefaultPrefix)
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 5s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func pod(name string) store.DesiredPod {
+	return store.DesiredPod{Pod: &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}},
+		Source: source.Ref{Kind: source.MQTT}, Generation: 1}
+}
+
+func run(t *testing.T, u *Uplink) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { u.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+// An entry leaves the outbox only when its publish is acknowledged; a failed publish keeps it,
+// and a status changed while offline is sent once, in its final version.
+func TestOutboxEntryLeavesOnlyOnAcknowledgement(t *testing.T) {
+	st := store.NewMemory()
+	l := &fakeLink{up: make(chan struct{}), lost: make(chan struct{})}
+	u := New(Options{Node: "n1", Topics: tp, Store: st, Link: l})
+	run(t, u)
+
+	for i := range 5 {
+		u.PodStatus(pod("web"), v1.PodStatus{Message: string(rune('a' + i))})
+	}
+	waitFor(t, "outbox written", func() bool {
+		s, _ := st.OutboxStats()
+		entries, _ := st.OutboxList(0)
+		return s.Entries == 1 && len(entries) == 1 && bytesContain(entries[0].Payload, `"message":"e"`)
+	})
+
+	close(l.up) // connected
+	waitFor(t, "published", func() bool { return len(l.all()) == 1 })
+	first := l.all()[0]
+	if !bytesContain(first.payload, `"message":"e"`) {
+		t.Fatalf("sent %s, want the final status only", first.payload)
+	}
+	// The library gives up on it (connection going): it stays.
+	first.r.err = errors.New("connection lost before PUBACK")
+	close(first.r.done)
+	time.Sleep(50 * time.Millisecond)
+	if s, _ := st.OutboxStats(); s.Entries != 1 {
+		t.Fatalf("an unacknowledged entry left the outbox: %+v", s)
+	}
+	// Sent again (after the drainer's pause) and acknowledged this time: gone.
+	waitFor(t, "published again", func() bool { return len(l.all()) == 2 })
+	close(l.all()[1].r.done)
+	waitFor(t, "outbox empty", func() bool { s, _ := st.OutboxStats(); return s.Entries == 0 })
+}
+
+func TestUnchangedStatusIsNotSentAgain(t *testing.T) {
+	st := store.NewMemory()
+	l := &fakeLink{up: make(chan struct{}), lost: make(chan struct{})}
+	u := New(Options{Node: "n1", Topics: tp, Store: st, Link: l})
+	run(t, u)
+	close(l.up)
+	u.PodStatus(pod("web"), v1.PodStatus{Phase: v1.PodRunning})
+	waitFor(t, "published", func() bool { return len(l.all()) == 1 })
+	close(l.all()[0].r.done)
+	u.PodStatus(pod("web"), v1.PodStatus{Phase: v1.PodRunning})
+	u.Emit(event.Event{Reason: "Marker"})
+	waitFor(t, "marker event published", func() bool { return len(l.all()) == 2 })
+	if got := l.all()[1].topic; got != tp.Events("n1") {
+		t.Fatalf("an unchanged status was sent again (second publish on %s)", got)
+	}
+}
+
+func TestDroppedEventsAreReported(t *testing.T) {
+	st := store.NewMemory()
+	l := &fakeLink{up: make(chan struct{}), lost: make(chan struct{})}
+	u := New(Options{Node: "n1", Topics: tp, Store: st, Link: l, Limits: store.OutboxLimits{MaxEvents: 5}})
+	run(t, u)
+	for range 20 {
+		u.Emit(event.Event{Reason: "Spam", Message: "x"})
+		time.Sleep(time.Millisecond) // separate writes, so the outbox itself drops
+	}
+	waitFor(t, "a drop report queued", func() bool {
+		entries, _ := st.OutboxList(0)
+		for _, e := range entries {
+			if bytesContain(e.Payload, `"reason":"EventsDropped"`) {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+func bytesContain(b []byte, s string) bool {
+	return strings.Contains(string(b), s)
+}
+
