@@ -74,7 +74,7 @@ type Uplink struct {
 	latest  map[string]store.OutboxEntry // topic -> newest payload not yet in the outbox
 	order   []string                     // topics of latest in arrival order
 	events  []store.OutboxEntry
-	dropped uint64            // events dropped in memory, not yet reported
+	dropped uint64              // events dropped in memory, not yet reported
 	sent    map[string][32]byte // digest of the last payload queued per topic: unchanged reports cost nothing
 	// again holds the last acks and node status: they are queued again on every new connection,
 	// so a broker that lost its retained messages learns what the node runs (a writer needs the

@@ -166,4 +166,3 @@ func TestDroppedEventsAreReported(t *testing.T) {
 func bytesContain(b []byte, s string) bool {
 	return strings.Contains(string(b), s)
 }
-
