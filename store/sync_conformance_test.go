@@ -424,7 +424,7 @@ func testOutboxOrder(t *testing.T, s stateUnderTest) {
 			t.Errorf("OutboxList(%d) = %d entries (%v); want %d from seq 1", limit, len(got), err, n)
 		}
 	}
-	wantStats := OutboxStats{Entries: 4, Events: 3, Bytes: int64(3*len("n1/events")+6 + len("n1/status/pods/default/web")+7)}
+	wantStats := OutboxStats{Entries: 4, Events: 3, Bytes: int64(3*len("n1/events") + 6 + len("n1/status/pods/default/web") + 7)}
 	if st := stats(t, s); st != wantStats {
 		t.Errorf("stats %+v, want %+v", st, wantStats)
 	}
