@@ -519,7 +519,7 @@ func TestMigrateV0(t *testing.T) {
 	checkMigratedV0(t, path)
 }
 
-// TestMigrateV0Fixture opens a copy of testdata/v0.db through both migrations (0 -> 1 -> 2). That
+// TestMigrateV0Fixture opens a copy of testdata/v0.db through every migration (0 -> 1 -> 2 -> 3). That
 // file was made by writeV0, not by a schema 0 release (see testdata/README), so it only pins what
 // writeV0 wrote when it was made. Regenerate with: go test ./store -run TestMigrateV0Fixture -regen
 func TestMigrateV0Fixture(t *testing.T) {
