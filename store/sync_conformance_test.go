@@ -84,6 +84,16 @@ func putObject(t *testing.T, s State, r ObjectRecord) {
 	}
 }
 
+// getObject returns a stored object and fails the test if it is not there.
+func getObject(t *testing.T, s State, kind ObjectKind, namespace, name string) ObjectRecord {
+	t.Helper()
+	r, ok, err := s.GetObject(kind, namespace, name)
+	if err != nil || !ok {
+		t.Fatalf("GetObject(%s %s/%s) = found %v, %v", kind, namespace, name, ok, err)
+	}
+	return r
+}
+
 func testObjectsRoundTrip(t *testing.T, s stateUnderTest) {
 	cm := cmRecord("default", "app", 3, map[string]string{"config.yaml": "a: 1"})
 	sec := secretRecord("default", "app", 4, map[string][]byte{"password": []byte("s3cret")})
@@ -129,7 +139,7 @@ func testObjectsRoundTrip(t *testing.T, s stateUnderTest) {
 	sec2 := secretRecord("default", "app", 5, map[string][]byte{"password": []byte("n3w")})
 	sec2.Secret.Namespace = ""
 	putObject(t, s, sec2)
-	if got, _, _ := s.GetObject(KindSecret, "default", "app"); got.Generation != 5 || string(got.Secret.Data["password"]) != "n3w" {
+	if got := getObject(t, s, KindSecret, "default", "app"); got.Generation != 5 || string(got.Secret.Data["password"]) != "n3w" {
 		t.Errorf("after second put: generation %d data %q", got.Generation, got.Secret.Data)
 	}
 
@@ -188,8 +198,8 @@ func testObjectsNoAliasing(t *testing.T, s stateUnderTest) {
 	cm.ConfigMap.Data["k"] = "changed-after-put"
 	sec.Secret.Data["k"][0] = 'X'
 
-	gotCM, _, _ := s.GetObject(KindConfigMap, "default", "app")
-	gotSec, _, _ := s.GetObject(KindSecret, "default", "app")
+	gotCM := getObject(t, s, KindConfigMap, "default", "app")
+	gotSec := getObject(t, s, KindSecret, "default", "app")
 	if gotCM.ConfigMap.Data["k"] != "v" || string(gotSec.Secret.Data["k"]) != "v" {
 		t.Fatalf("editing what was put changed what is stored: %q %q", gotCM.ConfigMap.Data, gotSec.Secret.Data)
 	}
@@ -204,8 +214,8 @@ func testObjectsNoAliasing(t *testing.T, s stateUnderTest) {
 			o.Secret.Data["k"] = []byte("changed-after-list")
 		}
 	}
-	again, _, _ := s.GetObject(KindConfigMap, "default", "app")
-	againSec, _, _ := s.GetObject(KindSecret, "default", "app")
+	again := getObject(t, s, KindConfigMap, "default", "app")
+	againSec := getObject(t, s, KindSecret, "default", "app")
 	if again.ConfigMap.Data["k"] != "v" || again.ConfigMap.Labels["app"] != "app" || string(againSec.Secret.Data["k"]) != "v" {
 		t.Errorf("editing a returned object changed the stored one: %+v %q", again.ConfigMap, againSec.Secret.Data)
 	}

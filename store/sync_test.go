@@ -133,7 +133,7 @@ func TestSealedSecretBoundToKeyAndRecord(t *testing.T) {
 	if _, _, err := d.GetObject(KindSecret, "default", "other"); !errors.Is(err, seal.ErrOpen) {
 		t.Errorf("GetObject of a sealed value moved to another key = %v, want seal.ErrOpen", err)
 	}
-	if got, _, err := d.GetObject(KindSecret, "default", "db"); err != nil || string(got.Secret.Data["p"]) != "v" {
+	if got, _, err := d.GetObject(KindSecret, "default", "db"); err != nil || got.Secret == nil || string(got.Secret.Data["p"]) != "v" {
 		t.Errorf("the original = %+v, %v", got, err)
 	}
 	if err := d.Close(); err != nil {
