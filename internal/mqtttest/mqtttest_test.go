@@ -1,12 +1,17 @@
 package mqtttest
 
 import (
+	"bufio"
 	"crypto/tls"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -389,5 +394,97 @@ func expectRetained(t *testing.T, b *Broker, topic, payload string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s on %s: no retained %q within %v (last seen %q)", topic, b.Plain, payload, 2*arrive, last)
 		}
+	}
+}
+
+// The harness leaves no broker behind when a test fails, nor when the test
+// binary itself is killed. The test binary runs TestHelperBrokerHolder in a
+// child process, which starts a broker, prints its pid and then fails or
+// hangs (to be SIGKILLed).
+func TestNoBrokerOutlivesItsTest(t *testing.T) {
+	Require(t)
+	for _, mode := range []string{"fail", "hang"} {
+		t.Run(mode, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperBrokerHolder$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "MQTTTEST_HOLDER="+mode)
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stderr = cmd.Stdout
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill() // a no-op once it has been waited for
+			pidc := make(chan int, 1)
+			var lines []string
+			var linesMu sync.Mutex
+			go func() {
+				sc := bufio.NewScanner(out)
+				for sc.Scan() {
+					linesMu.Lock()
+					lines = append(lines, sc.Text())
+					linesMu.Unlock()
+					if f := strings.Fields(sc.Text()); len(f) == 3 && f[1] == "BROKER-PID" {
+						if pid, err := strconv.Atoi(f[2]); err == nil {
+							pidc <- pid
+						}
+					}
+				}
+			}()
+			var pid int
+			select {
+			case pid = <-pidc:
+			case <-time.After(2 * arrive):
+				linesMu.Lock()
+				defer linesMu.Unlock()
+				t.Fatalf("the holder printed no broker pid within %v:\n%s", 2*arrive, strings.Join(lines, "\n"))
+			}
+			if mode == "hang" {
+				if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitc := make(chan error, 1)
+			go func() { waitc <- cmd.Wait() }()
+			select {
+			case err := <-waitc:
+				if err == nil {
+					t.Errorf("the holder (mode %s) exited 0, want a failure", mode)
+				}
+			case <-time.After(4 * arrive):
+				t.Fatalf("the holder (mode %s) did not exit within %v", mode, 4*arrive)
+			}
+			deadline := time.Now().Add(arrive)
+			for pidAlive(pid) == nil {
+				if time.Now().After(deadline) {
+					// Do not leave it behind either: the pid is still the
+					// orphaned broker (it was never reaped).
+					if cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(cmdline), "mosquitto") {
+						syscall.Kill(pid, syscall.SIGKILL)
+					}
+					t.Fatalf("broker pid %d still runs %v after its test process ended (mode %s)", pid, arrive, mode)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestHelperBrokerHolder is the child of TestNoBrokerOutlivesItsTest; it does
+// nothing unless MQTTTEST_HOLDER is set.
+func TestHelperBrokerHolder(t *testing.T) {
+	mode := os.Getenv("MQTTTEST_HOLDER")
+	if mode == "" {
+		t.Skip("helper process for TestNoBrokerOutlivesItsTest")
+	}
+	b := Start(t, Options{})
+	fmt.Printf("mqtttest BROKER-PID %d\n", b.Pid())
+	switch mode {
+	case "fail":
+		t.Fatalf("failing on purpose with broker pid %d running", b.Pid())
+	case "hang":
+		time.Sleep(4 * arrive) // the parent SIGKILLs this process first
+		t.Fatalf("not killed by the parent within %v", 4*arrive)
 	}
 }
