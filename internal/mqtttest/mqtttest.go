@@ -106,6 +106,11 @@ type Options struct {
 	// Prefix of the topic tree, DefaultPrefix when empty; used in the ACL
 	// and in the bridge's topic line.
 	Prefix string
+	// UsernameAsClientID sets use_username_as_clientid on the TLS listener:
+	// the broker replaces a client's id with its certificate's CN, so one
+	// node cannot take over (and disconnect) another node's session by
+	// claiming its client id. configs/mosquitto/mosquitto.conf sets it.
+	UsernameAsClientID bool
 	// BridgeTo, when set, makes this broker a "site" broker bridging
 	// `<prefix>/# both 1` to BridgeTo's Plain listener (clean session; the
 	// bridge retries every 1 to 3 seconds while BridgeTo is down). BridgeTo
@@ -482,6 +487,9 @@ use_identity_as_username true
 allow_anonymous false
 acl_file %s
 `, b.ports.plain, b.ports.tls, b.CAFile, b.serverCert(), b.serverKey(), b.ACLFile)
+	if b.opts.UsernameAsClientID {
+		c.WriteString("use_username_as_clientid true\n")
+	}
 	if b.ports.ws != 0 {
 		// libwebsockets in Debian's 2.0.11 binds to every address when given
 		// 127.0.0.1, but to the loopback only when given the interface name.

@@ -204,6 +204,50 @@ func TestTLSACL(t *testing.T) {
 	expect(t, checkCh, "mqlet/v1/nodes/node-b/desired", "for b only")
 }
 
+// A node that claims another node's client id takes over that node's
+// session (the broker disconnects the first holder) unless the broker
+// replaces client ids with the certificate's CN.
+func TestClientIDTakeover(t *testing.T) {
+	for _, asCN := range []bool{false, true} {
+		t.Run(map[bool]string{false: "client id as sent", true: "username as client id"}[asCN], func(t *testing.T) {
+			b := Start(t, Options{Identities: []string{"node-a", "node-b"}, UsernameAsClientID: asCN})
+			lost := make(chan error, 1)
+			o := mqtt.NewClientOptions().AddBroker(b.TLS).SetClientID("node-b").SetAutoReconnect(false).
+				SetTLSConfig(b.TLSConfig("node-b")).
+				SetConnectionLostHandler(func(_ mqtt.Client, err error) { lost <- err })
+			nodeB := mqtt.NewClient(o)
+			if err := waitToken(nodeB.Connect(), time.Now().Add(arrive)); err != nil {
+				t.Fatalf("node-b: %v", err)
+			}
+			t.Cleanup(func() { nodeB.Disconnect(100) })
+			// node-a connects claiming node-b's client id.
+			impostor := dial(t, b.TLS, "node-b", b.TLSConfig("node-a"))
+			if asCN {
+				// Proof by order that node-b kept its connection: a message
+				// node-b sends after the impostor connected reaches admin.
+				admin := dial(t, b.TLS, Admin, b.TLSConfig(Admin))
+				ch, _ := subscribe(t, admin, "mqlet/v1/nodes/#")
+				publish(t, nodeB, "mqlet/v1/nodes/node-b/status", false, "still here")
+				publish(t, impostor, "mqlet/v1/nodes/node-a/status", false, "renamed")
+				expect(t, ch, "mqlet/v1/nodes/node-b/status", "still here")
+				expect(t, ch, "mqlet/v1/nodes/node-a/status", "renamed")
+				select {
+				case err := <-lost:
+					t.Fatalf("node-b lost its connection although the broker uses the CN as client id: %v", err)
+				default:
+				}
+				return
+			}
+			select {
+			case err := <-lost:
+				t.Logf("node-b was disconnected by the impostor's session takeover: %v", err)
+			case <-time.After(arrive):
+				t.Fatalf("node-b kept its connection although another client took its client id")
+			}
+		})
+	}
+}
+
 func TestTLSRefusesClientWithoutTrustedCert(t *testing.T) {
 	b := Start(t, Options{})
 	// Positive control: admin's certificate is accepted.
