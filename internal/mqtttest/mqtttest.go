@@ -146,6 +146,7 @@ type Broker struct {
 	asked   bool // Stop or Kill asked proc to exit
 }
 
+// ports of the listeners; 0 for one the config lacks.
 type ports struct{ plain, tls, ws int }
 
 // noWebsockets records that this mosquitto refused a websockets listener;
@@ -517,7 +518,7 @@ topic %s/# both 1
 topic mqtttest/bridge-probe/# both 0
 cleansession true
 start_type automatic
-# A base and a cap: in 2.0.11 a single value leaves the default 5-30s
+# A base and a cap: before 2.0.15 a single value leaves the default 5-30s
 # backoff in force.
 restart_timeout 1 2
 `, u.Host, b.bridgeID, b.opts.Prefix)
@@ -577,9 +578,11 @@ func (b *Broker) start() error {
 		close(done)
 	}()
 
-	addrs := []string{fmt.Sprintf("127.0.0.1:%d", b.ports.plain), fmt.Sprintf("127.0.0.1:%d", b.ports.tls)}
-	if b.ports.ws != 0 {
-		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", b.ports.ws))
+	var addrs []string
+	for _, p := range []int{b.ports.plain, b.ports.tls, b.ports.ws} {
+		if p != 0 {
+			addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", p))
+		}
 	}
 	deadline := time.Now().Add(readyTimeout)
 	for {
