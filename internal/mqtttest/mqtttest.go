@@ -204,6 +204,9 @@ func Start(t testing.TB, o Options) *Broker {
 		if err := b.writeConfig(); err != nil {
 			t.Fatalf("mqtttest: %v", err)
 		}
+		// Each attempt's output alone decides whether to retry.
+		os.Remove(b.LogFile)
+		os.Remove(b.outFile)
 		err = b.start()
 		if err == nil {
 			break
