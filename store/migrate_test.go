@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -114,6 +115,146 @@ func TestMigrateV1Fixture(t *testing.T) {
 	if got, _, _ := d.GetDesired(k8stypes.UID(wants["tools/sidecar"].uid)); got.Source != wants["tools/sidecar"].ref {
 		t.Errorf("sidecar source after reopen: %+v", got.Source)
 	}
+}
+
+// TestMigrateV2Fixture opens a copy of testdata/v2.db, written by the released schema 2 binary
+// (mqlet cd5235d, `mqlet agent --once`; see testdata/README): the same three pods as v1.db with
+// typed sources, and their status. Migration 2 -> 3 must keep them as they are and add the empty
+// buckets of the MQTT sync, which then work.
+func TestMigrateV2Fixture(t *testing.T) {
+	path := copyFixture(t, "v2.db")
+	before := dumpBuckets(t, path, bucketDesired, bucketStatus)
+	d, err := OpenWith(path, Options{SecretKey: testKey(t)})
+	if err != nil {
+		t.Fatalf("Open(v2 fixture): %v", err)
+	}
+	notices := strings.Join(d.Notices(), "\n")
+	for _, want := range []string{"migrated schema version 2 -> 3", "added buckets objects, sync_marks, outbox, outbox_latest", path} {
+		if !strings.Contains(notices, want) {
+			t.Errorf("notices %q do not mention %q", notices, want)
+		}
+	}
+	if strings.Contains(notices, "1 -> 2") {
+		t.Errorf("notices %q: a schema 2 file went through 1 -> 2", notices)
+	}
+
+	wants := map[string]struct {
+		uid   string
+		ref   source.Ref
+		phase v1.PodPhase
+	}{
+		"default/job":   {"c36a6a22-e267-5555-bf99-ae98bb0ecc64", source.Ref{Kind: source.File, Origin: "/tmp/v2fix/pods/b.yaml", Doc: 0}, v1.PodSucceeded},
+		"default/web":   {"3169c6b8-9aab-548b-a454-4c4e3fb93d3f", source.Ref{Kind: source.File, Origin: "/tmp/v2fix/pods/a.yaml", Doc: 0}, v1.PodRunning},
+		"tools/sidecar": {"486d9658-8e9c-5626-9d7a-1b10b5351e11", source.Ref{Kind: source.File, Origin: "/tmp/v2fix/pods/b.yaml", Doc: 1}, v1.PodRunning},
+	}
+	pods, bad, err := d.ListDesired()
+	if err != nil || len(bad) != 0 {
+		t.Fatalf("ListDesired: %v, record errors %v", err, bad)
+	}
+	var keys []string
+	for _, p := range pods {
+		key := p.Pod.Namespace + "/" + p.Pod.Name
+		keys = append(keys, key)
+		w := wants[key]
+		if string(p.Pod.UID) != w.uid || p.Source != w.ref || p.Generation != 0 {
+			t.Errorf("%s: uid %s source %+v generation %d; want %s %+v 0", key, p.Pod.UID, p.Source, p.Generation, w.uid, w.ref)
+		}
+		if len(p.Pod.Spec.Containers) != 1 || p.Pod.Spec.Containers[0].Image != "mqlet.test/busybox:1" {
+			t.Errorf("%s: containers %+v, want one running mqlet.test/busybox:1", key, p.Pod.Spec.Containers)
+		}
+		st, ok, err := d.GetStatus(p.Pod.UID)
+		if err != nil || !ok || st.Phase != w.phase || len(st.ContainerStatuses) != 1 ||
+			!strings.HasPrefix(st.ContainerStatuses[0].ContainerID, "containerd://") {
+			t.Errorf("%s: status %+v, %v, %v; want %s with one containerd container", key, st, ok, err, w.phase)
+		}
+	}
+	if want := []string{"default/job", "default/web", "tools/sidecar"}; !reflect.DeepEqual(keys, want) {
+		t.Errorf("desired pods %q, want %q", keys, want)
+	}
+
+	// The new buckets exist, empty, and work.
+	if objs, bad, err := d.ListObjects(); err != nil || len(objs)+len(bad) != 0 {
+		t.Errorf("ListObjects on a migrated file = %v, %v, %v; want empty", objs, bad, err)
+	}
+	if st := stats(t, d); st != (OutboxStats{}) {
+		t.Errorf("outbox stats on a migrated file = %+v, want zero", st)
+	}
+	putObject(t, d, secretRecord("default", "s", 1, map[string][]byte{"k": []byte("v")}))
+	if err := d.PutMarks([]SyncMark{{Key: "pods/default/web", Generation: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := d.NextSession(); err != nil || n != 1 {
+		t.Errorf("NextSession on a migrated file = %d, %v; want 1", n, err)
+	}
+	if seqs := queue(t, d, OutboxLimits{}, latest("st", "x")); seqs[0] != 1 {
+		t.Errorf("first outbox seq on a migrated file = %d, want 1", seqs[0])
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// Schema 2's records are byte for byte what they were; the file is at schema 3 with every
+	// bucket, and a second open has nothing to do.
+	if after := dumpBuckets(t, path, bucketDesired, bucketStatus); !reflect.DeepEqual(after, before) {
+		t.Errorf("migration changed desired_pods or pod_status")
+	}
+	bdb, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = bdb.View(func(tx *bolt.Tx) error {
+		if v := string(tx.Bucket(bucketMeta).Get(keySchemaVersion)); v != "3" {
+			t.Errorf("schema_version = %q, want 3", v)
+		}
+		for _, b := range []string{"objects", "sync_marks", "outbox", "outbox_latest"} {
+			if tx.Bucket([]byte(b)) == nil {
+				t.Errorf("bucket %s missing after migration", b)
+			}
+		}
+		return nil
+	})
+	bdb.Close()
+	d, err = Open(path)
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	defer d.Close()
+	if n := d.Notices(); len(n) != 0 {
+		t.Errorf("second open of a migrated file: notices %q, want none", n)
+	}
+}
+
+// dumpBuckets copies every key and value of the named buckets, read-only.
+func dumpBuckets(t *testing.T, path string, names ...[]byte) map[string]string {
+	t.Helper()
+	bdb, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bdb.Close()
+	out := map[string]string{}
+	err = bdb.View(func(tx *bolt.Tx) error {
+		for _, name := range names {
+			b := tx.Bucket(name)
+			if b == nil {
+				return fmt.Errorf("no bucket %s", name)
+			}
+			if err := b.ForEach(func(k, v []byte) error {
+				out[string(name)+"/"+string(k)] = string(v)
+				return nil
+			}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s: buckets %q are empty", path, names)
+	}
+	return out
 }
 
 // writeV1 writes a schema 1 file with raw bbolt calls: desired_pods values as given.

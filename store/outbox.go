@@ -73,6 +73,9 @@ func encodeOutbox(e OutboxEntry) []byte {
 // decodeOutbox decodes the value stored under seq into a fresh entry (nothing in it aliases val,
 // which bbolt only lends for the transaction).
 func decodeOutbox(seq uint64, val []byte) (OutboxEntry, error) {
+	if val == nil {
+		return OutboxEntry{}, fmt.Errorf("entry %d: not found", seq)
+	}
 	if len(val) < 3 || val[0] != outboxFormat || val[1]&^(outboxRetained|outboxLatest) != 0 {
 		return OutboxEntry{}, fmt.Errorf("entry %d: not an outbox entry of format %d", seq, outboxFormat)
 	}
@@ -92,20 +95,12 @@ func decodeOutbox(seq uint64, val []byte) (OutboxEntry, error) {
 
 func entrySize(e OutboxEntry) int64 { return int64(len(e.Topic) + len(e.Payload)) }
 
-// storedSize is what a stored value counts for: its entry's size, or its own length when it
-// does not decode (it still takes room until it is dropped).
-func storedSize(seq uint64, val []byte) (size int64, latest bool) {
-	e, err := decodeOutbox(seq, val)
-	if err != nil {
-		return int64(len(val)), false
-	}
-	return entrySize(e), e.Latest
-}
-
 func seqKey(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
 
 // outboxCounters are the outbox's running totals, kept in meta so that a put knows whether it
-// must drop anything without walking the outbox. Entries that do not decode count as events.
+// must drop anything without walking the outbox. They count the entries that decode: a value
+// that does not (damage; this code never writes one) is not counted, is skipped by OutboxList and
+// is removed when a put next looks for an event to drop.
 type outboxCounters struct {
 	EventBytes    int64  `json:"eventBytes"`
 	LatestBytes   int64  `json:"latestBytes"`
@@ -117,8 +112,8 @@ type outboxCounters struct {
 
 func (c *outboxCounters) bytes() int64 { return c.EventBytes + c.LatestBytes }
 
-// remove takes a queued entry out of the totals. They never go below zero, even if a damaged
-// record made them disagree with the buckets.
+// remove takes a queued entry out of the totals. They never go below zero, even if damage made
+// them disagree with the buckets.
 func (c *outboxCounters) remove(size int64, latest bool) {
 	if latest {
 		c.LatestBytes, c.Latest = max(c.LatestBytes-size, 0), max(c.Latest-1, 0)
@@ -153,12 +148,14 @@ func loadCounters(tx outboxTx) (outboxCounters, error) {
 	}
 	c = outboxCounters{}
 	err := tx.walk(0, func(seq uint64, val []byte) bool {
-		size, latest := storedSize(seq, val)
-		if latest {
-			c.LatestBytes += size
+		e, err := decodeOutbox(seq, val)
+		switch {
+		case err != nil:
+		case e.Latest:
+			c.LatestBytes += entrySize(e)
 			c.Latest++
-		} else {
-			c.EventBytes += size
+		default:
+			c.EventBytes += entrySize(e)
 			c.Events++
 		}
 		return true
@@ -239,15 +236,14 @@ func outboxPut(tx outboxTx, entries []OutboxEntry, lim OutboxLimits) ([]uint64, 
 			oldSeq, hasOld := tx.latest(e.Topic)
 			var oldSize int64
 			if hasOld {
-				val := tx.get(oldSeq)
-				sz, isLatest := storedSize(oldSeq, val)
-				// An index entry pointing at nothing or at a non-Latest value is stale: it is
-				// overwritten below, and the value it points at (if any) stays and counts as
-				// what it is.
-				if val == nil || !isLatest {
+				// An index entry pointing at nothing, at an event or at a value that does not
+				// decode is stale: it is overwritten below, and what it points at (if anything)
+				// stays what it is.
+				old, err := decodeOutbox(oldSeq, tx.get(oldSeq))
+				if err != nil || !old.Latest {
 					hasOld = false
 				} else {
-					oldSize = sz
+					oldSize = entrySize(old)
 				}
 			}
 			if c.LatestBytes-oldSize+size > lim.MaxBytes {
@@ -313,20 +309,24 @@ func putEntry(tx outboxTx, e OutboxEntry) (uint64, error) {
 	return seq, nil
 }
 
-// dropOldestEvent removes the oldest event with seq >= from (an entry that does not decode counts
-// as one: it can never be sent) and reports where the next search may start.
-func dropOldestEvent(tx outboxTx, c *outboxCounters, from uint64) (dropped bool, next uint64, err error) {
+// dropOldestEvent removes the oldest event with seq >= from, or the oldest value that does not
+// decode (it can never be sent; it was not counted, so removing it changes no total), and reports
+// where the next search may start. It reports false when there is nothing left to remove.
+func dropOldestEvent(tx outboxTx, c *outboxCounters, from uint64) (removed bool, next uint64, err error) {
 	var (
 		found bool
 		seq   uint64
-		size  int64
+		event *OutboxEntry
 	)
 	err = tx.walk(from, func(s uint64, val []byte) bool {
-		sz, latest := storedSize(s, val)
-		if latest {
+		e, err := decodeOutbox(s, val)
+		if err == nil && e.Latest {
 			return true
 		}
-		found, seq, size = true, s, sz
+		found, seq = true, s
+		if err == nil {
+			event = &e
+		}
 		return false
 	})
 	if err != nil || !found {
@@ -335,8 +335,10 @@ func dropOldestEvent(tx outboxTx, c *outboxCounters, from uint64) (dropped bool,
 	if err := tx.del(seq); err != nil {
 		return false, 0, fmt.Errorf("drop event %d: %w", seq, err)
 	}
-	c.remove(size, false)
-	c.DroppedEvents++
+	if event != nil {
+		c.remove(entrySize(*event), false)
+		c.DroppedEvents++
+	}
 	return true, seq + 1, nil
 }
 

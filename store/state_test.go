@@ -29,7 +29,7 @@ type stateUnderTest struct {
 func implementations() map[string]func(t *testing.T) stateUnderTest {
 	return map[string]func(t *testing.T) stateUnderTest{
 		"bbolt": func(t *testing.T) stateUnderTest {
-			d, _ := openTemp(t)
+			d, _ := openTempWith(t, Options{SecretKey: testKey(t)})
 			return stateUnderTest{State: d, setRaw: func(t *testing.T, bucket, key string, val []byte) {
 				t.Helper()
 				err := d.bolt.Update(func(tx *bolt.Tx) error {
@@ -62,6 +62,9 @@ func TestStateConformance(t *testing.T) {
 		"undecodable records degrade":  testBadRecords,
 		"times keep whole seconds":     testWholeSeconds,
 		"closed state refuses all ops": testClosed,
+	}
+	for name, run := range syncConformance {
+		cases[name] = run
 	}
 	for impl, open := range implementations() {
 		t.Run(impl, func(t *testing.T) {
@@ -409,6 +412,18 @@ func testClosed(t *testing.T, s stateUnderTest) {
 		"GetStatus":     func() error { _, _, err := s.GetStatus("uid-a"); return err },
 		"ListStatus":    func() error { _, _, err := s.ListStatus(); return err },
 		"DeleteStatus":  func() error { return s.DeleteStatus("uid-a") },
+		"PutObject":     func() error { return s.PutObject(cmRecord("default", "a", 0, nil)) },
+		"GetObject":     func() error { _, _, err := s.GetObject(KindConfigMap, "default", "a"); return err },
+		"ListObjects":   func() error { _, _, err := s.ListObjects(); return err },
+		"DeleteObject":  func() error { return s.DeleteObject(KindConfigMap, "default", "a") },
+		"PutMarks":      func() error { return s.PutMarks([]SyncMark{{Key: "pods/default/a"}}) },
+		"ListMarks":     func() error { _, _, err := s.ListMarks(); return err },
+		"DeleteMarks":   func() error { return s.DeleteMarks([]string{"pods/default/a"}) },
+		"NextSession":   func() error { _, err := s.NextSession(); return err },
+		"OutboxPut":     func() error { _, err := s.OutboxPut([]OutboxEntry{event("ev", "1")}, OutboxLimits{}); return err },
+		"OutboxList":    func() error { _, err := s.OutboxList(0); return err },
+		"OutboxAck":     func() error { return s.OutboxAck("ev", 1) },
+		"OutboxStats":   func() error { _, err := s.OutboxStats(); return err },
 	} {
 		if err := call(); err == nil {
 			t.Errorf("%s after Close succeeded", name)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/store/seal"
 	bolt "go.etcd.io/bbolt"
 	v1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -63,13 +64,28 @@ func testStatus(phase v1.PodPhase, restarts int32) *v1.PodStatus {
 
 func openTemp(t testing.TB) (*DB, string) {
 	t.Helper()
+	return openTempWith(t, Options{})
+}
+
+func openTempWith(t testing.TB, o Options) (*DB, string) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), FileName)
-	d, err := Open(path)
+	d, err := OpenWith(path, o)
 	if err != nil {
 		t.Fatalf("Open(%s): %v", path, err)
 	}
 	t.Cleanup(func() { _ = d.Close() })
 	return d, path
+}
+
+// testKey is a fresh node key, made the way the agent makes one.
+func testKey(t testing.TB) []byte {
+	t.Helper()
+	key, err := seal.LoadOrCreateKey(filepath.Join(t.TempDir(), "node.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key
 }
 
 func TestReopenKeepsEverything(t *testing.T) {
@@ -503,7 +519,7 @@ func TestMigrateV0(t *testing.T) {
 	checkMigratedV0(t, path)
 }
 
-// TestMigrateV0Fixture opens a copy of testdata/v0.db through both migrations (0 -> 1 -> 2). That
+// TestMigrateV0Fixture opens a copy of testdata/v0.db through every migration (0 -> 1 -> 2 -> 3). That
 // file was made by writeV0, not by a schema 0 release (see testdata/README), so it only pins what
 // writeV0 wrote when it was made. Regenerate with: go test ./store -run TestMigrateV0Fixture -regen
 func TestMigrateV0Fixture(t *testing.T) {

@@ -5,11 +5,13 @@
 package config
 
 import (
-	"github.com/mqlet/mqlet/store"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/mqlet/mqlet/store"
 )
 
 // Config is the effective configuration of the agent. The JSON tags are the YAML keys of the
@@ -30,6 +32,33 @@ type Config struct {
 	ContainerdTimeout   Duration `json:"containerdTimeout"`
 	PlainHTTPRegistries []string `json:"plainHTTPRegistries"`
 	RegistryCAFile      string   `json:"registryCAFile"`
+
+	// MQTT sync channel. An empty MQTTBroker means standalone: the manifest dir is the only source
+	// and nothing is reported.
+	MQTTBroker       string   `json:"mqttBroker"`
+	MQTTCAFile       string   `json:"mqttCAFile"`
+	MQTTCertFile     string   `json:"mqttCertFile"`
+	MQTTKeyFile      string   `json:"mqttKeyFile"`
+	MQTTUsername     string   `json:"mqttUsername"`
+	MQTTPasswordFile string   `json:"mqttPasswordFile"`
+	MQTTKeepalive    Duration `json:"mqttKeepalive"`
+	MQTTTopicPrefix  string   `json:"mqttTopicPrefix"`
+	MQTTReconnectMax Duration `json:"mqttReconnectMax"`
+	MQTTMaxPayload   int64    `json:"mqttMaxPayload"`
+	// OutboxMaxBytes bounds the reports queued in the state store while the broker is unreachable.
+	OutboxMaxBytes int64 `json:"outboxMaxBytes"`
+	// SecretKeyFile is the node key that seals secrets in the state store. It lives outside
+	// StateDir, so a copy of the state dir (a backup, a cloned SD card) does not carry its own key.
+	SecretKeyFile string `json:"secretKeyFile"`
+	// MQTTPolicy limits what pods from MQTT may ask of the node; manifest-dir pods are trusted.
+	MQTTPolicy MQTTPolicy `json:"mqttPolicy"`
+}
+
+// MQTTPolicy is the config file's mqttPolicy mapping; see admission.Policy for what each allows.
+type MQTTPolicy struct {
+	AllowPrivileged     bool     `json:"allowPrivileged"`
+	AllowHostNamespaces bool     `json:"allowHostNamespaces"`
+	AllowedHostPaths    []string `json:"allowedHostPaths"`
 }
 
 // Defaults returns the built-in settings. NodeName comes from the hostname, lowercased because
@@ -53,6 +82,14 @@ func Defaults() Config {
 		ContainerdTimeout:   Duration{10 * time.Second},
 		PlainHTTPRegistries: nil,
 		RegistryCAFile:      "",
+		MQTTBroker:          "",
+		MQTTKeepalive:       Duration{60 * time.Second},
+		MQTTTopicPrefix:     "mqlet/v1",
+		MQTTReconnectMax:    Duration{2 * time.Minute},
+		MQTTMaxPayload:      1 << 20,
+		OutboxMaxBytes:      1 << 20,
+		SecretKeyFile:       "/etc/mqlet/node.key",
+		MQTTPolicy:          MQTTPolicy{},
 	}
 }
 
@@ -72,6 +109,12 @@ func Vars() map[string]string {
 		"once_timeout":         d.OnceTimeout.String(),
 		"relist_period":        d.RelistPeriod.String(),
 		"containerd_timeout":   d.ContainerdTimeout.String(),
+		"mqtt_keepalive":       d.MQTTKeepalive.String(),
+		"mqtt_topic_prefix":    d.MQTTTopicPrefix,
+		"mqtt_reconnect_max":   d.MQTTReconnectMax.String(),
+		"mqtt_max_payload":     strconv.FormatInt(d.MQTTMaxPayload, 10),
+		"outbox_max_bytes":     strconv.FormatInt(d.OutboxMaxBytes, 10),
+		"secret_key_file":      d.SecretKeyFile,
 	}
 }
 

@@ -82,6 +82,12 @@ func TestDefaults(t *testing.T) {
 		OnceTimeout:         Duration{5 * time.Minute},
 		RelistPeriod:        Duration{10 * time.Second},
 		ContainerdTimeout:   Duration{10 * time.Second},
+		MQTTKeepalive:       Duration{60 * time.Second},
+		MQTTTopicPrefix:     "mqlet/v1",
+		MQTTReconnectMax:    Duration{2 * time.Minute},
+		MQTTMaxPayload:      1048576,
+		OutboxMaxBytes:      1048576,
+		SecretKeyFile:       "/etc/mqlet/node.key",
 	}
 	if !reflect.DeepEqual(d, want) {
 		t.Errorf("Defaults() = %+v\nwant %+v", d, want)
@@ -157,25 +163,51 @@ func TestFlagsCoverEverySetting(t *testing.T) {
 			t.Errorf("setting %s has no flag --%s", s.key, s.flag)
 		}
 		delete(flags, s.flag)
-		if want := "MQLET_" + strings.ToUpper(strings.ReplaceAll(s.flag, "-", "_")); s.env != want && s.key != "plainHTTPRegistries" {
+		// A repeatable list flag is singular (--plain-http-registry), its variable plural.
+		plural := map[string]string{
+			"plainHTTPRegistries":         "MQLET_PLAIN_HTTP_REGISTRIES",
+			"mqttPolicy.allowedHostPaths": "MQLET_MQTT_ALLOWED_HOST_PATHS",
+		}
+		want := "MQLET_" + strings.ToUpper(strings.ReplaceAll(s.flag, "-", "_"))
+		if p, ok := plural[s.key]; ok {
+			want = p
+		}
+		if s.env != want {
 			t.Errorf("setting %s: env %s, want %s", s.key, s.env, want)
 		}
-		tag, ok := reflect.TypeOf(Config{}).FieldByNameFunc(func(n string) bool {
-			f, _ := reflect.TypeOf(Config{}).FieldByName(n)
-			return strings.Split(f.Tag.Get("json"), ",")[0] == s.key
-		})
+		index, ok := jsonField(reflect.TypeOf(Config{}), s.key)
 		if !ok {
 			t.Errorf("setting %s is not a json key of Config", s.key)
 			continue
 		}
 		c := Config{}
-		if got := reflect.ValueOf(s.field(&c)).Pointer(); got != reflect.ValueOf(&c).Elem().FieldByIndex(tag.Index).Addr().Pointer() {
+		if got := reflect.ValueOf(s.field(&c)).Pointer(); got != reflect.ValueOf(&c).Elem().FieldByIndex(index).Addr().Pointer() {
 			t.Errorf("setting %s points at the wrong Config field", s.key)
 		}
 	}
 	for name := range flags {
 		t.Errorf("flag --%s has no setting", name)
 	}
+}
+
+// jsonField finds the field of t whose json tags spell key ("a.b" for field b of struct field a).
+func jsonField(t reflect.Type, key string) ([]int, bool) {
+	name, rest, nested := strings.Cut(key, ".")
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if strings.Split(f.Tag.Get("json"), ",")[0] != name {
+			continue
+		}
+		if !nested {
+			return []int{i}, true
+		}
+		if f.Type.Kind() != reflect.Struct {
+			return nil, false
+		}
+		sub, ok := jsonField(f.Type, rest)
+		return append([]int{i}, sub...), ok
+	}
+	return nil, false
 }
 
 // The help text is the only place defaults are shown (the flags carry no kong default, so
@@ -495,13 +527,18 @@ func TestExampleConfigLoads(t *testing.T) {
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("example config differs from the defaults it claims to show:\n got %+v\nwant %+v", c, want)
 	}
-	// Every key appears in the example, set or (nodeName) commented out.
+	// Every key appears in the example, set or (nodeName) commented out; a key of a group is
+	// indented under the group's.
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range settings() {
-		if !regexp.MustCompile(`(?m)^#? ?` + s.key + `:`).Match(data) {
+		pattern := `(?m)^#? ?` + s.key + `:`
+		if group, leaf, ok := strings.Cut(s.key, "."); ok {
+			pattern = `(?m)^#? ?` + group + `:\n(?:#? +.*\n)*?#? +` + leaf + `:`
+		}
+		if !regexp.MustCompile(pattern).Match(data) {
 			t.Errorf("example config does not show key %s", s.key)
 		}
 	}

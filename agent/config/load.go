@@ -35,6 +35,23 @@ type Flags struct {
 	ContainerdTimeout   *time.Duration `name:"containerd-timeout" placeholder:"DURATION" help:"Timeout for connecting to containerd (default ${containerd_timeout})."`
 	PlainHTTPRegistries []string       `name:"plain-http-registry" placeholder:"HOST[:PORT]" help:"Registry pulled over plain HTTP instead of TLS; repeatable or comma-separated (default none)."`
 	RegistryCAFile      *string        `name:"registry-ca-file" placeholder:"FILE" help:"Extra CA bundle (PEM) trusted for TLS registries (default none)."`
+
+	MQTTBroker       *string        `name:"mqtt-broker" placeholder:"URL" help:"MQTT broker, scheme://host:port with scheme tcp, ssl, tls, ws or wss (mqtt means tcp, mqtts ssl); empty runs standalone with the manifest dir as the only source (default none)."`
+	MQTTCAFile       *string        `name:"mqtt-ca-file" placeholder:"FILE" help:"CA bundle (PEM) for the broker's certificate, instead of the system roots; ssl, tls and wss brokers only (default none)."`
+	MQTTCertFile     *string        `name:"mqtt-cert-file" placeholder:"FILE" help:"Client certificate (PEM) for brokers that authenticate nodes by TLS; needs --mqtt-key-file (default none)."`
+	MQTTKeyFile      *string        `name:"mqtt-key-file" placeholder:"FILE" help:"Private key (PEM) of --mqtt-cert-file (default none)."`
+	MQTTUsername     *string        `name:"mqtt-username" placeholder:"NAME" help:"MQTT user name (default none)."`
+	MQTTPasswordFile *string        `name:"mqtt-password-file" placeholder:"FILE" help:"File holding the MQTT password, readable by its owner only (chmod 600); the password is never logged (default none)."`
+	MQTTKeepalive    *time.Duration `name:"mqtt-keepalive" placeholder:"DURATION" help:"MQTT keepalive in whole seconds, 5s to 65535s; the broker declares the node offline after 1.5 times this without traffic (default ${mqtt_keepalive})."`
+	MQTTTopicPrefix  *string        `name:"mqtt-topic-prefix" placeholder:"PREFIX" help:"First levels of every MQTT topic: PREFIX/nodes/NODE/... (default ${mqtt_topic_prefix})."`
+	MQTTReconnectMax *time.Duration `name:"mqtt-reconnect-max" placeholder:"DURATION" help:"Longest wait between attempts to reach the broker, at least 1s (default ${mqtt_reconnect_max})."`
+	MQTTMaxPayload   *int64         `name:"mqtt-max-payload" placeholder:"BYTES" help:"Largest MQTT message sent or accepted, 1024 to 268435455 bytes (default ${mqtt_max_payload})."`
+	OutboxMaxBytes   *int64         `name:"outbox-max-bytes" placeholder:"BYTES" help:"Most bytes of reports kept for the broker while it is unreachable, at least 65536 (default ${outbox_max_bytes})."`
+	SecretKeyFile    *string        `name:"secret-key-file" placeholder:"FILE" help:"Node key that seals secrets in the state store; must lie outside --state-dir (default ${secret_key_file})."`
+
+	MQTTAllowPrivileged     *bool    `name:"mqtt-allow-privileged" help:"Let pods from MQTT be privileged, escalate privileges or add capabilities beyond the baseline set (default false)."`
+	MQTTAllowHostNamespaces *bool    `name:"mqtt-allow-host-namespaces" help:"Let pods from MQTT use hostNetwork, hostPID and hostIPC (default false)."`
+	MQTTAllowedHostPaths    []string `name:"mqtt-allowed-host-path" placeholder:"DIR" help:"Host directory that pods from MQTT may mount as hostPath, with what lies below it; repeatable or comma-separated (default none)."`
 }
 
 // setting ties one Config field to its YAML key, flag and environment variable, so that every
@@ -63,7 +80,33 @@ func settings() []setting {
 		{"containerdTimeout", "containerd-timeout", "MQLET_CONTAINERD_TIMEOUT", func(c *Config) any { return &c.ContainerdTimeout }},
 		{"plainHTTPRegistries", "plain-http-registry", "MQLET_PLAIN_HTTP_REGISTRIES", func(c *Config) any { return &c.PlainHTTPRegistries }},
 		{"registryCAFile", "registry-ca-file", "MQLET_REGISTRY_CA_FILE", func(c *Config) any { return &c.RegistryCAFile }},
+		{"mqttBroker", "mqtt-broker", "MQLET_MQTT_BROKER", func(c *Config) any { return &c.MQTTBroker }},
+		{"mqttCAFile", "mqtt-ca-file", "MQLET_MQTT_CA_FILE", func(c *Config) any { return &c.MQTTCAFile }},
+		{"mqttCertFile", "mqtt-cert-file", "MQLET_MQTT_CERT_FILE", func(c *Config) any { return &c.MQTTCertFile }},
+		{"mqttKeyFile", "mqtt-key-file", "MQLET_MQTT_KEY_FILE", func(c *Config) any { return &c.MQTTKeyFile }},
+		{"mqttUsername", "mqtt-username", "MQLET_MQTT_USERNAME", func(c *Config) any { return &c.MQTTUsername }},
+		{"mqttPasswordFile", "mqtt-password-file", "MQLET_MQTT_PASSWORD_FILE", func(c *Config) any { return &c.MQTTPasswordFile }},
+		{"mqttKeepalive", "mqtt-keepalive", "MQLET_MQTT_KEEPALIVE", func(c *Config) any { return &c.MQTTKeepalive }},
+		{"mqttTopicPrefix", "mqtt-topic-prefix", "MQLET_MQTT_TOPIC_PREFIX", func(c *Config) any { return &c.MQTTTopicPrefix }},
+		{"mqttReconnectMax", "mqtt-reconnect-max", "MQLET_MQTT_RECONNECT_MAX", func(c *Config) any { return &c.MQTTReconnectMax }},
+		{"mqttMaxPayload", "mqtt-max-payload", "MQLET_MQTT_MAX_PAYLOAD", func(c *Config) any { return &c.MQTTMaxPayload }},
+		{"outboxMaxBytes", "outbox-max-bytes", "MQLET_OUTBOX_MAX_BYTES", func(c *Config) any { return &c.OutboxMaxBytes }},
+		{"secretKeyFile", "secret-key-file", "MQLET_SECRET_KEY_FILE", func(c *Config) any { return &c.SecretKeyFile }},
+		// Keys with a dot live in a mapping of the config file (mqttPolicy: {allowPrivileged: ...}).
+		{"mqttPolicy.allowPrivileged", "mqtt-allow-privileged", "MQLET_MQTT_ALLOW_PRIVILEGED", func(c *Config) any { return &c.MQTTPolicy.AllowPrivileged }},
+		{"mqttPolicy.allowHostNamespaces", "mqtt-allow-host-namespaces", "MQLET_MQTT_ALLOW_HOST_NAMESPACES", func(c *Config) any { return &c.MQTTPolicy.AllowHostNamespaces }},
+		{"mqttPolicy.allowedHostPaths", "mqtt-allowed-host-path", "MQLET_MQTT_ALLOWED_HOST_PATHS", func(c *Config) any { return &c.MQTTPolicy.AllowedHostPaths }},
 	}
+}
+
+// isGroup reports whether key names a mapping of settings in the config file (mqttPolicy).
+func isGroup(key string) bool {
+	for _, s := range settings() {
+		if strings.HasPrefix(s.key, key+".") {
+			return true
+		}
+	}
+	return false
 }
 
 const (
@@ -138,25 +181,43 @@ func applyFile(c *Config, origin map[string]string, path string) []error {
 	if err := json.Unmarshal(js, &doc); err != nil {
 		return []error{fmt.Errorf("config file %s: top level must be a mapping of settings: %w", path, err)}
 	}
+	return applyMapping(c, origin, path, "", doc)
+}
+
+// applyMapping sets the settings of one mapping of the config file; prefix is "" at the top level
+// and "group." inside a group such as mqttPolicy, so every key is named in full in errors.
+func applyMapping(c *Config, origin map[string]string, path, prefix string, doc map[string]json.RawMessage) []error {
 	byKey := map[string]setting{}
 	for _, s := range settings() {
 		byKey[s.key] = s
 	}
 	var errs []error
 	for _, k := range slices.Sorted(maps.Keys(doc)) {
-		s, ok := byKey[k]
-		if !ok {
-			errs = append(errs, fmt.Errorf("config file %s: unknown key %q%s", path, k, suggestKey(k)))
+		full := prefix + k
+		if string(doc[k]) == "null" {
+			if _, ok := byKey[full]; ok || isGroup(full) {
+				continue // "key:" with no value leaves the setting unset, as in Kubernetes objects
+			}
+		}
+		s, ok := byKey[full]
+		if !ok && isGroup(full) {
+			var sub map[string]json.RawMessage
+			if doc[k][0] != '{' || json.Unmarshal(doc[k], &sub) != nil {
+				errs = append(errs, fmt.Errorf("config file %s: key %s: got %s, want a mapping of settings", path, full, describeJSON(doc[k])))
+				continue
+			}
+			errs = append(errs, applyMapping(c, origin, path, full+".", sub)...)
 			continue
 		}
-		if string(doc[k]) == "null" {
-			continue // "key:" with no value leaves the setting unset, as in Kubernetes objects
+		if !ok {
+			errs = append(errs, fmt.Errorf("config file %s: unknown key %q%s", path, full, suggestKey(full)))
+			continue
 		}
 		if err := decodeJSONValue(doc[k], s.field(c)); err != nil {
-			errs = append(errs, fmt.Errorf("config file %s: key %s: %w", path, k, err))
+			errs = append(errs, fmt.Errorf("config file %s: key %s: %w", path, full, err))
 			continue
 		}
-		origin[k] = "config file " + path
+		origin[full] = "config file " + path
 	}
 	return errs
 }
@@ -180,6 +241,12 @@ func decodeJSONValue(raw json.RawMessage, dst any) error {
 		var v Duration
 		if err := json.Unmarshal(raw, &v); err != nil {
 			return err
+		}
+		*p = v
+	case *int64:
+		var v int64
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return fmt.Errorf("got %s, want a whole number of bytes", describeJSON(raw))
 		}
 		*p = v
 	case *[]string:
@@ -225,8 +292,14 @@ func quoteHint(raw json.RawMessage) string {
 
 func suggestKey(k string) string {
 	for _, s := range settings() {
-		if strings.EqualFold(s.key, k) {
-			return fmt.Sprintf(" (did you mean %q? keys are case-sensitive)", s.key)
+		names := []string{s.key}
+		if group, _, ok := strings.Cut(s.key, "."); ok {
+			names = append(names, group)
+		}
+		for _, name := range names {
+			if strings.EqualFold(name, k) {
+				return fmt.Sprintf(" (did you mean %q? keys are case-sensitive)", name)
+			}
 		}
 	}
 	return ""
@@ -273,6 +346,12 @@ func setFromString(dst any, s string) error {
 			return err
 		}
 		p.Duration = v
+	case *int64:
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return errors.New("not a whole number of bytes")
+		}
+		*p = v
 	case *[]string:
 		*p = splitList(s)
 	default:
@@ -305,6 +384,29 @@ func applyFlags(c *Config, origin map[string]string, f Flags) {
 			origin[key] = "flag --" + flag
 		}
 	}
+	num := func(dst *int64, v *int64, key, flag string) {
+		if v != nil {
+			*dst = *v
+			origin[key] = "flag --" + flag
+		}
+	}
+	boolean := func(dst *bool, v *bool, key, flag string) {
+		if v != nil {
+			*dst = *v
+			origin[key] = "flag --" + flag
+		}
+	}
+	// Repeated list flags replace the list from the file/env rather than extend it, so the
+	// command line alone shows the whole effective list.
+	list := func(dst *[]string, v []string, key, flag string) {
+		if v != nil {
+			*dst = nil
+			for _, x := range v {
+				*dst = append(*dst, splitList(x)...)
+			}
+			origin[key] = "flag --" + flag
+		}
+	}
 	str(&c.NodeName, f.NodeName, "nodeName", "node-name")
 	str(&c.StateDir, f.StateDir, "stateDir", "state-dir")
 	str(&c.ContainerdAddress, f.ContainerdAddress, "containerdAddress", "containerd-address")
@@ -314,21 +416,25 @@ func applyFlags(c *Config, origin map[string]string, f Flags) {
 	str(&c.APISocket, f.APISocket, "apiSocket", "api-socket")
 	str(&c.LogLevel, f.LogLevel, "logLevel", "log-level")
 	str(&c.LogFormat, f.LogFormat, "logFormat", "log-format")
-	if f.Once != nil {
-		c.Once = *f.Once
-		origin["once"] = "flag --once"
-	}
+	boolean(&c.Once, f.Once, "once", "once")
 	dur(&c.OnceTimeout, f.OnceTimeout, "onceTimeout", "once-timeout")
 	dur(&c.RelistPeriod, f.RelistPeriod, "relistPeriod", "relist-period")
 	dur(&c.ContainerdTimeout, f.ContainerdTimeout, "containerdTimeout", "containerd-timeout")
-	if f.PlainHTTPRegistries != nil {
-		// Repeated flags replace the list from the file/env rather than extend it, so the
-		// command line alone shows the whole effective list.
-		c.PlainHTTPRegistries = nil
-		for _, r := range f.PlainHTTPRegistries {
-			c.PlainHTTPRegistries = append(c.PlainHTTPRegistries, splitList(r)...)
-		}
-		origin["plainHTTPRegistries"] = "flag --plain-http-registry"
-	}
+	list(&c.PlainHTTPRegistries, f.PlainHTTPRegistries, "plainHTTPRegistries", "plain-http-registry")
 	str(&c.RegistryCAFile, f.RegistryCAFile, "registryCAFile", "registry-ca-file")
+	str(&c.MQTTBroker, f.MQTTBroker, "mqttBroker", "mqtt-broker")
+	str(&c.MQTTCAFile, f.MQTTCAFile, "mqttCAFile", "mqtt-ca-file")
+	str(&c.MQTTCertFile, f.MQTTCertFile, "mqttCertFile", "mqtt-cert-file")
+	str(&c.MQTTKeyFile, f.MQTTKeyFile, "mqttKeyFile", "mqtt-key-file")
+	str(&c.MQTTUsername, f.MQTTUsername, "mqttUsername", "mqtt-username")
+	str(&c.MQTTPasswordFile, f.MQTTPasswordFile, "mqttPasswordFile", "mqtt-password-file")
+	dur(&c.MQTTKeepalive, f.MQTTKeepalive, "mqttKeepalive", "mqtt-keepalive")
+	str(&c.MQTTTopicPrefix, f.MQTTTopicPrefix, "mqttTopicPrefix", "mqtt-topic-prefix")
+	dur(&c.MQTTReconnectMax, f.MQTTReconnectMax, "mqttReconnectMax", "mqtt-reconnect-max")
+	num(&c.MQTTMaxPayload, f.MQTTMaxPayload, "mqttMaxPayload", "mqtt-max-payload")
+	num(&c.OutboxMaxBytes, f.OutboxMaxBytes, "outboxMaxBytes", "outbox-max-bytes")
+	str(&c.SecretKeyFile, f.SecretKeyFile, "secretKeyFile", "secret-key-file")
+	boolean(&c.MQTTPolicy.AllowPrivileged, f.MQTTAllowPrivileged, "mqttPolicy.allowPrivileged", "mqtt-allow-privileged")
+	boolean(&c.MQTTPolicy.AllowHostNamespaces, f.MQTTAllowHostNamespaces, "mqttPolicy.allowHostNamespaces", "mqtt-allow-host-namespaces")
+	list(&c.MQTTPolicy.AllowedHostPaths, f.MQTTAllowedHostPaths, "mqttPolicy.allowedHostPaths", "mqtt-allowed-host-path")
 }

@@ -39,7 +39,8 @@ func (e *FieldError) Error() string {
 // socket path fails only at bind/connect time with a confusing EINVAL.
 const unixPathMax = 107
 
-// Validate checks every setting without touching the system and reports all problems at once.
+// Validate checks every setting and reports all problems at once. It writes nothing; it reads only
+// the files the MQTT settings name (see validateMQTT).
 func (c Config) Validate() error {
 	var errs []error
 	for _, fe := range c.validate() {
@@ -62,6 +63,9 @@ func (c Config) validate() []*FieldError {
 
 	if c.NodeName == "" {
 		bad("nodeName", c.NodeName, "must not be empty (the hostname could not be used; set it explicitly)")
+	} else if strings.ContainsAny(c.NodeName, "+#/") {
+		// DNS-1123 refuses these too; said plainly, since the reason here is MQTT's.
+		bad("nodeName", c.NodeName, "must not contain '+', '#' or '/': the node name is the MQTT client id and a topic level")
 	} else if msgs := validation.IsDNS1123Subdomain(c.NodeName); len(msgs) > 0 {
 		bad("nodeName", c.NodeName, "must be a valid node name (DNS-1123 subdomain): %s", strings.Join(msgs, "; "))
 	}
@@ -130,6 +134,7 @@ func (c Config) validate() []*FieldError {
 			bad("plainHTTPRegistries", r, "%v", err)
 		}
 	}
+	c.validateMQTT(bad)
 	return errs
 }
 

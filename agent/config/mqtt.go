@@ -1,0 +1,339 @@
+package config
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/mqlet/mqlet/agent/admission"
+)
+
+// Limits of the MQTT settings. The protocol's own: the keepalive is a 16-bit number of seconds and
+// the largest packet is 268435455 bytes (the Remaining Length field's maximum).
+const (
+	minKeepalive        = 5 * time.Second
+	maxKeepalive        = 65535 * time.Second
+	minReconnectMax     = time.Second
+	minMaxPayload       = 1024
+	maxMaxPayload       = 268435455
+	minOutboxMaxBytes   = 64 << 10
+	maxTopicPrefixLen   = 128
+	passwordFileBadMode = 0o077
+)
+
+// brokerSchemes maps each accepted URL scheme to the one the MQTT client (paho) dials, and says
+// whether it is TLS.
+var brokerSchemes = map[string]struct {
+	dial string
+	tls  bool
+	web  bool // a websocket URL may carry a path
+}{
+	"tcp":   {"tcp", false, false},
+	"mqtt":  {"tcp", false, false},
+	"ssl":   {"ssl", true, false},
+	"tls":   {"tls", true, false},
+	"mqtts": {"ssl", true, false},
+	"ws":    {"ws", false, true},
+	"wss":   {"wss", true, true},
+}
+
+// parseBroker checks an MQTT broker URL; the errors say what to write instead.
+func parseBroker(s string) (*url.URL, error) {
+	if !strings.Contains(s, "://") {
+		return nil, errors.New("want scheme://host:port, e.g. tcp://broker.local:1883 or ssl://broker.local:8883")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("not a URL: %v", errors.Unwrap(err))
+	}
+	scheme, ok := brokerSchemes[u.Scheme]
+	if !ok {
+		return nil, fmt.Errorf("scheme %q is not supported: want tcp, ssl, tls, ws or wss (mqtt and mqtts mean tcp and ssl)", u.Scheme)
+	}
+	if u.User != nil {
+		// The URL is logged; a password in it would end up in the journal.
+		return nil, errors.New("must not carry a user or password: use mqttUsername and mqttPasswordFile")
+	}
+	if u.Hostname() == "" {
+		return nil, errors.New("host is missing")
+	}
+	if u.Port() == "" {
+		return nil, errors.New("port is missing (MQTT has no default the client would use: 1883 for tcp, 8883 for ssl are usual)")
+	}
+	if n, err := strconv.Atoi(u.Port()); err != nil || n < 1 || n > 65535 {
+		return nil, fmt.Errorf("port %q must be a number from 1 to 65535", u.Port())
+	}
+	if !scheme.web && (u.Path != "" || u.RawQuery != "" || u.Fragment != "") {
+		return nil, fmt.Errorf("a path, query or fragment only makes sense for ws:// and wss://, not %s://", u.Scheme)
+	}
+	return u, nil
+}
+
+// MQTTBrokerURL is the broker URL as the MQTT client takes it (mqtt:// written as tcp://, mqtts://
+// as ssl://); empty for a standalone node. Call it on a validated Config.
+func (c Config) MQTTBrokerURL() string {
+	u, err := parseBroker(c.MQTTBroker)
+	if c.MQTTBroker == "" || err != nil {
+		return ""
+	}
+	u.Scheme = brokerSchemes[u.Scheme].dial
+	return u.String()
+}
+
+// MQTTTLS reports whether the broker is reached over TLS (ssl, tls, mqtts, wss).
+func (c Config) MQTTTLS() bool {
+	u, err := parseBroker(c.MQTTBroker)
+	return c.MQTTBroker != "" && err == nil && brokerSchemes[u.Scheme].tls
+}
+
+// MQTTPassword reads the password file; one trailing newline (what `echo` and editors leave) is not
+// part of the password. It returns "" when no file is set. Neither the password nor any part of the
+// file appears in an error.
+func (c Config) MQTTPassword() (string, error) {
+	if c.MQTTPasswordFile == "" {
+		return "", nil
+	}
+	b, err := os.ReadFile(c.MQTTPasswordFile)
+	if err != nil {
+		return "", fmt.Errorf("mqttPasswordFile (--mqtt-password-file): %w", err)
+	}
+	s := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	return s, nil
+}
+
+// AdmissionPolicy is MQTTPolicy as the admission step takes it.
+func (c Config) AdmissionPolicy() admission.Policy {
+	return admission.Policy{
+		AllowPrivileged:     c.MQTTPolicy.AllowPrivileged,
+		AllowHostNamespaces: c.MQTTPolicy.AllowHostNamespaces,
+		AllowedHostPaths:    append([]string(nil), c.MQTTPolicy.AllowedHostPaths...),
+	}
+}
+
+// validateMQTT checks the MQTT and sync settings. It reads the files they name (existence,
+// permissions, that certificates parse), so a wrong path fails at start and not at the first
+// connection attempt, minutes later and only in the log.
+func (c Config) validateMQTT(bad func(key, value, reason string, args ...any)) {
+	var broker *url.URL
+	shown := c.MQTTBroker // how messages quote the broker: never with a password in it
+	if u, err := url.Parse(c.MQTTBroker); err == nil && u.User != nil {
+		shown = u.Redacted()
+	}
+	if c.MQTTBroker != "" {
+		u, err := parseBroker(c.MQTTBroker)
+		if err != nil {
+			bad("mqttBroker", shown, "%v", err)
+		}
+		broker = u
+	}
+	brokerTLS := broker != nil && brokerSchemes[broker.Scheme].tls
+
+	// The connection settings mean nothing without a broker, and TLS files nothing without TLS:
+	// a setting that is silently ignored hides a typo in the broker URL.
+	needsBroker := func(key, value string) bool {
+		switch {
+		case value == "":
+			return false
+		case c.MQTTBroker == "":
+			bad(key, value, "has no effect without mqttBroker (--mqtt-broker)")
+			return false
+		case broker == nil:
+			return false // the broker's own error says enough
+		}
+		return true
+	}
+	needsTLS := func(key, value string) bool {
+		if !needsBroker(key, value) {
+			return false
+		}
+		if !brokerTLS {
+			bad(key, value, "only used with an ssl://, tls://, mqtts:// or wss:// broker, and mqttBroker is %s", shown)
+			return false
+		}
+		if !filepath.IsAbs(value) {
+			bad(key, value, "must be an absolute path")
+			return false
+		}
+		return true
+	}
+	if needsTLS("mqttCAFile", c.MQTTCAFile) {
+		if pem, err := os.ReadFile(c.MQTTCAFile); err != nil {
+			bad("mqttCAFile", c.MQTTCAFile, "cannot read it: %v", errors.Unwrap(err))
+		} else if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+			bad("mqttCAFile", c.MQTTCAFile, "holds no PEM certificate")
+		}
+	}
+	certOK, keyOK := needsTLS("mqttCertFile", c.MQTTCertFile), needsTLS("mqttKeyFile", c.MQTTKeyFile)
+	var certPEM, keyPEM []byte
+	if certOK {
+		var err error
+		if certPEM, err = os.ReadFile(c.MQTTCertFile); err != nil {
+			bad("mqttCertFile", c.MQTTCertFile, "cannot read it: %v", errors.Unwrap(err))
+		}
+	}
+	if keyOK {
+		var err error
+		if keyPEM, err = os.ReadFile(c.MQTTKeyFile); err != nil {
+			bad("mqttKeyFile", c.MQTTKeyFile, "cannot read it: %v", errors.Unwrap(err))
+		}
+	}
+	switch {
+	case c.MQTTCertFile != "" && c.MQTTKeyFile == "":
+		bad("mqttCertFile", c.MQTTCertFile, "needs mqttKeyFile (--mqtt-key-file) too: give both or neither")
+	case c.MQTTKeyFile != "" && c.MQTTCertFile == "":
+		bad("mqttKeyFile", c.MQTTKeyFile, "needs mqttCertFile (--mqtt-cert-file) too: give both or neither")
+	case certPEM != nil && keyPEM != nil:
+		if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
+			bad("mqttCertFile", c.MQTTCertFile, "with mqttKeyFile %s: not a usable certificate and key pair: %v", c.MQTTKeyFile, err)
+		}
+	}
+
+	needsBroker("mqttUsername", c.MQTTUsername)
+	if needsBroker("mqttPasswordFile", c.MQTTPasswordFile) {
+		c.validatePasswordFile(bad)
+	}
+
+	switch d := c.MQTTKeepalive.Duration; {
+	case d < minKeepalive:
+		bad("mqttKeepalive", c.MQTTKeepalive.String(), "must be at least %s", minKeepalive)
+	case d > maxKeepalive:
+		bad("mqttKeepalive", c.MQTTKeepalive.String(), "must be at most %s (65535s): MQTT sends it as a 16-bit number of seconds", maxKeepalive)
+	case d%time.Second != 0:
+		bad("mqttKeepalive", c.MQTTKeepalive.String(), "must be whole seconds: MQTT sends it in seconds")
+	}
+	if reasons := topicPrefixProblems(c.MQTTTopicPrefix); len(reasons) > 0 {
+		bad("mqttTopicPrefix", c.MQTTTopicPrefix, "%s", strings.Join(reasons, "; "))
+	}
+	if c.MQTTReconnectMax.Duration < minReconnectMax {
+		bad("mqttReconnectMax", c.MQTTReconnectMax.String(), "must be at least %s", minReconnectMax)
+	}
+	if n := c.MQTTMaxPayload; n < minMaxPayload || n > maxMaxPayload {
+		bad("mqttMaxPayload", strconv.FormatInt(n, 10), "must be from %d to %d bytes (the MQTT maximum)", minMaxPayload, maxMaxPayload)
+	}
+	if n := c.OutboxMaxBytes; n < minOutboxMaxBytes {
+		bad("outboxMaxBytes", strconv.FormatInt(n, 10), "must be at least %d bytes", minOutboxMaxBytes)
+	}
+
+	switch k := c.SecretKeyFile; {
+	case k == "":
+		bad("secretKeyFile", k, "must not be empty: secrets in the state store are sealed with this key")
+	case !filepath.IsAbs(k):
+		bad("secretKeyFile", k, "must be an absolute path")
+	case filepath.IsAbs(c.StateDir) && inside(k, c.StateDir):
+		bad("secretKeyFile", k, "must not be inside stateDir %s: the key must live apart from the data it protects, or a copy of the state dir (a backup, a cloned SD card) carries its own key; /etc/mqlet/node.key is the usual place", c.StateDir)
+	}
+
+	for _, p := range c.MQTTPolicy.AllowedHostPaths {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+			bad("mqttPolicy.allowedHostPaths", p, "must be an absolute, clean path (no '..', '.', '//' or trailing '/'), e.g. %s", filepath.Clean("/"+p))
+		}
+	}
+}
+
+// validatePasswordFile checks that the password file is a readable, non-empty regular file that no
+// one but its owner can read or change. Nothing of its content goes into a message.
+func (c Config) validatePasswordFile(bad func(key, value, reason string, args ...any)) {
+	const key = "mqttPasswordFile"
+	path := c.MQTTPasswordFile
+	if !filepath.IsAbs(path) {
+		bad(key, path, "must be an absolute path")
+		return
+	}
+	if c.MQTTUsername == "" {
+		// MQTT 3.1.1 sends a password only with a user name (the password flag needs the user one).
+		bad(key, path, "needs mqttUsername (--mqtt-username): MQTT sends no password without a user name")
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		bad(key, path, "%v", errors.Unwrap(err))
+		return
+	}
+	if !st.Mode().IsRegular() {
+		bad(key, path, "is not a regular file")
+		return
+	}
+	if m := st.Mode().Perm(); m&passwordFileBadMode != 0 {
+		bad(key, path, "is readable or writable by group or others (mode %04o): the password must be private; run chmod 600 %s", m, path)
+		return
+	}
+	pw, err := c.MQTTPassword()
+	if err != nil {
+		bad(key, path, "cannot read it: %v", errors.Unwrap(err))
+		return
+	}
+	if pw == "" {
+		bad(key, path, "is empty")
+	}
+}
+
+// topicPrefixProblems lists why p cannot start every topic of a node: the MQTT rules for topic
+// names (UTF-8, no NUL, no wildcards) and the ones that keep the ACL pattern <prefix>/nodes/%u/#
+// meaningful (no empty levels, no leading or trailing '/', no broker-reserved '$' topics).
+func topicPrefixProblems(p string) []string {
+	if p == "" {
+		return []string{"must not be empty"}
+	}
+	var out []string
+	if len(p) > maxTopicPrefixLen {
+		out = append(out, fmt.Sprintf("is %d bytes, longer than %d", len(p), maxTopicPrefixLen))
+	}
+	if !utf8.ValidString(p) {
+		out = append(out, "must be valid UTF-8")
+	}
+	if strings.ContainsRune(p, 0) {
+		out = append(out, "must not contain NUL")
+	}
+	if strings.ContainsAny(p, "+#") {
+		out = append(out, "must not contain the MQTT wildcards + and #")
+	}
+	if strings.HasPrefix(p, "$") {
+		out = append(out, "must not start with '$' (brokers reserve such topics, like $SYS)")
+	}
+	if strings.HasPrefix(p, "/") || strings.HasSuffix(p, "/") {
+		out = append(out, "must not start or end with '/'")
+	}
+	if strings.Contains(p, "//") {
+		out = append(out, "must not have empty levels ('//')")
+	}
+	return out
+}
+
+// inside reports whether path is dir or lies below it, by whole path segments, also once the
+// symlinks in the part of either path that exists are resolved (/etc/mqlet may be a link into
+// the state dir on a read-only root).
+func inside(path, dir string) bool {
+	within := func(p, d string) bool {
+		p, d = filepath.Clean(p), filepath.Clean(d)
+		return p == d || d == "/" || strings.HasPrefix(p, d+"/")
+	}
+	if within(path, dir) {
+		return true
+	}
+	rp, rd := resolveExisting(path), resolveExisting(dir)
+	return within(rp, rd)
+}
+
+// resolveExisting resolves the symlinks of the longest part of p that exists and appends the rest.
+func resolveExisting(p string) string {
+	p = filepath.Clean(p)
+	rest := ""
+	for {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			return filepath.Join(r, rest)
+		}
+		parent := filepath.Dir(p)
+		if parent == p {
+			return filepath.Join(p, rest)
+		}
+		rest = filepath.Join(filepath.Base(p), rest)
+		p = parent
+	}
+}
