@@ -1,0 +1,346 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/mqlet/mqlet/internal/mqtttest"
+	"github.com/mqlet/mqlet/store"
+	"github.com/mqlet/mqlet/sync/protocol"
+	v1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// The MQTT tests run the real agent on the test containerd against a real mosquitto. The control
+// plane here is a small writer of the protocol (generations and index under the test's control,
+// so stale and duplicate messages can be made on purpose); TestCtl* drive `mqlet ctl` itself.
+
+var topics = protocol.MustTopics(protocol.DefaultPrefix)
+
+const e2eNode = "e2e-node"
+
+type controlPlane struct {
+	t       *testing.T
+	c       mqtt.Client
+	broker  string
+	rev     int64
+	objects map[string]int64
+}
+
+func connectMQTT(t *testing.T, broker string) mqtt.Client {
+	t.Helper()
+	id := make([]byte, 4)
+	rand.Read(id)
+	c := mqtt.NewClient(mqtt.NewClientOptions().AddBroker(broker).SetClientID("e2e-" + hex.EncodeToString(id)).SetAutoReconnect(false))
+	if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("connect %s: %v", broker, tok.Error())
+	}
+	t.Cleanup(func() { c.Disconnect(100) })
+	return c
+}
+
+func newControlPlane(t *testing.T, broker string) *controlPlane {
+	return &controlPlane{t: t, c: connectMQTT(t, broker), broker: broker, objects: map[string]int64{}}
+}
+
+func (cp *controlPlane) raw(topic string, payload []byte, retained bool) {
+	cp.t.Helper()
+	if tok := cp.c.Publish(topic, 1, retained, payload); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		cp.t.Fatalf("publish %s: %v", topic, tok.Error())
+	}
+}
+
+func (cp *controlPlane) encode(v any) []byte {
+	b, err := protocol.Encode(v)
+	if err != nil {
+		cp.t.Fatal(err)
+	}
+	return b
+}
+
+// applyYAML publishes pods at the next revision, then the index.
+func (cp *controlPlane) applyYAML(docs ...string) int64 {
+	cp.t.Helper()
+	cp.rev++
+	for _, doc := range docs {
+		var p v1.Pod
+		if err := yaml.UnmarshalStrict([]byte(doc), &p); err != nil {
+			cp.t.Fatal(err)
+		}
+		d, err := protocol.NewDesired(e2eNode, cp.rev, &p)
+		if err != nil {
+			cp.t.Fatal(err)
+		}
+		cp.raw(topics.Desired(e2eNode, protocol.KindPod, d.Namespace, d.Name), cp.encode(d), true)
+		cp.objects[d.Key()] = cp.rev
+	}
+	cp.publishIndex()
+	return cp.rev
+}
+
+func (cp *controlPlane) publishIndex() {
+	cp.raw(topics.Index(e2eNode), cp.encode(&protocol.Index{Node: e2eNode, Revision: cp.rev, Objects: cp.objects}), true)
+}
+
+func (cp *controlPlane) deletePod(name string) {
+	cp.t.Helper()
+	cp.rev++
+	cp.raw(topics.Desired(e2eNode, protocol.KindPod, "default", name),
+		cp.encode(protocol.NewTombstone(e2eNode, protocol.KindPod, "default", name, cp.rev)), true)
+	delete(cp.objects, protocol.ObjectKey(protocol.KindPod, "default", name))
+	cp.publishIndex()
+}
+
+// waitRetained waits until the retained message on topic satisfies ok (reading with a fresh
+// subscription each time, as `mqlet ctl get` would).
+func waitRetained(t *testing.T, broker, topic, what string, ok func([]byte) bool) {
+	t.Helper()
+	c := connectMQTT(t, broker)
+	deadline := time.Now().Add(60 * time.Second)
+	var last []byte
+	for time.Now().Before(deadline) {
+		got := make(chan []byte, 1)
+		c.Subscribe(topic, 1, func(_ mqtt.Client, m mqtt.Message) {
+			select {
+			case got <- m.Payload():
+			default:
+			}
+		}).WaitTimeout(5 * time.Second)
+		select {
+		case p := <-got:
+			last = p
+			if ok(p) {
+				c.Unsubscribe(topic).WaitTimeout(5 * time.Second)
+				return
+			}
+		case <-time.After(300 * time.Millisecond):
+		}
+		c.Unsubscribe(topic).WaitTimeout(5 * time.Second)
+	}
+	t.Fatalf("%s: retained %s never matched within 60s; last: %s", what, topic, last)
+}
+
+func podStatusIs(phase v1.PodPhase, gen int64) func([]byte) bool {
+	return func(p []byte) bool {
+		s, err := protocol.DecodePodStatus(p, 0)
+		return err == nil && !s.Deleted && s.Object != nil && s.Object.Status.Phase == phase && (gen == 0 || s.Generation == gen)
+	}
+}
+
+func (h *harness) startMQTTAgent(broker string, extra ...string) {
+	h.t.Helper()
+	h.startAgent(append([]string{"--mqtt-broker", broker, "--secret-key-file", filepath.Join(h.dir, "node.key")}, extra...)...)
+}
+
+func sleeper(name, arg string) string {
+	return `apiVersion: v1
+kind: Pod
+metadata: {name: ` + name + `}
+spec:
+  containers:
+  - {name: c, image: mqlet.test/busybox:1, command: ["sleep", "` + arg + `"]}
+`
+}
+
+func TestMQTTApplyRunsAndDeleteWhileAgentStopped(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	cp := newControlPlane(t, b.Plain)
+	h.startMQTTAgent(b.Plain)
+
+	gen := cp.applyYAML(sleeper("web", "3600"))
+	h.waitPod("web", "running from MQTT", allRunning)
+	waitRetained(t, b.Plain, topics.PodStatus(e2eNode, "default", "web"), "status of web", podStatusIs(v1.PodRunning, gen))
+	if len(h.tasks()) != 1 {
+		t.Fatalf("tasks %v", h.tasks())
+	}
+
+	h.stopAgent()
+	cp.deletePod("web")
+	h.startMQTTAgent(b.Plain)
+	waitFor(t, "web gone after the agent came back", func() bool {
+		_, err := h.getPod("web")
+		return err != nil && len(h.tasks()) == 0
+	})
+	waitRetained(t, b.Plain, topics.PodStatus(e2eNode, "default", "web"), "web reported gone", func(p []byte) bool {
+		s, err := protocol.DecodePodStatus(p, 0)
+		return err == nil && s.Deleted
+	})
+}
+
+// The node's broker (a site broker bridged to the cloud one) is down while the control plane
+// updates one of two pods on the cloud broker: when the site broker returns, the new spec runs
+// and the other pod is not restarted. This is also the "agent behind a site broker" case.
+func TestMQTTUpdateWhileBrokerDownBehindSiteBroker(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	cloud := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	site := mqtttest.Start(t, mqtttest.Options{Persistence: true, BridgeTo: cloud})
+	cp := newControlPlane(t, cloud.Plain)
+	h.startMQTTAgent(site.Plain, "--mqtt-reconnect-max", "2s")
+
+	cp.applyYAML(sleeper("a", "3600"), sleeper("b", "3600"))
+	h.waitPod("a", "a running", allRunning)
+	h.waitPod("b", "b running", allRunning)
+	before := h.tasks()
+
+	site.Stop(t)
+	gen := cp.applyYAML(sleeper("a", "3601"))
+	site.Start(t)
+
+	h.waitPod("a", "a running its new spec", func(p *v1.Pod) bool {
+		return allRunning(p) && p.Spec.Containers[0].Command[1] == "3601"
+	})
+	waitRetained(t, cloud.Plain, topics.PodStatus(e2eNode, "default", "a"), "a's new status on the cloud", podStatusIs(v1.PodRunning, gen))
+	after := h.tasks()
+	bPod, err := h.getPod("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs := containerStatus(bPod, "c"); cs.RestartCount != 0 || after[strings.TrimPrefix(cs.ContainerID, "containerd://")] != before[strings.TrimPrefix(cs.ContainerID, "containerd://")] {
+		t.Fatalf("pod b was restarted: %+v (tasks before %v, after %v)", cs, before, after)
+	}
+}
+
+// Statuses reported while the broker is down go to the bbolt outbox; the agent is killed with
+// the outbox full; once broker and agent are back, every pod's final status is on the broker.
+func TestMQTTKill9WithFullOutboxEveryFinalStatusArrives(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	h.startMQTTAgent(b.Plain, "--mqtt-reconnect-max", "2s")
+	waitRetained(t, b.Plain, topics.Liveness(e2eNode), "online", func(p []byte) bool {
+		l, err := protocol.DecodeLiveness(p, 0)
+		return err == nil && l.Online
+	})
+	b.Stop(t)
+	names := []string{"p1", "p2", "p3"}
+	for _, n := range names {
+		h.writeManifest(n+".yaml", sleeper(n, "3600"))
+	}
+	for _, n := range names {
+		h.waitPod(n, n+" running", allRunning)
+	}
+	h.kill9Agent()
+
+	db, err := store.Open(filepath.Join(h.state, store.FileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := db.OutboxStats()
+	db.Close()
+	if err != nil || st.Entries < len(names) {
+		t.Fatalf("outbox after kill -9: %+v, %v; want at least %d entries", st, err, len(names))
+	}
+
+	b.Start(t)
+	h.startMQTTAgent(b.Plain)
+	for _, n := range names {
+		waitRetained(t, b.Plain, topics.PodStatus(e2eNode, "default", n), n+"'s final status", podStatusIs(v1.PodRunning, 0))
+	}
+}
+
+// Garbled, oversized, misaddressed, stale and duplicate messages are refused with events naming
+// the topic; the running pod is untouched and the agent keeps its connection.
+func TestMQTTBadPayloadsAreRefusedAndPodsKeepRunning(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	cp := newControlPlane(t, b.Plain)
+	h.startMQTTAgent(b.Plain, "--mqtt-max-payload", "65536")
+	gen := cp.applyYAML(sleeper("web", "3600"))
+	h.waitPod("web", "running", allRunning)
+	tasks := h.tasks()
+	var session int64
+	waitRetained(t, b.Plain, topics.Liveness(e2eNode), "online", func(p []byte) bool {
+		l, err := protocol.DecodeLiveness(p, 0)
+		if err == nil && l.Online {
+			session = l.Session
+		}
+		return err == nil && l.Online
+	})
+
+	var mu sync.Mutex
+	var events []protocol.Event
+	ec := connectMQTT(t, b.Plain)
+	ec.Subscribe(topics.Events(e2eNode), 1, func(_ mqtt.Client, m mqtt.Message) {
+		if e, err := protocol.DecodeEvent(m.Payload(), 0); err == nil {
+			mu.Lock()
+			events = append(events, *e)
+			mu.Unlock()
+		}
+	}).WaitTimeout(5 * time.Second)
+
+	topic := topics.Desired(e2eNode, protocol.KindPod, "default", "web")
+	// An older generation (0 when gen is 1, refused as non-positive: a stale message either way).
+	stale, _ := protocol.NewDesired(e2eNode, gen, mustPod(t, sleeper("web", "1")))
+	stale.Generation = gen - 1
+	dup, _ := protocol.NewDesired(e2eNode, gen, mustPod(t, sleeper("web", "2")))
+	other, _ := protocol.NewDesired("other-node", gen+1, mustPod(t, sleeper("web", "3")))
+	cases := []struct {
+		payload []byte
+		want    string
+	}{
+		{[]byte("{garbled"), "invalid JSON"},
+		{[]byte(`{"apiVersion":"mqlet.io/v1","pad":"` + strings.Repeat("x", 70000) + `"}`), "payload too large"},
+		{cp.encode(other), `for node "other-node"`},
+		{cp.encode(stale), "generation"},
+		{cp.encode(dup), "duplicate generation"},
+	}
+	for _, c := range cases {
+		cp.raw(topic, c.payload, false)
+	}
+	cp.raw(topics.Node(e2eNode)+"/desired/jobs/default/x", []byte("{}"), false)
+	waitFor(t, "a refusal event for each", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(events) >= len(cases)+1
+	})
+	mu.Lock()
+	for i, c := range cases {
+		if events[i].Type != "Warning" || !strings.Contains(events[i].Message, c.want) || !strings.Contains(events[i].Message, topic) {
+			t.Errorf("case %d: event %+v, want a Warning naming %s and %q", i, events[i], topic, c.want)
+		}
+	}
+	if !strings.Contains(events[len(cases)].Message, "unknown kind") {
+		t.Errorf("unknown kind: event %+v", events[len(cases)])
+	}
+	mu.Unlock()
+
+	p := h.waitPod("web", "still running", allRunning)
+	if p.Spec.Containers[0].Command[1] != "3600" || !mapsEqual(h.tasks(), tasks) {
+		t.Fatalf("bad input disturbed the pod: %v (tasks %v -> %v)", p.Spec.Containers[0].Command, tasks, h.tasks())
+	}
+	waitRetained(t, b.Plain, topics.Liveness(e2eNode), "same session", func(p []byte) bool {
+		l, err := protocol.DecodeLiveness(p, 0)
+		return err == nil && l.Online && l.Session == session
+	})
+}
+
+func mustPod(t *testing.T, doc string) *v1.Pod {
+	t.Helper()
+	var p v1.Pod
+	if err := yaml.UnmarshalStrict([]byte(doc), &p); err != nil {
+		t.Fatal(err)
+	}
+	return &p
+}
+
+func mapsEqual(a, b map[string]uint32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
