@@ -440,7 +440,11 @@ func (m *Memory) OutboxList(limit int) ([]OutboxEntry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("memory state: outbox list: %w", err)
 	}
-	return outboxList(o, limit)
+	out, err := outboxList(o, limit)
+	if err != nil {
+		return nil, fmt.Errorf("memory state: outbox list: %w", err)
+	}
+	return out, nil
 }
 
 func (m *Memory) OutboxAck(topic string, seq uint64) error {
