@@ -6,10 +6,10 @@ import (
 	"strings"
 
 	"github.com/mqlet/mqlet/hw"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"golang.org/x/sys/unix"
 )
 
 // basicNodeStatus is the node status the MQTT uplink publishes until the node-status work (hw/
