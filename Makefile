@@ -9,7 +9,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 GOBUILD := CGO_ENABLED=0 go build -trimpath -tags grpcnotrace -ldflags "$(LDFLAGS)"
 TESTENV := /run/mqlet-test/env
 
-.PHONY: build cross test unit demo demo-down bench testenv testenv-down vet clean
+.PHONY: build cross test unit fuzz demo demo-down bench testenv testenv-down vet clean
 
 build:
 	$(GOBUILD) -o bin/mqlet ./cmd/mqlet
@@ -30,6 +30,14 @@ testenv-down:
 # a missing environment a failure instead of a skip.
 test: testenv
 	set -a && . $(TESTENV) && set +a && MQLET_TEST_REQUIRE=1 go test -count=1 -timeout 20m ./...
+	$(MAKE) fuzz
+
+# The MQTT payload and topic decoders under the fuzzer, each for a bounded time (CI runs this as
+# part of `make test`; raise FUZZTIME for a longer hunt).
+FUZZTIME ?= 10s
+FUZZ_TARGETS := FuzzParseTopic FuzzDecodeDesired FuzzDecodeIndex FuzzDecodeLogsRequest
+fuzz:
+	for f in $(FUZZ_TARGETS); do go test -run=NONE -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) ./sync/protocol/ || exit 1; done
 
 # Pure-logic tests only; no containerd needed.
 unit:
