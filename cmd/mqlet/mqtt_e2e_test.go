@@ -344,3 +344,50 @@ func mapsEqual(a, b map[string]uint32) bool {
 	}
 	return true
 }
+
+// Pods from MQTT obey the agent's policy; a name already taken by a manifest-dir pod is refused.
+// Both refusals reach the control plane as events, and nothing runs for them.
+func TestMQTTPolicyAndNameClashAreRefusedWithEvents(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	cp := newControlPlane(t, b.Plain)
+	h.writeManifest("local.yaml", sleeper("local", "3600"))
+	h.startMQTTAgent(b.Plain)
+	h.waitPod("local", "file pod running", allRunning)
+
+	var mu sync.Mutex
+	reasons := map[string]string{}
+	ec := connectMQTT(t, b.Plain)
+	ec.Subscribe(topics.Events(e2eNode), 1, func(_ mqtt.Client, m mqtt.Message) {
+		if e, err := protocol.DecodeEvent(m.Payload(), 0); err == nil {
+			mu.Lock()
+			reasons[e.Reason] = e.Message
+			mu.Unlock()
+		}
+	}).WaitTimeout(5 * time.Second)
+
+	cp.applyYAML(`apiVersion: v1
+kind: Pod
+metadata: {name: priv}
+spec:
+  containers:
+  - {name: c, image: mqlet.test/busybox:1, command: ["sleep", "3600"], securityContext: {privileged: true}}
+`, sleeper("local", "1"))
+	waitFor(t, "PolicyDenied and NameClash events", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return reasons["PolicyDenied"] != "" && reasons["NameClash"] != ""
+	})
+	mu.Lock()
+	if !strings.Contains(reasons["PolicyDenied"], "privileged") {
+		t.Errorf("PolicyDenied message does not name the field: %q", reasons["PolicyDenied"])
+	}
+	mu.Unlock()
+	if _, err := h.getPod("priv"); err == nil {
+		t.Fatal("a privileged pod from MQTT was admitted")
+	}
+	if p := h.waitPod("local", "file pod untouched", allRunning); p.Spec.Containers[0].Command[1] != "3600" {
+		t.Fatalf("the MQTT pod replaced the manifest-dir pod: %v", p.Spec.Containers[0].Command)
+	}
+}
