@@ -3,8 +3,6 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"os"
-	"strings"
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/config"
@@ -21,20 +19,16 @@ func newChannel(cfg config.Config, db *store.DB, containerdVersion string, log *
 	if err != nil {
 		return nil, fmt.Errorf("--mqtt-topic-prefix: %w", err)
 	}
-	var password string
-	if cfg.MQTTPasswordFile != "" {
-		b, err := os.ReadFile(cfg.MQTTPasswordFile)
-		if err != nil {
-			return nil, fmt.Errorf("--mqtt-password-file: %w", err)
-		}
-		password = strings.TrimRight(string(b), "\r\n")
+	password, err := cfg.MQTTPassword()
+	if err != nil {
+		return nil, err
 	}
 	_ = agentOf
 	return nodesync.New(nodesync.Options{
 		Node:   cfg.NodeName,
 		Topics: topics,
 		Link: link.Options{
-			Broker: cfg.MQTTBroker, CAFile: cfg.MQTTCAFile, CertFile: cfg.MQTTCertFile, KeyFile: cfg.MQTTKeyFile,
+			Broker: cfg.MQTTBrokerURL(), CAFile: cfg.MQTTCAFile, CertFile: cfg.MQTTCertFile, KeyFile: cfg.MQTTKeyFile,
 			Username: cfg.MQTTUsername, Password: password,
 			Keepalive: cfg.MQTTKeepalive.Duration, ReconnectMax: cfg.MQTTReconnectMax.Duration,
 		},
