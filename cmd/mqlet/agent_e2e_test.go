@@ -205,10 +205,11 @@ func TestRemovingManifestRemovesContainers(t *testing.T) {
 	if err := os.Remove(filepath.Join(h.manifests, "web.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "containers removed", func() bool { return len(h.containerIDs()) == 0 })
-	if _, err := h.getPod("web"); err == nil {
-		t.Errorf("pod still served by the API after removal")
-	}
+	// Containers go first, then the sandbox, then the pod leaves the API: wait for the last.
+	waitFor(t, "containers removed and the pod gone from the API", func() bool {
+		_, err := h.getPod("web")
+		return len(h.containerIDs()) == 0 && err != nil
+	})
 	if _, err := os.Stat(filepath.Join(h.state, "netns")); err == nil {
 		if left, _ := os.ReadDir(filepath.Join(h.state, "netns")); len(left) != 0 {
 			t.Errorf("network namespaces left behind: %v", left)
