@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Sets up mqlet's real test environment on a Debian machine (run as root):
+#   - the Debian packages the tests use, mosquitto and iptables among them
+#     (MQTT tests start their own brokers; a system mosquitto is stopped)
 #   - a private containerd (own root, state, socket; the system one is never touched)
 #   - a local plain-HTTP registry (Debian's docker-registry) on 127.0.0.1:5000
 #   - test images built from busybox-static by scripts/mkimage
@@ -34,7 +36,7 @@ for arg in "$@"; do
 	case $arg in
 	--check) CHECK=1 ;;
 	-h | --help)
-		sed -n '2,12p' "$0"
+		sed -n '2,14p' "$0"
 		exit 0
 		;;
 	*)
@@ -63,6 +65,12 @@ install_packages() {
 	command -v docker-registry >/dev/null || missing+=(docker-registry)
 	command -v skopeo >/dev/null || missing+=(skopeo)
 	command -v curl >/dev/null || missing+=(curl)
+	# A real broker for the MQTT tests (internal/mqtttest starts its own
+	# mosquitto processes) and its command-line clients.
+	[ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null || missing+=(mosquitto)
+	command -v mosquitto_pub >/dev/null || missing+=(mosquitto-clients)
+	# The benchmarks count bytes on the wire with iptables counters.
+	command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || missing+=(iptables)
 	# The dynamic "busybox" package also provides /bin/busybox, but a dynamic
 	# binary cannot run in an image without libc.
 	dpkg -s busybox-static 2>/dev/null | grep -q '^Status: install ok installed' || missing+=(busybox-static)
@@ -72,7 +80,8 @@ install_packages() {
 	mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 	log "installing: ${missing[*]}"
 	# Keep the packages' own services (system containerd, a registry on :5000
-	# that would take our port) from starting during the install.
+	# that would take our port, a system mosquitto on :1883) from starting
+	# during the install.
 	local policy=/usr/sbin/policy-rc.d own_policy=0
 	if [ ! -e $policy ]; then
 		printf '#!/bin/sh\nexit 101\n' >$policy
@@ -86,6 +95,25 @@ install_packages() {
 	} || rc=$?
 	[ $own_policy = 1 ] && rm -f $policy
 	[ $rc = 0 ] || die "apt-get install ${missing[*]} failed (exit $rc)"
+}
+
+# stop_system_mosquitto: Debian's mosquitto package runs a system broker on
+# :1883 from its service where an init system starts it (or did before this
+# script's install, which keeps it from starting). The tests start their own
+# brokers on free ports and never use 1883; a stray system broker only adds
+# noise to port listings and byte counts. Only the package's service is asked
+# to stop: brokers that someone started by hand are left alone.
+stop_system_mosquitto() {
+	if [ -d /run/systemd/system ]; then
+		timeout 10 systemctl is-active --quiet mosquitto 2>/dev/null || return 0
+		log "stopping the system mosquitto service (tests start their own brokers)"
+		timeout 60 systemctl stop mosquitto || true
+	elif [ -x /etc/init.d/mosquitto ]; then
+		# The init script's status reads the service's own pidfile.
+		timeout 10 service mosquitto status >/dev/null 2>&1 || return 0
+		log "stopping the system mosquitto service (tests start their own brokers)"
+		timeout 60 service mosquitto stop >/dev/null 2>&1 || true
+	fi
 }
 
 # --- helpers ----------------------------------------------------------------
@@ -301,6 +329,7 @@ smoke_check() {
 # --- main -------------------------------------------------------------------
 
 install_packages
+stop_system_mosquitto
 mkdir -p "$RUN_DIR" "$LIB_DIR" "$IMAGES"
 ensure_containerd
 ensure_registry

@@ -106,10 +106,17 @@ type Options struct {
 	// Prefix of the topic tree, DefaultPrefix when empty; used in the ACL
 	// and in the bridge's topic line.
 	Prefix string
+	// UsernameAsClientID sets use_username_as_clientid on the TLS listener:
+	// the broker replaces a client's id with its certificate's CN, so one
+	// node cannot take over (and disconnect) another node's session by
+	// claiming its client id. configs/mosquitto/mosquitto.conf sets it.
+	UsernameAsClientID bool
 	// BridgeTo, when set, makes this broker a "site" broker bridging
 	// `<prefix>/# both 1` to BridgeTo's Plain listener (clean session; the
-	// bridge retries every 1 to 3 seconds while BridgeTo is down). BridgeTo
-	// must stay in use for as long as this broker.
+	// bridge retries every 1 to 3 seconds while BridgeTo is down). Start
+	// BridgeTo first; its ports stay fixed, so it may be stopped and started
+	// while this broker runs. The bridge also carries WaitBridge's probe
+	// topic, mqtttest/bridge-probe/#, which subscribers to "#" will see.
 	BridgeTo *Broker
 }
 
@@ -119,7 +126,7 @@ type Broker struct {
 	Dir     string // the broker's temp dir: config, certificates, log, persistence DB
 	Plain   string // "tcp://127.0.0.1:PORT": anonymous, no ACL
 	TLS     string // "ssl://127.0.0.1:PORT": client certificate required, CN = username, ACLFile applies
-	WS      string // "ws://127.0.0.1:PORT": websockets, anonymous, no ACL; "" when the broker lacks websockets
+	WS      string // "ws://127.0.0.1:PORT": websockets, anonymous, no ACL; "" when the broker lacks websockets (Debian's 2.0.11 has them)
 	CAFile  string // PEM of the CA that signed the server certificate and the client certificates
 	ACLFile string
 	LogFile string // mosquitto's own log (log_type all)
@@ -141,6 +148,7 @@ type Broker struct {
 	asked   bool // Stop or Kill asked proc to exit
 }
 
+// ports of the listeners; 0 for one the config lacks.
 type ports struct{ plain, tls, ws int }
 
 // noWebsockets records that this mosquitto refused a websockets listener;
@@ -198,6 +206,9 @@ func Start(t testing.TB, o Options) *Broker {
 		if err := b.writeConfig(); err != nil {
 			t.Fatalf("mqtttest: %v", err)
 		}
+		// Each attempt's output alone decides whether to retry.
+		os.Remove(b.LogFile)
+		os.Remove(b.outFile)
 		err = b.start()
 		if err == nil {
 			break
@@ -482,6 +493,9 @@ use_identity_as_username true
 allow_anonymous false
 acl_file %s
 `, b.ports.plain, b.ports.tls, b.CAFile, b.serverCert(), b.serverKey(), b.ACLFile)
+	if b.opts.UsernameAsClientID {
+		c.WriteString("use_username_as_clientid true\n")
+	}
 	if b.ports.ws != 0 {
 		// libwebsockets in Debian's 2.0.11 binds to every address when given
 		// 127.0.0.1, but to the loopback only when given the interface name.
@@ -509,7 +523,7 @@ topic %s/# both 1
 topic mqtttest/bridge-probe/# both 0
 cleansession true
 start_type automatic
-# A base and a cap: in 2.0.11 a single value leaves the default 5-30s
+# A base and a cap: before 2.0.15 a single value leaves the default 5-30s
 # backoff in force.
 restart_timeout 1 2
 `, u.Host, b.bridgeID, b.opts.Prefix)
@@ -569,9 +583,11 @@ func (b *Broker) start() error {
 		close(done)
 	}()
 
-	addrs := []string{fmt.Sprintf("127.0.0.1:%d", b.ports.plain), fmt.Sprintf("127.0.0.1:%d", b.ports.tls)}
-	if b.ports.ws != 0 {
-		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", b.ports.ws))
+	var addrs []string
+	for _, p := range []int{b.ports.plain, b.ports.tls, b.ports.ws} {
+		if p != 0 {
+			addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", p))
+		}
 	}
 	deadline := time.Now().Add(readyTimeout)
 	for {

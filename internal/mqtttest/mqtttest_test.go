@@ -1,12 +1,17 @@
 package mqtttest
 
 import (
+	"bufio"
 	"crypto/tls"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,7 +42,7 @@ func dial(t *testing.T, broker, clientID string, tlsConf *tls.Config) mqtt.Clien
 
 func tryDial(broker, clientID string, tlsConf *tls.Config) (mqtt.Client, error) {
 	if clientID == "" {
-		clientID = "test-" + randomHex(3) + "-" + string(rune('a'+clientSeq.Add(1)%26))
+		clientID = fmt.Sprintf("test-%d-%s", clientSeq.Add(1), randomHex(3))
 	}
 	o := mqtt.NewClientOptions().AddBroker(broker).SetClientID(clientID).
 		SetAutoReconnect(false).SetConnectTimeout(arrive).SetCleanSession(true)
@@ -187,16 +192,54 @@ func TestTLSACL(t *testing.T) {
 			t.Fatalf("admin never received node-a's publish to its own subtree within %v", arrive)
 		}
 	}
-	// node-b neither.
-	for len(bCh) > 0 {
-		if m := <-bCh; string(m.Payload()) == "forged by a" {
-			t.Fatalf("node-b received node-a's forged publish")
-		}
-	}
 	// The retained desired state of node-b is still admin's.
 	check := dial(t, b.TLS, "node-b-check", b.TLSConfig("node-b"))
 	checkCh, _ := subscribe(t, check, "mqlet/v1/nodes/node-b/desired")
 	expect(t, checkCh, "mqlet/v1/nodes/node-b/desired", "for b only")
+}
+
+// A node that claims another node's client id takes over that node's
+// session (the broker disconnects the first holder) unless the broker
+// replaces client ids with the certificate's CN.
+func TestClientIDTakeover(t *testing.T) {
+	for _, asCN := range []bool{false, true} {
+		t.Run(map[bool]string{false: "client id as sent", true: "username as client id"}[asCN], func(t *testing.T) {
+			b := Start(t, Options{Identities: []string{"node-a", "node-b"}, UsernameAsClientID: asCN})
+			lost := make(chan error, 1)
+			o := mqtt.NewClientOptions().AddBroker(b.TLS).SetClientID("node-b").SetAutoReconnect(false).
+				SetTLSConfig(b.TLSConfig("node-b")).
+				SetConnectionLostHandler(func(_ mqtt.Client, err error) { lost <- err })
+			nodeB := mqtt.NewClient(o)
+			if err := waitToken(nodeB.Connect(), time.Now().Add(arrive)); err != nil {
+				t.Fatalf("node-b: %v", err)
+			}
+			t.Cleanup(func() { nodeB.Disconnect(100) })
+			// node-a connects claiming node-b's client id.
+			impostor := dial(t, b.TLS, "node-b", b.TLSConfig("node-a"))
+			if asCN {
+				// Proof by order that node-b kept its connection: a message
+				// node-b sends after the impostor connected reaches admin.
+				admin := dial(t, b.TLS, Admin, b.TLSConfig(Admin))
+				ch, _ := subscribe(t, admin, "mqlet/v1/nodes/#")
+				publish(t, nodeB, "mqlet/v1/nodes/node-b/status", false, "still here")
+				publish(t, impostor, "mqlet/v1/nodes/node-a/status", false, "renamed")
+				expect(t, ch, "mqlet/v1/nodes/node-b/status", "still here")
+				expect(t, ch, "mqlet/v1/nodes/node-a/status", "renamed")
+				select {
+				case err := <-lost:
+					t.Fatalf("node-b lost its connection although the broker uses the CN as client id: %v", err)
+				default:
+				}
+				return
+			}
+			select {
+			case err := <-lost:
+				t.Logf("node-b was disconnected by the impostor's session takeover: %v", err)
+			case <-time.After(arrive):
+				t.Fatalf("node-b kept its connection although another client took its client id")
+			}
+		})
+	}
 }
 
 func TestTLSRefusesClientWithoutTrustedCert(t *testing.T) {
@@ -389,5 +432,97 @@ func expectRetained(t *testing.T, b *Broker, topic, payload string) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s on %s: no retained %q within %v (last seen %q)", topic, b.Plain, payload, 2*arrive, last)
 		}
+	}
+}
+
+// The harness leaves no broker behind when a test fails, nor when the test
+// binary itself is killed. The test binary runs TestHelperBrokerHolder in a
+// child process, which starts a broker, prints its pid and then fails or
+// hangs (to be SIGKILLed).
+func TestNoBrokerOutlivesItsTest(t *testing.T) {
+	Require(t)
+	for _, mode := range []string{"fail", "hang"} {
+		t.Run(mode, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperBrokerHolder$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "MQTTTEST_HOLDER="+mode)
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stderr = cmd.Stdout
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill() // a no-op once it has been waited for
+			pidc := make(chan int, 1)
+			var lines []string
+			var linesMu sync.Mutex
+			go func() {
+				sc := bufio.NewScanner(out)
+				for sc.Scan() {
+					linesMu.Lock()
+					lines = append(lines, sc.Text())
+					linesMu.Unlock()
+					if f := strings.Fields(sc.Text()); len(f) == 3 && f[1] == "BROKER-PID" {
+						if pid, err := strconv.Atoi(f[2]); err == nil {
+							pidc <- pid
+						}
+					}
+				}
+			}()
+			var pid int
+			select {
+			case pid = <-pidc:
+			case <-time.After(2 * arrive):
+				linesMu.Lock()
+				defer linesMu.Unlock()
+				t.Fatalf("the holder printed no broker pid within %v:\n%s", 2*arrive, strings.Join(lines, "\n"))
+			}
+			if mode == "hang" {
+				if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+			}
+			waitc := make(chan error, 1)
+			go func() { waitc <- cmd.Wait() }()
+			select {
+			case err := <-waitc:
+				if err == nil {
+					t.Errorf("the holder (mode %s) exited 0, want a failure", mode)
+				}
+			case <-time.After(4 * arrive):
+				t.Fatalf("the holder (mode %s) did not exit within %v", mode, 4*arrive)
+			}
+			deadline := time.Now().Add(arrive)
+			for pidAlive(pid) == nil {
+				if time.Now().After(deadline) {
+					// Do not leave it behind either: the pid is still the
+					// orphaned broker (it was never reaped).
+					if cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(cmdline), "mosquitto") {
+						syscall.Kill(pid, syscall.SIGKILL)
+					}
+					t.Fatalf("broker pid %d still runs %v after its test process ended (mode %s)", pid, arrive, mode)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestHelperBrokerHolder is the child of TestNoBrokerOutlivesItsTest; it does
+// nothing unless MQTTTEST_HOLDER is set.
+func TestHelperBrokerHolder(t *testing.T) {
+	mode := os.Getenv("MQTTTEST_HOLDER")
+	if mode == "" {
+		t.Skip("helper process for TestNoBrokerOutlivesItsTest")
+	}
+	b := Start(t, Options{})
+	fmt.Printf("mqtttest BROKER-PID %d\n", b.Pid())
+	switch mode {
+	case "fail":
+		t.Fatalf("failing on purpose with broker pid %d running", b.Pid())
+	case "hang":
+		time.Sleep(4 * arrive) // the parent SIGKILLs this process first
+		t.Fatalf("not killed by the parent within %v", 4*arrive)
 	}
 }
