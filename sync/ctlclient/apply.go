@@ -71,7 +71,8 @@ type ApplyResult struct {
 // publish acknowledges it all the same.
 //
 // Two control planes applying to one node at the same moment can both draw R+1; the later index
-// wins and lists both writers' objects only if they applied different keys. Use one writer per node.
+// wins, and the objects only the other index listed drop out of the desired set. One client
+// serializes its own writes; across processes, use one writer per node.
 func (c *Client) Apply(ctx context.Context, node string, objects []any) (*ApplyResult, error) {
 	what := "apply to node " + node
 	if err := protocol.ValidateNodeName(node); err != nil {
@@ -80,6 +81,8 @@ func (c *Client) Apply(ctx context.Context, node string, objects []any) (*ApplyR
 	if len(objects) == 0 {
 		return nil, fmt.Errorf("%s: no objects", what)
 	}
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
 	idx, err := c.Index(ctx, node)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
@@ -121,6 +124,8 @@ func (c *Client) Delete(ctx context.Context, node string, kind protocol.ObjectKi
 	if err := protocol.ValidateObjectName(kind, namespace, name); err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)
 	}
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
 	indexTopic, objTopic := c.topics.Index(node), c.topics.Desired(node, kind, namespace, name)
 	got, err := c.Snapshot(ctx, indexTopic, objTopic)
 	if err != nil {

@@ -68,6 +68,9 @@ type Client struct {
 	lostErr  error // written before lost is closed
 
 	snapMu sync.Mutex // one snapshot at a time: they share the marker topic
+	// writeMu serializes applies and deletes, from reading the index to reading it back, so that
+	// two of this client's writes never draw the same generation.
+	writeMu sync.Mutex
 
 	mu       sync.Mutex
 	markerN  uint64

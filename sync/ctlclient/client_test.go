@@ -2,6 +2,7 @@ package ctlclient
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -338,5 +339,31 @@ func TestPods(t *testing.T) {
 	l, err = c.Pods(testCtx(t), "n2")
 	if err != nil || len(l.Items) != 1 || l.Items[0].Generation != 3 {
 		t.Errorf("Pods(n2) = %+v, %v", l, err)
+	}
+}
+
+func TestConcurrentAppliesOfOneClientDrawDistinctGenerations(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	c := dial(t, b)
+	ctx := testCtx(t)
+	errs := make(chan error, 5)
+	for i := range 5 {
+		go func() {
+			_, err := c.Apply(ctx, "n1", []any{pod(fmt.Sprintf("p%d", i))})
+			errs <- err
+		}()
+	}
+	for range 5 {
+		if err := <-errs; err != nil {
+			t.Fatalf("Apply: %v", err)
+		}
+	}
+	idx := index(t, c, "n1")
+	gens := map[int64]bool{}
+	for _, g := range idx.Objects {
+		gens[g] = true
+	}
+	if idx.Revision != 5 || len(idx.Objects) != 5 || len(gens) != 5 {
+		t.Errorf("index after 5 concurrent applies: %+v, want revision 5 and five distinct generations", idx)
 	}
 }
