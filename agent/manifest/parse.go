@@ -20,8 +20,6 @@ import (
 	"github.com/mqlet/mqlet/agent/source"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	sigsjson "sigs.k8s.io/json"
-	"sigs.k8s.io/yaml"
 )
 
 // Pod is one decoded pod with where it came from. It is not defaulted or validated beyond its
@@ -93,21 +91,11 @@ type document struct {
 // are skipped and do not count towards the index. Two documents of the file declaring the
 // same namespace/name: the first wins, the later one is a Problem. Parse is pure.
 func Parse(file string, data []byte) ([]Pod, []Problem) {
-	data = bytes.TrimPrefix(data, []byte("\xef\xbb\xbf")) // editors on Windows add a BOM
-	var docs []document
-	if strings.EqualFold(filepath.Ext(file), ".json") {
-		if len(bytes.TrimSpace(data)) > 0 {
-			docs = []document{{index: 0, line: 1 + countLeadingLines(data), data: data}}
-		}
-	} else {
-		docs = splitYAML(data)
-	}
-
 	var pods []Pod
 	var problems []Problem
 	seen := map[string]int{} // namespace/name -> index of the document that declared it
-	for _, d := range docs {
-		pod, sum, err := decodeDocument(d, file)
+	for _, d := range Documents(file, data) {
+		pod, sum, err := decodePod(d)
 		if err == nil {
 			if pod.Namespace == "" {
 				pod.Namespace = "default"
@@ -116,14 +104,14 @@ func Parse(file string, data []byte) ([]Pod, []Problem) {
 			if first, dup := seen[key]; dup {
 				err = fmt.Errorf("pod %s is already declared in document %d of this file", key, first)
 			} else {
-				seen[key] = d.index
+				seen[key] = d.Index
 			}
 		}
 		if err != nil {
-			problems = append(problems, Problem{File: file, Index: d.index, Line: d.line, Err: err})
+			problems = append(problems, Problem{File: file, Index: d.Index, Line: d.Line, Err: err})
 			continue
 		}
-		pods = append(pods, Pod{Pod: pod, Sum: sum, File: file, Index: d.index, Line: d.line})
+		pods = append(pods, Pod{Pod: pod, Sum: sum, File: file, Index: d.Index, Line: d.Line})
 	}
 	return pods, problems
 }
@@ -208,70 +196,30 @@ func fileLines(err error, firstLine int) string {
 	return strings.ReplaceAll(msg, "\n  ", "; ")
 }
 
-// decodeDocument turns one document into a v1.Pod, strictly: unknown and duplicate fields
-// are errors naming the field path, and kinds other than v1 Pod are refused.
-func decodeDocument(d document, file string) (*v1.Pod, string, error) {
-	if d.err != nil {
-		return nil, "", d.err
-	}
-	var js []byte
-	if strings.EqualFold(filepath.Ext(file), ".json") {
-		js = d.data
-	} else {
-		// The content line of the document is d.line, but go-yaml counts from the first
-		// line of d.data, which may include leading comments.
-		var err error
-		js, err = yaml.YAMLToJSONStrict(d.data)
-		if err != nil {
-			return nil, "", fmt.Errorf("%s", fileLines(err, d.line-countLeadingLines(d.data)))
-		}
-	}
-
-	var tm struct {
-		APIVersion *string `json:"apiVersion"`
-		Kind       *string `json:"kind"`
-	}
-	if err := json.Unmarshal(js, &tm); err != nil {
-		if isSyntax, off := sigsjson.SyntaxErrorOffset(err); isSyntax {
-			return nil, "", fmt.Errorf("line %d: %v", d.line-countLeadingLines(d.data)+bytes.Count(js[:min(int(off), len(js))], []byte("\n")), err)
-		}
-		var ute *json.UnmarshalTypeError
-		if asType(err, &ute) && ute.Field == "" {
-			return nil, "", fmt.Errorf("a manifest must be an object with apiVersion and kind, not a %s", ute.Value)
-		}
+// decodePod turns one document into a v1.Pod, strictly: unknown and duplicate fields are errors
+// naming the field path, and kinds other than v1 Pod are refused.
+func decodePod(d Document) (*v1.Pod, string, error) {
+	apiVersion, kind, err := d.TypeMeta()
+	if err != nil {
 		return nil, "", err
 	}
 	switch {
-	case tm.Kind == nil || *tm.Kind == "":
+	case kind == "":
 		return nil, "", fmt.Errorf("kind is required (want kind: Pod)")
-	case *tm.Kind != "Pod":
+	case kind != "Pod":
 		// ConfigMaps and Secrets that pods reference come with a later change; until then
 		// they are refused rather than silently ignored.
-		return nil, "", fmt.Errorf("kind %s is not supported yet (only v1 Pod)", *tm.Kind)
-	case tm.APIVersion == nil || *tm.APIVersion == "":
+		return nil, "", fmt.Errorf("kind %s is not supported yet (only v1 Pod)", kind)
+	case apiVersion == "":
 		return nil, "", fmt.Errorf("apiVersion is required (want apiVersion: v1)")
-	case *tm.APIVersion != "v1":
-		return nil, "", fmt.Errorf("apiVersion %q is not supported for kind Pod (want v1)", *tm.APIVersion)
+	case apiVersion != "v1":
+		return nil, "", fmt.Errorf("apiVersion %q is not supported for kind Pod (want v1)", apiVersion)
 	}
-
 	pod := &v1.Pod{}
-	strictErrs, err := sigsjson.UnmarshalStrict(js, pod)
-	if err != nil {
-		if strings.Contains(err.Error(), "quantities must match") {
-			if qerrs := findBadQuantities(js); len(qerrs) > 0 {
-				return nil, "", fmt.Errorf("%s", strings.Join(qerrs, "; "))
-			}
-		}
+	if err := d.DecodeStrict(pod); err != nil {
 		return nil, "", err
 	}
-	if len(strictErrs) > 0 {
-		msgs := make([]string, len(strictErrs))
-		for i, e := range strictErrs {
-			msgs[i] = e.Error()
-		}
-		return nil, "", fmt.Errorf("%s", strings.Join(msgs, "; "))
-	}
-	sum := sha256.Sum256(js)
+	sum := sha256.Sum256(d.JSON)
 	return pod, hex.EncodeToString(sum[:16]), nil
 }
 

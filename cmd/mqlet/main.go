@@ -2,8 +2,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/runtime"
@@ -24,6 +26,7 @@ type cli struct {
 	Logs     LogsCmd     `cmd:"" help:"Print the logs of a container of a pod."`
 	Image    ImageCmd    `cmd:"" help:"Import and list images in containerd (works without the agent)."`
 	Version  VersionCmd  `cmd:"" help:"Print the version."`
+	Ctl      CtlCmd      `cmd:"" help:"Control plane over MQTT: apply to, read from and stream logs of nodes through the broker."`
 
 	SandboxPause SandboxPauseCmd `cmd:"" name:"sandbox-pause" hidden:"" help:"PID 1 of a pod's shared PID namespace (started by the agent)."`
 }
@@ -45,15 +48,26 @@ func (VersionCmd) Run() error {
 	return nil
 }
 
-func main() {
-	var c cli
-	ctx := kong.Parse(&c,
+// parser builds the command line parser of c; tests add their own options (writers, exit).
+func parser(c *cli, opts ...kong.Option) (*kong.Kong, error) {
+	return kong.New(c, append([]kong.Option{
 		kong.Name("mqlet"),
 		kong.Description("mqlet runs Kubernetes pods on containerd on edge devices."),
 		kong.UsageOnError(),
 		kong.Vars(config.Vars()),
-	)
-	if err := ctx.Run(); err != nil {
+	}, opts...)...)
+}
+
+func main() {
+	var c cli
+	p, err := parser(&c)
+	if err != nil {
+		panic(err) // the CLI's own tags are wrong: a bug, caught by every test
+	}
+	kctx, err := p.Parse(os.Args[1:])
+	p.FatalIfErrorf(err)
+	err = kctx.Run(&ctlEnv{ctx: context.Background(), signals: true, in: os.Stdin, out: os.Stdout, errOut: os.Stderr, now: time.Now})
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "mqlet:", err)
 		os.Exit(1)
 	}

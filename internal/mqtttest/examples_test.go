@@ -29,6 +29,7 @@ type fleet struct {
 
 func newFleet(t *testing.T, identities ...string) *fleet {
 	t.Helper()
+	Require(t)
 	dir := t.TempDir()
 	ca, err := newCA("example fleet CA")
 	if err != nil {

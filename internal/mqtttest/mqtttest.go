@@ -113,8 +113,10 @@ type Options struct {
 	UsernameAsClientID bool
 	// BridgeTo, when set, makes this broker a "site" broker bridging
 	// `<prefix>/# both 1` to BridgeTo's Plain listener (clean session; the
-	// bridge retries every 1 to 3 seconds while BridgeTo is down). BridgeTo
-	// must stay in use for as long as this broker.
+	// bridge retries every 1 to 3 seconds while BridgeTo is down). Start
+	// BridgeTo first; its ports stay fixed, so it may be stopped and started
+	// while this broker runs. The bridge also carries WaitBridge's probe
+	// topic, mqtttest/bridge-probe/#, which subscribers to "#" will see.
 	BridgeTo *Broker
 }
 
@@ -124,7 +126,7 @@ type Broker struct {
 	Dir     string // the broker's temp dir: config, certificates, log, persistence DB
 	Plain   string // "tcp://127.0.0.1:PORT": anonymous, no ACL
 	TLS     string // "ssl://127.0.0.1:PORT": client certificate required, CN = username, ACLFile applies
-	WS      string // "ws://127.0.0.1:PORT": websockets, anonymous, no ACL; "" when the broker lacks websockets
+	WS      string // "ws://127.0.0.1:PORT": websockets, anonymous, no ACL; "" when the broker lacks websockets (Debian's 2.0.11 has them)
 	CAFile  string // PEM of the CA that signed the server certificate and the client certificates
 	ACLFile string
 	LogFile string // mosquitto's own log (log_type all)

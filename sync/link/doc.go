@@ -38,11 +38,14 @@
 //   - Get and All are only used by resume (CleanSession off) and reserveStoredPublishIDs
 //     (ConnectRetry on); neither runs here, so the store keeps no packets at all.
 //
-// Why the paho token is not the receipt: it is completed by PUBACK, but also, with no error, when
-// its id is claimed again (claimID), by DummyToken lookups, and in versions and option sets that
-// complete tokens on a lost connection; Publish also "succeeds" into the store while the client is
-// connecting or reconnecting. A Receipt here completes with nil only from Del of the key Put for
-// that very publish, and fails with ErrConnectionLost when the connection ends first.
+// Why the paho token is not the receipt: a PublishToken is completed by the PUBACK, but also
+// with no error when its id is claimed again (claimID, on resume), for QoS 0 while reconnecting,
+// and it is left pending when Publish merely stored the packet (status connecting, reconnecting
+// or disconnecting). With the options used here (AutoReconnect off, CleanSession on) paho v1.5.1
+// does set an error on a lost connection (messageIds.cleanUp: "connection lost before Publish
+// completed"), but that is an accident of the option set, not a contract. A Receipt completes
+// with nil only from Del of the key Put for that very publish, and fails with ErrConnectionLost
+// when the connection ends first (OnConnectionLost, or Close after Disconnect).
 //
 // Matching Put to a Receipt without a race: Publish copies the payload into a fresh buffer with
 // capacity at least 1, registers the receipt under the address of that buffer's first byte, then

@@ -170,8 +170,10 @@ func (l *Link) Publish(topic string, payload []byte, retained bool) *Receipt {
 
 // Resubscribe unsubscribes filter and subscribes it again, so the broker resends every retained
 // message under it: a full resend of desired state, e.g. after an inbox overflow. filter must be
-// one of Options.Subscriptions. If the subscribe half fails the connection is dropped, so that
-// the next one subscribes afresh rather than this one carrying on without the subscription.
+// one of Options.Subscriptions. Non-retained messages published between the UNSUBACK and the
+// SUBACK are missed (desired state is retained, so it is not). If either half fails the
+// connection is dropped, so that the next one subscribes afresh rather than this one carrying on
+// without the subscription.
 func (l *Link) Resubscribe(filter string) error {
 	if !l.subs[filter] {
 		return fmt.Errorf("mqtt resubscribe %q: not one of the link's subscriptions %q", filter, l.o.Subscriptions)
@@ -198,9 +200,11 @@ func (l *Link) Resubscribe(filter string) error {
 	return nil
 }
 
-// Run keeps the link connected until ctx ends, then returns nil once every goroutine it started,
-// paho's included, has ended. Connection failures are logged and retried with back-off; Run only
-// returns an error when it is already running.
+// Run keeps the link connected until ctx ends, then publishes Offline (with liveness),
+// disconnects and returns nil once every goroutine it started has ended and paho reported its
+// own as stopped (Store.Close or OnConnectionLost; paho's last goroutines are then past their
+// final action). Connection failures are logged and retried with back-off; Run only returns an
+// error when it is already running.
 func (l *Link) Run(ctx context.Context) error {
 	if !l.running.CompareAndSwap(false, true) {
 		return fmt.Errorf("mqtt link %s: Run is already running", l.broker)

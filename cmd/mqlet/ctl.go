@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mqlet/mqlet/sync/ctlclient"
+
+	"sigs.k8s.io/yaml"
+)
+
+// CtlCmd is `mqlet ctl`: a control plane over MQTT for fleets without Kubernetes. It writes the
+// nodes' desired state and reads what they report, all through the broker's retained messages, so
+// no node needs to be online for apply and delete.
+type CtlCmd struct {
+	Config       string        `name:"config" env:"MQLET_CTL_CONFIG" help:"YAML file with the connection settings (broker, caFile, certFile, keyFile, username, passwordFile, topicPrefix); flags override it."`
+	Broker       string        `name:"broker" env:"MQLET_CTL_BROKER" help:"Broker URL: tcp://, ssl://, tls://, ws://, wss://, mqtt:// or mqtts://."`
+	CAFile       string        `name:"ca-file" help:"CA certificate (PEM) that verifies the broker; default: the system's roots."`
+	CertFile     string        `name:"cert-file" help:"Client certificate (PEM)."`
+	KeyFile      string        `name:"key-file" help:"Client key (PEM)."`
+	Username     string        `name:"username" help:"MQTT username."`
+	PasswordFile string        `name:"password-file" help:"File holding the MQTT password (never on the command line, where ps shows it)."`
+	TopicPrefix  string        `name:"topic-prefix" help:"Topic prefix of the fleet (default mqlet/v1)."`
+	Timeout      time.Duration `name:"timeout" default:"10s" help:"Bound of each exchange with the broker."`
+
+	Apply    CtlApplyCmd    `cmd:"" help:"Apply Pods, ConfigMaps and Secrets from a file to a node."`
+	Delete   CtlDeleteCmd   `cmd:"" help:"Delete a pod, configmap or secret of a node."`
+	Get      CtlGetCmd      `cmd:"" help:"List nodes or pods."`
+	Describe CtlDescribeCmd `cmd:"" help:"Show a node or a pod in detail."`
+	Logs     CtlLogsCmd     `cmd:"" help:"Print the log of a container of a pod on a node."`
+}
+
+// ctlEnv is what ctl commands read and write, and their clock and context: main binds the
+// process's, tests their own.
+type ctlEnv struct {
+	ctx context.Context
+	// signals makes SIGINT and SIGTERM end the context (the process's env; not in tests).
+	signals bool
+	in      io.Reader
+	out     io.Writer
+	errOut  io.Writer
+	now     func() time.Time
+}
+
+// context is the context of one command: interrupting ends its waits (a followed log) cleanly.
+// Only ctl commands ask for it, so other commands keep the default signal handling.
+func (e *ctlEnv) context() (context.Context, context.CancelFunc) {
+	if e.signals {
+		return signal.NotifyContext(e.ctx, syscall.SIGINT, syscall.SIGTERM)
+	}
+	return context.WithCancel(e.ctx)
+}
+
+// ctlFile is the --config file. Paths in it are relative to the file's directory.
+type ctlFile struct {
+	Broker       string `json:"broker"`
+	CAFile       string `json:"caFile"`
+	CertFile     string `json:"certFile"`
+	KeyFile      string `json:"keyFile"`
+	Username     string `json:"username"`
+	PasswordFile string `json:"passwordFile"`
+	TopicPrefix  string `json:"topicPrefix"`
+}
+
+// options merges the config file and the flags (a flag that is set wins) and reads the password.
+func (c *CtlCmd) options() (ctlclient.Options, error) {
+	var f ctlFile
+	if c.Config != "" {
+		data, err := os.ReadFile(c.Config)
+		if err != nil {
+			return ctlclient.Options{}, fmt.Errorf("read ctl config: %w", err)
+		}
+		if err := yaml.UnmarshalStrict(data, &f); err != nil {
+			return ctlclient.Options{}, fmt.Errorf("ctl config %s: %w", c.Config, err)
+		}
+		dir := filepath.Dir(c.Config)
+		for _, p := range []*string{&f.CAFile, &f.CertFile, &f.KeyFile, &f.PasswordFile} {
+			if *p != "" && !filepath.IsAbs(*p) {
+				*p = filepath.Join(dir, *p)
+			}
+		}
+	}
+	pick := func(flag, file string) string {
+		if flag != "" {
+			return flag
+		}
+		return file
+	}
+	o := ctlclient.Options{
+		Broker:      pick(c.Broker, f.Broker),
+		CAFile:      pick(c.CAFile, f.CAFile),
+		CertFile:    pick(c.CertFile, f.CertFile),
+		KeyFile:     pick(c.KeyFile, f.KeyFile),
+		Username:    pick(c.Username, f.Username),
+		TopicPrefix: pick(c.TopicPrefix, f.TopicPrefix),
+		Timeout:     c.Timeout,
+	}
+	if o.Broker == "" {
+		return o, fmt.Errorf("no broker: give --broker URL, or broker: in the --config file")
+	}
+	if pw := pick(c.PasswordFile, f.PasswordFile); pw != "" {
+		data, err := os.ReadFile(pw)
+		if err != nil {
+			// The error names the file, never its content.
+			return o, fmt.Errorf("read password file: %w", err)
+		}
+		o.Password = strings.TrimRight(string(data), "\r\n")
+		if o.Username == "" {
+			return o, fmt.Errorf("password file %s given without a username", pw)
+		}
+	}
+	return o, nil
+}
+
+// connect opens a client with the merged options.
+func (c *CtlCmd) connect(ctx context.Context) (*ctlclient.Client, error) {
+	o, err := c.options()
+	if err != nil {
+		return nil, err
+	}
+	return ctlclient.Connect(ctx, o)
+}
+
+// warnSkipped reports retained messages that could not be read, after what could.
+func warnSkipped(w io.Writer, skipped []error) {
+	for _, err := range skipped {
+		fmt.Fprintf(w, "warning: skipped %v\n", err)
+	}
+}

@@ -1,0 +1,268 @@
+// Package ctlclient is a control plane's client of mqlet's MQTT contract (sync/protocol): it reads
+// the retained state of nodes (index, liveness, node and pod status, acks), applies and deletes
+// desired objects with generations drawn from each node's counter, and streams container logs.
+// `mqlet ctl` is built on it, and so are tests and the Kubernetes bridge.
+//
+// It is a short-lived client: a clean session, no automatic reconnect, QoS 1 everywhere. Every
+// operation is bounded by Options.Timeout; a lost connection fails the operation in progress and
+// every later one (connect again to go on).
+package ctlclient
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mqlet/mqlet/sync/protocol"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+)
+
+// DefaultTimeout bounds each operation when Options.Timeout is zero.
+const DefaultTimeout = 10 * time.Second
+
+// qos is the QoS of every subscription and publish: retained desired state must not be lost on the
+// way to the broker, and the marker technique of Snapshot relies on one QoS for its ordering.
+const qos = 1
+
+// Options configure Connect.
+type Options struct {
+	// Broker is the broker's URL: tcp://, ssl://, tls://, ws://, wss://, mqtt:// (= tcp) or
+	// mqtts:// (= ssl). Without a port, tcp and mqtt use 1883, ssl, tls and mqtts 8883.
+	Broker string
+	// CAFile verifies the broker's certificate (PEM); empty means the system's roots.
+	CAFile string
+	// CertFile and KeyFile are the client certificate and key (PEM), both or neither.
+	CertFile, KeyFile  string
+	Username, Password string
+	// ClientID defaults to mqlet-ctl-<random hex>. It names the client's marker topic, so it may not
+	// hold '/', '+', '#' or NUL.
+	ClientID string
+	// TopicPrefix defaults to protocol.DefaultPrefix.
+	TopicPrefix string
+	// Timeout bounds each operation (connect, each publish and subscribe, each snapshot); default
+	// DefaultTimeout.
+	Timeout time.Duration
+}
+
+// Client is a connection to the broker. Its methods are safe for concurrent use; snapshots are
+// taken one at a time.
+type Client struct {
+	o      Options
+	topics protocol.Topics
+	mc     mqtt.Client
+	marker string // <prefix>/ctl/<client id>/marker
+
+	lost     chan struct{} // closed when the connection is lost
+	lostOnce sync.Once
+	lostErr  error // written before lost is closed
+
+	snapMu sync.Mutex // one snapshot at a time: they share the marker topic
+	// writeMu serializes applies and deletes, from reading the index to reading it back, so that
+	// two of this client's writes never draw the same generation.
+	writeMu sync.Mutex
+
+	mu       sync.Mutex
+	markerN  uint64
+	sessions map[string]protocol.Liveness // per node, the online message of the highest session seen
+}
+
+// Connect validates o and connects to the broker.
+func Connect(ctx context.Context, o Options) (*Client, error) {
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	broker, isTLS, err := brokerURL(o.Broker)
+	if err != nil {
+		return nil, err
+	}
+	topics, err := protocol.NewTopics(o.TopicPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", o.Broker, err)
+	}
+	if o.ClientID == "" {
+		o.ClientID = "mqlet-ctl-" + randomHex(8)
+	}
+	if o.ClientID == "" || len(o.ClientID) > 128 || strings.ContainsAny(o.ClientID, "/+#\x00") {
+		return nil, fmt.Errorf("connect %s: client id %q: want 1 to 128 characters without '/', '+', '#' or NUL (it names the client's marker topic)", o.Broker, o.ClientID)
+	}
+	c := &Client{
+		o:        o,
+		topics:   topics,
+		marker:   topics.Prefix() + "/ctl/" + o.ClientID + "/marker",
+		lost:     make(chan struct{}),
+		sessions: map[string]protocol.Liveness{},
+	}
+
+	opts := mqtt.NewClientOptions().
+		AddBroker(broker).
+		SetClientID(o.ClientID).
+		SetCleanSession(true).
+		SetAutoReconnect(false).
+		SetConnectRetry(false).
+		SetConnectTimeout(o.Timeout).
+		SetWriteTimeout(o.Timeout).
+		SetOrderMatters(true). // Snapshot's marker must be handled after what came before it
+		SetKeepAlive(30 * time.Second).
+		// A QoS 1 message with no route is not acknowledged by paho, which would stall the
+		// broker's in-flight window for this client: strays (a subscription being torn down)
+		// are acknowledged and dropped here.
+		SetDefaultPublishHandler(func(mqtt.Client, mqtt.Message) {}).
+		SetConnectionLostHandler(func(_ mqtt.Client, err error) {
+			c.lostOnce.Do(func() {
+				c.lostErr = fmt.Errorf("connection to %s lost: %w", o.Broker, err)
+				close(c.lost)
+			})
+		})
+	if o.Username != "" {
+		opts.SetUsername(o.Username)
+		opts.SetPassword(o.Password)
+	}
+	if isTLS {
+		tc, err := tlsConfig(o)
+		if err != nil {
+			return nil, fmt.Errorf("connect %s: %w", o.Broker, err)
+		}
+		opts.SetTLSConfig(tc)
+	} else if o.CAFile != "" || o.CertFile != "" || o.KeyFile != "" {
+		// Silently sending the credentials' owner over plain TCP would hide a typo in the URL.
+		return nil, fmt.Errorf("connect %s: a CA file or client certificate is given but the broker URL is not TLS (use ssl://, mqtts:// or wss://)", o.Broker)
+	}
+	c.mc = mqtt.NewClient(opts)
+	if err := c.wait(ctx, c.mc.Connect(), "connect "+o.Broker); err != nil {
+		// paho may still be dialing when ctx ends; Disconnect stops it.
+		c.mc.Disconnect(0)
+		return nil, err
+	}
+	return c, nil
+}
+
+// Close disconnects, giving in-flight packets a moment to leave.
+func (c *Client) Close() {
+	c.mc.Disconnect(250)
+}
+
+// Topics is the client's topic tree.
+func (c *Client) Topics() protocol.Topics { return c.topics }
+
+// Timeout is the bound of each operation.
+func (c *Client) Timeout() time.Duration { return c.o.Timeout }
+
+// wait waits for a paho token, bounded by ctx, Options.Timeout and the connection, and returns the
+// token's error: a token that is done is not a success until its error has been looked at.
+func (c *Client) wait(ctx context.Context, tok mqtt.Token, what string) error {
+	ctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
+	defer cancel()
+	select {
+	case <-tok.Done():
+	case <-c.lost:
+		return fmt.Errorf("%s: %w", what, c.lostErr)
+	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("%s: no answer from the broker within %s", what, c.o.Timeout)
+		}
+		return fmt.Errorf("%s: %w", what, ctx.Err())
+	}
+	if err := tok.Error(); err != nil {
+		select {
+		case <-c.lost: // paho's "not Connected" says less than why
+			return fmt.Errorf("%s: %w", what, c.lostErr)
+		default:
+		}
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if st, ok := tok.(*mqtt.SubscribeToken); ok {
+		// A broker refuses a subscription (ACL) with return code 0x80 in the SUBACK, not with an
+		// error: without this check a denied subscription would look like an empty snapshot.
+		for filter, code := range st.Result() {
+			if code == 0x80 {
+				return fmt.Errorf("%s: the broker refused the subscription to %s (not allowed for this client?)", what, filter)
+			}
+		}
+	}
+	return nil
+}
+
+// publish publishes at QoS 1 and waits for the broker's PUBACK.
+func (c *Client) publish(ctx context.Context, topic string, payload []byte, retained bool) error {
+	return c.wait(ctx, c.mc.Publish(topic, qos, retained, payload), "publish "+topic)
+}
+
+// brokerURL checks the broker URL and turns it into what paho dials.
+func brokerURL(s string) (string, bool, error) {
+	if s == "" {
+		return "", false, errors.New("no broker URL (want e.g. tcp://host:1883 or ssl://host:8883)")
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", false, fmt.Errorf("broker URL %q: %w", s, err)
+	}
+	var isTLS bool
+	var port string
+	switch u.Scheme {
+	case "tcp", "mqtt":
+		u.Scheme, port = "tcp", "1883"
+	case "ssl", "tls", "mqtts":
+		u.Scheme, port, isTLS = "ssl", "8883", true
+	case "ws":
+	case "wss":
+		isTLS = true
+	default:
+		return "", false, fmt.Errorf("broker URL %q: scheme %q is not one of tcp, ssl, tls, ws, wss, mqtt, mqtts", s, u.Scheme)
+	}
+	if u.Hostname() == "" {
+		return "", false, fmt.Errorf("broker URL %q names no host", s)
+	}
+	if u.User != nil {
+		// A password in the URL would end up in error messages and process listings.
+		return "", false, fmt.Errorf("broker URL %q: put credentials in the username and password options, not in the URL", u.Redacted())
+	}
+	if port != "" && u.Port() == "" {
+		u.Host = net.JoinHostPort(u.Hostname(), port)
+	}
+	return u.String(), isTLS, nil
+}
+
+// tlsConfig builds the TLS configuration from the files in o (none: the system's roots, no client
+// certificate).
+func tlsConfig(o Options) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.CAFile != "" {
+		pem, err := os.ReadFile(o.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("read CA file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("CA file %s holds no PEM certificate", o.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	switch {
+	case o.CertFile != "" && o.KeyFile != "":
+		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("load client certificate %s and key %s: %w", o.CertFile, o.KeyFile, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	case o.CertFile != "" || o.KeyFile != "":
+		return nil, fmt.Errorf("a client certificate needs both a certificate file and a key file (got cert %q, key %q)", o.CertFile, o.KeyFile)
+	}
+	return tc, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b) // never fails (crypto/rand, Go 1.24+)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,369 @@
+package ctlclient
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mqlet/mqlet/internal/mqtttest"
+	"github.com/mqlet/mqlet/sync/protocol"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestSnapshotEmptyNeedsNoTimeout(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	c := dial(t, b)
+	start := time.Now()
+	got, err := c.Snapshot(testCtx(t), tp.AllNodes(protocol.ClassIndex))
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	if len(got) != 0 {
+		t.Errorf("Snapshot of an empty broker = %v", got)
+	}
+	// The marker, not the 5s timeout, must end it.
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("empty snapshot took %s: it waited for the timeout instead of the marker", d)
+	}
+}
+
+func TestSnapshotIsExactlyTheRetainedMessages(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	raw := rawClient(t, b.Plain)
+	want := map[string][]byte{}
+	for i, node := range []string{"n1", "n2", "n3"} {
+		topic := tp.Index(node)
+		payload := []byte(strings.Repeat("x", i+1))
+		pub(t, raw, topic, payload, true)
+		want[topic] = payload
+	}
+	pub(t, raw, tp.Index("gone"), "y", true)
+	pub(t, raw, tp.Index("gone"), "", true) // clears the retained message
+	pub(t, raw, tp.Index("live"), "z", false)
+	pub(t, raw, tp.Events("n1"), "e", false)
+	pub(t, raw, tp.Acks("n1"), "a", true) // retained, but outside the filter
+
+	c := dial(t, b)
+	for round := range 2 { // the second round must see them again, not nothing
+		got, err := c.Snapshot(testCtx(t), tp.AllNodes(protocol.ClassIndex), tp.AllNodes(protocol.ClassEvents))
+		if err != nil {
+			t.Fatalf("Snapshot: %v", err)
+		}
+		if !maps.EqualFunc(got, want, func(a, b []byte) bool { return string(a) == string(b) }) {
+			t.Errorf("round %d: Snapshot = %q, want %q", round, got, want)
+		}
+	}
+}
+
+func TestConnectErrorsNameTheBroker(t *testing.T) {
+	ctx := testCtx(t)
+	for _, c := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{Broker: "http://x"}, `scheme "http"`},
+		{Options{Broker: "tcp://"}, "names no host"},
+		{Options{Broker: "tcp://u:secret@h:1"}, "not in the URL"},
+		{Options{Broker: "tcp://127.0.0.1:1", CAFile: "/x"}, "not TLS"},
+		{Options{Broker: "ssl://127.0.0.1:1", CertFile: "/x"}, "both a certificate file and a key file"},
+		{Options{Broker: "tcp://127.0.0.1:1", ClientID: "a/b"}, "client id"},
+		{Options{Broker: "tcp://127.0.0.1:1", TopicPrefix: "a/#"}, "wildcard"},
+		{Options{Broker: "tcp://127.0.0.1:1", Timeout: time.Second}, "connect tcp://127.0.0.1:1"},
+	} {
+		_, err := Connect(ctx, c.o)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Connect(%+v) = %v, want an error with %q", c.o, err, c.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "secret") {
+			t.Errorf("Connect error shows the password: %v", err)
+		}
+	}
+}
+
+func TestTLSWithClientCertificate(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{Identities: []string{"n1"}})
+	ctx := testCtx(t)
+	cert, key := b.ClientCert(mqtttest.Admin)
+	c, err := Connect(ctx, Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: cert, KeyFile: key, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("Connect over TLS as admin: %v", err)
+	}
+	defer c.Close()
+	if _, err := c.Apply(ctx, "n1", []any{pod("web")}); err != nil {
+		t.Fatalf("Apply over TLS: %v", err)
+	}
+
+	// A node's identity may not use the ctl's marker topic: the snapshot says so instead of
+	// returning an empty answer.
+	cert, key = b.ClientCert("n1")
+	n, err := Connect(ctx, Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: cert, KeyFile: key, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatalf("Connect over TLS as n1: %v", err)
+	}
+	defer n.Close()
+	_, err = n.Index(ctx, "n1")
+	if err == nil || !strings.Contains(err.Error(), "marker") {
+		t.Errorf("Index as a node identity = %v, want an error about the marker topic", err)
+	}
+}
+
+// desired reads node's retained desired messages back, decoded, by object key.
+func desired(t *testing.T, c *Client, node string) map[string]*protocol.DesiredObject {
+	t.Helper()
+	got, err := c.Snapshot(testCtx(t), tp.DesiredFilter(node))
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	out := map[string]*protocol.DesiredObject{}
+	for topic, payload := range got {
+		tt, err := tp.Parse(topic)
+		if err != nil {
+			t.Fatalf("retained topic: %v", err)
+		}
+		d, err := protocol.DecodeDesired(tt, payload, 0)
+		if err != nil {
+			t.Fatalf("retained %s: %v", topic, err)
+		}
+		out[d.Key()] = d
+	}
+	return out
+}
+
+func index(t *testing.T, c *Client, node string) *protocol.Index {
+	t.Helper()
+	idx, err := c.Index(testCtx(t), node)
+	if err != nil {
+		t.Fatalf("Index: %v", err)
+	}
+	return idx
+}
+
+func TestApplyAndDelete(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	c := dial(t, b)
+	ctx := testCtx(t)
+	const node = "edge-1"
+	web, db := protocol.ObjectKey(protocol.KindPod, "default", "web"), protocol.ObjectKey(protocol.KindPod, "default", "db")
+
+	// A first apply with no index yet: R = 0, so generation 1.
+	res, err := c.Apply(ctx, node, []any{pod("web"), pod("db")})
+	if err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	if res.Generation != 1 || len(res.Objects) != 2 || !res.Objects[0].Created || res.Objects[0].Key() != web {
+		t.Errorf("Apply = %+v, want generation 1 and two created pods, web first", res)
+	}
+	d := desired(t, c, node)
+	if len(d) != 2 || d[web].Generation != 1 || d[db].Generation != 1 || d[web].Pod == nil || d[web].Pod.Name != "web" {
+		t.Fatalf("retained desired after the first apply: %+v", d)
+	}
+	if idx := index(t, c, node); idx.Revision != 1 || !maps.Equal(idx.Objects, map[string]int64{web: 1, db: 1}) {
+		t.Fatalf("index after the first apply: %+v", idx)
+	}
+
+	// Apply again: the generation grows from the index's revision, for every object of the apply;
+	// the others keep theirs.
+	p := pod("web")
+	p.Spec.Containers[0].Image = "busybox:2"
+	cm := &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cfg"}, Data: map[string]string{"k": "v"}}
+	sec := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "kube-system"}, Data: map[string][]byte{"k": []byte("v")}}
+	res, err = c.Apply(ctx, node, []any{p, cm, sec})
+	if err != nil {
+		t.Fatalf("second Apply: %v", err)
+	}
+	if res.Generation != 2 || res.Objects[0].Created || !res.Objects[1].Created {
+		t.Errorf("second Apply = %+v, want generation 2, web configured and cfg created", res)
+	}
+	cmKey, secKey := protocol.ObjectKey(protocol.KindConfigMap, "default", "cfg"), protocol.ObjectKey(protocol.KindSecret, "kube-system", "s")
+	d = desired(t, c, node)
+	if d[web].Generation != 2 || d[web].Pod.Spec.Containers[0].Image != "busybox:2" || d[db].Generation != 1 ||
+		d[cmKey].ConfigMap == nil || d[secKey].Secret == nil || string(d[secKey].Secret.Data["k"]) != "v" {
+		t.Errorf("retained desired after the second apply: %+v", d)
+	}
+	if idx := index(t, c, node); idx.Revision != 2 || !maps.Equal(idx.Objects, map[string]int64{web: 2, db: 1, cmKey: 2, secKey: 2}) {
+		t.Errorf("index after the second apply: %+v", idx)
+	}
+
+	// Delete: a tombstone at the next generation, and the index without the object.
+	gen, err := c.Delete(ctx, node, protocol.KindPod, "default", "db")
+	if err != nil || gen != 3 {
+		t.Fatalf("Delete = %d, %v; want generation 3", gen, err)
+	}
+	d = desired(t, c, node)
+	if !d[db].Deleted || d[db].Generation != 3 || d[db].Pod != nil {
+		t.Errorf("retained db after delete = %+v, want a tombstone at 3", d[db])
+	}
+	if idx := index(t, c, node); idx.Revision != 3 || !maps.Equal(idx.Objects, map[string]int64{web: 2, cmKey: 2, secKey: 2}) {
+		t.Errorf("index after delete: %+v", idx)
+	}
+	// Deleting it again (or anything never applied) is not found, and writes nothing.
+	for _, name := range []string{"db", "never"} {
+		if _, err := c.Delete(ctx, node, protocol.KindPod, "default", name); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Delete %s = %v, want ErrNotFound", name, err)
+		}
+	}
+	if idx := index(t, c, node); idx.Revision != 3 {
+		t.Errorf("a refused delete wrote the index: revision %d", idx.Revision)
+	}
+
+	// Refused before anything is written.
+	for _, objs := range [][]any{nil, {pod("web"), pod("web")}, {pod("Bad_Name")}, {"not an object"}} {
+		if _, err := c.Apply(ctx, node, objs); err == nil {
+			t.Errorf("Apply(%v) succeeded", objs)
+		}
+	}
+	if _, err := c.Apply(ctx, "Bad_Node", []any{pod("web")}); err == nil {
+		t.Errorf("Apply to an invalid node name succeeded")
+	}
+	if idx := index(t, c, node); idx.Revision != 3 {
+		t.Errorf("a refused apply wrote the index: revision %d", idx.Revision)
+	}
+}
+
+func TestApplyFailsWhenTheConnectionIsGone(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	c := dial(t, b)
+	b.Kill(t)
+	_, err := c.Apply(testCtx(t), "n1", []any{pod("web")})
+	if err == nil {
+		t.Fatalf("Apply with the broker killed succeeded")
+	}
+	t.Logf("Apply with the broker killed: %v", err)
+}
+
+func TestApplyRefusesAnUnreadableIndex(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	pub(t, rawClient(t, b.Plain), tp.Index("n1"), `{"apiVersion":"mqlet.io/v1","node":"n1","revision":3,"objects":{},"extra":1}`, true)
+	_, err := dial(t, b).Apply(testCtx(t), "n1", []any{pod("web")})
+	if err == nil || !strings.Contains(err.Error(), "retained index of node n1") {
+		t.Errorf("Apply over an unreadable index = %v, want an error naming it", err)
+	}
+}
+
+func TestNodesStaleOffline(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	raw := rawClient(t, b.Plain)
+	ctx := testCtx(t)
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	pub(t, raw, tp.Liveness("n1"), &protocol.Liveness{Node: "n1", Online: true, Session: 5, Time: t0, Version: "v1.2"}, true)
+	ready := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: v1.NodeStatus{
+		Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}}}
+	pub(t, raw, tp.NodeStatus("n1"), &protocol.NodeStatus{Node: "n1", Object: ready}, true)
+	pub(t, raw, tp.Liveness("n2"), &protocol.Liveness{Node: "n2", Online: false, Session: 2, Time: t0}, true)
+	pub(t, raw, tp.Liveness("n3"), `{"broken`, true)
+
+	c := dial(t, b)
+	l, err := c.Nodes(ctx)
+	if err != nil {
+		t.Fatalf("Nodes: %v", err)
+	}
+	names := func(l *NodeList) []string {
+		var s []string
+		for _, n := range l.Items {
+			s = append(s, n.Name+"="+n.State)
+		}
+		return s
+	}
+	if got := names(l); !slices.Equal(got, []string{"n1=online", "n2=offline"}) || len(l.Skipped) != 1 {
+		t.Fatalf("Nodes = %v, skipped %v", got, l.Skipped)
+	}
+	if n := l.Items[0]; n.Session != 5 || !n.Since.Equal(t0) || n.Version != "v1.2" || n.Status == nil {
+		t.Errorf("n1 = %+v", n)
+	}
+
+	// The Will of session 4, delivered after session 5 came online, is stale: this client saw 5.
+	pub(t, raw, tp.Liveness("n1"), &protocol.Liveness{Node: "n1", Online: false, Session: 4}, true)
+	n, _, err := c.Node(ctx, "n1")
+	if err != nil {
+		t.Fatalf("Node: %v", err)
+	}
+	if n.State != StateOnline || !n.StaleOffline || n.Session != 5 || !n.Since.Equal(t0) {
+		t.Errorf("after a stale offline: %+v, want online in session 5 since %s", n, t0)
+	}
+
+	// A fresh client never saw session 5 online: the retained offline is all it knows...
+	fresh := dial(t, b)
+	if n, _, err := fresh.Node(ctx, "n1"); err != nil || n.State != StateOffline {
+		t.Errorf("fresh client: %+v, %v; want offline", n, err)
+	}
+	// ... until the node's acks show that session 5 was connected.
+	pub(t, raw, tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 5, Applied: map[string]int64{}}, true)
+	if n, _, err := fresh.Node(ctx, "n1"); err != nil || n.State != StateOnline || !n.StaleOffline {
+		t.Errorf("fresh client with acks of session 5: %+v, %v; want online", n, err)
+	}
+	// An offline of the current session is not stale.
+	pub(t, raw, tp.Liveness("n1"), &protocol.Liveness{Node: "n1", Online: false, Session: 5}, true)
+	if n, _, err := c.Node(ctx, "n1"); err != nil || n.State != StateOffline || n.StaleOffline {
+		t.Errorf("offline of session 5: %+v, %v; want offline", n, err)
+	}
+	if _, _, err := c.Node(ctx, "nobody"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Node(nobody) = %v, want ErrNotFound", err)
+	}
+}
+
+func TestPods(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	raw := rawClient(t, b.Plain)
+	for _, s := range []*protocol.PodStatus{
+		{Node: "n2", Namespace: "default", Name: "b", Source: "mqtt", Generation: 3, Object: pod("b")},
+		{Node: "n1", Namespace: "default", Name: "a", Source: "file", Object: pod("a")},
+		{Node: "n1", Namespace: "default", Name: "gone", Source: "mqtt", Deleted: true},
+		{Node: "n1", Namespace: "default", Name: "liar"}, // published on another pod's topic below
+	} {
+		topic := tp.PodStatus(s.Node, s.Namespace, s.Name)
+		if s.Name == "liar" {
+			topic = tp.PodStatus("n1", "default", "other")
+		}
+		pub(t, raw, topic, s, true)
+	}
+	pub(t, raw, tp.PodStatus("n1", "default", "junk"), "{}", true)
+
+	c := dial(t, b)
+	l, err := c.Pods(testCtx(t), "")
+	if err != nil {
+		t.Fatalf("Pods: %v", err)
+	}
+	var got []string
+	for _, p := range l.Items {
+		got = append(got, p.Node+"/"+p.Name)
+	}
+	if !slices.Equal(got, []string{"n1/a", "n2/b"}) || len(l.Skipped) != 2 {
+		t.Errorf("Pods = %v, skipped %v; want n1/a, n2/b and two skipped", got, l.Skipped)
+	}
+	l, err = c.Pods(testCtx(t), "n2")
+	if err != nil || len(l.Items) != 1 || l.Items[0].Generation != 3 {
+		t.Errorf("Pods(n2) = %+v, %v", l, err)
+	}
+}
+
+func TestConcurrentAppliesOfOneClientDrawDistinctGenerations(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	c := dial(t, b)
+	ctx := testCtx(t)
+	errs := make(chan error, 5)
+	for i := range 5 {
+		go func() {
+			_, err := c.Apply(ctx, "n1", []any{pod(fmt.Sprintf("p%d", i))})
+			errs <- err
+		}()
+	}
+	for range 5 {
+		if err := <-errs; err != nil {
+			t.Fatalf("Apply: %v", err)
+		}
+	}
+	idx := index(t, c, "n1")
+	gens := map[int64]bool{}
+	for _, g := range idx.Objects {
+		gens[g] = true
+	}
+	if idx.Revision != 5 || len(idx.Objects) != 5 || len(gens) != 5 {
+		t.Errorf("index after 5 concurrent applies: %+v, want revision 5 and five distinct generations", idx)
+	}
+}

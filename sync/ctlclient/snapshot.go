@@ -1,0 +1,108 @@
+package ctlclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+)
+
+// Snapshot returns the retained messages matching filters, by topic.
+//
+// MQTT has no "end of retained messages": Snapshot subscribes to filters, then to the client's
+// private marker topic, and publishes one non-retained message there. The broker sends, in order on
+// this connection, every retained message matching the earlier subscriptions before the marker, so
+// the marker's arrival means the snapshot is complete; Options.Timeout is only a safety net.
+//
+// A message published live to a matching topic while the snapshot is taken updates the topic's
+// entry (an empty one removes it), since it is also the broker's new retained message there; live
+// messages to topics that hold no retained message are left out.
+//
+// The broker must be able to queue the whole answer for this client: mosquitto drops what is
+// over max_queued_messages (default 1000) without telling anyone, so a broker serving large fleets
+// needs it raised.
+func (c *Client) Snapshot(ctx context.Context, filters ...string) (map[string][]byte, error) {
+	what := "snapshot of " + strings.Join(filters, ", ")
+	if len(filters) == 0 {
+		return nil, errors.New("snapshot: no topic filter")
+	}
+	c.snapMu.Lock()
+	defer c.snapMu.Unlock()
+
+	c.mu.Lock()
+	c.markerN++
+	nonce := fmt.Sprintf("%d-%s", c.markerN, randomHex(4))
+	c.mu.Unlock()
+
+	var (
+		mu      sync.Mutex
+		got     = map[string][]byte{}
+		arrived = make(chan struct{})
+		once    sync.Once
+		done    bool // set once got is handed to the caller: a late message must not touch it
+	)
+	// Called by paho in arrival order (OrderMatters), one message at a time; it must not block.
+	handle := func(_ mqtt.Client, m mqtt.Message) {
+		if m.Topic() == c.marker {
+			if string(m.Payload()) == nonce {
+				once.Do(func() { close(arrived) })
+			}
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if done {
+			return
+		}
+		switch _, known := got[m.Topic()]; {
+		case m.Retained() && len(m.Payload()) > 0:
+			got[m.Topic()] = m.Payload()
+		case !m.Retained() && len(m.Payload()) == 0:
+			delete(got, m.Topic())
+		case !m.Retained() && known:
+			got[m.Topic()] = m.Payload()
+		}
+	}
+
+	subs := make(map[string]byte, len(filters))
+	for _, f := range filters {
+		subs[f] = qos
+	}
+	// Unsubscribe whatever happens, so that the next snapshot's subscribe delivers the retained
+	// messages afresh and nothing live keeps arriving; bounded, and its failure changes nothing
+	// already read.
+	defer func() {
+		all := append(append([]string(nil), filters...), c.marker)
+		c.wait(context.WithoutCancel(ctx), c.mc.Unsubscribe(all...), "unsubscribe")
+	}()
+	if err := c.wait(ctx, c.mc.SubscribeMultiple(subs, handle), what+": subscribe"); err != nil {
+		return nil, err
+	}
+	if err := c.wait(ctx, c.mc.Subscribe(c.marker, qos, handle), what+": subscribe to the marker topic"); err != nil {
+		return nil, err
+	}
+	if err := c.publish(ctx, c.marker, []byte(nonce), false); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+
+	tctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
+	defer cancel()
+	select {
+	case <-arrived:
+	case <-c.lost:
+		return nil, fmt.Errorf("%s: %w", what, c.lostErr)
+	case <-tctx.Done():
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%s: %w", what, ctx.Err())
+		}
+		return nil, fmt.Errorf("%s: the marker message on %s did not come back within %s (may this client read and write %s?)",
+			what, c.marker, c.o.Timeout, c.marker)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	done = true
+	return got, nil
+}
