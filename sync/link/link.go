@@ -91,8 +91,9 @@ func New(o Options) (*Link, error) {
 
 // Inbox delivers the messages received on the subscriptions. It is never closed. paho's handler
 // never waits for it: when it is full a message is dropped, counted in Dropped and OnOverflow is
-// told. Messages arrive in no particular order (paho runs with OrderMatters off, a goroutine per
-// message), which level-based state with generations does not mind.
+// told. Messages arrive in the broker's order: the handler only does a non-blocking send, so
+// paho can run it on its router goroutine (OrderMatters on) without any risk of stalling it, and
+// an index published after its objects is then seen after them.
 func (l *Link) Inbox() <-chan Message { return l.inbox }
 
 // Dropped is the number of messages dropped because the inbox was full.
@@ -340,7 +341,7 @@ func (l *Link) clientOptions(c *conn) *mqtt.ClientOptions {
 		SetResumeSubs(false).
 		SetAutoReconnect(false). // Run reconnects, with a new client (and Will) per attempt
 		SetConnectRetry(false).
-		SetOrderMatters(false). // a handler can never stall the router, whatever it does
+		SetOrderMatters(true). // the handler never blocks (a select with default), so order is free
 		SetKeepAlive(l.o.Keepalive).
 		SetPingTimeout(min(10*time.Second, l.o.Keepalive)).
 		SetConnectTimeout(l.o.ConnectTimeout).
