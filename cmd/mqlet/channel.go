@@ -23,7 +23,6 @@ func newChannel(cfg config.Config, db *store.DB, containerdVersion string, log *
 	if err != nil {
 		return nil, err
 	}
-	_ = agentOf
 	return nodesync.New(nodesync.Options{
 		Node:   cfg.NodeName,
 		Topics: topics,
@@ -36,7 +35,19 @@ func newChannel(cfg config.Config, db *store.DB, containerdVersion string, log *
 		MaxPayload: int(cfg.MQTTMaxPayload),
 		Outbox:     store.OutboxLimits{MaxBytes: cfg.OutboxMaxBytes},
 		NodeStatus: basicNodeStatus(cfg.NodeName, containerdVersion),
+		Logs:       lazyLogs(agentOf),
 		Version:    version,
 		Log:        log,
 	})
+}
+
+// lazyLogs finds logs through the agent once it exists (the channel is built before it).
+type lazyLogs func() *agent.Agent
+
+func (f lazyLogs) LogPath(namespace, name, container string, previous bool) (string, error) {
+	a := f()
+	if a == nil {
+		return "", fmt.Errorf("the agent is starting")
+	}
+	return a.LogPath(namespace, name, container, previous)
 }

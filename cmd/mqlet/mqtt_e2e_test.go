@@ -3,6 +3,8 @@ package main
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -399,4 +401,63 @@ spec:
 	if p := h.waitPod("local", "file pod untouched", allRunning); p.Spec.Containers[0].Command[1] != "3600" {
 		t.Fatalf("the MQTT pod replaced the manifest-dir pod: %v", p.Spec.Containers[0].Command)
 	}
+}
+
+// `mqlet ctl` end to end against a running agent: apply runs the pod, get reads what the node
+// reported, and logs -f streams lines the container writes after the stream began.
+func TestCtlApplyGetAndLogsFollow(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	h.startMQTTAgent(b.Plain)
+	ctl := func(args ...string) string {
+		t.Helper()
+		return h.mqlet(append([]string{"ctl", "--broker", b.Plain}, args...)...)
+	}
+	file := writeFile(t, "ticker.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: ticker}
+spec:
+  containers:
+  - {name: c, image: mqlet.test/busybox:1, command: ["sh", "-c", "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done"]}
+`)
+	out := ctl("apply", "-f", file, "--node", e2eNode)
+	if !strings.Contains(out, "ticker") {
+		t.Fatalf("ctl apply printed %q", out)
+	}
+	h.waitPod("ticker", "running from ctl apply", allRunning)
+	waitFor(t, "ctl get pods shows it Running", func() bool {
+		out, err := h.mqletErr("ctl", "--broker", b.Plain, "get", "pods", "--node", e2eNode)
+		return err == nil && strings.Contains(out, "ticker") && strings.Contains(out, "Running")
+	})
+	if out := ctl("get", "nodes"); !strings.Contains(out, e2eNode) || !strings.Contains(out, "online") {
+		t.Fatalf("ctl get nodes: %q", out)
+	}
+
+	// Follow: the stream must carry a line written after it started.
+	cmd := exec.Command(h.bin, "ctl", "--broker", b.Plain, "logs", "ticker", "--node", e2eNode, "-f", "--tail", "1")
+	buf := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = buf, buf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	var first int = -1
+	waitFor(t, "the first streamed line", func() bool {
+		first = lastTick(buf.String())
+		return first >= 0
+	})
+	waitFor(t, "lines written after the stream began", func() bool { return lastTick(buf.String()) >= first+5 })
+}
+
+// lastTick is the highest "tick N" in s, -1 if none.
+func lastTick(s string) int {
+	best := -1
+	for _, line := range strings.Split(s, "\n") {
+		var n int
+		if _, err := fmt.Sscanf(strings.TrimSpace(line), "tick %d", &n); err == nil && n > best {
+			best = n
+		}
+	}
+	return best
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/downlink"
 	"github.com/mqlet/mqlet/sync/link"
+	"github.com/mqlet/mqlet/sync/logserve"
 	"github.com/mqlet/mqlet/sync/protocol"
 	"github.com/mqlet/mqlet/sync/uplink"
 	v1 "k8s.io/api/core/v1"
@@ -28,12 +29,6 @@ type Store interface {
 	downlink.Store
 	uplink.Store
 	NextSession() (int64, error)
-}
-
-// LogsServer serves logs requests (sync/logserve); optional.
-type LogsServer interface {
-	Handle(payload []byte)
-	Run(ctx context.Context) error
 }
 
 // DefaultNodeStatusPeriod is how often the node's status is recomputed locally. Recomputing costs
@@ -53,8 +48,8 @@ type Options struct {
 	// NodeStatus builds the node's status; nil publishes none.
 	NodeStatus       func() *v1.Node
 	NodeStatusPeriod time.Duration
-	// Logs, when set, answers logs requests.
-	Logs    LogsServer
+	// Logs, when set, finds container logs for `mqlet ctl logs` (served over MQTT).
+	Logs    logserve.LogFinder
 	Version string
 	Log     *slog.Logger
 }
@@ -65,6 +60,7 @@ type Sync struct {
 	link *link.Link
 	down *downlink.Downlink
 	up   *uplink.Uplink
+	logs *logserve.Server
 
 	resendMu sync.Mutex
 }
@@ -74,6 +70,14 @@ type sender struct{ *link.Link }
 
 func (s sender) Send(topic string, payload []byte, retained bool) uplink.Receipt {
 	return s.Publish(topic, payload, retained)
+}
+
+// logPublisher adapts the link to the logs server: log chunks go straight to the broker (not
+// through the outbox: a stream is ephemeral), one acknowledged chunk at a time.
+type logPublisher struct{ *link.Link }
+
+func (p logPublisher) Publish(ctx context.Context, topic string, payload []byte) error {
+	return p.Link.Publish(topic, payload, false).Wait(ctx)
 }
 
 // New validates the options and builds the parts; nothing connects before Run.
@@ -111,6 +115,9 @@ func New(o Options) (*Sync, error) {
 		Node: o.Node, Topics: t, Store: o.Store, MaxPayload: o.MaxPayload, Events: s.up,
 		Acks: s.up.Acks, Resend: s.resend, Log: o.Log,
 	})
+	if o.Logs != nil {
+		s.logs = logserve.New(logserve.Options{Node: o.Node, Topics: t, Finder: o.Logs, Pub: logPublisher{l}, Log: o.Log})
+	}
 	return s, nil
 }
 
@@ -175,8 +182,8 @@ func (s *Sync) Run(ctx context.Context) error {
 	if s.o.NodeStatus != nil {
 		run("node status", s.nodeStatusLoop)
 	}
-	if s.o.Logs != nil {
-		run("logs", s.o.Logs.Run)
+	if s.logs != nil {
+		run("logs", s.logs.Run)
 	}
 	wg.Wait()
 	select {
@@ -200,8 +207,8 @@ func (s *Sync) route(ctx context.Context) error {
 				// Refused by the downlink, which reports it with the topic and reason.
 				s.down.Offer(downlink.Message{Topic: m.Topic, Payload: m.Payload, Retained: m.Retained})
 			case t.Class == protocol.ClassLogsRequest:
-				if s.o.Logs != nil {
-					s.o.Logs.Handle(m.Payload)
+				if s.logs != nil {
+					s.logs.Handle(m.Payload)
 				}
 			default:
 				if !s.down.Offer(downlink.Message{Topic: m.Topic, Payload: m.Payload, Retained: m.Retained}) {
