@@ -461,3 +461,25 @@ func lastTick(s string) int {
 	}
 	return best
 }
+
+// A node that starts while its broker is unreachable runs what it stored and what its manifest
+// dir holds at once; nothing waits for the link, nothing stored is dropped.
+func TestMQTTBootWithBrokerUnreachable(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	cp := newControlPlane(t, b.Plain)
+	h.startMQTTAgent(b.Plain)
+	cp.applyYAML(sleeper("remote", "3600"))
+	h.waitPod("remote", "running", allRunning)
+	h.stopAgent()
+	b.Stop(t)
+
+	h.writeManifest("local.yaml", sleeper("local", "3600"))
+	h.startMQTTAgent(b.Plain)
+	h.waitPod("local", "file pod started with the broker down", allRunning)
+	h.waitPod("remote", "stored MQTT pod still running", allRunning)
+	if !strings.Contains(h.agentLog.String(), "mqtt") {
+		t.Fatalf("the agent did not try the broker: %s", h.agentLog)
+	}
+}
