@@ -326,7 +326,7 @@ func TestMQTTBadPayloadsAreRefusedAndPodsKeepRunning(t *testing.T) {
 	mu.Unlock()
 
 	p := h.waitPod("web", "still running", allRunning)
-	if p.Spec.Containers[0].Command[1] != "3600" || !mapsEqual(h.tasks(), tasks) {
+	if p.Spec.Containers[0].Command[1] != "3600" || !equalPids(h.tasks(), tasks) {
 		t.Fatalf("bad input disturbed the pod: %v (tasks %v -> %v)", p.Spec.Containers[0].Command, tasks, h.tasks())
 	}
 	waitRetained(t, b.Plain, topics.Liveness(e2eNode), "same session", func(p []byte) bool {
@@ -344,17 +344,6 @@ func mustPod(t *testing.T, doc string) *v1.Pod {
 	return &p
 }
 
-func mapsEqual(a, b map[string]uint32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
-}
 
 // Pods from MQTT obey the agent's policy; a name already taken by a manifest-dir pod is refused.
 // Both refusals reach the control plane as events, and nothing runs for them.

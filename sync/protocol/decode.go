@@ -48,6 +48,35 @@ func checkAPIVersion(got, what string) error {
 	return nil
 }
 
+// payload is every message type of the contract: each carries the contract's apiVersion.
+type payload interface{ apiVersion() *string }
+
+func (x *Desired) apiVersion() *string       { return &x.APIVersion }
+func (x *Index) apiVersion() *string         { return &x.APIVersion }
+func (x *Liveness) apiVersion() *string      { return &x.APIVersion }
+func (x *NodeStatus) apiVersion() *string    { return &x.APIVersion }
+func (x *PodStatus) apiVersion() *string     { return &x.APIVersion }
+func (x *Event) apiVersion() *string         { return &x.APIVersion }
+func (x *Acks) apiVersion() *string          { return &x.APIVersion }
+func (x *ResyncRequest) apiVersion() *string { return &x.APIVersion }
+func (x *LogsRequest) apiVersion() *string   { return &x.APIVersion }
+func (x *LogsChunk) apiVersion() *string     { return &x.APIVersion }
+
+// decodePayload is the common part of every decoder: size, strict JSON, apiVersion.
+func decodePayload[T any, P interface {
+	*T
+	payload
+}](data []byte, max int, what string) (P, error) {
+	x := P(new(T))
+	if err := decodeStrict(data, max, what, x); err != nil {
+		return nil, err
+	}
+	if err := checkAPIVersion(*x.apiVersion(), what); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
 // DecodeDesired decodes a desired object's payload received on topic t (already parsed with
 // Topics.Parse, so its names are valid) and checks that the payload is about exactly that object:
 // same node, kind, namespace and name in the envelope and in the object.
@@ -122,11 +151,8 @@ func DecodeDesired(t Topic, payload []byte, max int) (*DesiredObject, error) {
 
 // DecodeIndex decodes and validates a node's index.
 func DecodeIndex(t Topic, payload []byte, max int) (*Index, error) {
-	var x Index
-	if err := decodeStrict(payload, max, "index", &x); err != nil {
-		return nil, err
-	}
-	if err := checkAPIVersion(x.APIVersion, "index"); err != nil {
+	x, err := decodePayload[Index](payload, max, "index")
+	if err != nil {
 		return nil, err
 	}
 	if x.Node != t.Node {
@@ -143,22 +169,19 @@ func DecodeIndex(t Topic, payload []byte, max int) (*Index, error) {
 			return nil, fmt.Errorf("index: %s has generation %d, outside 1..%d (the index revision)", k, g, x.Revision)
 		}
 	}
-	return &x, nil
+	return x, nil
 }
 
 // DecodeLiveness decodes an online message or Will.
 func DecodeLiveness(payload []byte, max int) (*Liveness, error) {
-	var x Liveness
-	if err := decodeStrict(payload, max, "liveness", &x); err != nil {
-		return nil, err
-	}
-	if err := checkAPIVersion(x.APIVersion, "liveness"); err != nil {
+	x, err := decodePayload[Liveness](payload, max, "liveness")
+	if err != nil {
 		return nil, err
 	}
 	if x.Session <= 0 {
 		return nil, fmt.Errorf("liveness: session %d, must be positive", x.Session)
 	}
-	return &x, nil
+	return x, nil
 }
 
 // IsStaleOffline is true when payload is an offline message from a session older than current:
@@ -170,66 +193,45 @@ func IsStaleOffline(payload []byte, current int64) bool {
 
 // DecodeNodeStatus decodes a node status message.
 func DecodeNodeStatus(payload []byte, max int) (*NodeStatus, error) {
-	var x NodeStatus
-	if err := decodeStrict(payload, max, "node status", &x); err != nil {
-		return nil, err
-	}
-	if err := checkAPIVersion(x.APIVersion, "node status"); err != nil {
+	x, err := decodePayload[NodeStatus](payload, max, "node status")
+	if err != nil {
 		return nil, err
 	}
 	if x.Object == nil {
 		return nil, errors.New("node status: no object")
 	}
-	return &x, nil
+	return x, nil
 }
 
 // DecodePodStatus decodes a pod status message.
 func DecodePodStatus(payload []byte, max int) (*PodStatus, error) {
-	var x PodStatus
-	if err := decodeStrict(payload, max, "pod status", &x); err != nil {
+	x, err := decodePayload[PodStatus](payload, max, "pod status")
+	if err != nil {
 		return nil, err
 	}
-	if err := checkAPIVersion(x.APIVersion, "pod status"); err != nil {
-		return nil, err
-	}
-	return &x, nil
+	return x, nil
 }
 
 // DecodeEvent decodes an event.
 func DecodeEvent(payload []byte, max int) (*Event, error) {
-	var x Event
-	if err := decodeStrict(payload, max, "event", &x); err != nil {
-		return nil, err
-	}
-	return &x, checkAPIVersion(x.APIVersion, "event")
+	return decodePayload[Event](payload, max, "event")
 }
 
 // DecodeAcks decodes a node's acknowledgements.
 func DecodeAcks(payload []byte, max int) (*Acks, error) {
-	var x Acks
-	if err := decodeStrict(payload, max, "acks", &x); err != nil {
-		return nil, err
-	}
-	return &x, checkAPIVersion(x.APIVersion, "acks")
+	return decodePayload[Acks](payload, max, "acks")
 }
 
 // DecodeResync decodes a resync request.
 func DecodeResync(payload []byte, max int) (*ResyncRequest, error) {
-	var x ResyncRequest
-	if err := decodeStrict(payload, max, "resync request", &x); err != nil {
-		return nil, err
-	}
-	return &x, checkAPIVersion(x.APIVersion, "resync request")
+	return decodePayload[ResyncRequest](payload, max, "resync request")
 }
 
 // DecodeLogsRequest decodes and validates a logs request. The names are validated here because
 // the agent turns them into a log file path.
 func DecodeLogsRequest(payload []byte, max int) (*LogsRequest, error) {
-	var x LogsRequest
-	if err := decodeStrict(payload, max, "logs request", &x); err != nil {
-		return nil, err
-	}
-	if err := checkAPIVersion(x.APIVersion, "logs request"); err != nil {
+	x, err := decodePayload[LogsRequest](payload, max, "logs request")
+	if err != nil {
 		return nil, err
 	}
 	if err := ValidateRequestID(x.ID); err != nil {
@@ -250,57 +252,30 @@ func DecodeLogsRequest(payload []byte, max int) (*LogsRequest, error) {
 	default:
 		return nil, fmt.Errorf("logs request %s: unknown op %q (want open, renew or cancel)", x.ID, x.Op)
 	}
-	return &x, nil
+	return x, nil
 }
 
 // DecodeLogsChunk decodes one logs reply.
 func DecodeLogsChunk(payload []byte, max int) (*LogsChunk, error) {
-	var x LogsChunk
-	if err := decodeStrict(payload, max, "logs chunk", &x); err != nil {
-		return nil, err
-	}
-	if err := checkAPIVersion(x.APIVersion, "logs chunk"); err != nil {
+	x, err := decodePayload[LogsChunk](payload, max, "logs chunk")
+	if err != nil {
 		return nil, err
 	}
 	if len(x.Data) > MaxLogChunk {
 		return nil, fmt.Errorf("logs chunk %s/%d: %d bytes of data, more than %d", x.ID, x.Seq, len(x.Data), MaxLogChunk)
 	}
-	return &x, nil
+	return x, nil
 }
 
 // Encode marshals any payload of this package. It exists so every writer fills APIVersion the
 // same way; the value's APIVersion field is set if empty.
 func Encode(v any) ([]byte, error) {
-	switch x := v.(type) {
-	case *Desired:
-		x.APIVersion = orDefault(x.APIVersion)
-	case *Index:
-		x.APIVersion = orDefault(x.APIVersion)
-	case *Liveness:
-		x.APIVersion = orDefault(x.APIVersion)
-	case *NodeStatus:
-		x.APIVersion = orDefault(x.APIVersion)
-	case *PodStatus:
-		x.APIVersion = orDefault(x.APIVersion)
-	case *Event:
-		x.APIVersion = orDefault(x.APIVersion)
-	case *Acks:
-		x.APIVersion = orDefault(x.APIVersion)
-	case *ResyncRequest:
-		x.APIVersion = orDefault(x.APIVersion)
-	case *LogsRequest:
-		x.APIVersion = orDefault(x.APIVersion)
-	case *LogsChunk:
-		x.APIVersion = orDefault(x.APIVersion)
-	default:
+	x, ok := v.(payload)
+	if !ok {
 		return nil, fmt.Errorf("encode %T: not a protocol payload", v)
 	}
-	return json.Marshal(v)
-}
-
-func orDefault(v string) string {
-	if v == "" {
-		return APIVersion
+	if p := x.apiVersion(); *p == "" {
+		*p = APIVersion
 	}
-	return v
+	return json.Marshal(v)
 }
