@@ -101,7 +101,7 @@ func Connect(ctx context.Context, o Options) (*Client, error) {
 			return nil, fmt.Errorf("connect %s: %w", o.Broker, err)
 		}
 	} else if o.CAFile != "" || o.CertFile != "" || o.KeyFile != "" {
-		// Silently sending the credentials' owner over plain TCP would hide a typo in the URL.
+		// TLS files with a plain URL mean a typo in one of them; connecting without TLS would hide it.
 		return nil, fmt.Errorf("connect %s: a CA file or client certificate is given but the broker URL is not TLS (use ssl://, mqtts:// or wss://)", o.Broker)
 	}
 	id, err := markerIdentity(o, tc)
