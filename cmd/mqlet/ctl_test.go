@@ -305,20 +305,21 @@ func fakeNodeStatus(t *testing.T, b *mqtttest.Broker) {
 	ctlPublish(t, cl, ctlTopics.PodStatus("edge-1", "default", "gone"),
 		&protocol.PodStatus{Node: "edge-1", Namespace: "default", Name: "gone", Source: "mqtt", Generation: 1, Deleted: true})
 	ctlPublish(t, cl, ctlTopics.Acks("edge-1"), &protocol.Acks{Node: "edge-1", Session: 7, IndexRevision: 1,
-		Applied: map[string]int64{"pods/default/web": 1}, Refused: map[string]protocol.Refusal{"pods/default/db": {Generation: 2, Reason: "hostPath /etc is not allowed"}}})
+		Applied: map[string]int64{"pods/default/web": 1}, Refused: map[string]protocol.Refusal{"pods/default/db": {Generation: 1, Reason: "hostPath /etc is not allowed"}}})
 }
 
 func TestCtlGetPods(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
 	fakeNodeStatus(t, b)
-	// Desired generation 2 for web while the node reports 1: the column says so.
+	// The node's acks are at generation 1, so the applies write 2 and 3; the node reports web at 1,
+	// and the column says so.
 	file := writeFile(t, "app.yaml", ctlManifests)
 	ctlOK(t, "--broker", b.Plain, "apply", "-f", file, "--node", "edge-1")
 	ctlOK(t, "--broker", b.Plain, "apply", "-f", file, "--node", "edge-1")
 
 	out := ctlOK(t, "--broker", b.Plain, "get", "pods", "--node", "edge-1")
 	want := "NAMESPACE   NAME   NODE     READY   STATUS    RESTARTS   GENERATION      AGE\n" +
-		"default     web    edge-1   1/1     Running   1          1 (desired 2)   10m\n"
+		"default     web    edge-1   1/1     Running   1          1 (desired 3)   10m\n"
 	if out != want {
 		t.Errorf("get pods:\n%s\nwant:\n%s", out, want)
 	}
@@ -365,7 +366,8 @@ func TestCtlGetNodesAndDescribe(t *testing.T) {
 
 	out = ctlOK(t, "--broker", b.Plain, "describe", "node", "edge-1")
 	for _, want := range []string{"Status:", "online (session 7)", "Ready  True", "InternalIP:", "10.0.0.7",
-		"index revision 1: 2 pods, 1 configmaps, 1 secrets", "pods/default/db  generation 2: hostPath /etc is not allowed",
+		"index revision 2: 2 pods, 1 configmaps, 1 secrets", "index revision 1 (behind: the index is at 2)",
+		"pods/default/db  generation 1: hostPath /etc is not allowed", "1 (desired 2)",
 		"monitor", "ImagePullBackOff"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("describe node lacks %q:\n%s", want, out)
@@ -373,13 +375,13 @@ func TestCtlGetNodesAndDescribe(t *testing.T) {
 	}
 
 	out = ctlOK(t, "--broker", b.Plain, "describe", "pod", "web", "--node", "edge-1")
-	for _, want := range []string{"Generation:  observed 1, desired 1 (index revision 1)", "Source:", "mqtt", "Name:", "web", "nginx", "Restart Count:"} {
+	for _, want := range []string{"Generation:  observed 1, desired 2 (index revision 2)", "Source:", "mqtt", "Name:", "web", "nginx", "Restart Count:"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("describe pod lacks %q:\n%s", want, out)
 		}
 	}
 	out = ctlOK(t, "--broker", b.Plain, "describe", "pod", "db", "--node", "edge-1")
-	for _, want := range []string{"desired 1", "Refused:", "hostPath /etc is not allowed", "not reported this pod yet"} {
+	for _, want := range []string{"<not reported>, desired 2", "Refused:", "hostPath /etc is not allowed", "not reported this pod yet"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("describe of an unreported pod lacks %q:\n%s", want, out)
 		}

@@ -65,8 +65,8 @@ type ApplyResult struct {
 // Apply publishes objects (*v1.Pod, *v1.ConfigMap, *v1.Secret) as node's desired state.
 //
 // Generations come from the node's counter, whose current value is the retained index's revision
-// R: every object gets R+1, each is published retained, and only then the index with revision R+1
-// listing them, so a node that sees the new index never lacks an object it lists. The index is then
+// R (raised to the highest generation in the node's acks, see counter): every object gets R+1,
+// each is published retained, and only then the index with revision R+1 listing them, so a node that sees the new index never lacks an object it lists. The index is then
 // read back: a PUBACK only says the broker received the message, and a broker whose ACL denies the
 // publish acknowledges it all the same.
 //
@@ -83,11 +83,10 @@ func (c *Client) Apply(ctx context.Context, node string, objects []any) (*ApplyR
 	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
-	idx, err := c.Index(ctx, node)
+	idx, gen, _, err := c.counter(ctx, node)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	gen := idx.Revision + 1
 	res := &ApplyResult{Generation: gen}
 	var msgs []*protocol.Desired
 	seen := map[string]bool{}
@@ -104,7 +103,7 @@ func (c *Client) Apply(ctx context.Context, node string, objects []any) (*ApplyR
 		res.Objects = append(res.Objects, Applied{Kind: d.Kind, Namespace: d.Namespace, Name: d.Name, Created: !listed})
 		msgs = append(msgs, d)
 	}
-	if err := c.commit(ctx, idx, msgs); err != nil {
+	if err := c.commit(ctx, idx, gen, msgs); err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return res, nil
@@ -126,12 +125,8 @@ func (c *Client) Delete(ctx context.Context, node string, kind protocol.ObjectKi
 	}
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
-	indexTopic, objTopic := c.topics.Index(node), c.topics.Desired(node, kind, namespace, name)
-	got, err := c.Snapshot(ctx, indexTopic, objTopic)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", what, err)
-	}
-	idx, err := c.decodeIndex(node, got[indexTopic])
+	objTopic := c.topics.Desired(node, kind, namespace, name)
+	idx, gen, got, err := c.counter(ctx, node, objTopic)
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)
 	}
@@ -139,9 +134,8 @@ func (c *Client) Delete(ctx context.Context, node string, kind protocol.ObjectKi
 	if _, listed := idx.Objects[key]; !listed && !liveDesired(got[objTopic]) {
 		return 0, fmt.Errorf("%s: %w", what, ErrNotFound)
 	}
-	gen := idx.Revision + 1
 	tomb := protocol.NewTombstone(node, kind, namespace, name, gen)
-	if err := c.commit(ctx, idx, []*protocol.Desired{tomb}); err != nil {
+	if err := c.commit(ctx, idx, gen, []*protocol.Desired{tomb}); err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)
 	}
 	return gen, nil
@@ -159,10 +153,42 @@ func liveDesired(payload []byte) bool {
 	return json.Unmarshal(payload, &d) != nil || !d.Deleted
 }
 
-// commit publishes msgs (all of one generation, idx.Revision+1) and then the index updated with
-// them, and reads the index back as the receipt.
-func (c *Client) commit(ctx context.Context, idx *protocol.Index, msgs []*protocol.Desired) error {
-	gen := idx.Revision + 1
+// counter reads node's index (with the extra topics, returned by topic) and picks the next
+// generation: above the index's revision, and above every generation the node's acks show. The
+// acks matter when the broker lost the retained index (no persistence, a power cut between saves):
+// counting again from a lower revision would produce generations the node refuses as stale. An
+// unreadable acks message is the node's problem and does not stop the write.
+func (c *Client) counter(ctx context.Context, node string, extra ...string) (*protocol.Index, int64, map[string][]byte, error) {
+	indexTopic, acksTopic := c.topics.Index(node), c.topics.Acks(node)
+	got, err := c.Snapshot(ctx, append([]string{indexTopic, acksTopic}, extra...)...)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	idx, err := c.decodeIndex(node, got[indexTopic])
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	top := idx.Revision
+	if payload := got[acksTopic]; payload != nil {
+		if a, err := protocol.DecodeAcks(payload, protocol.DefaultMaxPayload); err == nil && a.Node == node {
+			top = max(top, a.IndexRevision)
+			for _, g := range a.Applied {
+				top = max(top, g)
+			}
+			for _, g := range a.Deleted {
+				top = max(top, g)
+			}
+			for _, r := range a.Refused {
+				top = max(top, r.Generation)
+			}
+		}
+	}
+	return idx, top + 1, got, nil
+}
+
+// commit publishes msgs (all of generation gen, above idx.Revision) and then the index updated
+// with them at revision gen, and reads the index back as the receipt.
+func (c *Client) commit(ctx context.Context, idx *protocol.Index, gen int64, msgs []*protocol.Desired) error {
 	next := &protocol.Index{APIVersion: protocol.APIVersion, Node: idx.Node, Revision: gen, Objects: maps.Clone(idx.Objects)}
 	type pending struct {
 		topic   string

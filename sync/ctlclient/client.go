@@ -45,8 +45,7 @@ type Options struct {
 	// CertFile and KeyFile are the client certificate and key (PEM), both or neither.
 	CertFile, KeyFile  string
 	Username, Password string
-	// ClientID defaults to mqlet-ctl-<random hex>. It names the client's marker topic, so it may not
-	// hold '/', '+', '#' or NUL.
+	// ClientID defaults to mqlet-ctl-<random hex>.
 	ClientID string
 	// TopicPrefix defaults to protocol.DefaultPrefix.
 	TopicPrefix string
@@ -61,7 +60,7 @@ type Client struct {
 	o      Options
 	topics protocol.Topics
 	mc     mqtt.Client
-	marker string // <prefix>/ctl/<client id>/marker
+	marker string // <prefix>/ctl/<identity>/marker, see markerIdentity
 
 	lost     chan struct{} // closed when the connection is lost
 	lostOnce sync.Once
@@ -93,13 +92,26 @@ func Connect(ctx context.Context, o Options) (*Client, error) {
 	if o.ClientID == "" {
 		o.ClientID = "mqlet-ctl-" + randomHex(8)
 	}
-	if o.ClientID == "" || len(o.ClientID) > 128 || strings.ContainsAny(o.ClientID, "/+#\x00") {
-		return nil, fmt.Errorf("connect %s: client id %q: want 1 to 128 characters without '/', '+', '#' or NUL (it names the client's marker topic)", o.Broker, o.ClientID)
+	if len(o.ClientID) > 128 || strings.ContainsAny(o.ClientID, "\x00") {
+		return nil, fmt.Errorf("connect %s: client id %q: want at most 128 characters and no NUL", o.Broker, o.ClientID)
+	}
+	var tc *tls.Config
+	if isTLS {
+		if tc, err = tlsConfig(o); err != nil {
+			return nil, fmt.Errorf("connect %s: %w", o.Broker, err)
+		}
+	} else if o.CAFile != "" || o.CertFile != "" || o.KeyFile != "" {
+		// TLS files with a plain URL mean a typo in one of them; connecting without TLS would hide it.
+		return nil, fmt.Errorf("connect %s: a CA file or client certificate is given but the broker URL is not TLS (use ssl://, mqtts:// or wss://)", o.Broker)
+	}
+	id, err := markerIdentity(o, tc)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", o.Broker, err)
 	}
 	c := &Client{
 		o:        o,
 		topics:   topics,
-		marker:   topics.Prefix() + "/ctl/" + o.ClientID + "/marker",
+		marker:   topics.Prefix() + "/ctl/" + id + "/marker",
 		lost:     make(chan struct{}),
 		sessions: map[string]protocol.Liveness{},
 	}
@@ -128,15 +140,8 @@ func Connect(ctx context.Context, o Options) (*Client, error) {
 		opts.SetUsername(o.Username)
 		opts.SetPassword(o.Password)
 	}
-	if isTLS {
-		tc, err := tlsConfig(o)
-		if err != nil {
-			return nil, fmt.Errorf("connect %s: %w", o.Broker, err)
-		}
+	if tc != nil {
 		opts.SetTLSConfig(tc)
-	} else if o.CAFile != "" || o.CertFile != "" || o.KeyFile != "" {
-		// Silently sending the credentials' owner over plain TCP would hide a typo in the URL.
-		return nil, fmt.Errorf("connect %s: a CA file or client certificate is given but the broker URL is not TLS (use ssl://, mqtts:// or wss://)", o.Broker)
 	}
 	c.mc = mqtt.NewClient(opts)
 	if err := c.wait(ctx, c.mc.Connect(), "connect "+o.Broker); err != nil {
@@ -231,6 +236,32 @@ func brokerURL(s string) (string, bool, error) {
 		u.Host = net.JoinHostPort(u.Hostname(), port)
 	}
 	return u.String(), isTLS, nil
+}
+
+// markerIdentity names the client's marker topic <prefix>/ctl/<identity>/marker. A broker's ACL
+// grants control-plane identities their marker subtree by user name (`pattern readwrite
+// <prefix>/ctl/%u/#`), and with use_identity_as_username the user name is the client
+// certificate's CN: so the identity is the username, else the certificate's CN, else (anonymous)
+// the client id. Two clients of one identity share the topic; Snapshot's random marker values keep
+// their reads apart.
+func markerIdentity(o Options, tc *tls.Config) (string, error) {
+	id, from := o.ClientID, "client id"
+	switch {
+	case o.Username != "":
+		id, from = o.Username, "username"
+	case tc != nil && len(tc.Certificates) > 0:
+		leaf, err := x509.ParseCertificate(tc.Certificates[0].Certificate[0])
+		if err != nil {
+			return "", fmt.Errorf("client certificate %s: %w", o.CertFile, err)
+		}
+		if leaf.Subject.CommonName != "" {
+			id, from = leaf.Subject.CommonName, "client certificate's CN"
+		}
+	}
+	if id == "" || strings.ContainsAny(id, "/+#\x00") {
+		return "", fmt.Errorf("%s %q cannot name the marker topic <prefix>/ctl/<identity>/marker: it is empty or holds '/', '+', '#' or NUL", from, id)
+	}
+	return id, nil
 }
 
 // tlsConfig builds the TLS configuration from the files in o (none: the system's roots, no client

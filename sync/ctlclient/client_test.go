@@ -72,7 +72,8 @@ func TestConnectErrorsNameTheBroker(t *testing.T) {
 		{Options{Broker: "tcp://u:secret@h:1"}, "not in the URL"},
 		{Options{Broker: "tcp://127.0.0.1:1", CAFile: "/x"}, "not TLS"},
 		{Options{Broker: "ssl://127.0.0.1:1", CertFile: "/x"}, "both a certificate file and a key file"},
-		{Options{Broker: "tcp://127.0.0.1:1", ClientID: "a/b"}, "client id"},
+		{Options{Broker: "tcp://127.0.0.1:1", ClientID: "a/b"}, "marker topic"},
+		{Options{Broker: "tcp://127.0.0.1:1", Username: "a+b"}, `username "a+b" cannot name the marker topic`},
 		{Options{Broker: "tcp://127.0.0.1:1", TopicPrefix: "a/#"}, "wildcard"},
 		{Options{Broker: "tcp://127.0.0.1:1", Timeout: time.Second}, "connect tcp://127.0.0.1:1"},
 	} {
@@ -95,6 +96,9 @@ func TestTLSWithClientCertificate(t *testing.T) {
 		t.Fatalf("Connect over TLS as admin: %v", err)
 	}
 	defer c.Close()
+	if c.marker != "mqlet/v1/ctl/admin/marker" {
+		t.Errorf("marker topic %q, want the certificate's CN in it (the ACL grants <prefix>/ctl/%%u/#)", c.marker)
+	}
 	if _, err := c.Apply(ctx, "n1", []any{pod("web")}); err != nil {
 		t.Fatalf("Apply over TLS: %v", err)
 	}
@@ -365,5 +369,21 @@ func TestConcurrentAppliesOfOneClientDrawDistinctGenerations(t *testing.T) {
 	}
 	if idx.Revision != 5 || len(idx.Objects) != 5 || len(gens) != 5 {
 		t.Errorf("index after 5 concurrent applies: %+v, want revision 5 and five distinct generations", idx)
+	}
+}
+
+// After the broker lost the retained index, the counter goes on above what the node's acks show,
+// not from 1 again: the node would refuse the lower generations as stale.
+func TestApplyCountsAboveTheAcks(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	pub(t, rawClient(t, b.Plain), tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 3, IndexRevision: 7,
+		Applied: map[string]int64{"pods/default/web": 9}, Deleted: map[string]int64{"pods/default/old": 8}}, true)
+	c := dial(t, b)
+	res, err := c.Apply(testCtx(t), "n1", []any{pod("web")})
+	if err != nil || res.Generation != 10 {
+		t.Fatalf("Apply = %+v, %v; want generation 10", res, err)
+	}
+	if gen, err := c.Delete(testCtx(t), "n1", protocol.KindPod, "default", "web"); err != nil || gen != 11 {
+		t.Errorf("Delete = %d, %v; want generation 11", gen, err)
 	}
 }

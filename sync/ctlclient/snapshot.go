@@ -13,17 +13,18 @@ import (
 // Snapshot returns the retained messages matching filters, by topic.
 //
 // MQTT has no "end of retained messages": Snapshot subscribes to filters, then to the client's
-// private marker topic, and publishes one non-retained message there. The broker sends, in order on
-// this connection, every retained message matching the earlier subscriptions before the marker, so
-// the marker's arrival means the snapshot is complete; Options.Timeout is only a safety net.
+// marker topic (<prefix>/ctl/<identity>/marker), and publishes a fresh random value there, not
+// retained. The broker sends, in order on this connection, every retained message matching the
+// earlier subscriptions before the marker, so the marker's arrival means the snapshot is complete;
+// Options.Timeout is only a safety net, and reaching it is an error, never a partial result.
 //
 // A message published live to a matching topic while the snapshot is taken updates the topic's
 // entry (an empty one removes it), since it is also the broker's new retained message there; live
 // messages to topics that hold no retained message are left out.
 //
 // The broker must be able to queue the whole answer for this client: mosquitto drops what is
-// over max_queued_messages (default 1000) without telling anyone, so a broker serving large fleets
-// needs it raised.
+// over max_inflight_messages + max_queued_messages without telling anyone, so a broker serving
+// large fleets needs them raised (docs/protocol.md, broker settings).
 func (c *Client) Snapshot(ctx context.Context, filters ...string) (map[string][]byte, error) {
 	what := "snapshot of " + strings.Join(filters, ", ")
 	if len(filters) == 0 {

@@ -32,6 +32,9 @@ type pahoPub struct {
 	mu       sync.Mutex
 	inFlight map[string]int
 	maxSeen  int
+	// stall, when set and true for a payload, makes Publish wait for ctx after the PUBACK, as if
+	// the acknowledgement were slow to come back.
+	stall func(payload []byte) bool
 }
 
 func (p *pahoPub) Publish(ctx context.Context, topic string, payload []byte) error {
@@ -47,10 +50,14 @@ func (p *pahoPub) Publish(ctx context.Context, topic string, payload []byte) err
 	tok := p.c.Publish(topic, 1, false, payload)
 	select {
 	case <-tok.Done():
-		return tok.Error()
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+	if p.stall != nil && p.stall(payload) {
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	return tok.Error()
 }
 
 // finder maps namespace/name/container to log files, and counts lookups.
@@ -324,6 +331,23 @@ func TestFollowAndCancel(t *testing.T) {
 	r.send(t, &protocol.LogsRequest{ID: "f", Op: protocol.LogsCancel})
 	if ch := r.next(t, "f", 3); !ch.EOF || ch.Error != "" {
 		t.Fatalf("after cancel: %+v, want EOF without error", ch)
+	}
+}
+
+// A chunk whose acknowledgement is still awaited when the stream is cancelled may have reached the
+// requester: the last chunk must not reuse its number, or the requester would drop it as a
+// duplicate and wait forever.
+func TestCancelWhileAChunkIsUnacknowledged(t *testing.T) {
+	r := newRig(t, Options{Poll: 20 * time.Millisecond})
+	r.pub.stall = func(payload []byte) bool { return strings.Contains(string(payload), `"seq":0`) }
+	writeLog(t, r, "web", "x\n")
+	r.send(t, open("f", "web", 0, true))
+	if ch := r.next(t, "f", 0); string(ch.Data) != "x\n" {
+		t.Fatalf("first chunk: %+v", ch)
+	}
+	r.send(t, &protocol.LogsRequest{ID: "f", Op: protocol.LogsCancel})
+	if ch := r.next(t, "f", 1); !ch.EOF || ch.Error != "" {
+		t.Fatalf("after cancel: %+v", ch)
 	}
 }
 

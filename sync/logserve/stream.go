@@ -22,11 +22,12 @@ type sender struct {
 // send publishes one chunk and waits for the broker's acknowledgement.
 func (t *sender) send(ctx context.Context, data []byte, eof bool, errMsg string) error {
 	ch := protocol.LogsChunk{ID: t.id, Seq: t.seq, Data: data, EOF: eof, Error: errMsg}
-	if err := t.s.publish(ctx, &ch); err != nil {
-		return err
-	}
+	// The number is used up even when the wait for the acknowledgement failed: the chunk may have
+	// reached the broker all the same (a cancel arriving while its PUBACK is on the way), and a
+	// later chunk with the same number would be taken for a duplicate and dropped. A chunk that
+	// was really lost shows as a gap, which the requester reports.
 	t.seq++
-	return nil
+	return t.s.publish(ctx, &ch)
 }
 
 // finish sends the last chunk. It is bounded on its own: the stream's context may be what ended.
