@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: measures mqlet (binary sizes, memory, pod start next to `ctr run`, a burst of 20,
-# agent restart, recovery after a simulated power cycle) and writes bench/results.json.
+# agent restart, recovery after a simulated power cycle, and the MQTT link: apply over MQTT, the
+# idle link's bytes next to a bare paho client's, convergence after a broker outage) and writes
+# bench/results.json.
 # BENCHMARKS.md explains every figure.
 #
 # The measurements run against a private containerd that this script configures and the harness
@@ -8,7 +10,9 @@
 # state /run/mqlet-bench/containerd and socket /run/mqlet-bench/containerd.sock. The recovery
 # figure kills every task and restarts containerd, which must never happen to the shared test
 # containerd of scripts/testenv.sh. That script (a prerequisite: `make bench` runs it first)
-# installs containerd and runc and builds the test images.
+# installs containerd and runc and builds the test images. The MQTT figures run mosquitto brokers
+# of their own on free loopback ports and count bytes with an iptables chain (MQLET-BENCH, hooked
+# into OUTPUT on lo), removed at the end.
 #
 # Usage: scripts/bench.sh [harness flags...], e.g. -agent-env GODEBUG=gctrace=1 -keep-logs /tmp/bench-logs
 # (go run ./scripts/bench -h lists them). Must run as root.
@@ -30,6 +34,10 @@ export PATH=/usr/local/go/bin:$PATH
 export HOME=${HOME:-/root}
 command -v containerd >/dev/null || die "containerd is not installed; run scripts/testenv.sh"
 command -v ctr >/dev/null || die "ctr is not installed; run scripts/testenv.sh"
+MOSQUITTO=$(command -v mosquitto || echo /usr/sbin/mosquitto)
+[ -x "$MOSQUITTO" ] || die "mosquitto is not installed (apt-get install mosquitto; scripts/testenv.sh does)"
+IPTABLES=$(command -v iptables || echo /usr/sbin/iptables)
+[ -x "$IPTABLES" ] || die "iptables is not installed (apt-get install iptables): the MQTT figures count bytes with it"
 [ -s "$ENV_FILE" ] || die "$ENV_FILE is missing; run scripts/testenv.sh"
 # shellcheck disable=SC1090
 . "$ENV_FILE"
@@ -48,6 +56,7 @@ trap 'rm -rf "$WORK"' EXIT
 containerd_config scripts/bench.sh "$LIB_DIR" "$RUN_DIR" "$SOCK" >"$WORK/containerd.toml"
 
 go build -o "$WORK/bench" ./scripts/bench
+go build -o "$WORK/mqttfloor" ./scripts/bench/mqttfloor
 
 "$WORK/bench" \
 	-containerd "$(command -v containerd)" \
@@ -59,5 +68,8 @@ go build -o "$WORK/bench" ./scripts/bench
 	-ctr "$(command -v ctr)" \
 	-bin-dir "$REPO_ROOT/bin" \
 	-image-archive "$IMAGE_ARCHIVE" \
+	-mosquitto "$MOSQUITTO" \
+	-mqtt-floor "$WORK/mqttfloor" \
+	-iptables "$IPTABLES" \
 	-out "$REPO_ROOT/bench/results.json" \
 	"$@"

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -185,4 +186,21 @@ func (r *recorder) between(from, to time.Time, key string, match func(id string)
 		out = append(out, e)
 	}
 	return out
+}
+
+// count returns how many events with topic were received in [from, to] for the containers whose
+// id match maps to one of keys.
+func (r *recorder) count(topic string, from, to time.Time, keys []string, match func(id string) string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.events {
+		if e.Topic != topic || e.Received.Before(from) || e.Received.After(to) {
+			continue
+		}
+		if k := match(e.ContainerID); k != "" && slices.Contains(keys, k) {
+			n++
+		}
+	}
+	return n
 }

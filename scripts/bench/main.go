@@ -14,10 +14,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -44,6 +46,10 @@ type config struct {
 	step             time.Duration
 	agentEnv         envList
 	keepLogs         string
+	mosquitto        string
+	mqttFloor        string
+	iptables         string
+	only             stepSet
 }
 
 type bench struct {
@@ -54,6 +60,11 @@ type bench struct {
 	rec    *recorder
 	api    *api.Client
 	log    io.Writer
+
+	agentExtra []string // more agent flags (the MQTT figures' broker and back-off)
+	brokers    []*broker
+	floors     []*daemon
+	counters   *counters
 }
 
 func (b *bench) path(name string) string    { return filepath.Join(b.cfg.libDir, name) }
@@ -77,12 +88,22 @@ func main() {
 	flag.DurationVar(&c.step, "step-timeout", 60*time.Second, "bound on every single wait")
 	flag.Var(&c.agentEnv, "agent-env", "KEY=VALUE added to the agent's environment, repeatable, for profiling: GODEBUG=gctrace=1 (output goes to the agent log), GOGC=50, GOMEMLIMIT=8MiB")
 	flag.StringVar(&c.keepLogs, "keep-logs", "", "copy the agent and containerd logs into this directory before cleaning up")
+	flag.StringVar(&c.mosquitto, "mosquitto", "/usr/sbin/mosquitto", "mosquitto binary, for the MQTT figures' brokers")
+	flag.StringVar(&c.mqttFloor, "mqtt-floor", "", "the mqttfloor binary (scripts/bench/mqttfloor), the idle link's floor")
+	flag.StringVar(&c.iptables, "iptables", "/usr/sbin/iptables", "iptables binary, to count the MQTT links' bytes")
+	flag.Var(&c.only, "only", "comma-separated steps to run, for development: "+strings.Join(stepKeys(), ",")+
+		"; a step needs the ones before it, except mqtt, which sets up its own pods. A partial run writes no results file")
 	flag.Parse()
 	if c.containerdConfig == "" {
 		fatal(errors.New("-containerd-config is required (scripts/bench.sh writes it)"))
 	}
 	if c.samples < 20 {
 		fatal(fmt.Errorf("-samples %d: at least 20 are needed for a p90", c.samples))
+	}
+	for _, k := range c.only {
+		if !slices.Contains(stepKeys(), k) {
+			fatal(fmt.Errorf("-only %s: no such step; the steps are %s", k, strings.Join(stepKeys(), ",")))
+		}
 	}
 	for _, p := range []*string{&c.mqlet, &c.binDir, &c.out, &c.containerdConfig} {
 		abs, err := filepath.Abs(*p)
@@ -107,11 +128,41 @@ func main() {
 	if cleanErr != nil {
 		fatal(fmt.Errorf("figures measured, but cleaning up failed: %w", cleanErr))
 	}
+	if len(c.only) > 0 {
+		printResults(os.Stdout, res)
+		fmt.Printf("\npartial run (-only %s): %s not written\n", strings.Join(c.only, ","), c.out)
+		return
+	}
 	if err := writeResults(c.out, res); err != nil {
 		fatal(err)
 	}
 	printResults(os.Stdout, res)
 	fmt.Printf("\nwrote %s\n", c.out)
+}
+
+// stepSet is the -only flag: empty means every step.
+type stepSet []string
+
+func (s *stepSet) String() string { return strings.Join(*s, ",") }
+
+func (s *stepSet) Set(v string) error {
+	for _, k := range strings.Split(v, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			*s = append(*s, k)
+		}
+	}
+	return nil
+}
+
+func (s stepSet) has(k string) bool { return len(s) == 0 || slices.Contains(s, k) }
+
+func stepKeys() []string {
+	var b bench
+	var out []string
+	for _, s := range b.steps() {
+		out = append(out, s.key)
+	}
+	return out
 }
 
 // envList is a repeatable KEY=VALUE flag.
@@ -139,33 +190,49 @@ func (b *bench) logf(format string, args ...any) {
 // results holds exactly the keys of bench/results.json, in order. Figures of parts that do not
 // exist yet are nil, so they encode as null and never as a made-up number.
 type results struct {
-	BinaryAmd64MB      float64  `json:"binary_amd64_mb"`
-	BinaryArm64MB      float64  `json:"binary_arm64_mb"`
-	BinaryArmv7MB      float64  `json:"binary_armv7_mb"`
-	IdleRSSMiB         float64  `json:"idle_rss_mib"`
-	IdleAnonMiB        float64  `json:"idle_anon_mib"`
-	RSS25PodsMiB       float64  `json:"rss_25_pods_mib"`
-	Anon25PodsMiB      float64  `json:"anon_25_pods_mib"`
-	PodStartP50Ms      float64  `json:"pod_start_p50_ms"`
-	PodStartP90Ms      float64  `json:"pod_start_p90_ms"`
-	CtrRunP50Ms        float64  `json:"ctr_run_p50_ms"`
-	CtrRunP90Ms        float64  `json:"ctr_run_p90_ms"`
-	Burst20Ms          float64  `json:"burst20_ms"`
-	CtrBurst20Ms       float64  `json:"ctr_burst20_ms"` // the floor: the same burst as 20 concurrent ctr run -d
-	Recovery10PodsMs   float64  `json:"recovery_10_pods_ms"`
-	AgentStartMs       float64  `json:"agent_start_ms"`
-	IdleLinkKBPerHour  *float64 `json:"idle_link_kb_per_hour"`
-	ReconnectConverge  *float64 `json:"reconnect_converge_ms"`
-	ReconnectBytes     *float64 `json:"reconnect_bytes"`
-	FleetNodes         *float64 `json:"fleet_nodes"`
-	FleetReadyS        *float64 `json:"fleet_ready_s"`
-	BridgeCPUPct       *float64 `json:"bridge_cpu_pct"`
-	BridgeRSSMiB       *float64 `json:"bridge_rss_mib"`
-	breakdown          []breakdownRow
-	ctrEventP50Ms      float64
-	podStartSamples    int
-	agentStartFirstAPI float64
-	burstCPU           struct{ agent, containerd, shims float64 }
+	BinaryAmd64MB    float64 `json:"binary_amd64_mb"`
+	BinaryArm64MB    float64 `json:"binary_arm64_mb"`
+	BinaryArmv7MB    float64 `json:"binary_armv7_mb"`
+	IdleRSSMiB       float64 `json:"idle_rss_mib"`
+	IdleAnonMiB      float64 `json:"idle_anon_mib"`
+	RSS25PodsMiB     float64 `json:"rss_25_pods_mib"`
+	Anon25PodsMiB    float64 `json:"anon_25_pods_mib"`
+	PodStartP50Ms    float64 `json:"pod_start_p50_ms"`
+	PodStartP90Ms    float64 `json:"pod_start_p90_ms"`
+	CtrRunP50Ms      float64 `json:"ctr_run_p50_ms"`
+	CtrRunP90Ms      float64 `json:"ctr_run_p90_ms"`
+	Burst20Ms        float64 `json:"burst20_ms"`
+	CtrBurst20Ms     float64 `json:"ctr_burst20_ms"` // the floor: the same burst as 20 concurrent ctr run -d
+	Recovery10PodsMs float64 `json:"recovery_10_pods_ms"`
+	AgentStartMs     float64 `json:"agent_start_ms"`
+	// The MQTT figures (issue 9): see BENCHMARKS.md.
+	MQTTApplyP50Ms             float64  `json:"mqtt_apply_to_running_ms"`
+	MQTTApplyP90Ms             float64  `json:"mqtt_apply_to_running_p90_ms"`
+	IdleLinkKBPerHour          float64  `json:"idle_link_kb_per_hour"`
+	IdleLinkFloorKBPerHour     float64  `json:"idle_link_floor_kb_per_hour"`
+	IdleLinkPahoDefaultsKBPerH float64  `json:"idle_link_paho_defaults_kb_per_hour"`
+	ReconnectConvergeMs        float64  `json:"reconnect_converge_ms"`
+	ReconnectAfterOnlineMs     float64  `json:"reconnect_after_online_ms"` // the agent's new online message -> converged
+	ReconnectBytes             float64  `json:"reconnect_bytes"`
+	ReconnectStatusMessages    int      `json:"reconnect_status_messages"`
+	ReconnectStatusChanges     int      `json:"reconnect_status_changes"`
+	FleetNodes                 *float64 `json:"fleet_nodes"`
+	FleetReadyS                *float64 `json:"fleet_ready_s"`
+	BridgeCPUPct               *float64 `json:"bridge_cpu_pct"`
+	BridgeRSSMiB               *float64 `json:"bridge_rss_mib"`
+	breakdown                  []breakdownRow
+	ctrEventP50Ms              float64
+	podStartSamples            int
+	agentStartFirstAPI         float64
+	burstCPU                   struct{ agent, containerd, shims float64 }
+	mqttApplySamples           int
+	idleLink                   []idleResult // agent, floor, paho defaults
+	reconnect                  struct {
+		online    float64 // broker up -> the agent's new online message, ms
+		conv, all linkCount
+		pubs      publishCounts
+	}
+	ran []string // keys of the steps that ran
 }
 
 // burstRatio is the burst target as a share of containerd's own burst: the burst is bound by
@@ -193,6 +260,7 @@ func writeResults(path string, r results) error {
 }
 
 func printResults(w io.Writer, r results) {
+	ran := func(k string) bool { return slices.Contains(r.ran, k) }
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "FIGURE\tVALUE\tTARGET\t")
 	row := func(name string, v float64, unit, target string, ok bool) {
@@ -205,31 +273,93 @@ func printResults(w io.Writer, r results) {
 	info := func(name string, v float64, unit, note string) {
 		fmt.Fprintf(tw, "%s\t%.1f %s\t%s\t\n", name, v, unit, note)
 	}
-	row("pod_start_p50_ms", r.PodStartP50Ms, "ms", fmt.Sprintf("<= 100 and <= 1.2 x ctr (%.1f)", 1.2*r.CtrRunP50Ms),
-		r.PodStartP50Ms <= 100 && r.PodStartP50Ms <= 1.2*r.CtrRunP50Ms)
-	info("pod_start_p90_ms", r.PodStartP90Ms, "ms", fmt.Sprintf("(%d samples)", r.podStartSamples))
-	info("ctr_run_p50_ms", r.CtrRunP50Ms, "ms", fmt.Sprintf("floor; to its task-start event: %.1f ms", r.ctrEventP50Ms))
-	info("ctr_run_p90_ms", r.CtrRunP90Ms, "ms", "")
-	row("burst20_ms", r.Burst20Ms, "ms", fmt.Sprintf("<= %.1f x ctr burst (%.1f)", burstRatio, r.burstTarget()), r.burstMet())
-	info("ctr_burst20_ms", r.CtrBurst20Ms, "ms", "floor: 20 concurrent ctr run -d")
-	fmt.Fprintf(tw, "  CPU used in the burst\tagent %.0f ms\tcontainerd %.0f ms, shims+runc %.0f ms (%d CPUs x burst: %.0f ms)\t\n",
-		r.burstCPU.agent, r.burstCPU.containerd, r.burstCPU.shims, goruntime.NumCPU(), float64(goruntime.NumCPU())*r.Burst20Ms)
-	row("idle_rss_mib", r.IdleRSSMiB, "MiB", "<= 20", r.IdleRSSMiB <= 20)
-	row("idle_anon_mib", r.IdleAnonMiB, "MiB", "<= 6", r.IdleAnonMiB <= 6)
-	row("rss_25_pods_mib", r.RSS25PodsMiB, "MiB", "<= 26", r.RSS25PodsMiB <= 26)
-	row("anon_25_pods_mib", r.Anon25PodsMiB, "MiB", "<= 10", r.Anon25PodsMiB <= 10)
-	row("recovery_10_pods_ms", r.Recovery10PodsMs, "ms", "<= 2000", r.Recovery10PodsMs <= 2000)
-	row("agent_start_ms", r.AgentStartMs, "ms", fmt.Sprintf("<= 300 (pods listed Running at %.1f ms)", r.agentStartFirstAPI), r.AgentStartMs <= 300)
-	info("binary_amd64_mb", r.BinaryAmd64MB, "MB", "1 MB = 1e6 bytes")
-	row("binary_arm64_mb", r.BinaryArm64MB, "MB", "<= 25", r.BinaryArm64MB <= 25)
-	info("binary_armv7_mb", r.BinaryArmv7MB, "MB", "")
-	tw.Flush()
-
-	fmt.Fprintln(w, "\nwhere a start goes (medians; t0 = manifest renamed in / ctr exec'd; containerd's event timestamps):")
-	tw = tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "STEP\tmqlet\tctr run\t")
-	for _, br := range r.breakdown {
-		fmt.Fprintf(tw, "%s\t%.1f ms\t%.1f ms\t\n", br.step, br.agent, br.ctr)
+	if ran("start") {
+		row("pod_start_p50_ms", r.PodStartP50Ms, "ms", fmt.Sprintf("<= 100 and <= 1.2 x ctr (%.1f)", 1.2*r.CtrRunP50Ms),
+			r.PodStartP50Ms <= 100 && r.PodStartP50Ms <= 1.2*r.CtrRunP50Ms)
+		info("pod_start_p90_ms", r.PodStartP90Ms, "ms", fmt.Sprintf("(%d samples)", r.podStartSamples))
+		info("ctr_run_p50_ms", r.CtrRunP50Ms, "ms", fmt.Sprintf("floor; to its task-start event: %.1f ms", r.ctrEventP50Ms))
+		info("ctr_run_p90_ms", r.CtrRunP90Ms, "ms", "")
+	}
+	if ran("burst") {
+		row("burst20_ms", r.Burst20Ms, "ms", fmt.Sprintf("<= %.1f x ctr burst (%.1f)", burstRatio, r.burstTarget()), r.burstMet())
+		info("ctr_burst20_ms", r.CtrBurst20Ms, "ms", "floor: 20 concurrent ctr run -d")
+		fmt.Fprintf(tw, "  CPU used in the burst\tagent %.0f ms\tcontainerd %.0f ms, shims+runc %.0f ms (%d CPUs x burst: %.0f ms)\t\n",
+			r.burstCPU.agent, r.burstCPU.containerd, r.burstCPU.shims, goruntime.NumCPU(), float64(goruntime.NumCPU())*r.Burst20Ms)
+	}
+	if ran("idle") {
+		row("idle_rss_mib", r.IdleRSSMiB, "MiB", "<= 20", r.IdleRSSMiB <= 20)
+		row("idle_anon_mib", r.IdleAnonMiB, "MiB", "<= 6", r.IdleAnonMiB <= 6)
+	}
+	if ran("pods25") {
+		row("rss_25_pods_mib", r.RSS25PodsMiB, "MiB", "<= 26", r.RSS25PodsMiB <= 26)
+		row("anon_25_pods_mib", r.Anon25PodsMiB, "MiB", "<= 10", r.Anon25PodsMiB <= 10)
+	}
+	if ran("recovery") {
+		row("recovery_10_pods_ms", r.Recovery10PodsMs, "ms", "<= 2000", r.Recovery10PodsMs <= 2000)
+	}
+	if ran("agentstart") {
+		row("agent_start_ms", r.AgentStartMs, "ms", fmt.Sprintf("<= 300 (pods listed Running at %.1f ms)", r.agentStartFirstAPI), r.AgentStartMs <= 300)
+	}
+	if ran("binaries") {
+		info("binary_amd64_mb", r.BinaryAmd64MB, "MB", "1 MB = 1e6 bytes")
+		row("binary_arm64_mb", r.BinaryArm64MB, "MB", "<= 25", r.BinaryArm64MB <= 25)
+		info("binary_armv7_mb", r.BinaryArmv7MB, "MB", "")
+	}
+	if ran("mqtt") {
+		note := fmt.Sprintf("p90 %.1f ms (%d samples)", r.MQTTApplyP90Ms, r.mqttApplySamples)
+		if ran("start") {
+			note += fmt.Sprintf("; manifest dir: p50 %.1f ms", r.PodStartP50Ms)
+		}
+		info("mqtt_apply_to_running_ms", r.MQTTApplyP50Ms, "ms", note)
+		floor := r.IdleLinkFloorKBPerHour
+		row("idle_link_kb_per_hour", r.IdleLinkKBPerHour, "KB/h", fmt.Sprintf("<= 20 and <= 1.2 x floor (%.1f)", 1.2*floor),
+			r.IdleLinkKBPerHour <= 20 && r.IdleLinkKBPerHour <= 1.2*floor)
+		info("idle_link_floor_kb_per_hour", floor, "KB/h", "floor: bare paho client, MQTT keepalive only (TCP keepalive off)")
+		info("idle_link_paho_defaults_kb_per_hour", r.IdleLinkPahoDefaultsKBPerH, "KB/h", "bare paho client, paho's default dialer (Go's TCP keepalive)")
+		for i, who := range []string{"agent", "floor", "paho defaults"} {
+			if i >= len(r.idleLink) {
+				break
+			}
+			x := r.idleLink[i]
+			flags := ""
+			if x.NoStart || x.NoPing {
+				flags = " (window not at keepalive edges: the client sent no data at one end)"
+			}
+			fmt.Fprintf(tw, "  idle window, %s\t%.1f s\t%d PINGREQ; up %d B in %d packets, down %d B in %d packets%s\t\n",
+				who, x.Seconds, x.Count.Pings, x.Count.Up, x.Count.UpPkts, x.Count.Down, x.Count.DnPkts, flags)
+		}
+		row("reconnect_converge_ms", r.ReconnectConvergeMs, "ms", "<= 1000", r.ReconnectConvergeMs <= 1000)
+		fmt.Fprintf(tw, "  broker up -> agent online\t%.1f ms\t(agent reconnect back-off capped at %s: full jitter, 0 to 1 s)\t\n", r.reconnect.online, reconnectMax)
+		info("reconnect_after_online_ms", r.ReconnectAfterOnlineMs, "ms", "agent online -> last status matched (the outbox drain)")
+		info("reconnect_bytes", r.ReconnectBytes, "B", fmt.Sprintf("to convergence: up %d B, down %d B; until quiet %d B",
+			r.reconnect.conv.Up, r.reconnect.conv.Down, r.reconnect.all.total()))
+		pods := 10
+		row("reconnect_status_messages", float64(r.ReconnectStatusMessages), "", fmt.Sprintf("<= %d (one per changed pod), for %d changes", pods, r.ReconnectStatusChanges),
+			r.ReconnectStatusMessages <= pods)
+		info("reconnect_status_changes", float64(r.ReconnectStatusChanges), "", "container replacements while the broker was down (containerd's /tasks/start)")
+		fmt.Fprintf(tw, "  PUBLISH from the agent\t%s\t%d payload bytes\t\n", classes(r.reconnect.pubs.received), r.reconnect.pubs.receivedBytes)
+		fmt.Fprintf(tw, "  PUBLISH to the agent\t%s\t%d payload bytes\t\n", classes(r.reconnect.pubs.sent), r.reconnect.pubs.sentBytes)
 	}
 	tw.Flush()
+
+	if ran("start") {
+		fmt.Fprintln(w, "\nwhere a start goes (medians; t0 = manifest renamed in / ctr exec'd; containerd's event timestamps):")
+		tw = tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "STEP\tmqlet\tctr run\t")
+		for _, br := range r.breakdown {
+			fmt.Fprintf(tw, "%s\t%.1f ms\t%.1f ms\t\n", br.step, br.agent, br.ctr)
+		}
+		tw.Flush()
+	}
+}
+
+func classes(m map[string]int) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }

@@ -50,25 +50,37 @@ func (b *bench) run(ctx context.Context) (results, error) {
 	if err := b.prepare(ctx); err != nil {
 		return r, fmt.Errorf("setup: %w", err)
 	}
-	steps := []struct {
-		name string
-		fn   func(context.Context, *results) error
-	}{
-		{"binary sizes", b.measureBinaries},
-		{"idle memory", b.measureIdle},
-		{"pod start vs ctr run", b.measurePodStart},
-		{"burst of 20", b.measureBurst},
-		{"memory with 25 pods", b.measure25},
-		{"agent start with 10 running pods", b.measureAgentStart},
-		{"recovery of 10 pods", b.measureRecovery},
-	}
-	for _, s := range steps {
+	for _, s := range b.steps() {
+		if !b.cfg.only.has(s.key) {
+			continue
+		}
 		b.logf("measuring %s", s.name)
 		if err := s.fn(ctx, &r); err != nil {
 			return r, fmt.Errorf("%s: %w", s.name, err)
 		}
+		r.ran = append(r.ran, s.key)
 	}
 	return r, nil
+}
+
+type step struct {
+	key, name string
+	fn        func(context.Context, *results) error
+}
+
+// steps are the measurements in the order they run; each starts from where the previous one left
+// the agent and its pods (a step run alone with -only sets up what it needs).
+func (b *bench) steps() []step {
+	return []step{
+		{"binaries", "binary sizes", b.measureBinaries},
+		{"idle", "idle memory", b.measureIdle},
+		{"start", "pod start vs ctr run", b.measurePodStart},
+		{"burst", "burst of 20", b.measureBurst},
+		{"pods25", "memory with 25 pods", b.measure25},
+		{"agentstart", "agent start with 10 running pods", b.measureAgentStart},
+		{"recovery", "recovery of 10 pods", b.measureRecovery},
+		{"mqtt", "the MQTT link (apply, idle link, reconnect)", b.measureMQTT},
+	}
 }
 
 // prepare clears what an interrupted earlier run may have left, then starts a fresh containerd,
@@ -120,6 +132,7 @@ func (b *bench) cleanup() error {
 		syscall.Kill(pid, syscall.SIGKILL)
 		waitGone(pid, 10*time.Second)
 	}
+	errs = append(errs, b.stopMQTT())
 	leftover := 0
 	if b.ctrd == nil {
 		if pid, ok := leftoverPid(b.runPath("containerd.pid"), filepath.Base(b.cfg.containerdBin)); ok {
@@ -162,9 +175,9 @@ func (b *bench) cleanup() error {
 	}
 	if b.cfg.keepLogs != "" {
 		if err := os.MkdirAll(b.cfg.keepLogs, 0o755); err == nil {
-			for _, f := range []string{"agent.log", "containerd.log"} {
+			for _, f := range []string{"agent.log", "containerd.log", "mqtt/agent/mosquitto.log"} {
 				if data, err := os.ReadFile(b.path(f)); err == nil {
-					os.WriteFile(filepath.Join(b.cfg.keepLogs, f), data, 0o644)
+					os.WriteFile(filepath.Join(b.cfg.keepLogs, strings.ReplaceAll(f, "/", "-")), data, 0o644)
 				}
 			}
 		}
@@ -284,7 +297,10 @@ func (b *bench) measureIdle(ctx context.Context, r *results) error {
 
 // podManifest is the pod every figure uses: one busybox container sleeping, nothing to pull.
 // A grace period of 0 makes removal a SIGKILL: sleep as PID 1 ignores SIGTERM.
-func (b *bench) podManifest(name string) []byte {
+func (b *bench) podManifest(name string) []byte { return b.podManifestCmd(name, "3600") }
+
+// podManifestCmd is podManifest sleeping arg seconds: a different arg is a new spec.
+func (b *bench) podManifestCmd(name, arg string) []byte {
 	return fmt.Appendf(nil, `apiVersion: v1
 kind: Pod
 metadata:
@@ -296,8 +312,8 @@ spec:
   - name: sleep
     image: %s
     imagePullPolicy: Never
-    command: ["sleep", "3600"]
-`, name, podNamespace, b.cfg.image)
+    command: ["sleep", "%s"]
+`, name, podNamespace, b.cfg.image, arg)
 }
 
 // podKeys maps a container id to the name of the bench pod it belongs to ("" for none), using the
@@ -352,6 +368,12 @@ func (b *bench) removePods(ctx context.Context, names []string) error {
 			return err
 		}
 	}
+	return b.waitGone(ctx, names)
+}
+
+// waitGone waits until containerd holds none of the pods' containers and the agent no longer
+// lists them.
+func (b *bench) waitGone(ctx context.Context, names []string) error {
 	ctx, cancel := b.stepCtx(ctx)
 	defer cancel()
 	key := podKeys(names)
@@ -397,6 +419,12 @@ func (b *bench) containersOf(ctx context.Context, key func(string) string) ([]st
 
 // waitRunning polls the agent's API until every named pod is Running with all containers running.
 func (b *bench) waitRunning(ctx context.Context, names []string) (map[string]v1.Pod, error) {
+	return b.waitPods(ctx, names, nil)
+}
+
+// waitPods is waitRunning with a further condition on each pod: ok returns "" when the pod is as
+// wanted, else why not.
+func (b *bench) waitPods(ctx context.Context, names []string, ok func(v1.Pod) string) (map[string]v1.Pod, error) {
 	ctx, cancel := b.stepCtx(ctx)
 	defer cancel()
 	var why string
@@ -407,6 +435,14 @@ func (b *bench) waitRunning(ctx context.Context, names []string) (map[string]v1.
 		pods, err := b.api.ListPods(ctx, podNamespace)
 		if err == nil {
 			got, w := runningPods(pods, names)
+			if w == "" && ok != nil {
+				for _, n := range names {
+					if w = ok(got[n]); w != "" {
+						w = "pod " + n + ": " + w
+						break
+					}
+				}
+			}
 			if w == "" {
 				return got, nil
 			}

@@ -165,7 +165,7 @@ func (b *bench) stopContainerd() error {
 
 // agentArgs is the agent's command line; every path is the bench's own.
 func (b *bench) agentArgs() []string {
-	return []string{b.cfg.mqlet, "agent",
+	return append([]string{b.cfg.mqlet, "agent",
 		"--node-name", nodeName,
 		"--state-dir", b.path("agent-state"),
 		"--containerd-address", b.cfg.socket,
@@ -174,7 +174,7 @@ func (b *bench) agentArgs() []string {
 		"--api-socket", b.apiSocket(),
 		"--image-preload-dir", b.path("preload"),
 		"--relist-period", "10s",
-	}
+	}, b.agentExtra...)
 }
 
 // startAgent starts the agent; noNetwork puts it in a fresh network namespace holding only a

@@ -89,7 +89,7 @@ func TestBurstFloorRecordedAndTarget(t *testing.T) {
 		burst, floor float64
 		met          bool
 	}{{790, 1000, true}, {800, 1000, true}, {810, 1000, false}, {500, 0, false}} {
-		r := results{Burst20Ms: c.burst, CtrBurst20Ms: c.floor}
+		r := results{Burst20Ms: c.burst, CtrBurst20Ms: c.floor, ran: []string{"burst"}}
 		if r.burstMet() != c.met {
 			t.Errorf("burst %v ms against a ctr floor of %v ms: met = %v, want %v", c.burst, c.floor, r.burstMet(), c.met)
 		}
