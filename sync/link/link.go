@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"sort"
 	"strings"
@@ -344,6 +345,14 @@ func (l *Link) clientOptions(c *conn) *mqtt.ClientOptions {
 		SetOrderMatters(true). // the handler never blocks (a select with default), so order is free
 		SetKeepAlive(l.o.Keepalive).
 		SetPingTimeout(min(10*time.Second, l.o.Keepalive)).
+		// No TCP keepalive probes: the MQTT keepalive (a PINGREQ after Keepalive of silence, the
+		// link dropped when the PINGRESP is late) already finds a dead link, and Go's dialer would
+		// otherwise probe every 15 s of idleness, which more than tripled an idle node's traffic
+		// (measured by `make bench`: 31 KB/hour instead of 9). docs/protocol.md: an idle node sends
+		// nothing but keepalive pings. Set before SetConnectTimeout, which sets the dial timeout
+		// on this dialer. (ws and wss dial through gorilla/websocket's own dialer, which paho
+		// does not let us configure: those links keep Go's default probes.)
+		SetDialer(&net.Dialer{KeepAlive: -1}).
 		SetConnectTimeout(l.o.ConnectTimeout).
 		SetWriteTimeout(l.o.ConnectTimeout). // a socket that takes no data for this long is dead
 		SetStore(c.store).
