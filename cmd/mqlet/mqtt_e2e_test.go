@@ -344,7 +344,6 @@ func mustPod(t *testing.T, doc string) *v1.Pod {
 	return &p
 }
 
-
 // Pods from MQTT obey the agent's policy; a name already taken by a manifest-dir pod is refused.
 // Both refusals reach the control plane as events, and nothing runs for them.
 func TestMQTTPolicyAndNameClashAreRefusedWithEvents(t *testing.T) {
