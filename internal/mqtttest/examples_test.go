@@ -11,6 +11,8 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/mqlet/mqlet/internal/loopback"
 )
 
 // The example broker configurations in configs/mosquitto run on the real
@@ -88,7 +90,7 @@ func startExample(t *testing.T, f *fleet, name string, more map[string]string) *
 	if err := os.WriteFile(b.ACLFile, acl, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p, err := freePorts(1)
+	p, err := loopback.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}

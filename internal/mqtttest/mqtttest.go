@@ -38,6 +38,8 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+
+	"github.com/mqlet/mqlet/internal/loopback"
 )
 
 const (
@@ -195,7 +197,7 @@ func Start(t testing.TB, o Options) *Broker {
 	t.Cleanup(func() { b.cleanup(t) })
 
 	for attempt := 1; ; attempt++ {
-		p, err := freePorts(3)
+		p, err := loopback.FreePorts(3)
 		if err != nil {
 			t.Fatalf("mqtttest: %v", err)
 		}
@@ -529,26 +531,6 @@ restart_timeout 1 2
 `, u.Host, b.bridgeID, b.opts.Prefix)
 	}
 	return os.WriteFile(b.conf, []byte(c.String()), 0o600)
-}
-
-// freePorts returns n distinct loopback ports that were free a moment ago.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ps []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
-		}
-		ls = append(ls, l)
-		ps = append(ps, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ps, nil
 }
 
 // --- the process -----------------------------------------------------------

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/mqlet/mqlet/internal/loopback"
 	"github.com/mqlet/mqlet/sync/protocol"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -59,7 +60,7 @@ func (b *bench) newBroker(name string, persistence bool) (*broker, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(2)
+	ports, err := loopback.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
@@ -91,25 +92,6 @@ listener %d 127.0.0.1
 allow_anonymous true
 `, br.client, br.harness)
 	return br, os.WriteFile(br.conf, []byte(c.String()), 0o600)
-}
-
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ps []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
-		}
-		ls = append(ls, l)
-		ps = append(ps, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ps, nil
 }
 
 // startBroker starts br and returns the first instant its harness listener accepted (polled every
