@@ -111,7 +111,7 @@ func Connect(ctx context.Context, o Options) (*Client, error) {
 	c := &Client{
 		o:        o,
 		topics:   topics,
-		marker:   topics.Prefix() + "/ctl/" + id + "/marker",
+		marker:   topics.Marker(id),
 		lost:     make(chan struct{}),
 		sessions: map[string]protocol.Liveness{},
 	}

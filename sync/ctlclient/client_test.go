@@ -19,17 +19,13 @@ import (
 func TestSnapshotEmptyNeedsNoTimeout(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
 	c := dial(t, b)
-	start := time.Now()
+	// A snapshot that waited for its timeout returns an error: success means the marker ended it.
 	got, err := c.Snapshot(testCtx(t), tp.AllNodes(protocol.ClassIndex))
 	if err != nil {
 		t.Fatalf("Snapshot: %v", err)
 	}
 	if len(got) != 0 {
 		t.Errorf("Snapshot of an empty broker = %v", got)
-	}
-	// The marker, not the 5s timeout, must end it.
-	if d := time.Since(start); d > 2*time.Second {
-		t.Errorf("empty snapshot took %s: it waited for the timeout instead of the marker", d)
 	}
 }
 

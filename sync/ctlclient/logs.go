@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/mqlet/mqlet/sync/protocol"
@@ -18,6 +19,10 @@ const RenewInterval = 20 * time.Second
 
 // cancelTimeout bounds the publish of a cancel once the caller's context has ended.
 const cancelTimeout = 2 * time.Second
+
+// maxQueuedLog bounds the log bytes held in memory while the output (a paused pager, a slow
+// pipe) does not take them; the stream is given up beyond it rather than stalling the client.
+const maxQueuedLog = 8 << 20
 
 // Logs asks node for a container's log and copies it to w until the node's last chunk (EOF).
 // req names the pod, container, Follow, Tail and Previous; its ID is made up when empty and its Op
@@ -48,22 +53,43 @@ func (c *Client) Logs(ctx context.Context, node string, req protocol.LogsRequest
 		return fmt.Errorf("%s: %w", what, err)
 	}
 
-	chunks := make(chan mqtt.Message, 64)
-	stop := make(chan struct{})
+	// The handler must never block: paho runs it on the goroutine that also reads PUBACKs and
+	// PINGRESPs, so a slow writer would stall our own renew and cancel publishes. Chunks queue in
+	// memory instead, bounded by maxQueuedLog bytes; past that the stream is given up.
+	var (
+		qmu     sync.Mutex
+		queue   []mqtt.Message
+		queued  int
+		overrun bool
+	)
+	ready := make(chan struct{}, 1)
 	reply := c.topics.LogsReply(node, req.ID)
-	// The handler blocks while chunks is full (w is slow): paho then holds further messages,
-	// which is the only back pressure MQTT offers a subscriber. stop releases it.
 	handle := func(_ mqtt.Client, m mqtt.Message) {
-		select {
-		case chunks <- m:
-		case <-stop:
+		qmu.Lock()
+		if queued+len(m.Payload()) > maxQueuedLog {
+			overrun = true
+		} else {
+			queue = append(queue, m)
+			queued += len(m.Payload())
 		}
+		qmu.Unlock()
+		select {
+		case ready <- struct{}{}:
+		default:
+		}
+	}
+	// take returns the queued chunks, or an error once the writer fell too far behind.
+	take := func() ([]mqtt.Message, bool) {
+		qmu.Lock()
+		defer qmu.Unlock()
+		out := queue
+		queue, queued = nil, 0
+		return out, overrun
 	}
 	if err := c.wait(ctx, c.mc.Subscribe(reply, qos, handle), what+": subscribe to "+reply); err != nil {
 		return err
 	}
 	defer func() {
-		close(stop)
 		c.wait(context.WithoutCancel(ctx), c.mc.Unsubscribe(reply), "unsubscribe")
 	}()
 	reqTopic := c.topics.LogsRequest(node)
@@ -111,39 +137,46 @@ func (c *Client) Logs(ctx context.Context, node string, req protocol.LogsRequest
 			if err := control(ctx, protocol.LogsRenew); err != nil {
 				return fmt.Errorf("%s: renew: %w", what, err)
 			}
-		case m := <-chunks:
-			ch, err := protocol.DecodeLogsChunk(m.Payload(), protocol.DefaultMaxPayload)
-			if err != nil {
+		case <-ready:
+			ms, over := take()
+			if over {
 				cancelStream()
-				return fmt.Errorf("%s: %w", what, err)
+				return fmt.Errorf("%s: the output is not keeping up: more than %d bytes of log queued", what, maxQueuedLog)
 			}
-			switch {
-			case ch.ID != req.ID:
-				cancelStream()
-				return fmt.Errorf("%s: a chunk on %s is for request %q", what, reply, ch.ID)
-			case ch.Seq < next:
-				continue // a QoS 1 duplicate
-			case ch.Seq > next:
-				cancelStream()
-				return fmt.Errorf("%s: chunk #%d is missing (the next to arrive was #%d): the log would have a hole", what, next, ch.Seq)
-			}
-			next++
-			if len(ch.Data) > 0 {
-				if _, err := w.Write(ch.Data); err != nil {
+			for _, m := range ms {
+				ch, err := protocol.DecodeLogsChunk(m.Payload(), protocol.DefaultMaxPayload)
+				if err != nil {
 					cancelStream()
-					return fmt.Errorf("%s: write: %w", what, err)
+					return fmt.Errorf("%s: %w", what, err)
 				}
-			}
-			if ch.EOF {
-				if ch.Error != "" {
-					return fmt.Errorf("%s: the node says: %s", what, ch.Error)
+				switch {
+				case ch.ID != req.ID:
+					cancelStream()
+					return fmt.Errorf("%s: a chunk on %s is for request %q", what, reply, ch.ID)
+				case ch.Seq < next:
+					continue // a QoS 1 duplicate
+				case ch.Seq > next:
+					cancelStream()
+					return fmt.Errorf("%s: chunk #%d is missing (the next to arrive was #%d): the log would have a hole", what, next, ch.Seq)
 				}
-				return nil
-			}
-			if !req.Follow {
-				idle.Reset(c.o.Timeout)
-			} else {
-				idle.Stop() // the node answered; a followed log may then be silent for as long as it likes
+				next++
+				if len(ch.Data) > 0 {
+					if _, err := w.Write(ch.Data); err != nil {
+						cancelStream()
+						return fmt.Errorf("%s: write: %w", what, err)
+					}
+				}
+				if ch.EOF {
+					if ch.Error != "" {
+						return fmt.Errorf("%s: the node says: %s", what, ch.Error)
+					}
+					return nil
+				}
+				if !req.Follow {
+					idle.Reset(c.o.Timeout)
+				} else {
+					idle.Stop() // the node answered; a followed log may then be silent for as long as it likes
+				}
 			}
 		}
 	}
