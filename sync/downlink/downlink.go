@@ -113,15 +113,23 @@ func New(o Options) *Downlink {
 // Kind implements source.Source.
 func (d *Downlink) Kind() source.Kind { return source.MQTT }
 
-// Offer hands a message to the downlink without blocking (it is called from the MQTT client's
-// delivery path). It returns false when the queue is full; the caller then asks for a resend once
-// things calm down, since the protocol is level-based and a resend repairs any loss.
+// Offer hands a message to the downlink without blocking; false when its queue is full.
 func (d *Downlink) Offer(m Message) bool {
 	select {
 	case d.in <- m:
 		return true
 	default:
 		return false
+	}
+}
+
+// Deliver hands a message to the downlink, waiting for room in its queue until ctx ends.
+func (d *Downlink) Deliver(ctx context.Context, m Message) error {
+	select {
+	case d.in <- m:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/downlink"
@@ -62,7 +61,9 @@ type Sync struct {
 	up   *uplink.Uplink
 	logs *logserve.Server
 
-	resendMu sync.Mutex
+	resendMu  sync.Mutex
+	resendReq *protocol.ResyncRequest // the pending request, nil when none
+	resendDue chan struct{}
 }
 
 // sender adapts the link to the uplink's Link interface.
@@ -91,7 +92,7 @@ func New(o Options) (*Sync, error) {
 	if err := protocol.ValidateNodeName(o.Node); err != nil {
 		return nil, err
 	}
-	s := &Sync{o: o}
+	s := &Sync{o: o, resendDue: make(chan struct{}, 1)}
 	t := o.Topics
 	lo := o.Link
 	lo.ClientID = o.Node
@@ -135,25 +136,44 @@ func (s *Sync) Source() source.Source { return s.down }
 // Reporter is what the agent reports through (pod status, pod gone, events).
 func (s *Sync) Reporter() *uplink.Uplink { return s.up }
 
-// Emit sends an event (the agent's Reporter also does, through Reporter()).
-func (s *Sync) Emit(e event.Event) { s.up.Emit(e) }
-
-// resend asks for every retained desired message again (resubscribe) and, for a control plane that
-// lost them, publishes a resync request. Called from the downlink's goroutine or the link's
-// overflow handler, never from paho's delivery path: Resubscribe waits for the broker.
+// resend asks for a full resend without waiting: the request (the latest reason and missing list)
+// is left for resender, so neither the downlink's loop nor the link's overflow handler waits on the
+// broker, and a burst of requests is one resend.
 func (s *Sync) resend(reason string, missing []string) {
 	s.resendMu.Lock()
-	defer s.resendMu.Unlock()
-	session, _, ok := s.link.Connected()
-	if !ok {
-		return // the next connection subscribes afresh, which replays everything anyway
+	s.resendReq = &protocol.ResyncRequest{Reason: reason, Missing: missing}
+	s.resendMu.Unlock()
+	select {
+	case s.resendDue <- struct{}{}:
+	default:
 	}
-	for _, f := range []string{s.o.Topics.DesiredFilter(s.o.Node), s.o.Topics.Index(s.o.Node)} {
-		if err := s.link.Resubscribe(f); err != nil {
-			s.o.Log.Warn("mqtt: resubscribe for a full resend", "filter", f, "err", err)
+}
+
+// resender resubscribes (the broker then resends every retained desired message) and publishes a
+// resync request for a control plane that lost them.
+func (s *Sync) resender(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.resendDue:
 		}
+		s.resendMu.Lock()
+		req := s.resendReq
+		s.resendReq = nil
+		s.resendMu.Unlock()
+		session, _, ok := s.link.Connected()
+		if req == nil || !ok {
+			continue // the next connection subscribes afresh, which replays everything anyway
+		}
+		for _, f := range []string{s.o.Topics.DesiredFilter(s.o.Node), s.o.Topics.Index(s.o.Node)} {
+			if err := s.link.Resubscribe(f); err != nil {
+				s.o.Log.Warn("mqtt: resubscribe for a full resend", "filter", f, "err", err)
+			}
+		}
+		req.Session = session
+		s.up.Resync(*req)
 	}
-	s.up.Resync(protocol.ResyncRequest{Session: session, Reason: reason, Missing: missing})
 }
 
 // Run runs the link, the uplink, message routing, the node status loop and the logs server until
@@ -179,6 +199,7 @@ func (s *Sync) Run(ctx context.Context) error {
 	run("link", s.link.Run)
 	run("uplink", s.up.Run)
 	run("routing", s.route)
+	run("resend", s.resender)
 	if s.o.NodeStatus != nil {
 		run("node status", s.nodeStatusLoop)
 	}
@@ -203,17 +224,16 @@ func (s *Sync) route(ctx context.Context) error {
 		case m := <-s.link.Inbox():
 			t, err := s.o.Topics.Parse(m.Topic)
 			switch {
-			case err != nil || t.Node != s.o.Node:
-				// Refused by the downlink, which reports it with the topic and reason.
-				s.down.Offer(downlink.Message{Topic: m.Topic, Payload: m.Payload, Retained: m.Retained})
-			case t.Class == protocol.ClassLogsRequest:
+			case err == nil && t.Node == s.o.Node && t.Class == protocol.ClassLogsRequest:
 				if s.logs != nil {
 					s.logs.Handle(m.Payload)
 				}
 			default:
-				if !s.down.Offer(downlink.Message{Topic: m.Topic, Payload: m.Payload, Retained: m.Retained}) {
-					// Dropped: ask for everything again once the queue has room.
-					go s.resend("the downlink queue overflowed", nil)
+				// Everything else, bad topics included (the downlink refuses those with an event
+				// naming topic and reason). Waiting here is fine: this is not paho's goroutine, and the link's own bounded
+				// inbox (with its coalesced overflow -> resend) absorbs a burst meanwhile.
+				if err := s.down.Deliver(ctx, downlink.Message{Topic: m.Topic, Payload: m.Payload, Retained: m.Retained}); err != nil {
+					return nil
 				}
 			}
 		}

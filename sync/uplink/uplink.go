@@ -151,11 +151,11 @@ func (u *Uplink) queueEvent(topic string, v any) {
 
 // PodStatus reports a pod's latest status.
 func (u *Uplink) PodStatus(d store.DesiredPod, st v1.PodStatus) {
-	p := d.Pod.DeepCopy()
+	p := *d.Pod // a shallow copy is enough: the pod is only read, by the encoder
 	p.Status = st
 	u.queueLatest(u.o.Topics.PodStatus(u.o.Node, p.Namespace, p.Name), &protocol.PodStatus{
 		Node: u.o.Node, Namespace: p.Namespace, Name: p.Name, UID: p.UID,
-		Source: string(d.Source.Kind), Generation: d.Generation, Object: p,
+		Source: string(d.Source.Kind), Generation: d.Generation, Object: &p,
 	})
 }
 
