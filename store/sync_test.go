@@ -279,9 +279,11 @@ func TestOutboxSurvivesKill(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// A failing check below must not leave the child writing: kill it by pid (idempotent).
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	type put struct{ w, i, eventSeq, latestSeq int }
 	var puts []put
-	lines := make(chan string)
+	lines := make(chan string, 1024)
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
-	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/store"
@@ -185,7 +184,6 @@ func TestDesiredDownStatusUp(t *testing.T) {
 		s, err := protocol.DecodePodStatus(p, 0)
 		return err == nil && s.Object.Status.Phase == v1.PodRunning && s.Generation == 1
 	})
-	r.s.Reporter().Emit(event.Event{Type: event.Normal, Reason: "Test", Message: "hello"})
 }
 
 // Status reported while the broker is down stays in the bbolt outbox, survives a restart of the
@@ -277,6 +275,17 @@ func TestACLConfinesEachNodeToItsSubtree(t *testing.T) {
 	defer ca.Disconnect(100)
 	leaked := make(chan string, 4)
 	ca.Subscribe(tp.Node("node-b")+"/#", 1, func(_ mqtt.Client, m mqtt.Message) { leaked <- m.Topic() }).WaitTimeout(5 * time.Second)
+	// A probe in A's own subtree, subscribed and published after: the broker delivers on this
+	// connection in order, so once the probe is back, anything retained from B's subtree would
+	// have arrived before it.
+	probed := make(chan struct{}, 1)
+	ca.Subscribe(tp.Node("node-a")+"/probe", 1, func(mqtt.Client, mqtt.Message) { probed <- struct{}{} }).WaitTimeout(5 * time.Second)
+	ca.Publish(tp.Node("node-a")+"/probe", 1, false, []byte("x")).WaitTimeout(5 * time.Second)
+	select {
+	case <-probed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("node A's probe in its own subtree never came back")
+	}
 
 	seen := make(chan string, 8)
 	admin.Subscribe(tp.Node("node-b")+"/status/pods/#", 1, func(_ mqtt.Client, m mqtt.Message) { seen <- "b:" + m.Topic() }).WaitTimeout(5 * time.Second)

@@ -116,12 +116,12 @@ func TestOutboxEntryLeavesOnlyOnAcknowledgement(t *testing.T) {
 	// The library gives up on it (connection going): it stays.
 	first.r.err = errors.New("connection lost before PUBACK")
 	close(first.r.done)
-	time.Sleep(50 * time.Millisecond)
+	// Sent again (after the drainer's pause): the failure was handled, and the entry is still
+	// there; acknowledged this time, it goes.
+	waitFor(t, "published again", func() bool { return len(l.all()) == 2 })
 	if s, _ := st.OutboxStats(); s.Entries != 1 {
 		t.Fatalf("an unacknowledged entry left the outbox: %+v", s)
 	}
-	// Sent again (after the drainer's pause) and acknowledged this time: gone.
-	waitFor(t, "published again", func() bool { return len(l.all()) == 2 })
 	close(l.all()[1].r.done)
 	waitFor(t, "outbox empty", func() bool { s, _ := st.OutboxStats(); return s.Entries == 0 })
 }
