@@ -7,11 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/mqlet/mqlet/internal/mqtttest"
+	"github.com/mqlet/mqlet/sync/ctlclient"
 	"github.com/mqlet/mqlet/sync/logserve"
 	"github.com/mqlet/mqlet/sync/protocol"
 
@@ -78,26 +78,21 @@ func ctlPublish(t *testing.T, cl mqtt.Client, topic string, v any) {
 	}
 }
 
-// ctlRetained reads every retained message under filter the way a node would get them: subscribe,
-// collect until a quiet period (the broker sends retained messages at once).
+// ctlRetained reads every retained message under filter, ended by ctlclient's marker (not by a
+// quiet period, which could end a read before a late message and make "nothing written" pass).
 func ctlRetained(t *testing.T, broker, filter string) map[string][]byte {
 	t.Helper()
-	cl := ctlRaw(t, broker)
-	var mu sync.Mutex
-	got := map[string][]byte{}
-	tok := cl.Subscribe(filter, 1, func(_ mqtt.Client, m mqtt.Message) {
-		mu.Lock()
-		defer mu.Unlock()
-		if m.Retained() {
-			got[m.Topic()] = m.Payload()
-		}
-	})
-	if !tok.WaitTimeout(ctlTestTimeout) || tok.Error() != nil {
-		t.Fatalf("subscribe: %v", tok.Error())
+	ctx, cancel := context.WithTimeout(context.Background(), ctlTestTimeout)
+	defer cancel()
+	c, err := ctlclient.Connect(ctx, ctlclient.Options{Broker: broker})
+	if err != nil {
+		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
-	mu.Lock()
-	defer mu.Unlock()
+	defer c.Close()
+	got, err := c.Snapshot(ctx, filter)
+	if err != nil {
+		t.Fatalf("snapshot %s: %v", filter, err)
+	}
 	return got
 }
 
