@@ -881,6 +881,19 @@ func (a *Agent) teardownLocked(ref runtime.PodRef, cs []runtime.Container) {
 	}()
 }
 
+// Fail stops the pod uid for good with the node's verdict (eviction, node shutdown; see
+// pod.Failure). It reports whether the pod has a worker to fail.
+func (a *Agent) Fail(uid types.UID, f pod.Failure) bool {
+	a.mu.Lock()
+	w := a.workers[uid]
+	a.mu.Unlock()
+	if w == nil {
+		return false
+	}
+	w.Fail(f)
+	return true
+}
+
 // Pods returns every pod the agent manages with its latest status (api.Provider).
 func (a *Agent) Pods() []v1.Pod {
 	a.mu.Lock()

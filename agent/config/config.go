@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/store"
 )
 
@@ -52,6 +53,46 @@ type Config struct {
 	SecretKeyFile string `json:"secretKeyFile"`
 	// MQTTPolicy limits what pods from MQTT may ask of the node; manifest-dir pods are trusted.
 	MQTTPolicy MQTTPolicy `json:"mqttPolicy"`
+
+	// Node status (see policy.go for what each means and how it is checked).
+	NodeStatusUpdateFrequency Duration          `json:"nodeStatusUpdateFrequency"`
+	NodeStatusMaxImages       int64             `json:"nodeStatusMaxImages"`
+	NodeLabels                map[string]string `json:"nodeLabels"`
+	NodeTaints                []string          `json:"nodeTaints"`
+	MaxPods                   int64             `json:"maxPods"`
+	ImageFSDir                string            `json:"imageFSDir"`
+
+	// Pod and QoS cgroups, node allocatable.
+	CgroupRoot             string            `json:"cgroupRoot"`
+	EnforceNodeAllocatable bool              `json:"enforceNodeAllocatable"`
+	SystemReserved         map[string]string `json:"systemReserved"`
+	AgentReserved          map[string]string `json:"agentReserved"`
+
+	// Eviction, kubelet's settings under kubelet's names.
+	EvictionHard                     map[string]string `json:"evictionHard"`
+	EvictionSoft                     map[string]string `json:"evictionSoft"`
+	EvictionSoftGracePeriod          map[string]string `json:"evictionSoftGracePeriod"`
+	EvictionMinimumReclaim           map[string]string `json:"evictionMinimumReclaim"`
+	EvictionPressureTransitionPeriod Duration          `json:"evictionPressureTransitionPeriod"`
+	EvictionMaxPodGracePeriod        Duration          `json:"evictionMaxPodGracePeriod"`
+	EvictionMonitoringPeriod         Duration          `json:"evictionMonitoringPeriod"`
+
+	// Image garbage collection.
+	ImageGCHighThresholdPercent int64    `json:"imageGCHighThresholdPercent"`
+	ImageGCLowThresholdPercent  int64    `json:"imageGCLowThresholdPercent"`
+	ImageMinimumGCAge           Duration `json:"imageMinimumGCAge"`
+
+	// Devices maps a resource name to host device nodes, one "NAME=GLOB[:SHARE]" per entry; several
+	// entries may name the same resource (see DeviceResources).
+	Devices []string `json:"devices"`
+
+	// Graceful node shutdown.
+	ShutdownGracePeriod             Duration `json:"shutdownGracePeriod"`
+	ShutdownGracePeriodCriticalPods Duration `json:"shutdownGracePeriodCriticalPods"`
+	ShutdownSignal                  string   `json:"shutdownSignal"`
+
+	// MetricsAddress serves /metrics, /healthz and /readyz over TCP too; empty: the API socket only.
+	MetricsAddress string `json:"metricsAddress"`
 }
 
 // MQTTPolicy is the config file's mqttPolicy mapping; see admission.Policy for what each allows.
@@ -90,6 +131,25 @@ func Defaults() Config {
 		OutboxMaxBytes:      1 << 20,
 		SecretKeyFile:       "/etc/mqlet/node.key",
 		MQTTPolicy:          MQTTPolicy{},
+
+		NodeStatusUpdateFrequency: Duration{10 * time.Second},
+		NodeStatusMaxImages:       50,
+		MaxPods:                   110,
+		ImageFSDir:                "/var/lib/containerd",
+		CgroupRoot:                "/mqlet",
+		EnforceNodeAllocatable:    true,
+
+		EvictionHard:                     eviction.DefaultHard(),
+		EvictionPressureTransitionPeriod: Duration{5 * time.Minute},
+		EvictionMonitoringPeriod:         Duration{10 * time.Second},
+
+		ImageGCHighThresholdPercent: 85,
+		ImageGCLowThresholdPercent:  80,
+		ImageMinimumGCAge:           Duration{2 * time.Minute},
+
+		ShutdownGracePeriod:             Duration{30 * time.Second},
+		ShutdownGracePeriodCriticalPods: Duration{10 * time.Second},
+		ShutdownSignal:                  "SIGPWR",
 	}
 }
 
@@ -115,6 +175,21 @@ func Vars() map[string]string {
 		"mqtt_max_payload":     strconv.FormatInt(d.MQTTMaxPayload, 10),
 		"outbox_max_bytes":     strconv.FormatInt(d.OutboxMaxBytes, 10),
 		"secret_key_file":      d.SecretKeyFile,
+
+		"node_status_update_frequency":        d.NodeStatusUpdateFrequency.String(),
+		"node_status_max_images":              strconv.FormatInt(d.NodeStatusMaxImages, 10),
+		"max_pods":                            strconv.FormatInt(d.MaxPods, 10),
+		"image_fs_dir":                        d.ImageFSDir,
+		"cgroup_root":                         d.CgroupRoot,
+		"eviction_hard":                       mapString(d.EvictionHard, "<"),
+		"eviction_pressure_transition_period": d.EvictionPressureTransitionPeriod.String(),
+		"eviction_monitoring_period":          d.EvictionMonitoringPeriod.String(),
+		"image_gc_high":                       strconv.FormatInt(d.ImageGCHighThresholdPercent, 10),
+		"image_gc_low":                        strconv.FormatInt(d.ImageGCLowThresholdPercent, 10),
+		"image_minimum_gc_age":                d.ImageMinimumGCAge.String(),
+		"shutdown_grace_period":               d.ShutdownGracePeriod.String(),
+		"shutdown_grace_period_critical":      d.ShutdownGracePeriodCriticalPods.String(),
+		"shutdown_signal":                     d.ShutdownSignal,
 	}
 }
 

@@ -88,6 +88,23 @@ func TestDefaults(t *testing.T) {
 		MQTTMaxPayload:      1048576,
 		OutboxMaxBytes:      1048576,
 		SecretKeyFile:       "/etc/mqlet/node.key",
+
+		NodeStatusUpdateFrequency: Duration{10 * time.Second},
+		NodeStatusMaxImages:       50,
+		MaxPods:                   110,
+		ImageFSDir:                "/var/lib/containerd",
+		CgroupRoot:                "/mqlet",
+		EnforceNodeAllocatable:    true,
+		EvictionHard: map[string]string{"memory.available": "100Mi", "nodefs.available": "10%",
+			"nodefs.inodesFree": "5%", "imagefs.available": "15%", "imagefs.inodesFree": "5%"},
+		EvictionPressureTransitionPeriod: Duration{5 * time.Minute},
+		EvictionMonitoringPeriod:         Duration{10 * time.Second},
+		ImageGCHighThresholdPercent:      85,
+		ImageGCLowThresholdPercent:       80,
+		ImageMinimumGCAge:                Duration{2 * time.Minute},
+		ShutdownGracePeriod:              Duration{30 * time.Second},
+		ShutdownGracePeriodCriticalPods:  Duration{10 * time.Second},
+		ShutdownSignal:                   "SIGPWR",
 	}
 	if !reflect.DeepEqual(d, want) {
 		t.Errorf("Defaults() = %+v\nwant %+v", d, want)
@@ -167,6 +184,9 @@ func TestFlagsCoverEverySetting(t *testing.T) {
 		plural := map[string]string{
 			"plainHTTPRegistries":         "MQLET_PLAIN_HTTP_REGISTRIES",
 			"mqttPolicy.allowedHostPaths": "MQLET_MQTT_ALLOWED_HOST_PATHS",
+			"nodeLabels":                  "MQLET_NODE_LABELS",
+			"nodeTaints":                  "MQLET_NODE_TAINTS",
+			"devices":                     "MQLET_DEVICES",
 		}
 		want := "MQLET_" + strings.ToUpper(strings.ReplaceAll(s.flag, "-", "_"))
 		if p, ok := plural[s.key]; ok {

@@ -49,6 +49,38 @@ type Flags struct {
 	OutboxMaxBytes   *int64         `name:"outbox-max-bytes" placeholder:"BYTES" help:"Most bytes of reports kept for the broker while it is unreachable, at least 65536 (default ${outbox_max_bytes})."`
 	SecretKeyFile    *string        `name:"secret-key-file" placeholder:"FILE" help:"Node key that seals secrets in the state store; must lie outside --state-dir (default ${secret_key_file})."`
 
+	NodeStatusUpdateFrequency *time.Duration `name:"node-status-update-frequency" placeholder:"DURATION" help:"How often the node status is computed; it is reported only when it changes (default ${node_status_update_frequency})."`
+	NodeStatusMaxImages       *int64         `name:"node-status-max-images" placeholder:"N" help:"Most images listed in the node status, largest first; 0 lists none (default ${node_status_max_images})."`
+	NodeLabels                []string       `name:"node-label" placeholder:"KEY=VALUE" help:"Label of the node; repeatable or comma-separated (default none)."`
+	NodeTaints                []string       `name:"node-taint" placeholder:"KEY[=VALUE]:EFFECT" help:"Taint of the node, EFFECT one of NoSchedule, PreferNoSchedule, NoExecute; repeatable or comma-separated (default none)."`
+	MaxPods                   *int64         `name:"max-pods" placeholder:"N" help:"Most pods this node runs (default ${max_pods})."`
+	ImageFSDir                *string        `name:"image-fs-dir" placeholder:"DIR" help:"containerd's root directory, whose file system holds images: the imagefs of eviction and image GC (default ${image_fs_dir})."`
+
+	CgroupRoot             *string  `name:"cgroup-root" placeholder:"PATH" help:"cgroup under which pods run: PATH/NAMESPACE/{burstable,besteffort}/pod<uid> (default ${cgroup_root})."`
+	EnforceNodeAllocatable *bool    `name:"enforce-node-allocatable" help:"Limit all pods together to node allocatable on the cgroup above them (default true)."`
+	SystemReserved         []string `name:"system-reserved" placeholder:"RES=QTY" help:"Resources kept for the OS, e.g. cpu=200m,memory=150Mi,ephemeral-storage=1Gi,pid=1000 (default none)."`
+	AgentReserved          []string `name:"agent-reserved" placeholder:"RES=QTY" help:"Resources kept for mqlet and containerd, as --system-reserved (default none)."`
+
+	EvictionHard                     []string       `name:"eviction-hard" placeholder:"SIGNAL<VALUE" help:"Hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10%; replaces the defaults (default ${eviction_hard})."`
+	EvictionSoft                     []string       `name:"eviction-soft" placeholder:"SIGNAL<VALUE" help:"Soft eviction thresholds; each needs --eviction-soft-grace-period (default none)."`
+	EvictionSoftGracePeriod          []string       `name:"eviction-soft-grace-period" placeholder:"SIGNAL=DURATION" help:"How long a soft threshold must hold before it evicts (default none)."`
+	EvictionMinimumReclaim           []string       `name:"eviction-minimum-reclaim" placeholder:"SIGNAL=VALUE" help:"Reclaim this much beyond a crossed threshold (default none)."`
+	EvictionPressureTransitionPeriod *time.Duration `name:"eviction-pressure-transition-period" placeholder:"DURATION" help:"How long a pressure condition stays after its threshold is no longer crossed (default ${eviction_pressure_transition_period})."`
+	EvictionMaxPodGracePeriod        *time.Duration `name:"eviction-max-pod-grace-period" placeholder:"DURATION" help:"Longest grace period a pod evicted by a soft threshold gets; 0 uses the pod's own (default 0s)."`
+	EvictionMonitoringPeriod         *time.Duration `name:"eviction-monitoring-period" placeholder:"DURATION" help:"How often eviction signals are read; memory is also re-checked on kernel notification where available (default ${eviction_monitoring_period})."`
+
+	ImageGCHighThresholdPercent *int64         `name:"image-gc-high-threshold" placeholder:"PERCENT" help:"Image file system usage that starts image garbage collection (default ${image_gc_high})."`
+	ImageGCLowThresholdPercent  *int64         `name:"image-gc-low-threshold" placeholder:"PERCENT" help:"Usage image garbage collection brings the image file system down to (default ${image_gc_low})."`
+	ImageMinimumGCAge           *time.Duration `name:"image-minimum-gc-age" placeholder:"DURATION" help:"Minimum age of an unused image before it may be removed (default ${image_minimum_gc_age})."`
+
+	Devices []string `name:"device" placeholder:"NAME=GLOB[:SHARE]" help:"Host devices offered as a resource, e.g. mqlet.io/serial=/dev/ttyUSB*; SHARE pods may share one device (default 1); repeatable (default none)."`
+
+	ShutdownGracePeriod             *time.Duration `name:"shutdown-grace-period" placeholder:"DURATION" help:"Time pods get to stop when the system shuts down; 0 turns graceful node shutdown off (default ${shutdown_grace_period})."`
+	ShutdownGracePeriodCriticalPods *time.Duration `name:"shutdown-grace-period-critical-pods" placeholder:"DURATION" help:"Part of --shutdown-grace-period kept for critical pods, which stop last (default ${shutdown_grace_period_critical})."`
+	ShutdownSignal                  *string        `name:"shutdown-signal" placeholder:"SIGNAL" help:"Signal that announces a system shutdown where systemd-logind is absent; empty for none (default ${shutdown_signal})."`
+
+	MetricsAddress *string `name:"metrics-address" placeholder:"HOST:PORT" help:"Also serve /metrics, /healthz and /readyz over TCP here (default none)."`
+
 	MQTTAllowPrivileged     *bool    `name:"mqtt-allow-privileged" help:"Let pods from MQTT be privileged, escalate privileges or add capabilities beyond the baseline set (default false)."`
 	MQTTAllowHostNamespaces *bool    `name:"mqtt-allow-host-namespaces" help:"Let pods from MQTT use hostNetwork, hostPID and hostIPC (default false)."`
 	MQTTAllowedHostPaths    []string `name:"mqtt-allowed-host-path" placeholder:"DIR" help:"Host directory that pods from MQTT may mount as hostPath, with what lies below it; repeatable or comma-separated (default none)."`
@@ -96,6 +128,32 @@ func settings() []setting {
 		{"mqttPolicy.allowPrivileged", "mqtt-allow-privileged", "MQLET_MQTT_ALLOW_PRIVILEGED", func(c *Config) any { return &c.MQTTPolicy.AllowPrivileged }},
 		{"mqttPolicy.allowHostNamespaces", "mqtt-allow-host-namespaces", "MQLET_MQTT_ALLOW_HOST_NAMESPACES", func(c *Config) any { return &c.MQTTPolicy.AllowHostNamespaces }},
 		{"mqttPolicy.allowedHostPaths", "mqtt-allowed-host-path", "MQLET_MQTT_ALLOWED_HOST_PATHS", func(c *Config) any { return &c.MQTTPolicy.AllowedHostPaths }},
+
+		{"nodeStatusUpdateFrequency", "node-status-update-frequency", "MQLET_NODE_STATUS_UPDATE_FREQUENCY", func(c *Config) any { return &c.NodeStatusUpdateFrequency }},
+		{"nodeStatusMaxImages", "node-status-max-images", "MQLET_NODE_STATUS_MAX_IMAGES", func(c *Config) any { return &c.NodeStatusMaxImages }},
+		{"nodeLabels", "node-label", "MQLET_NODE_LABELS", func(c *Config) any { return &c.NodeLabels }},
+		{"nodeTaints", "node-taint", "MQLET_NODE_TAINTS", func(c *Config) any { return &c.NodeTaints }},
+		{"maxPods", "max-pods", "MQLET_MAX_PODS", func(c *Config) any { return &c.MaxPods }},
+		{"imageFSDir", "image-fs-dir", "MQLET_IMAGE_FS_DIR", func(c *Config) any { return &c.ImageFSDir }},
+		{"cgroupRoot", "cgroup-root", "MQLET_CGROUP_ROOT", func(c *Config) any { return &c.CgroupRoot }},
+		{"enforceNodeAllocatable", "enforce-node-allocatable", "MQLET_ENFORCE_NODE_ALLOCATABLE", func(c *Config) any { return &c.EnforceNodeAllocatable }},
+		{"systemReserved", "system-reserved", "MQLET_SYSTEM_RESERVED", func(c *Config) any { return &c.SystemReserved }},
+		{"agentReserved", "agent-reserved", "MQLET_AGENT_RESERVED", func(c *Config) any { return &c.AgentReserved }},
+		{"evictionHard", "eviction-hard", "MQLET_EVICTION_HARD", func(c *Config) any { return &c.EvictionHard }},
+		{"evictionSoft", "eviction-soft", "MQLET_EVICTION_SOFT", func(c *Config) any { return &c.EvictionSoft }},
+		{"evictionSoftGracePeriod", "eviction-soft-grace-period", "MQLET_EVICTION_SOFT_GRACE_PERIOD", func(c *Config) any { return &c.EvictionSoftGracePeriod }},
+		{"evictionMinimumReclaim", "eviction-minimum-reclaim", "MQLET_EVICTION_MINIMUM_RECLAIM", func(c *Config) any { return &c.EvictionMinimumReclaim }},
+		{"evictionPressureTransitionPeriod", "eviction-pressure-transition-period", "MQLET_EVICTION_PRESSURE_TRANSITION_PERIOD", func(c *Config) any { return &c.EvictionPressureTransitionPeriod }},
+		{"evictionMaxPodGracePeriod", "eviction-max-pod-grace-period", "MQLET_EVICTION_MAX_POD_GRACE_PERIOD", func(c *Config) any { return &c.EvictionMaxPodGracePeriod }},
+		{"evictionMonitoringPeriod", "eviction-monitoring-period", "MQLET_EVICTION_MONITORING_PERIOD", func(c *Config) any { return &c.EvictionMonitoringPeriod }},
+		{"imageGCHighThresholdPercent", "image-gc-high-threshold", "MQLET_IMAGE_GC_HIGH_THRESHOLD", func(c *Config) any { return &c.ImageGCHighThresholdPercent }},
+		{"imageGCLowThresholdPercent", "image-gc-low-threshold", "MQLET_IMAGE_GC_LOW_THRESHOLD", func(c *Config) any { return &c.ImageGCLowThresholdPercent }},
+		{"imageMinimumGCAge", "image-minimum-gc-age", "MQLET_IMAGE_MINIMUM_GC_AGE", func(c *Config) any { return &c.ImageMinimumGCAge }},
+		{"devices", "device", "MQLET_DEVICES", func(c *Config) any { return &c.Devices }},
+		{"shutdownGracePeriod", "shutdown-grace-period", "MQLET_SHUTDOWN_GRACE_PERIOD", func(c *Config) any { return &c.ShutdownGracePeriod }},
+		{"shutdownGracePeriodCriticalPods", "shutdown-grace-period-critical-pods", "MQLET_SHUTDOWN_GRACE_PERIOD_CRITICAL_PODS", func(c *Config) any { return &c.ShutdownGracePeriodCriticalPods }},
+		{"shutdownSignal", "shutdown-signal", "MQLET_SHUTDOWN_SIGNAL", func(c *Config) any { return &c.ShutdownSignal }},
+		{"metricsAddress", "metrics-address", "MQLET_METRICS_ADDRESS", func(c *Config) any { return &c.MetricsAddress }},
 	}
 }
 
@@ -133,7 +191,7 @@ func Load(f Flags, environ []string) (Config, error) {
 		errs = append(errs, applyFile(&c, origin, path)...)
 	}
 	errs = append(errs, applyEnv(&c, origin, env)...)
-	applyFlags(&c, origin, f)
+	errs = append(errs, applyFlags(&c, origin, f)...)
 
 	for _, fe := range c.validate() {
 		fe.Origin = origin[fe.Key]
@@ -246,7 +304,29 @@ func decodeJSONValue(raw json.RawMessage, dst any) error {
 	case *int64:
 		var v int64
 		if err := json.Unmarshal(raw, &v); err != nil {
-			return fmt.Errorf("got %s, want a whole number of bytes", describeJSON(raw))
+			return fmt.Errorf("got %s, want a whole number", describeJSON(raw))
+		}
+		*p = v
+	case *map[string]string:
+		// Values may be written as YAML numbers (maxPods-like counts, "pid: 1000"): kept as text.
+		var m map[string]json.RawMessage
+		if raw[0] != '{' || json.Unmarshal(raw, &m) != nil {
+			return fmt.Errorf("got %s, want a mapping of names to values", describeJSON(raw))
+		}
+		v := make(map[string]string, len(m))
+		for k, r := range m {
+			var str string
+			switch {
+			case json.Unmarshal(r, &str) == nil:
+			case r[0] >= '0' && r[0] <= '9' || r[0] == '-':
+				str = string(r)
+			default:
+				return fmt.Errorf("%s: got %s, want a string or a number", k, describeJSON(r))
+			}
+			v[k] = str
+		}
+		if len(v) == 0 {
+			v = nil // "{}" and an absent key mean the same
 		}
 		*p = v
 	case *[]string:
@@ -349,11 +429,17 @@ func setFromString(dst any, s string) error {
 	case *int64:
 		v, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
-			return errors.New("not a whole number of bytes")
+			return errors.New("not a whole number")
 		}
 		*p = v
 	case *[]string:
 		*p = splitList(s)
+	case *map[string]string:
+		m, err := parsePairs(splitList(s))
+		if err != nil {
+			return err
+		}
+		*p = m
 	default:
 		panic(fmt.Sprintf("config: no parser for %T", dst))
 	}
@@ -371,7 +457,7 @@ func splitList(s string) []string {
 	return out
 }
 
-func applyFlags(c *Config, origin map[string]string, f Flags) {
+func applyFlags(c *Config, origin map[string]string, f Flags) (flagErrs []error) {
 	str := func(dst *string, v *string, key, flag string) {
 		if v != nil {
 			*dst = *v
@@ -434,7 +520,52 @@ func applyFlags(c *Config, origin map[string]string, f Flags) {
 	num(&c.MQTTMaxPayload, f.MQTTMaxPayload, "mqttMaxPayload", "mqtt-max-payload")
 	num(&c.OutboxMaxBytes, f.OutboxMaxBytes, "outboxMaxBytes", "outbox-max-bytes")
 	str(&c.SecretKeyFile, f.SecretKeyFile, "secretKeyFile", "secret-key-file")
+	pairs := func(dst *map[string]string, v []string, key, flag string) {
+		if v != nil {
+			var items []string
+			for _, x := range v {
+				items = append(items, splitList(x)...)
+			}
+			m, err := parsePairs(items)
+			if err != nil {
+				flagErrs = append(flagErrs, fmt.Errorf("flag --%s: %w", flag, err))
+				return
+			}
+			*dst = m
+			origin[key] = "flag --" + flag
+		}
+	}
+	dur(&c.NodeStatusUpdateFrequency, f.NodeStatusUpdateFrequency, "nodeStatusUpdateFrequency", "node-status-update-frequency")
+	num(&c.NodeStatusMaxImages, f.NodeStatusMaxImages, "nodeStatusMaxImages", "node-status-max-images")
+	pairs(&c.NodeLabels, f.NodeLabels, "nodeLabels", "node-label")
+	list(&c.NodeTaints, f.NodeTaints, "nodeTaints", "node-taint")
+	num(&c.MaxPods, f.MaxPods, "maxPods", "max-pods")
+	str(&c.ImageFSDir, f.ImageFSDir, "imageFSDir", "image-fs-dir")
+	str(&c.CgroupRoot, f.CgroupRoot, "cgroupRoot", "cgroup-root")
+	boolean(&c.EnforceNodeAllocatable, f.EnforceNodeAllocatable, "enforceNodeAllocatable", "enforce-node-allocatable")
+	pairs(&c.SystemReserved, f.SystemReserved, "systemReserved", "system-reserved")
+	pairs(&c.AgentReserved, f.AgentReserved, "agentReserved", "agent-reserved")
+	pairs(&c.EvictionHard, f.EvictionHard, "evictionHard", "eviction-hard")
+	pairs(&c.EvictionSoft, f.EvictionSoft, "evictionSoft", "eviction-soft")
+	pairs(&c.EvictionSoftGracePeriod, f.EvictionSoftGracePeriod, "evictionSoftGracePeriod", "eviction-soft-grace-period")
+	pairs(&c.EvictionMinimumReclaim, f.EvictionMinimumReclaim, "evictionMinimumReclaim", "eviction-minimum-reclaim")
+	dur(&c.EvictionPressureTransitionPeriod, f.EvictionPressureTransitionPeriod, "evictionPressureTransitionPeriod", "eviction-pressure-transition-period")
+	dur(&c.EvictionMaxPodGracePeriod, f.EvictionMaxPodGracePeriod, "evictionMaxPodGracePeriod", "eviction-max-pod-grace-period")
+	dur(&c.EvictionMonitoringPeriod, f.EvictionMonitoringPeriod, "evictionMonitoringPeriod", "eviction-monitoring-period")
+	num(&c.ImageGCHighThresholdPercent, f.ImageGCHighThresholdPercent, "imageGCHighThresholdPercent", "image-gc-high-threshold")
+	num(&c.ImageGCLowThresholdPercent, f.ImageGCLowThresholdPercent, "imageGCLowThresholdPercent", "image-gc-low-threshold")
+	dur(&c.ImageMinimumGCAge, f.ImageMinimumGCAge, "imageMinimumGCAge", "image-minimum-gc-age")
+	// Device globs may hold commas only in theory; each --device is one entry.
+	if f.Devices != nil {
+		c.Devices = append([]string(nil), f.Devices...)
+		origin["devices"] = "flag --device"
+	}
+	dur(&c.ShutdownGracePeriod, f.ShutdownGracePeriod, "shutdownGracePeriod", "shutdown-grace-period")
+	dur(&c.ShutdownGracePeriodCriticalPods, f.ShutdownGracePeriodCriticalPods, "shutdownGracePeriodCriticalPods", "shutdown-grace-period-critical-pods")
+	str(&c.ShutdownSignal, f.ShutdownSignal, "shutdownSignal", "shutdown-signal")
+	str(&c.MetricsAddress, f.MetricsAddress, "metricsAddress", "metrics-address")
 	boolean(&c.MQTTPolicy.AllowPrivileged, f.MQTTAllowPrivileged, "mqttPolicy.allowPrivileged", "mqtt-allow-privileged")
 	boolean(&c.MQTTPolicy.AllowHostNamespaces, f.MQTTAllowHostNamespaces, "mqttPolicy.allowHostNamespaces", "mqtt-allow-host-namespaces")
 	list(&c.MQTTPolicy.AllowedHostPaths, f.MQTTAllowedHostPaths, "mqttPolicy.allowedHostPaths", "mqtt-allowed-host-path")
+	return flagErrs
 }

@@ -422,8 +422,8 @@ func TestLoadMQTTErrors(t *testing.T) {
 		{"policy paths not a list", "mqttPolicy:\n  allowedHostPaths: /data\n", []string{"key mqttPolicy.allowedHostPaths", "list of strings"}},
 		{"policy path relative", "mqttPolicy:\n  allowedHostPaths: [data]\n",
 			[]string{`invalid mqttPolicy.allowedHostPaths (--mqtt-allowed-host-path) "data" (from config file`}},
-		{"payload with unit", "mqttMaxPayload: 1Mi\n", []string{"key mqttMaxPayload", "whole number of bytes"}},
-		{"payload fraction", "outboxMaxBytes: 1.5\n", []string{"key outboxMaxBytes", "whole number of bytes"}},
+		{"payload with unit", "mqttMaxPayload: 1Mi\n", []string{"key mqttMaxPayload", "whole number"}},
+		{"payload fraction", "outboxMaxBytes: 1.5\n", []string{"key outboxMaxBytes", "whole number"}},
 		{"keepalive number", "mqttKeepalive: 60\n", []string{"mqttKeepalive", "quoted Go duration"}},
 		{"broker as number", "mqttBroker: 1883\n", []string{"mqttBroker", "want a string"}},
 	}

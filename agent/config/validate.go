@@ -135,6 +135,7 @@ func (c Config) validate() []*FieldError {
 		}
 	}
 	c.validateMQTT(bad)
+	c.validatePolicy(bad)
 	return errs
 }
 

@@ -71,6 +71,7 @@ type Worker struct {
 	mu       sync.Mutex
 	pod      *v1.Pod
 	deleting bool
+	failure  *Failure // the node's verdict (evicted, rejected, shut down); see Fail
 	status   v1.PodStatus
 	ooms     []string
 
@@ -94,6 +95,7 @@ func NewWorker(pod *v1.Pod, prev *v1.PodStatus, env Env) *Worker {
 	}
 	w.env.Log = w.env.Log.With("pod", pod.Namespace+"/"+pod.Name)
 	if prev != nil {
+		w.failure = restoredFailure(prev)
 		w.status = *prev.DeepCopy()
 		for _, cs := range podspec.AllStatuses(prev) {
 			r := w.rec(cs.Name)
@@ -190,7 +192,7 @@ func (w *Worker) Run(ctx context.Context) {
 		case <-timer.C:
 		}
 		w.mu.Lock()
-		pod, deleting, ooms := w.pod, w.deleting, w.ooms
+		pod, deleting, ooms, failure := w.pod, w.deleting, w.ooms, w.failure
 		w.ooms = nil
 		w.mu.Unlock()
 		for _, id := range ooms {
@@ -205,7 +207,12 @@ func (w *Worker) Run(ctx context.Context) {
 			timer.Reset(relistRetry)
 			continue
 		}
-		next := w.sync(ctx, pod)
+		var next time.Duration
+		if failure != nil {
+			next = w.syncFailed(ctx, pod, failure)
+		} else {
+			next = w.sync(ctx, pod)
+		}
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
@@ -593,8 +600,13 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*runtime.Container, now 
 	}
 
 	w.mu.Lock()
-	prev := w.status
+	prev, failure := w.status, w.failure
 	w.mu.Unlock()
+	if failure != nil {
+		// Containers that never ran have nothing to report in a pod the node failed (kubelet
+		// reports a pod rejected at admission with no container statuses at all).
+		init, ctrs = withoutWaiting(init), withoutWaiting(ctrs)
+	}
 	st := v1.PodStatus{
 		Phase:                 Phase(&pod.Spec, init, ctrs),
 		HostIP:                w.hostIP(),
@@ -612,6 +624,9 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*runtime.Container, now 
 	if st.StartTime == nil {
 		t := metav1.NewTime(now)
 		st.StartTime = &t
+	}
+	if failure != nil {
+		st.Phase, st.Reason, st.Message = v1.PodFailed, failure.Reason, failure.Message
 	}
 	st.Conditions = Conditions(&pod.Spec, st.Phase, init, ctrs, prev.Conditions, metav1.NewTime(now))
 	if len(init) == 0 {
@@ -631,7 +646,7 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*runtime.Container, now 
 // equalStatus compares by value: container states are pointers, so printing them would compare
 // addresses and every sync would look like a change.
 func equalStatus(a, b *v1.PodStatus) bool {
-	return a.Phase == b.Phase && a.PodIP == b.PodIP && a.HostIP == b.HostIP &&
+	return a.Phase == b.Phase && a.Reason == b.Reason && a.Message == b.Message && a.PodIP == b.PodIP && a.HostIP == b.HostIP &&
 		condStates(a.Conditions) == condStates(b.Conditions) &&
 		equality.Semantic.DeepEqual(a.ContainerStatuses, b.ContainerStatuses) &&
 		equality.Semantic.DeepEqual(a.InitContainerStatuses, b.InitContainerStatuses)
@@ -699,6 +714,18 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *runtime.Cont
 	}
 	cs.State.Waiting = &v1.ContainerStateWaiting{Reason: reason}
 	return cs
+}
+
+// withoutWaiting drops the statuses of containers that are waiting and never ran.
+func withoutWaiting(in []v1.ContainerStatus) []v1.ContainerStatus {
+	out := in[:0:0]
+	for _, cs := range in {
+		if cs.State.Waiting != nil && cs.LastTerminationState.Terminated == nil {
+			continue
+		}
+		out = append(out, cs)
+	}
+	return out
 }
 
 func isInit(pod *v1.Pod, name string) bool {

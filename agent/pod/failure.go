@@ -1,0 +1,146 @@
+package pod
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/mqlet/mqlet/agent/runtime"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Reasons a pod is failed by the node rather than by its containers, as kubelet spells them.
+const (
+	// ReasonEvicted: the eviction manager took the pod to relieve a resource (kubelet's "Evicted").
+	ReasonEvicted = "Evicted"
+	// ReasonNodeShutdown: the pod was stopped for a system shutdown (kubelet's "Terminated"). Unlike
+	// the others it does not outlive the agent: at the next start the pod runs again as desired.
+	ReasonNodeShutdown = "Terminated"
+)
+
+// Failure is the node's verdict that a pod must stop and stay stopped: evicted, refused at admission
+// (OutOfmemory, OutOfcpu, ...), or stopped for a node shutdown. The pod ends in phase Failed with
+// Reason and Message, its containers stopped, and nothing of it starts again.
+type Failure struct {
+	Reason  string
+	Message string
+	// Grace is how long each container gets between its stop signal and SIGKILL; nil means the
+	// pod's own grace period (raised to MinGrace). A hard eviction passes 0: on a node out of
+	// memory, waiting is what lets the kernel's OOM killer pick a victim instead.
+	Grace *time.Duration
+}
+
+// Fail stops the pod for good with f (see Failure). A second call keeps the first verdict: a pod
+// evicted during a shutdown stays evicted.
+func (w *Worker) Fail(f Failure) {
+	w.mu.Lock()
+	if w.failure == nil {
+		w.failure = &f
+	}
+	w.mu.Unlock()
+	w.Nudge()
+}
+
+// Failed returns the verdict the pod is held under, or nil.
+func (w *Worker) Failed() *Failure {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.failure == nil {
+		return nil
+	}
+	f := *w.failure
+	return &f
+}
+
+// Reset lifts a verdict, so the pod runs again (a new spec re-admitted, say); its stopped containers
+// are replaced as after any exit.
+func (w *Worker) Reset() {
+	w.mu.Lock()
+	w.failure = nil
+	w.mu.Unlock()
+	w.Nudge()
+}
+
+// restoredFailure reads the verdict back from a stored status: a pod that was failed by the node
+// stays failed across an agent restart or a reboot, except one stopped for a node shutdown.
+func restoredFailure(prev *v1.PodStatus) *Failure {
+	if prev == nil || prev.Phase != v1.PodFailed || prev.Reason == "" || prev.Reason == ReasonNodeShutdown {
+		return nil
+	}
+	return &Failure{Reason: prev.Reason, Message: prev.Message}
+}
+
+// syncFailed stops every running container of a failed pod (in parallel, each with the verdict's
+// grace) and publishes the Failed status. Containers are stopped, not removed: their exit stays
+// visible, as kubelet leaves an evicted pod's containers to garbage collection.
+func (w *Worker) syncFailed(ctx context.Context, pod *v1.Pod, f *Failure) time.Duration {
+	observed, err := w.env.Runtime.ListContainers(ctx, string(pod.UID))
+	if err != nil {
+		w.env.Log.Error("failed pod: list containers", "err", err)
+		return relistRetry
+	}
+	g := grace(pod)
+	if f.Grace != nil {
+		g = *f.Grace
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var stopped []*runtime.Container
+	failed := false
+	for i := range observed {
+		c := &observed[i]
+		if c.State == runtime.StateExited {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := w.env.Runtime.StopContainer(ctx, c.ID, g)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				w.env.Log.Error("failed pod: stop container", "container", c.Name, "reason", f.Reason, "err", err)
+				failed = true
+				return
+			}
+			stopped = append(stopped, c)
+		}()
+	}
+	wg.Wait()
+	now := time.Now()
+	for _, c := range stopped {
+		// containerd forgets a stopped task's exit status with the task; what the node did to it
+		// is what the pod's status keeps (kubelet shows such containers terminated with 137).
+		r := w.rec(c.Name)
+		started := r.startedAt
+		if r.startedID != c.ID || started.IsZero() {
+			started = c.CreatedAt
+		}
+		r.terminated = &v1.ContainerStateTerminated{ExitCode: 137, Signal: 9, Reason: "Error",
+			Message: "stopped by the node: " + f.Reason, ContainerID: runtime.StatusContainerID(c.ID),
+			StartedAt: metav1.NewTime(started), FinishedAt: metav1.NewTime(now)}
+	}
+	if len(stopped) > 0 {
+		w.mutations++
+		if observed, err = w.env.Runtime.ListContainers(ctx, string(pod.UID)); err != nil {
+			return relistRetry
+		}
+	}
+	newest := map[string]*runtime.Container{}
+	for i := range observed {
+		c := &observed[i]
+		if o := newest[c.Name]; o == nil || c.RestartCount > o.RestartCount {
+			newest[c.Name] = c
+		}
+	}
+	w.mu.Lock()
+	w.seen = runtime.Fingerprint(observed)
+	w.mu.Unlock()
+	w.publish(pod, newest, now)
+	w.syncs.Add(1)
+	if failed {
+		return relistRetry
+	}
+	return 0
+}

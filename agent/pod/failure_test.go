@@ -1,0 +1,65 @@
+package pod
+
+import (
+	"testing"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+func TestWorkerFailStopsAndHolds(t *testing.T) {
+	f := newFakeRuntime()
+	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
+	h.waitFor("phase Running", phaseIs(v1.PodRunning))
+
+	zero := time.Duration(0)
+	h.w.Fail(Failure{Reason: ReasonEvicted, Message: "The node was low on resource: memory.", Grace: &zero})
+	st := h.waitFor("phase Failed", phaseIs(v1.PodFailed))
+	if st.Reason != ReasonEvicted || st.Message != "The node was low on resource: memory." {
+		t.Errorf("status reason/message = %q/%q, want Evicted and the message", st.Reason, st.Message)
+	}
+	stops := f.callsOf("stop")
+	if len(stops) != 1 || stops[0].grace != 0 {
+		t.Fatalf("stop calls = %v, want one with grace 0", stops)
+	}
+	cs := statusOf(st, "a")
+	if cs == nil || cs.State.Terminated == nil || cs.State.Terminated.ExitCode != 137 {
+		t.Fatalf("container a = %+v, want terminated with 137", cs)
+	}
+	// Nothing restarts it, whatever nudges it.
+	h.resync()
+	h.resync()
+	if got := f.callsOf("start"); len(got) != 1 {
+		t.Errorf("start calls after Fail = %v, want only the first", got)
+	}
+	if f := h.w.Failed(); f == nil || f.Reason != ReasonEvicted {
+		t.Errorf("Failed() = %+v", f)
+	}
+}
+
+func TestWorkerFailureRestored(t *testing.T) {
+	prev := &v1.PodStatus{Phase: v1.PodFailed, Reason: "OutOfmemory", Message: "Node didn't have enough resource: memory"}
+	f := newFakeRuntime()
+	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), prev, f)
+	h.resync()
+	if got := f.callsOf("start"); len(got) != 0 {
+		t.Errorf("a pod stored as rejected was started after a restart: %v", got)
+	}
+	if got := h.w.Failed(); got == nil || got.Reason != "OutOfmemory" {
+		t.Errorf("Failed() = %+v, want the stored verdict", got)
+	}
+
+	// A node shutdown is not a verdict that outlives the agent: the pod runs again.
+	prev = &v1.PodStatus{Phase: v1.PodFailed, Reason: ReasonNodeShutdown}
+	f2 := newFakeRuntime()
+	h2 := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), prev, f2)
+	h2.waitFor("phase Running after a shutdown", phaseIs(v1.PodRunning))
+}
+
+func TestWorkerReset(t *testing.T) {
+	f := newFakeRuntime()
+	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), &v1.PodStatus{Phase: v1.PodFailed, Reason: "OutOfcpu"}, f)
+	h.resync()
+	h.w.Reset()
+	h.waitFor("phase Running after Reset", phaseIs(v1.PodRunning))
+}
