@@ -295,6 +295,7 @@ func (a *Agent) startWorker(d store.DesiredPod, prev *v1.PodStatus) {
 		HostIP:   a.currentHostIP,
 		OnStatus: a.onStatus,
 		OnGone:   a.onGone,
+		Emit:     a.report.Emit,
 	})
 	a.workers[p.UID] = w
 	a.byPrefix[runtime.ContainerIDPrefix(string(p.UID))] = p.UID

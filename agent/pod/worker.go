@@ -3,6 +3,7 @@ package pod
 import (
 	"context"
 	"errors"
+	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/podspec"
 	"log/slog"
 	"sort"
@@ -46,6 +47,9 @@ type Env struct {
 	OnStatus func(pod *v1.Pod, st v1.PodStatus)
 	// OnGone is called once the pod's containers and files are gone after Delete.
 	OnGone func(pod *v1.Pod)
+	// Emit reports what happened to the pod (an OOM kill, a liveness failure) as an event; nil
+	// drops them. It must not block (the agent's Reporter queues).
+	Emit func(e event.Event)
 }
 
 // record is what the worker remembers about one container name across attempts: containerd forgets
@@ -546,6 +550,15 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 	r.startedID, r.startedAt = started.ID, time.Now()
 	w.env.Log.Info("container started", "container", c.Name, "id", started.ID, "restarts", attempt)
 	return 0
+}
+
+// emit sends an event about this pod, if anyone listens.
+func (w *Worker) emit(pod *v1.Pod, typ event.Type, reason, message string) {
+	if w.env.Emit == nil {
+		return
+	}
+	w.env.Emit(event.Event{Time: time.Now(), Type: typ, Reason: reason, Message: message,
+		Object: event.Object{Kind: event.KindPod, Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}})
 }
 
 func (w *Worker) hostIP() string {
