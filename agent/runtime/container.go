@@ -106,6 +106,11 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 	if err != nil {
 		return Container{}, &StartError{"CreateContainerConfigError", err}
 	}
+	devOpts, err := r.deviceOpts(pod, sb, c)
+	if err != nil {
+		return Container{}, err
+	}
+	opts = append(opts, devOpts...) // after securityOpts: a privileged container's host devices are replaced, not doubled
 	logPath, err := r.logPath(pod, c.Name, restarts)
 	if err != nil {
 		return Container{}, &StartError{"CreateContainerConfigError", err}

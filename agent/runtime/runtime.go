@@ -13,6 +13,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/defaults"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/mqlet/mqlet/agent/devices"
 	"github.com/mqlet/mqlet/hw"
 )
 
@@ -41,6 +42,11 @@ type Options struct {
 	Executable string
 	Registry   RegistryOptions
 	Log        *slog.Logger
+
+	// Devices hands out the host devices pods ask for in resources.limits; nil refuses every
+	// container that asks for an extended resource. Each pod's allocation is recorded in its pod dir
+	// and given back to the Manager by New, before any new allocation.
+	Devices *devices.Manager
 }
 
 // Runtime is a thin layer over the containerd client.
@@ -106,6 +112,9 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 		o.Log.Warn("cannot read containerd's oom_score_adj; container scores will not go below 1", "err", err)
 	case restricted:
 		r.oomFloor = floor
+	}
+	if o.Devices != nil {
+		r.restoreDevices()
 	}
 	return r, nil
 }

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/mqlet/mqlet/agent/devices"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -50,6 +51,9 @@ type Sandbox struct {
 	// lose; for them (and everyone) the pod dir records the boot id it was set up in, and a
 	// different boot counts as a new sandbox too.
 	Created bool
+
+	Devices    devices.Allocation // host devices of the pod's containers (see devicesHook)
+	devicesErr error              // why the pod has no devices, for its containers that ask for some
 }
 
 // A sandbox hook is one part of the sandbox (pod dir, a namespace, the cgroup, volumes...). Each has
@@ -85,6 +89,7 @@ func (r *Runtime) sandboxHooks() []sandboxHook {
 		pidnsHook{r}, // after the pod dir (its record) and the cgroup (where the holder goes)
 		emptyDirHook{r},
 		hostsHook{r},
+		devicesHook{r},    // after the pod dir, where it records the allocation
 		bootMarkerHook{r}, // last: only a complete set-up is recorded as done in this boot
 	}
 }
