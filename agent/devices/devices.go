@@ -117,11 +117,14 @@ func (m *Manager) Rescan() {
 		found[n] = m.scan(m.res[n])
 	}
 	m.mu.Lock()
-	old := m.present
+	old, first := m.present, m.scanned.IsZero()
 	m.present, m.scanned = found, time.Now()
 	m.mu.Unlock()
 	for _, n := range m.names {
-		if !slices.Equal(old[n], found[n]) {
+		switch {
+		case first:
+			m.log.Info("host devices", "resource", n, "devices", found[n], "share", m.res[n].Share)
+		case !slices.Equal(old[n], found[n]):
 			m.log.Info("host devices changed", "resource", n, "devices", found[n], "before", old[n])
 		}
 	}

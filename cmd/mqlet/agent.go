@@ -50,7 +50,9 @@ func (c *AgentCmd) Run() error {
 		log.Warn("cannot find the mqlet executable; pods with shareProcessNamespace will be refused", "err", err)
 		exe = ""
 	}
+	devs := newDeviceManager(cfg, log)
 	rt, err := runtime.New(ctx, runtime.Options{
+		Devices:     devs,
 		Executable:  exe,
 		Address:     cfg.ContainerdAddress,
 		Namespace:   cfg.ContainerdNamespace,
