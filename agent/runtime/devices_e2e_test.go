@@ -277,6 +277,21 @@ func TestDeviceKeptAcrossAgentRestart(t *testing.T) {
 	}
 }
 
+// A container asking for a device resource the node does not offer is refused with a config error
+// naming it and what is offered.
+func TestDeviceResourceNotOffered(t *testing.T) {
+	root, res := serialRoot(t)
+	g := newDevRig(t, "", "", root, res)
+	p := newPod("de5e0009-u", withDevice(shell("c", "sleep 3600"), "mqlet.io/gpio", 1))
+	sb := g.sandbox(p)
+	_, err := g.r.StartContainer(context.Background(), p, sb, &p.Spec.Containers[0], 0)
+	var se *runtime.StartError
+	if !errors.As(err, &se) || se.Reason != "CreateContainerConfigError" || !strings.Contains(err.Error(), "mqlet.io/gpio") ||
+		!strings.Contains(err.Error(), string(serialRes)) {
+		t.Errorf("err = %v, want a CreateContainerConfigError naming mqlet.io/gpio and the offered %s", err, serialRes)
+	}
+}
+
 // A runtime without a device manager refuses a container asking for a device, naming the resource,
 // and starts the pod's other containers.
 func TestDeviceWithoutManager(t *testing.T) {
