@@ -150,6 +150,14 @@ type record struct {
 	lastUsed      time.Time // zero if never seen in use
 }
 
+// recency is when the image was last used, or first seen if it never was.
+func (r *record) recency() time.Time {
+	if r.lastUsed.IsZero() {
+		return r.firstDetected
+	}
+	return r.lastUsed
+}
+
 type archiveRecord struct {
 	size  int64
 	mtime time.Time
@@ -478,8 +486,11 @@ func (m *Manager) preloadNames() ([]string, error) {
 	return names, nil
 }
 
-// freeImages removes images that may go, least recently used first (never-used ones by when they
-// were first seen), until the bytes they held reach needed. m.mu held.
+// freeImages removes images that may go, least recently used first, until the bytes they held reach
+// needed. An image never used counts as used when it was first seen: kubelet puts every never-used
+// image first, but on an edge node an image is often imported ahead of the pod that will use it
+// (an update staged for a maintenance window), and it should not go before one that last ran a
+// month ago. m.mu held.
 func (m *Manager) freeImages(ctx context.Context, needed int64, now time.Time, inUse, keep map[string]bool) (int64, []string, error) {
 	type candidate struct {
 		name string
@@ -490,7 +501,7 @@ func (m *Manager) freeImages(ctx context.Context, needed int64, now time.Time, i
 		order = append(order, candidate{name, r})
 	}
 	slices.SortFunc(order, func(a, b candidate) int {
-		return cmp.Or(a.rec.lastUsed.Compare(b.rec.lastUsed), a.rec.firstDetected.Compare(b.rec.firstDetected), strings.Compare(a.name, b.name))
+		return cmp.Or(a.rec.recency().Compare(b.rec.recency()), a.rec.firstDetected.Compare(b.rec.firstDetected), strings.Compare(a.name, b.name))
 	})
 	var freed int64
 	var removed []string
