@@ -11,6 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -288,9 +289,9 @@ func TestReclaimDiskFreesUnusedImageAndDeadContainers(t *testing.T) {
 	}
 }
 
-// RemoveImage of a second name for the same image frees nothing and removes only the name; the
-// content stays for the first.
-func TestRemoveImageOtherNameFreesNothing(t *testing.T) {
+// RemoveImage counts only what goes: a second name for an image frees nothing (the content stays
+// for the first), an image sharing its layers with another frees no layer.
+func TestRemoveImageCountsOnlyWhatGoes(t *testing.T) {
 	g := newRig(t)
 	ref := "mqlet.test/gc-unique:" + randHex(4)
 	blob, chain := g.uniqueImage(ref)
@@ -313,15 +314,52 @@ func TestRemoveImageOtherNameFreesNothing(t *testing.T) {
 	if freed, err := g.rt.RemoveImage(context.Background(), "mqlet.test/absent:1"); err != nil || freed != 0 {
 		t.Errorf("RemoveImage of an absent image = %d, %v; want 0, nil", freed, err)
 	}
+
+	// Two images of one layer no other namespace has, different configs: removing one frees its
+	// manifest and config, never the layer the other still uses.
+	data := randomBytes(layerSize)
+	first, second := "mqlet.test/gc-shared:"+randHex(4), "mqlet.test/gc-shared:"+randHex(4)
+	for i, ref := range []string{first, second} {
+		path := filepath.Join(t.TempDir(), "shared.tar")
+		writeImageArchiveOf(t, path, ref, data, fmt.Sprint("variant-", i))
+		g.importArchive(path)
+	}
+	firstImg, err := g.cl.ImageService().Get(g.ctx(), first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := images.Manifest(g.ctx(), g.cl.ContentStore(), firstImg.Target, platforms.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := m.Layers[0]
+	freed, err = g.rt.RemoveImage(context.Background(), second)
+	if err != nil || freed <= 0 || freed >= layer.Size {
+		t.Errorf("RemoveImage(%s) = %d, %v; want its manifest and config only, not the shared layer (%d bytes)", second, freed, err, layer.Size)
+	}
+	if g.present(second) || !g.present(first) || g.blobGone(layer.Digest.String()) {
+		t.Errorf("after removing %s: still present %v, %s present %v, shared layer gone %v",
+			second, g.present(second), first, g.present(first), g.blobGone(layer.Digest.String()))
+	}
 }
 
 // writeImageArchive writes a docker-archive of ref with one layer holding layerSize random bytes.
 func writeImageArchive(t *testing.T, path, ref string) {
+	writeImageArchiveOf(t, path, ref, randomBytes(layerSize), "")
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return b
+}
+
+// writeImageArchiveOf writes a docker-archive of ref with one layer holding data; variant makes the
+// config, and so the image, differ from another of the same layer.
+func writeImageArchiveOf(t *testing.T, path, ref string, data []byte, variant string) {
 	t.Helper()
 	var layer bytes.Buffer
 	lw := tar.NewWriter(&layer)
-	data := make([]byte, layerSize)
-	rand.Read(data)
 	lw.WriteHeader(&tar.Header{Name: "gc-data", Mode: 0o644, Size: int64(len(data)), ModTime: time.Unix(0, 0)})
 	lw.Write(data)
 	lw.Close()
@@ -329,7 +367,7 @@ func writeImageArchive(t *testing.T, path, ref string) {
 	diffID := "sha256:" + hex.EncodeToString(sum[:])
 	config, _ := json.Marshal(map[string]any{
 		"architecture": goruntime.GOARCH, "os": "linux",
-		"config": map[string]any{"Cmd": []string{"/gc-data"}},
+		"config": map[string]any{"Cmd": []string{"/gc-data"}, "Env": []string{"VARIANT=" + variant}},
 		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{diffID}},
 	})
 	manifest, _ := json.Marshal([]map[string]any{{"Config": "config.json", "RepoTags": []string{ref}, "Layers": []string{"layer.tar"}}})
