@@ -214,7 +214,11 @@ func (m *Manager) Run(ctx context.Context) {
 		if _, err := m.GarbageCollect(ctx); errors.Is(err, ErrNotReady) {
 			next = readyRetry
 		} else if err != nil && ctx.Err() == nil {
-			m.log.Warn("image garbage collection", "err", err)
+			reason := ReasonImageGCFailed
+			if f, ok := errors.AsType[*Failure](err); ok {
+				reason = f.Reason
+			}
+			m.log.Warn("image garbage collection failed", "reason", reason, "err", err)
 		}
 		if !timer.Stop() {
 			select {
@@ -584,24 +588,30 @@ func (m *Manager) reclaimContainers(ctx context.Context, pods []v1.Pod) (int64, 
 	return freed, n, errors.Join(errs...)
 }
 
+// Failure is the error of a failed pass, with the reason of the Warning event it was reported as.
+type Failure struct {
+	Reason string // ReasonImageGCFailed, ReasonFreeDiskSpaceFailed or ReasonInvalidDiskCapacity
+	Err    error
+}
+
+func (f *Failure) Error() string { return f.Err.Error() }
+func (f *Failure) Unwrap() error { return f.Err }
+
 // fail reports a failed pass: a Warning event the first time this reason comes up in a row (a full
 // disk that stays full must not send the same warning every period over a metered link), and the
-// error for the log. m.mu held.
+// error, which Run logs every time. m.mu held.
 func (m *Manager) fail(reason string, err error) error {
 	if m.warned != reason {
 		m.warned = reason
 		m.emit(event.Warning, reason, err.Error())
 	}
-	return err
+	return &Failure{Reason: reason, Err: err}
 }
 
 // settled notes a pass that ended well, so the next failure is reported again. m.mu held.
 func (m *Manager) settled() { m.warned = "" }
 
 func (m *Manager) emit(typ event.Type, reason, msg string) {
-	if typ == event.Warning {
-		m.log.Warn(msg, "reason", reason)
-	}
 	if m.o.Events == nil {
 		return
 	}

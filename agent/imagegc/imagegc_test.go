@@ -358,8 +358,9 @@ func TestWarningsNotRepeated(t *testing.T) {
 func TestCapacityZeroAndStatfsError(t *testing.T) {
 	f := newFake(0, 0)
 	r := newRig(t, f, nil)
-	if _, err := r.m.GarbageCollect(context.Background()); err == nil || !strings.Contains(err.Error(), "capacity 0") {
-		t.Errorf("capacity 0: %v", err)
+	_, err := r.m.GarbageCollect(context.Background())
+	if f, ok := errors.AsType[*Failure](err); !ok || f.Reason != ReasonInvalidDiskCapacity || !strings.Contains(err.Error(), "capacity 0") {
+		t.Errorf("capacity 0: %v, want a Failure with reason %s", err, ReasonInvalidDiskCapacity)
 	}
 	r2 := newRig(t, newFake(100, 0), func(o *Options) {
 		o.Statfs = func(dir string) (FSStats, error) { return FSStats{}, errors.New("statfs " + dir + ": no such file") }

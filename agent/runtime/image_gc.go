@@ -68,6 +68,8 @@ func (r *Runtime) RemoveImage(ctx context.Context, name string) (freed int64, er
 		r.log.Warn("cannot tell how much removing an image frees; counting it as nothing", "image", name, "err", uerr)
 		freed = 0
 	}
+	// The target check keeps a tag pulled anew meanwhile (daemons before 2.0 ignore it; the window
+	// is the few milliseconds since the Get above).
 	err = is.Delete(ctx, name, images.SynchronousDelete(), images.DeleteTarget(&img.Target))
 	if errdefs.IsNotFound(err) {
 		if now, gerr := is.Get(ctx, name); gerr == nil {
