@@ -313,14 +313,16 @@ func (m *Manager) GarbageCollect(ctx context.Context) (Result, error) {
 // removes everything it may. Memory and PID signals have nothing to reclaim here (0, nil).
 func (m *Manager) ReclaimDisk(ctx context.Context, signal string, bytesNeeded int64) (int64, error) {
 	var withImages bool
-	switch s := eviction.Signal(signal); s {
+	switch eviction.Signal(signal) {
 	case eviction.SignalImageFsAvailable, eviction.SignalImageFsInodesFree:
 		withImages = true
 	case eviction.SignalNodeFsAvailable, eviction.SignalNodeFsInodesFree:
 		if m.o.NodeFSDir != "" {
 			same, err := m.o.SameFS(m.o.ImageFSDir, m.o.NodeFSDir)
 			if err != nil {
-				m.log.Warn("cannot tell whether images live on the node file system; not removing images for it", "signal", signal, "err", err)
+				// The periodic pass warns about an imageFSDir it cannot read; under pressure this runs
+				// every monitoring period.
+				m.log.Debug("cannot tell whether images live on the node file system; not removing images for it", "signal", signal, "err", err)
 			}
 			withImages = same
 		}
