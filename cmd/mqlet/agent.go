@@ -109,6 +109,12 @@ func (c *AgentCmd) Run() error {
 		return err
 	}
 
+	gc, err := startImageGC(ctx, cfg, rt, a, report, log)
+	if err != nil {
+		return err
+	}
+	defer gc.Stop()
+
 	log.Info("mqlet agent starting", "version", version, "node", cfg.NodeName, "containerd", cfg.ContainerdAddress,
 		"namespace", cfg.ContainerdNamespace, "manifests", cfg.ManifestDir, "state", cfg.StatePath())
 	srv := api.NewServer(a, log)
