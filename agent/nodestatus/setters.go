@@ -32,7 +32,9 @@ type Setter func(ctx context.Context, n *v1.Node) error
 
 // NodeAddress sets the node's addresses: InternalIP from hostIP (the default route's address) and
 // Hostname. When hostIP finds none (the link is down, DHCP has not answered yet) the previous
-// InternalIP stays: a brief loss of the address is not a change worth reporting.
+// InternalIP stays: a brief loss of the address is not a change worth reporting. A node that never
+// had an address (a factory node with no network) reports its hostname alone, which is not an
+// error: it would only fill the log every period.
 func NodeAddress(hostname string, hostIP func() string) Setter {
 	return func(_ context.Context, n *v1.Node) error {
 		ip := hostIP()
@@ -49,9 +51,6 @@ func NodeAddress(hostname string, hostIP func() string) Setter {
 			addrs = append(addrs, v1.NodeAddress{Type: v1.NodeInternalIP, Address: ip})
 		}
 		n.Status.Addresses = append(addrs, v1.NodeAddress{Type: v1.NodeHostName, Address: hostname})
-		if ip == "" {
-			return errors.New("node address: no IPv4 address found (no default route and no interface with an address)")
-		}
 		return nil
 	}
 }
