@@ -358,7 +358,9 @@ func TestSignificant(t *testing.T) {
 		func(n *v1.Node) { n.Labels = map[string]string{"a": "b"} },
 		func(n *v1.Node) { n.Annotations = map[string]string{"a": "b"} },
 		func(n *v1.Node) { n.Spec.Taints = []v1.Taint{{Key: "k", Effect: v1.TaintEffectNoSchedule}} },
-		func(n *v1.Node) { n.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.1"}} },
+		func(n *v1.Node) {
+			n.Status.Addresses = []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.1"}}
+		},
 		func(n *v1.Node) { n.Status.Capacity = v1.ResourceList{v1.ResourceCPU: q("1")} },
 		func(n *v1.Node) { n.Status.Allocatable = v1.ResourceList{v1.ResourceCPU: q("1")} },
 		func(n *v1.Node) { n.Status.NodeInfo.BootID = "b" },
