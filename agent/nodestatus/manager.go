@@ -203,6 +203,11 @@ func (m *Manager) compute(ctx context.Context, prev *v1.Node) *v1.Node {
 	n := prev.DeepCopy()
 	n.TypeMeta = metav1.TypeMeta{Kind: "Node", APIVersion: "v1"}
 	n.Name = m.o.Name
+	if n.CreationTimestamp.IsZero() {
+		// When this node first reported a status; kept across restarts with the stored status,
+		// so AGE in `mqlet node` is the node's, not the agent process's.
+		n.CreationTimestamp = metav1.NewTime(m.o.Now())
+	}
 	for _, set := range m.o.Setters {
 		if err := set(ctx, n); err != nil {
 			m.o.Log.Warn("node status", "err", err)

@@ -250,6 +250,9 @@ func TestManagerRestartKeepsTransitionTimesAndRestoresNothingNew(t *testing.T) {
 	if got := condition(again, v1.NodeReady).LastTransitionTime; !got.Time.Equal(since.Time) {
 		t.Errorf("Ready transition after restart %v, want %v", got, since)
 	}
+	if !again.CreationTimestamp.Time.Equal(first.CreationTimestamp.Time) || first.CreationTimestamp.IsZero() {
+		t.Errorf("creationTimestamp %v after restart, want the first status's %v", again.CreationTimestamp, first.CreationTimestamp)
+	}
 	if st.count() != 1 {
 		t.Errorf("restart with nothing changed wrote the store: %d puts", st.count())
 	}
