@@ -159,7 +159,6 @@ func (m *Manager) Run(ctx context.Context) error {
 		m.mu.Lock()
 		m.latest = n
 		m.mu.Unlock()
-		prev = n
 
 		now := m.o.Now()
 		ready := isReady(n)
@@ -167,6 +166,9 @@ func (m *Manager) Run(ctx context.Context) error {
 		settling := !handed && !ready && now.Sub(start) < m.o.StartupGrace
 		stored, changed := false, false
 		if !settling {
+			// A status kept back while settling is not built on: Ready must not pass through a
+			// NotReady nobody saw, or a restart would lose the transition time it restored.
+			prev = n
 			sum := Significant(n)
 			if m.o.Store != nil && sum != storedSum {
 				if err := m.o.Store.PutNodeStatus(n); err != nil {

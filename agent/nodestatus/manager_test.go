@@ -240,10 +240,15 @@ func TestManagerRestartKeepsTransitionTimesAndRestoresNothingNew(t *testing.T) {
 	h.stop()
 
 	// The same machine, later: the stored status is taken up, so Ready keeps its transition
-	// time; the first status is handed on (a link repeats it on reconnect) but not written.
-	w.set(func(w *world) { w.now = w.now.Add(time.Hour) })
+	// time, also through a first computation that finds the agent not ready yet; the first
+	// settled status is handed on (a link repeats it on reconnect) but not written.
+	w.set(func(w *world) { w.now, w.ready = w.now.Add(time.Hour), errors.New("sources not read yet: file") })
 	h2 := start(t, w, st, nil)
-	again := h2.take()
+	if n := h2.take(); n != nil {
+		t.Fatalf("a NotReady status at restart was handed on")
+	}
+	w.set(func(w *world) { w.ready = nil })
+	again := h2.step()
 	if again == nil {
 		t.Fatalf("no status handed after the restart")
 	}
