@@ -159,11 +159,11 @@ const MaxNamesPerImage = 5
 
 // Images sets the node's image list: the images in containerd, one entry per image (its names
 // grouped by digest, digest references first, then tags, at most MaxNamesPerImage), largest
-// first, at most max of them (0 lists none). If the list cannot be read the previous one stays,
+// first, at most maxImages of them (0 lists none). If the list cannot be read the previous one stays,
 // so a containerd hiccup does not look like every image vanished.
-func Images(max int, list func(ctx context.Context) ([]Image, error)) Setter {
+func Images(maxImages int, list func(ctx context.Context) ([]Image, error)) Setter {
 	return func(ctx context.Context, n *v1.Node) error {
-		if max <= 0 {
+		if maxImages <= 0 {
 			n.Status.Images = nil
 			return nil
 		}
@@ -187,7 +187,7 @@ func Images(max int, list func(ctx context.Context) ([]Image, error)) Setter {
 				byDigest[key] = g
 			}
 			g.names = append(g.names, img.Name)
-			g.size = max64(g.size, img.Size)
+			g.size = max(g.size, img.Size)
 		}
 		out := make([]v1.ContainerImage, 0, len(byDigest))
 		for _, g := range byDigest {
@@ -211,16 +211,9 @@ func Images(max int, list func(ctx context.Context) ([]Image, error)) Setter {
 			}
 			return strings.Compare(a.Names[0], b.Names[0])
 		})
-		n.Status.Images = out[:min(len(out), max)]
+		n.Status.Images = out[:min(len(out), maxImages)]
 		return nil
 	}
-}
-
-func max64(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
 }
 
 // Well-known labels kubelet sets on its node.
