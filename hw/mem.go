@@ -4,13 +4,20 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 )
 
-// MemoryCapacity is the machine's total memory in bytes (MemTotal of /proc/meminfo).
+// MemoryCapacity is this machine's total memory in bytes (MemTotal of /proc/meminfo).
 func MemoryCapacity() (int64, error) {
-	return memTotal("/proc/meminfo")
+	return MemTotal("/")
+}
+
+// MemTotal is the total memory in bytes that root/proc/meminfo reports (MemTotal), which is what
+// kubelet reports as memory capacity.
+func MemTotal(root string) (int64, error) {
+	return memTotal(filepath.Join(root, "proc/meminfo"))
 }
 
 func memTotal(path string) (int64, error) {

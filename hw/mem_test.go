@@ -18,6 +18,9 @@ func TestMemTotal(t *testing.T) {
 	if _, err := memTotal(bad); err == nil {
 		t.Errorf("memTotal without a MemTotal line: no error")
 	}
+	if _, err := MemTotal(t.TempDir()); err == nil {
+		t.Errorf("MemTotal of a root without proc/meminfo: no error")
+	}
 	if n, err := MemoryCapacity(); err != nil || n <= 0 {
 		t.Errorf("MemoryCapacity on this machine = %d, %v", n, err)
 	}

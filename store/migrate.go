@@ -29,6 +29,7 @@ func migrations(note func(format string, args ...any)) []migration {
 		{from: 0, apply: func(tx *bolt.Tx) error { return migrate0to1(tx, note) }},
 		{from: 1, apply: func(tx *bolt.Tx) error { return migrate1to2(tx, note) }},
 		{from: 2, apply: func(tx *bolt.Tx) error { return migrate2to3(tx, note) }},
+		{from: 3, apply: func(tx *bolt.Tx) error { return migrate3to4(tx, note) }},
 	}
 }
 
@@ -237,5 +238,15 @@ func migrate2to3(tx *bolt.Tx, note func(string, ...any)) error {
 		}
 	}
 	note("schema 2 -> 3: added buckets %s", strings.Join(added, ", "))
+	return nil
+}
+
+// migrate3to4 adds the node_status bucket, empty: the node's status is written again on the
+// agent's first status computation. Nothing of schema 3 changes.
+func migrate3to4(tx *bolt.Tx, note func(string, ...any)) error {
+	if _, err := tx.CreateBucketIfNotExists([]byte("node_status")); err != nil {
+		return fmt.Errorf("create bucket %q: %w", "node_status", err)
+	}
+	note("schema 3 -> 4: added bucket node_status")
 	return nil
 }

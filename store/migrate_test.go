@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mqlet/mqlet/agent/source"
 	bolt "go.etcd.io/bbolt"
@@ -193,8 +194,8 @@ func TestMigrateV2Fixture(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Schema 2's records are byte for byte what they were; the file is at schema 3 with every
-	// bucket, and a second open has nothing to do.
+	// Schema 2's records are byte for byte what they were; the file is at the current schema with
+	// every bucket, and a second open has nothing to do.
 	if after := dumpBuckets(t, path, bucketDesired, bucketStatus); !reflect.DeepEqual(after, before) {
 		t.Errorf("migration changed desired_pods or pod_status")
 	}
@@ -203,10 +204,10 @@ func TestMigrateV2Fixture(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = bdb.View(func(tx *bolt.Tx) error {
-		if v := string(tx.Bucket(bucketMeta).Get(keySchemaVersion)); v != "3" {
-			t.Errorf("schema_version = %q, want 3", v)
+		if v := string(tx.Bucket(bucketMeta).Get(keySchemaVersion)); v != fmt.Sprint(SchemaVersion) {
+			t.Errorf("schema_version = %q, want %d", v, SchemaVersion)
 		}
-		for _, b := range []string{"objects", "sync_marks", "outbox", "outbox_latest"} {
+		for _, b := range []string{"objects", "sync_marks", "outbox", "outbox_latest", "node_status"} {
 			if tx.Bucket([]byte(b)) == nil {
 				t.Errorf("bucket %s missing after migration", b)
 			}
@@ -388,5 +389,153 @@ func TestParseSourceV1(t *testing.T) {
 		if ref != want.ref || ok != want.ok {
 			t.Errorf("parseSourceV1(%q) = %+v, %v; want %+v, %v", in, ref, ok, want.ref, want.ok)
 		}
+	}
+}
+
+// TestMigrateV3Fixture opens a copy of testdata/v3.db, written by the released schema 3 binary
+// (mqlet 1b8f24f running as a daemon with a broker; see testdata/README): desired pods from the
+// manifest dir and from MQTT, their status, a ConfigMap and a sealed Secret, sync marks, the
+// session counter and an undelivered outbox entry. Migration 3 -> 4 must keep every one of them
+// byte for byte, each still readable through the store, and add the node_status bucket, which
+// then works.
+func TestMigrateV3Fixture(t *testing.T) {
+	path := copyFixture(t, "v3.db")
+	schema3 := [][]byte{bucketMeta, bucketDesired, bucketStatus, bucketObjects, bucketMarks, bucketOutbox, bucketOutboxLatest}
+	before := dumpBuckets(t, path, schema3...)
+	key, err := os.ReadFile(filepath.Join("testdata", "v3.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenWith(path, Options{SecretKey: key})
+	if err != nil {
+		t.Fatalf("Open(v3 fixture): %v", err)
+	}
+	notices := strings.Join(d.Notices(), "\n")
+	for _, want := range []string{"migrated schema version 3 -> 4", "added bucket node_status", path} {
+		if !strings.Contains(notices, want) {
+			t.Errorf("notices %q do not mention %q", notices, want)
+		}
+	}
+	if strings.Contains(notices, "2 -> 3") {
+		t.Errorf("notices %q: a schema 3 file went through 2 -> 3", notices)
+	}
+
+	// Desired pods and their status.
+	wants := map[string]struct {
+		uid   string
+		ref   source.Ref
+		gen   int64
+		phase v1.PodPhase
+	}{
+		"default/job":    {"c36a6a22-e267-5555-bf99-ae98bb0ecc64", source.Ref{Kind: source.File, Origin: "/tmp/v3fix/pods/b.yaml", Doc: 0}, 0, v1.PodSucceeded},
+		"default/late":   {"c03a54cb-3b02-58c6-bb3b-efcde66e2343", source.Ref{Kind: source.File, Origin: "/tmp/v3fix/pods/c.yaml", Doc: 0}, 0, v1.PodRunning},
+		"default/remote": {"ca03c773-b1bb-5454-8fa9-5f3fc58c35bd", source.Ref{Kind: source.MQTT, Origin: "mqlet/v1/nodes/fixture-node/desired/pods/default/remote"}, 3, v1.PodRunning},
+		"default/web":    {"3169c6b8-9aab-548b-a454-4c4e3fb93d3f", source.Ref{Kind: source.File, Origin: "/tmp/v3fix/pods/a.yaml", Doc: 0}, 0, v1.PodRunning},
+		"tools/sidecar":  {"486d9658-8e9c-5626-9d7a-1b10b5351e11", source.Ref{Kind: source.File, Origin: "/tmp/v3fix/pods/b.yaml", Doc: 1}, 0, v1.PodRunning},
+	}
+	pods, bad, err := d.ListDesired()
+	if err != nil || len(bad) != 0 {
+		t.Fatalf("ListDesired: %v, record errors %v", err, bad)
+	}
+	var keys []string
+	for _, p := range pods {
+		k := p.Pod.Namespace + "/" + p.Pod.Name
+		keys = append(keys, k)
+		w := wants[k]
+		if string(p.Pod.UID) != w.uid || p.Source != w.ref || p.Generation != w.gen {
+			t.Errorf("%s: uid %s source %+v generation %d; want %s %+v %d", k, p.Pod.UID, p.Source, p.Generation, w.uid, w.ref, w.gen)
+		}
+		if len(p.Pod.Spec.Containers) != 1 || p.Pod.Spec.Containers[0].Image != "mqlet.test/busybox:1" {
+			t.Errorf("%s: containers %+v, want one running mqlet.test/busybox:1", k, p.Pod.Spec.Containers)
+		}
+		st, ok, err := d.GetStatus(p.Pod.UID)
+		if err != nil || !ok || st.Phase != w.phase || len(st.ContainerStatuses) != 1 ||
+			!strings.HasPrefix(st.ContainerStatuses[0].ContainerID, "containerd://") {
+			t.Errorf("%s: status %+v, %v, %v; want %s with one containerd container", k, st, ok, err, w.phase)
+		}
+	}
+	if want := []string{"default/job", "default/late", "default/remote", "default/web", "tools/sidecar"}; !reflect.DeepEqual(keys, want) {
+		t.Errorf("desired pods %q, want %q", keys, want)
+	}
+
+	// The ConfigMap, and the Secret opened with the node key of the agent that sealed it.
+	objs, bad, err := d.ListObjects()
+	if err != nil || len(bad) != 0 || len(objs) != 2 {
+		t.Fatalf("ListObjects = %d objects, record errors %v, %v; want 2", len(objs), bad, err)
+	}
+	cm, ok, err := d.GetObject(KindConfigMap, "default", "app-config")
+	if err != nil || !ok || cm.Generation != 3 || cm.Source.Kind != source.MQTT || cm.ConfigMap.Data["greeting"] != "hello from mqtt" {
+		t.Errorf("configmap: %+v, %v, %v", cm, ok, err)
+	}
+	sec, ok, err := d.GetObject(KindSecret, "default", "app-secret")
+	if err != nil || !ok || sec.Generation != 3 || string(sec.Secret.Data["token"]) != "s3cr3t" {
+		t.Errorf("secret: %+v, %v, %v", sec, ok, err)
+	}
+
+	// Sync marks, the session counter and the outbox entry left undelivered.
+	marks, bad, err := d.ListMarks()
+	if err != nil || len(bad) != 0 {
+		t.Fatalf("ListMarks: %v, %v", err, bad)
+	}
+	for _, k := range []string{"configmaps/default/app-config", "secrets/default/app-secret", "pods/default/remote", "index"} {
+		if m, ok := marks[k]; !ok || m.Generation != 3 || m.Deleted {
+			t.Errorf("mark %s = %+v, %v; want generation 3", k, m, ok)
+		}
+	}
+	if len(marks) != 4 {
+		t.Errorf("marks %v, want 4", marks)
+	}
+	entries, err := d.OutboxList(0)
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("OutboxList = %d entries, %v; want 1", len(entries), err)
+	}
+	e := entries[0]
+	if e.Seq != 21 || e.Topic != "mqlet/v1/nodes/fixture-node/status/pods/default/late" || !e.Retained || !e.Latest ||
+		!strings.Contains(string(e.Payload), `"name":"late"`) {
+		t.Errorf("outbox entry %+v", e)
+	}
+	if st := stats(t, d); st.Entries != 1 || st.Events != 0 {
+		t.Errorf("outbox stats %+v", st)
+	}
+	if n, err := d.NextSession(); err != nil || n != 6 {
+		t.Errorf("NextSession = %d, %v; want 6 (the fixture's session was 5)", n, err)
+	}
+
+	// The new bucket works.
+	if n, ok, err := d.GetNodeStatus(); n != nil || ok || err != nil {
+		t.Errorf("GetNodeStatus on a migrated file = %v, %v, %v; want none", n, ok, err)
+	}
+	if err := d.PutNodeStatus(testNode("fixture-node", v1.ConditionTrue, time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	if n, ok, err := d.GetNodeStatus(); err != nil || !ok || n.Name != "fixture-node" {
+		t.Errorf("GetNodeStatus after a put = %v, %v, %v", n, ok, err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// What schema 3 wrote is as it was, apart from the meta keys this test moved (the schema
+	// version, and the session NextSession took).
+	after := dumpBuckets(t, path, schema3...)
+	for k, v := range before {
+		switch k {
+		case "meta/schema_version", "meta/session":
+			continue
+		}
+		if after[k] != v {
+			t.Errorf("migration changed %s", k)
+		}
+	}
+	if after["meta/schema_version"] != fmt.Sprint(SchemaVersion) {
+		t.Errorf("schema_version = %q, want %d", after["meta/schema_version"], SchemaVersion)
+	}
+	d, err = Open(path)
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	defer d.Close()
+	if n := d.Notices(); len(n) != 0 {
+		t.Errorf("second open of a migrated file: notices %q, want none", n)
 	}
 }

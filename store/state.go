@@ -7,7 +7,7 @@ import (
 
 // State is the agent's persistent state, one typed Put/Get/List/Delete per kind of record. It is
 // implemented by the bbolt file (DB) and by Memory, the in-memory twin used by unit tests. Later
-// record kinds (node status, events) are added here, to both.
+// record kinds (events) are added here, to both.
 //
 // List methods degrade per record: a record that cannot be decoded is returned as a RecordError
 // and skipped, the others load, so one bad key never stops the node. The error result is for the
@@ -50,6 +50,11 @@ type State interface {
 	// by a newer one for its topic is gone already, and the newer one stays.
 	OutboxAck(topic string, seq uint64) error
 	OutboxStats() (OutboxStats, error)
+
+	// PutNodeStatus stores the node's status, replacing the one before (a state file belongs to
+	// one node); GetNodeStatus returns it, false when none was stored.
+	PutNodeStatus(n *v1.Node) error
+	GetNodeStatus() (*v1.Node, bool, error)
 
 	// Notices are what Open did that an operator should see in the log (migrations run,
 	// a damaged meta page repaired).

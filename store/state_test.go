@@ -62,6 +62,7 @@ func TestStateConformance(t *testing.T) {
 		"undecodable records degrade":  testBadRecords,
 		"times keep whole seconds":     testWholeSeconds,
 		"closed state refuses all ops": testClosed,
+		"node status":                  testNodeStatus,
 	}
 	for name, run := range syncConformance {
 		cases[name] = run
@@ -424,6 +425,8 @@ func testClosed(t *testing.T, s stateUnderTest) {
 		"OutboxList":    func() error { _, err := s.OutboxList(0); return err },
 		"OutboxAck":     func() error { return s.OutboxAck("ev", 1) },
 		"OutboxStats":   func() error { _, err := s.OutboxStats(); return err },
+		"PutNodeStatus": func() error { return s.PutNodeStatus(testNode("edge-1", v1.ConditionTrue, time.Now())) },
+		"GetNodeStatus": func() error { _, _, err := s.GetNodeStatus(); return err },
 	} {
 		if err := call(); err == nil {
 			t.Errorf("%s after Close succeeded", name)

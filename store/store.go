@@ -1,9 +1,9 @@
 // Package store keeps the agent's persistent state in one bbolt file (FileName under the state dir).
 //
-// On-disk layout, schema version 3 (every key and value is a byte string):
+// On-disk layout, schema version 4 (every key and value is a byte string):
 //
 //	meta/
-//	    schema_version   -> decimal ASCII text, e.g. "3"
+//	    schema_version   -> decimal ASCII text, e.g. "4"
 //	    session          -> decimal ASCII text: the last number NextSession returned (absent before the first)
 //	    outbox_counters  -> JSON {"eventBytes": 0, "latestBytes": 0, "events": 0, "latest": 0,
 //	                              "droppedEvents": 0, "refusedLatest": 0} (absent until the first outbox write)
@@ -22,6 +22,9 @@
 //	                                topic, payload
 //	outbox_latest/
 //	    <topic>         -> seq (uint64 big-endian) of the topic's Latest entry in outbox
+//	node_status/
+//	    node            -> JSON <v1.Node>: the node's last status that changed for real (absent
+//	                       until the first)
 //
 // Values are encoding/json of the k8s.io/api types, so metav1.Time fields keep whole seconds only.
 // The source is a source.Ref (kind "file": origin is the manifest's path, doc the 0-based document
@@ -37,6 +40,7 @@
 // buckets (the two persistent counts then restart at 0).
 //
 // Older layouts, migrated by Open (see migrations in migrate.go):
+//   - schema 3: as schema 4 without the node_status bucket.
 //   - schema 2: as schema 3 without the session and outbox_counters keys and without the objects,
 //     sync_marks, outbox and outbox_latest buckets.
 //   - schema 1: desired_pods values were {"source": "<string>", "pod": <v1.Pod>}, the source being
@@ -50,7 +54,7 @@
 // Open never rewrites an existing file it cannot read: a damaged file is refused with ErrCorrupt
 // and a recovery hint (everything in it can be rebuilt from the pod sources and containerd).
 //
-// Rules for changing the layout (later parts add events and node status): add buckets or
+// Rules for changing the layout (later parts add events): add buckets or
 // change encodings only together with a new SchemaVersion and a migration step from the previous
 // version, and commit a fixture file written by the previous release under testdata/ with a test
 // that opens a copy of it. A binary refuses a file with a newer schema than it knows, so a downgrade
@@ -72,7 +76,7 @@ import (
 )
 
 // SchemaVersion is the layout version this binary writes; see the package comment.
-const SchemaVersion = 3
+const SchemaVersion = 4
 
 // FileName is the name of the state file under the agent's state dir.
 const FileName = "state.db"
@@ -94,6 +98,7 @@ var (
 	bucketMarks        = []byte("sync_marks")
 	bucketOutbox       = []byte("outbox")
 	bucketOutboxLatest = []byte("outbox_latest")
+	bucketNodeStatus   = []byte("node_status")
 
 	keySchemaVersion  = []byte("schema_version")
 	keySession        = []byte("session")
@@ -102,7 +107,7 @@ var (
 
 // currentBuckets are the buckets a file at SchemaVersion must have.
 func currentBuckets() [][]byte {
-	return [][]byte{bucketMeta, bucketDesired, bucketStatus, bucketObjects, bucketMarks, bucketOutbox, bucketOutboxLatest}
+	return [][]byte{bucketMeta, bucketDesired, bucketStatus, bucketObjects, bucketMarks, bucketOutbox, bucketOutboxLatest, bucketNodeStatus}
 }
 
 // Errors that Open wraps, for callers that want to react (e.g. exit codes); the error text

@@ -194,7 +194,7 @@ func TestNotFoundIsAStatus(t *testing.T) {
 
 func TestUnknownRouteAndMethod(t *testing.T) {
 	sock := startServer(t, &fakeProvider{})
-	body := rawGet(t, sock, "/api/v1/nodes", http.StatusNotFound)
+	body := rawGet(t, sock, "/api/v1/services", http.StatusNotFound)
 	if !strings.Contains(body, `"kind":"Status"`) {
 		t.Errorf("unknown route body = %s, want a Status", body)
 	}

@@ -99,6 +99,25 @@ func (c *Client) GetPod(ctx context.Context, namespace, name string) (*v1.Pod, e
 	return &pod, nil
 }
 
+// ListNodes returns the node the agent is, as a list (empty until the agent has computed its
+// status).
+func (c *Client) ListNodes(ctx context.Context) (*v1.NodeList, error) {
+	var list v1.NodeList
+	if err := c.getJSON(ctx, "/api/v1/nodes", &list); err != nil {
+		return nil, err
+	}
+	return &list, nil
+}
+
+// GetNode returns the node's status; another name gives an error matching ErrNotFound.
+func (c *Client) GetNode(ctx context.Context, name string) (*v1.Node, error) {
+	var n v1.Node
+	if err := c.getJSON(ctx, "/api/v1/nodes/"+url.PathEscape(name), &n); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}
+
 // Rejected returns what the agent refused (manifests, messages), with the reasons.
 func (c *Client) Rejected(ctx context.Context) ([]Rejected, error) {
 	var list RejectedList

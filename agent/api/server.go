@@ -1,7 +1,7 @@
 // Package api is the agent's local HTTP API, served on a unix socket, and
 // its client. It is read-only and speaks Kubernetes shapes (v1.Pod,
-// v1.PodList, metav1.Status) so that the local CLI and kubectl-style tools
-// can read what the agent is running without a control plane.
+// v1.PodList, v1.Node, metav1.Status) so that the local CLI and kubectl-style
+// tools can read what the agent is running without a control plane.
 package api
 
 import (
@@ -58,6 +58,12 @@ type RejectedList struct {
 	Items []Rejected `json:"items"`
 }
 
+// NodeProvider is implemented by providers that compute the node's status.
+type NodeProvider interface {
+	// Node returns the node's latest status (a copy the caller may keep), nil before the first.
+	Node() *v1.Node
+}
+
 // LogProvider is implemented by providers that keep container logs in files.
 type LogProvider interface {
 	// LogPath returns the log file of a container of a pod (its current attempt, or the one
@@ -89,6 +95,8 @@ func NewServer(p Provider, log *slog.Logger) *Server {
 	s.mux.HandleFunc("GET /api/v1/namespaces/{ns}/pods/{name}", s.getPod)
 	s.mux.HandleFunc("GET /api/v1/namespaces/{ns}/pods/{name}/log", s.getLog)
 	s.mux.HandleFunc("GET /api/v1/rejected", s.listRejected)
+	s.mux.HandleFunc("GET /api/v1/nodes", s.listNodes)
+	s.mux.HandleFunc("GET /api/v1/nodes/{name}", s.getNode)
 	s.mux.HandleFunc("/", s.fallback)
 	return s
 }
@@ -286,6 +294,52 @@ func (s *Server) getPod(w http.ResponseWriter, r *http.Request) {
 	s.writeJSON(w, http.StatusNotFound, st)
 }
 
+// node is the provider's node status, nil when it has none (yet).
+func (s *Server) node() *v1.Node {
+	np, ok := s.p.(NodeProvider)
+	if !ok {
+		return nil
+	}
+	n := np.Node()
+	if n != nil {
+		n.TypeMeta = nodeTypeMeta
+	}
+	return n
+}
+
+// listNodes answers with a list of the one node the agent is, empty until its status exists.
+func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) {
+	list := &v1.NodeList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "NodeList"}, Items: []v1.Node{}}
+	if n := s.node(); n != nil {
+		list.Items = append(list.Items, *n)
+	}
+	s.writeJSON(w, http.StatusOK, list)
+}
+
+func (s *Server) getNode(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	n := s.node()
+	if n != nil && n.Name == name {
+		s.writeJSON(w, http.StatusOK, n)
+		return
+	}
+	msg := fmt.Sprintf("node %s not found", name)
+	switch {
+	case n != nil:
+		msg += fmt.Sprintf(" (this agent is node %s)", n.Name)
+	case s.hasNodes():
+		msg += " (the agent has not computed its status yet)"
+	}
+	st := failure(http.StatusNotFound, metav1.StatusReasonNotFound, msg)
+	st.Details = &metav1.StatusDetails{Name: name, Kind: "nodes"}
+	s.writeJSON(w, http.StatusNotFound, st)
+}
+
+func (s *Server) hasNodes() bool {
+	_, ok := s.p.(NodeProvider)
+	return ok
+}
+
 // fallback turns what ServeMux would answer with plain text into Status
 // bodies. A method-specific pattern shadows "/" only for its own method, so a
 // POST to a GET route lands here; it is recognised by asking the mux which
@@ -305,7 +359,10 @@ func (s *Server) fallback(w http.ResponseWriter, r *http.Request) {
 		fmt.Sprintf("no api route for %s %s", r.Method, r.URL.Path)))
 }
 
-var podTypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}
+var (
+	podTypeMeta  = metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}
+	nodeTypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}
+)
 
 func failure(code int32, reason metav1.StatusReason, msg string) *metav1.Status {
 	return &metav1.Status{

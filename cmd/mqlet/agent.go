@@ -84,7 +84,7 @@ func (c *AgentCmd) Run() error {
 	var report agent.Reporter
 	var a *agent.Agent
 	if cfg.MQTTBroker != "" && !cfg.Once {
-		channel, err = newChannel(cfg, db, rt.Version(), log, func() *agent.Agent { return a })
+		channel, err = newChannel(cfg, db, log, func() *agent.Agent { return a })
 		if err != nil {
 			return err
 		}
@@ -117,7 +117,9 @@ func (c *AgentCmd) Run() error {
 
 	log.Info("mqlet agent starting", "version", version, "node", cfg.NodeName, "containerd", cfg.ContainerdAddress,
 		"namespace", cfg.ContainerdNamespace, "manifests", cfg.ManifestDir, "state", cfg.StatePath())
-	srv := api.NewServer(a, log)
+	nodeStatus := newNodeStatus(cfg, rt, db, log, a, channel)
+	defer nodeStatus.start(ctx)() // ends with ctx (stop), before the store closes
+	srv := api.NewServer(nodeStatus.api(a), log)
 	apiErr := make(chan error, 1)
 	go func() { apiErr <- srv.Serve(ctx, cfg.APISocket) }()
 	runErr := make(chan error, 1)

@@ -13,8 +13,9 @@ import (
 )
 
 // newChannel builds the MQTT channel from the validated config. The agent is handed over lazily
-// because the agent needs the channel's source and reporter to be built first.
-func newChannel(cfg config.Config, db *store.DB, containerdVersion string, log *slog.Logger, agentOf func() *agent.Agent) (*nodesync.Sync, error) {
+// because the agent needs the channel's source and reporter to be built first. The node status
+// reaches it from the node status manager (wire_nodestatus.go), on real changes only.
+func newChannel(cfg config.Config, db *store.DB, log *slog.Logger, agentOf func() *agent.Agent) (*nodesync.Sync, error) {
 	topics, err := protocol.NewTopics(cfg.MQTTTopicPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("--mqtt-topic-prefix: %w", err)
@@ -34,7 +35,6 @@ func newChannel(cfg config.Config, db *store.DB, containerdVersion string, log *
 		Store:      db,
 		MaxPayload: int(cfg.MQTTMaxPayload),
 		Outbox:     store.OutboxLimits{MaxBytes: cfg.OutboxMaxBytes},
-		NodeStatus: basicNodeStatus(cfg.NodeName, containerdVersion),
 		Logs:       lazyLogs(agentOf),
 		Version:    version,
 		Log:        log,

@@ -23,6 +23,7 @@ type cli struct {
 	Agent    AgentCmd    `cmd:"" help:"Run the agent daemon."`
 	Pods     PodsCmd     `cmd:"" help:"List the pods of the local agent."`
 	Describe DescribeCmd `cmd:"" help:"Show details of an object of the local agent."`
+	Node     NodeCmd     `cmd:"" help:"Show the local agent's node status."`
 	Logs     LogsCmd     `cmd:"" help:"Print the logs of a container of a pod."`
 	Image    ImageCmd    `cmd:"" help:"Import and list images in containerd (works without the agent)."`
 	Version  VersionCmd  `cmd:"" help:"Print the version."`

@@ -133,6 +133,12 @@ func (s *Sync) liveness(online bool, session int64) []byte {
 // Source is the MQTT source for the agent.
 func (s *Sync) Source() source.Source { return s.down }
 
+// NodeStatus hands the node's status to the uplink, which publishes it (retained, through the
+// outbox) and repeats it on every new connection. The caller decides what is a real change
+// (nodestatus.Manager hands on only those); it never blocks. An alternative to
+// Options.NodeStatus, which polls.
+func (s *Sync) NodeStatus(n *v1.Node) { s.up.NodeStatus(n) }
+
 // Reporter is what the agent reports through (pod status, pod gone, events).
 func (s *Sync) Reporter() *uplink.Uplink { return s.up }
 

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/mqlet/mqlet/agent"
+	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/nodestatus"
+	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/hw"
+	"github.com/mqlet/mqlet/store"
+	"github.com/mqlet/mqlet/sync/nodesync"
+	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
+)
+
+// nodeStatusWiring is the node status manager, built once the agent and the channel exist.
+type nodeStatusWiring struct {
+	m *nodestatus.Manager
+}
+
+// newNodeStatus builds the node status manager from the config: the hw readers on "/", containerd
+// for the runtime version and images, the agent for Ready, and the MQTT channel (nil when
+// standalone) as the receiver of real changes. Standalone, the status is kept in the store and
+// served to `mqlet node` only.
+func newNodeStatus(cfg config.Config, rt *runtime.Runtime, db *store.DB, log *slog.Logger,
+	a *agent.Agent, channel *nodesync.Sync) *nodeStatusWiring {
+	system, agentReserved := cfg.Reservations()
+	setters := nodestatus.DefaultSetters(nodestatus.Config{
+		NodeName:       cfg.NodeName,
+		AgentVersion:   "mqlet-" + version,
+		Root:           "/",
+		StateDir:       cfg.StateDir,
+		MaxPods:        cfg.MaxPods,
+		MaxImages:      int(cfg.NodeStatusMaxImages),
+		NodeLabels:     cfg.NodeLabels,
+		Taints:         cfg.Taints(),
+		SystemReserved: system,
+		AgentReserved:  agentReserved,
+		Thresholds:     cfg.Thresholds(),
+		HostIP:         hw.HostIP,
+		RuntimeVersion: rt.Version,
+		ListImages:     containerdImages(rt),
+		DiskCapacity:   filesystemSize,
+		Ready:          a.Ready,
+	})
+	m := nodestatus.New(nodestatus.Options{
+		Name:    cfg.NodeName,
+		Setters: setters,
+		Period:  cfg.NodeStatusUpdateFrequency.Duration,
+		Store:   db,
+		OnChange: func(n *v1.Node) {
+			if channel != nil {
+				channel.NodeStatus(n)
+			}
+		},
+		Log: log,
+	})
+	return &nodeStatusWiring{m: m}
+}
+
+// start runs the manager until ctx ends; wait returns once it has.
+func (w *nodeStatusWiring) start(ctx context.Context) (wait func()) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.m.Run(ctx)
+	}()
+	return wg.Wait
+}
+
+// api is what the local API serves: the agent, plus the node status.
+func (w *nodeStatusWiring) api(a *agent.Agent) nodeAPI { return nodeAPI{Agent: a, m: w.m} }
+
+type nodeAPI struct {
+	*agent.Agent
+	m *nodestatus.Manager
+}
+
+// Node implements api.NodeProvider.
+func (p nodeAPI) Node() *v1.Node { return p.m.Node() }
+
+func containerdImages(rt *runtime.Runtime) func(ctx context.Context) ([]nodestatus.Image, error) {
+	return func(ctx context.Context) ([]nodestatus.Image, error) {
+		list, err := rt.ListImages(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out := make([]nodestatus.Image, 0, len(list))
+		for _, i := range list {
+			out = append(out, nodestatus.Image{Name: i.Name, Digest: i.Digest, Size: i.Size})
+		}
+		return out, nil
+	}
+}
+
+// filesystemSize is the size in bytes of the filesystem holding path (its ephemeral-storage
+// capacity, as kubelet reports its root dir's).
+func filesystemSize(path string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	return int64(st.Blocks) * int64(st.Bsize), nil
+}
