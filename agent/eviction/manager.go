@@ -188,9 +188,11 @@ func (m *Manager) synchronize(ctx context.Context) *Pod {
 	m.arm(obs, now)
 
 	met := m.crossed(obs, false, nil)
-	for _, i := range m.crossed(obs, true, m.met) {
-		if !slices.Contains(met, i) {
-			met = append(met, i) // not relieved by the minimum reclaim yet
+	if len(m.met) > 0 {
+		for _, i := range m.crossed(obs, true, m.met) {
+			if !slices.Contains(met, i) {
+				met = append(met, i) // not relieved by the minimum reclaim yet
+			}
 		}
 	}
 	first := map[int]time.Time{}
