@@ -169,6 +169,7 @@ func (m *Manager) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		case <-notify:
+			m.log.Debug("eviction: kernel memory notification")
 			if gap := notifyGap - time.Since(last); gap > 0 {
 				select {
 				case <-ctx.Done():
