@@ -155,20 +155,23 @@ func (m *Manager) Run(ctx context.Context) {
 	t := time.NewTicker(m.o.MonitoringPeriod)
 	defer t.Stop()
 	var last time.Time
+	notified := false
 	for {
 		last = time.Now()
-		if p := m.synchronize(ctx); p != nil {
+		if p := m.synchronize(ctx, notified); p != nil {
 			m.waitStopped(ctx, p.Pod.UID)
 			m.releaseEvicted()
 			if ctx.Err() == nil {
 				continue
 			}
 		}
+		notified = false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-notify:
+			notified = true
 			m.log.Debug("eviction: kernel memory notification")
 			if gap := notifyGap - time.Since(last); gap > 0 {
 				select {
@@ -183,10 +186,11 @@ func (m *Manager) Run(ctx context.Context) {
 
 // synchronize is one round: observe, judge thresholds, update conditions, and when a threshold is
 // met past its grace period, reclaim at node level or evict one pod. It returns the evicted pod.
-func (m *Manager) synchronize(ctx context.Context) *Pod {
+// notified says the kernel notifier started the round.
+func (m *Manager) synchronize(ctx context.Context, notified bool) *Pod {
 	obs := m.o.Observer.Observe()
 	now := m.o.Now()
-	m.arm(obs, now)
+	m.arm(obs, now, notified)
 
 	met := m.crossed(obs, false, nil)
 	if len(m.met) > 0 {
@@ -289,9 +293,12 @@ func (m *Manager) setConditions(c map[v1.NodeConditionType]bool) {
 
 // arm points the kernel notifier at the root cgroup usage where memory.available reaches each
 // memory threshold: capacity - threshold + inactive file (the usage the kernel watches includes
-// inactive file pages, the working set does not). Like kubelet, at most every 10 s.
-func (m *Manager) arm(obs Observations, now time.Time) {
-	if m.o.Notifier == nil || obs.Memory.Capacity == 0 || now.Sub(m.armedAt) < 10*time.Second {
+// inactive file pages, the working set does not). Like kubelet, at most every 10 s; but at once
+// after a notification: the inactive file pages may have grown since the level was set, so usage
+// reached it with memory.available still above the threshold, and a level only fires when crossed
+// (kubelet's notifier misses such a pod until its next period).
+func (m *Manager) arm(obs Observations, now time.Time, notified bool) {
+	if m.o.Notifier == nil || obs.Memory.Capacity == 0 || (!notified && now.Sub(m.armedAt) < 10*time.Second) {
 		return
 	}
 	m.armedAt = now

@@ -220,7 +220,7 @@ func newTestManager(f *fakeNode, c *clock, o Options) *Manager {
 
 // round runs one round the way Run does: synchronize, and after an eviction the release.
 func (m *Manager) round() *Pod {
-	p := m.synchronize(context.Background())
+	p := m.synchronize(context.Background(), false)
 	if p != nil {
 		m.waitStopped(context.Background(), p.Pod.UID)
 		m.releaseEvicted()
@@ -686,14 +686,14 @@ type inactiveObserver struct {
 	inactive int64
 }
 
-func (o inactiveObserver) Observe() Observations {
+func (o *inactiveObserver) Observe() Observations {
 	obs := o.fakeNode.Observe()
 	mem := obs.Signals[SignalMemoryAvailable]
 	obs.Memory.Capacity, obs.Memory.Available, obs.Memory.InactiveFile = mem.Capacity, mem.Available, o.inactive
 	return obs
 }
 
-func observerWith(f *fakeNode, inactive int64) Observer { return inactiveObserver{f, inactive} }
+func observerWith(f *fakeNode, inactive int64) Observer { return &inactiveObserver{f, inactive} }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -703,5 +703,35 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("%s: not within 10s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A notification that finds memory.available still above the threshold (inactive file pages grew
+// since the level was set) re-arms the notifier at once at the level that now holds; without a
+// notification the level is refreshed every 10 s only.
+func TestNotificationRearmsAtTheCurrentLevel(t *testing.T) {
+	f := newFakeNode()
+	c := &clock{t: time.Unix(1000, 0)}
+	f.set(SignalMemoryAvailable, 1000*Mi, 4096*Mi)
+	n := &fakeNotifier{c: make(chan struct{}, 1)}
+	obs := &inactiveObserver{fakeNode: f, inactive: 300 * Mi}
+	m := New(Options{Thresholds: mustThresholds(t, map[string]string{"memory.available": "100Mi"}, nil, nil, nil),
+		Observer: obs, Usage: f, Pods: f, Notifier: n, Now: c.now, Log: quietLog()})
+	ctx := context.Background()
+	m.synchronize(ctx, false)
+	obs.inactive = 500 * Mi
+	c.advance(time.Second)
+	m.synchronize(ctx, false)
+	if len(n.armed) != 1 {
+		t.Fatalf("armed %d times within 10 s without a notification, want once", len(n.armed))
+	}
+	m.synchronize(ctx, true)
+	if len(n.armed) != 2 || n.armed[1][0] != (4096-100+500)*Mi {
+		t.Fatalf("after a notification armed %v, want a second arming at %d", n.armed, (4096-100+500)*Mi)
+	}
+	c.advance(10 * time.Second)
+	m.synchronize(ctx, false)
+	if len(n.armed) != 3 {
+		t.Errorf("not re-armed after 10 s: %v", n.armed)
 	}
 }

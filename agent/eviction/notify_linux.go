@@ -148,6 +148,8 @@ func (n *KernelNotifier) Arm(levels []int64) {
 		}
 		if err := n.armLocked(level); err != nil {
 			n.log.Warn("eviction notifier: memcg threshold not set; memory is polled", "level", level, "err", err)
+		} else {
+			n.log.Debug("eviction notifier: memcg threshold set", "usage_level", level)
 		}
 	}
 }
@@ -246,11 +248,13 @@ func (n *KernelNotifier) loop() {
 					n.log.Warn("eviction notifier: PSI trigger failed; memory is polled")
 					continue
 				}
+				n.log.Debug("eviction notifier: PSI memory trigger fired")
 				wake = true
 			default:
 				// Only an fd still armed is read: one closed meanwhile may already be reused.
-				if _, ok := n.armed[fd]; ok {
+				if level, ok := n.armed[fd]; ok {
 					unix.Read(fd, buf[:])
+					n.log.Debug("eviction notifier: memcg threshold crossed", "level", level)
 					wake = true
 				}
 			}
