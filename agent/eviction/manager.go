@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/agent/event"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -90,7 +91,7 @@ type Manager struct {
 	firstMet     map[int]time.Time                  // threshold index -> when first seen crossed
 	met          []int                              // crossed past their grace, until min reclaim is met
 	condLastSeen map[v1.NodeConditionType]time.Time // condition -> when last seen
-	evicted      map[types.UID]bool                 // pods this manager evicted (waiting for release)
+	evicted      map[types.UID]string               // pods this manager evicted -> their config hash then
 	released     map[types.UID]bool                 // evicted pods whose storage was freed
 	reclaiming   v1.ResourceName                    // resource of the last round, for the node event
 	armedAt      time.Time
@@ -115,7 +116,7 @@ func New(o Options) *Manager {
 	}
 	return &Manager{o: o, log: o.Log,
 		firstMet: map[int]time.Time{}, condLastSeen: map[v1.NodeConditionType]time.Time{},
-		evicted: map[types.UID]bool{}, released: map[types.UID]bool{},
+		evicted: map[types.UID]string{}, released: map[types.UID]bool{},
 		conditions: map[v1.NodeConditionType]bool{}}
 }
 
@@ -339,7 +340,12 @@ func (m *Manager) evictOne(t Threshold, obs Observations) *Pod {
 	res := t.Signal.Resource()
 	var cs []candidate
 	for _, p := range m.o.Pods.List() {
-		if !active(p.Pod) || m.evicted[p.Pod.UID] {
+		if !active(p.Pod) {
+			continue
+		}
+		if hash, ok := m.evicted[p.Pod.UID]; ok && hash == configHash(p.Pod) {
+			// Evicted already and not stopped yet (a stuck stop): the next pod goes instead. A pod
+			// that runs again with a new spec is a candidate again.
 			continue
 		}
 		if why := protected(p); why != "" {
@@ -376,7 +382,7 @@ func (m *Manager) evictOne(t Threshold, obs Observations) *Pod {
 		m.log.Warn("eviction: pod vanished before it could be evicted", "pod", p.Namespace+"/"+p.Name)
 		return nil
 	}
-	m.evicted[p.UID] = true
+	m.evicted[p.UID] = configHash(p)
 	return &victim.Pod
 }
 
@@ -429,6 +435,9 @@ func amount(res v1.ResourceName, n int64) string {
 	}
 	return resource.NewQuantity(n, resource.BinarySI).String()
 }
+
+// configHash tells one version of a pod's spec from another (admission's hash of it).
+func configHash(p *v1.Pod) string { return p.Annotations[admission.AnnotationConfigHash] }
 
 func podGrace(p *v1.Pod) time.Duration {
 	if s := p.Spec.TerminationGracePeriodSeconds; s != nil {

@@ -36,6 +36,8 @@ type fakeNode struct {
 	onRelease func(uid types.UID)
 	reclaims  []reclaimCall
 	reclaimFn func(Signal, int64) int64
+	// stuck: evicted pods never stop (a hung containerd shim).
+	stuck bool
 }
 
 type evictCall struct {
@@ -86,7 +88,9 @@ func (f *fakeNode) Evict(uid types.UID, msg string, grace *time.Duration) bool {
 	defer f.mu.Unlock()
 	for _, p := range f.pods {
 		if p.Pod.UID == uid {
-			p.Pod.Status.Phase, p.Pod.Status.Reason, p.Pod.Status.Message = v1.PodFailed, Reason, msg
+			if !f.stuck {
+				p.Pod.Status.Phase, p.Pod.Status.Reason, p.Pod.Status.Message = v1.PodFailed, Reason, msg
+			}
 			f.evicted = append(f.evicted, evictCall{uid, msg, grace})
 			return true
 		}
@@ -733,5 +737,31 @@ func TestNotificationRearmsAtTheCurrentLevel(t *testing.T) {
 	m.synchronize(ctx, false)
 	if len(n.armed) != 3 {
 		t.Errorf("not re-armed after 10 s: %v", n.armed)
+	}
+}
+
+// A pod whose stop hangs does not hold the node hostage: after the cleanup timeout the next pod goes.
+// A pod evicted and then given a new spec (it runs again) can be evicted again.
+func TestStuckEvictionMovesOnAndNewSpecIsACandidateAgain(t *testing.T) {
+	f := newFakeNode()
+	f.stuck = true
+	c := &clock{t: time.Unix(1000, 0)}
+	f.set(SignalMemoryAvailable, 10*Mi, 4096*Mi)
+	a := f.addPod("a", func(p *Pod) { p.Pod.Annotations = map[string]string{"kubernetes.io/config.hash": "v1"} })
+	f.memory[a] = 300 * Mi
+	f.memory[f.addPod("b")] = 100 * Mi
+	m := newTestManager(f, c, Options{CleanupTimeout: 50 * time.Millisecond,
+		Thresholds: mustThresholds(t, map[string]string{"memory.available": "100Mi"}, nil, nil, nil)})
+	m.round()
+	m.round()
+	if got := f.evictedNames(); strings.Join(got, ",") != "a,b" {
+		t.Fatalf("evicted %v, want a then b (a's stop hangs)", got)
+	}
+	f.mu.Lock()
+	f.pods[0].Pod.Annotations["kubernetes.io/config.hash"] = "v2"
+	f.mu.Unlock()
+	m.round()
+	if got := f.evictedNames(); strings.Join(got, ",") != "a,b,a" {
+		t.Fatalf("evicted %v, want a again once it runs a new spec", got)
 	}
 }
