@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -98,6 +99,7 @@ type Manager struct {
 
 	mu         sync.Mutex
 	conditions map[v1.NodeConditionType]bool
+	evictions  map[Signal]int64 // pods evicted since start, by the signal that made them go
 }
 
 // New makes a manager; it does nothing until Run.
@@ -117,7 +119,15 @@ func New(o Options) *Manager {
 	return &Manager{o: o, log: o.Log,
 		firstMet: map[int]time.Time{}, condLastSeen: map[v1.NodeConditionType]time.Time{},
 		evicted: map[types.UID]string{}, released: map[types.UID]bool{},
-		conditions: map[v1.NodeConditionType]bool{}}
+		conditions: map[v1.NodeConditionType]bool{}, evictions: map[Signal]int64{}}
+}
+
+// Evictions counts the pods evicted since the agent started, by signal (for /metrics, as kubelet's
+// evictions counter).
+func (m *Manager) Evictions() map[Signal]int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.evictions)
 }
 
 // Conditions reports the node's pressure conditions (MemoryPressure, DiskPressure, PIDPressure),
@@ -383,6 +393,9 @@ func (m *Manager) evictOne(t Threshold, obs Observations) *Pod {
 		return nil
 	}
 	m.evicted[p.UID] = configHash(p)
+	m.mu.Lock()
+	m.evictions[t.Signal]++
+	m.mu.Unlock()
 	return &victim.Pod
 }
 

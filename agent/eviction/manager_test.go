@@ -273,6 +273,9 @@ func TestHardMemoryEvictsAtOnceWithKubeletsMessage(t *testing.T) {
 	if len(f.released) != 1 || f.released[0] != hog {
 		t.Errorf("released = %v, want the evicted pod's storage freed", f.released)
 	}
+	if got := m.Evictions(); len(got) != 1 || got[SignalMemoryAvailable] != 1 {
+		t.Errorf("Evictions() = %v, want memory.available: 1", got)
+	}
 }
 
 func TestSoftThresholdWaitsForItsGracePeriod(t *testing.T) {
