@@ -913,6 +913,16 @@ func (a *Agent) Pods() []v1.Pod {
 	return out
 }
 
+// Desired returns the desired pods with their sources, sorted by UID (the eviction manager tells
+// manifest-dir pods from the others by it). The pods are shared: callers must not change them.
+func (a *Agent) Desired() []store.DesiredPod {
+	a.mu.Lock()
+	out := slices.Collect(maps.Values(a.desired))
+	a.mu.Unlock()
+	slices.SortFunc(out, func(x, y store.DesiredPod) int { return strings.Compare(string(x.Pod.UID), string(y.Pod.UID)) })
+	return out
+}
+
 // Rejected returns what the sources or admission refused, with the reason (api.Provider).
 func (a *Agent) Rejected() []source.Rejection {
 	a.mu.Lock()

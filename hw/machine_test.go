@@ -53,7 +53,7 @@ func TestCPUArmv7ModelName(t *testing.T) {
 }
 
 func TestMemTotalOnFixtures(t *testing.T) {
-	want := map[string]int64{"rpi4": 3884968 << 10, "rpi5": 8245984 << 10, "x86": 32778968 << 10}
+	want := map[string]int64{"rpi4": 3882236 << 10, "rpi5": 8245616 << 10, "x86": 32780412 << 10}
 	for _, name := range trees {
 		if got, err := MemTotal(tree(name)); err != nil || got != want[name] {
 			t.Errorf("%s: MemTotal = %d, %v; want %d", name, got, err, want[name])

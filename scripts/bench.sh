@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `make bench`: measures mqlet (binary sizes, memory, pod start next to `ctr run`, a burst of 20,
 # agent restart, recovery after a simulated power cycle, and the MQTT link: apply over MQTT, the
-# idle link's bytes next to a bare paho client's, convergence after a broker outage) and writes
-# bench/results.json.
+# idle link's bytes next to a bare paho client's, convergence after a broker outage; and how long a
+# pod that drives the node into memory pressure lives on: eviction_ms) and writes bench/results.json.
 # BENCHMARKS.md explains every figure.
 #
 # The measurements run against a private containerd that this script configures and the harness

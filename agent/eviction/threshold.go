@@ -45,6 +45,29 @@ func (s Signal) Condition() v1.NodeConditionType {
 	return v1.NodeDiskPressure
 }
 
+// Resources a signal's pressure is about that are not pod resources: kubelet names them so in its
+// messages ("The node was low on resource: inodes.").
+const (
+	resourceInodes v1.ResourceName = "inodes"
+	resourcePIDs   v1.ResourceName = "pids"
+)
+
+// Resource is what the node runs low on when the signal is under pressure.
+func (s Signal) Resource() v1.ResourceName {
+	switch s {
+	case SignalMemoryAvailable:
+		return v1.ResourceMemory
+	case SignalNodeFsAvailable, SignalImageFsAvailable:
+		return v1.ResourceEphemeralStorage
+	case SignalNodeFsInodesFree, SignalImageFsInodesFree:
+		return resourceInodes
+	}
+	return resourcePIDs
+}
+
+// disk reports whether the signal is about a file system (node-level reclaim applies).
+func (s Signal) disk() bool { return s.Condition() == v1.NodeDiskPressure }
+
 // Value is a threshold or minimum-reclaim amount: an absolute quantity, or a percentage of the
 // signal's capacity.
 type Value struct {

@@ -122,6 +122,8 @@ func (c *AgentCmd) Run() error {
 	srv := api.NewServer(nodeStatus.api(a), log)
 	apiErr := make(chan error, 1)
 	go func() { apiErr <- srv.Serve(ctx, cfg.APISocket) }()
+	evictions := startEviction(ctx, cfg, a, rt, report, nil, log)
+	defer evictions.Wait()
 	runErr := make(chan error, 1)
 	go func() { runErr <- a.Run(ctx) }()
 	// The channel stops after the agent, so the last statuses the agent reports reach the outbox;

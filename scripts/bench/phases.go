@@ -80,6 +80,7 @@ func (b *bench) steps() []step {
 		{"agentstart", "agent start with 10 running pods", b.measureAgentStart},
 		{"recovery", "recovery of 10 pods", b.measureRecovery},
 		{"mqtt", "the MQTT link (apply, idle link, reconnect)", b.measureMQTT},
+		{"eviction", "eviction after a memory-pressure crossing", b.measureEviction},
 	}
 }
 

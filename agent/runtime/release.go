@@ -1,0 +1,60 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	v1 "k8s.io/api/core/v1"
+)
+
+// What the eviction manager needs from the runtime: where a pod's usage is read, and how an evicted
+// pod gives back what it holds.
+
+// PodCgroup is the cgroup path (below each hierarchy's root) that holds the pod's containers.
+func (r *Runtime) PodCgroup(pod *v1.Pod) (string, error) { return r.podCgroup(string(pod.UID)) }
+
+// PodStorageDirs are the directories whose files are the pod's ephemeral storage on the node's file
+// system: its pod dir (emptyDir volumes, hosts file) and its log dir.
+func (r *Runtime) PodStorageDirs(pod *v1.Pod) ([]string, error) {
+	dir, err := r.podDir(pod.UID)
+	if err != nil {
+		return nil, err
+	}
+	logs, err := r.podLogDir(pod)
+	if err != nil {
+		return nil, err
+	}
+	return []string{dir, logs}, nil
+}
+
+// ReleasePodStorage frees what a pod that stays on the node without running (evicted) holds: the
+// contents of its emptyDir volumes and its /dev/shm tmpfs, whose pages stay charged to the node
+// until unmounted. kubelet does the same by tearing down a terminated pod's volumes and stopping
+// its sandbox. Logs, the pod dir and the namespaces stay; should the pod run again, the sandbox's
+// set-up makes the volumes and the tmpfs anew. Call it only once the pod's containers have stopped.
+func (r *Runtime) ReleasePodStorage(pod *v1.Pod) error {
+	dir, err := r.podDir(pod.UID)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	if err := unmount(filepath.Join(dir, "shm")); err != nil {
+		errs = append(errs, err)
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.EmptyDir == nil {
+			continue
+		}
+		vol, err := joinUnder(dir, "volumes", v.Name)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("emptyDir %q: %w", v.Name, err))
+			continue
+		}
+		if err := os.RemoveAll(vol); err != nil {
+			errs = append(errs, fmt.Errorf("emptyDir %q: %w", v.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/mqlet/mqlet/agent"
+	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/agent/eviction"
+	"github.com/mqlet/mqlet/agent/pod"
+	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/source"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// evictions is the running eviction manager: Manager answers Conditions (node status) and
+// MemoryPressure (admission); Wait returns once it has stopped with the agent's context.
+type evictions struct {
+	*eviction.Manager
+	done chan struct{}
+}
+
+// Wait blocks until the manager has stopped.
+func (e *evictions) Wait() { <-e.done }
+
+// startEviction runs the eviction manager for agent a until ctx ends. events receives the Evicted
+// and EvictionThresholdMet events (nil on a standalone node: they are logged only); reclaim is the
+// node-level reclaim for disk pressure (image GC; nil for none). It needs no broker.
+func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *runtime.Runtime, events event.Sink,
+	reclaim eviction.Reclaimer, log *slog.Logger) *evictions {
+	thresholds := cfg.Thresholds()
+	var notifier eviction.MemoryNotifier
+	for _, t := range thresholds {
+		if t.Signal != eviction.SignalMemoryAvailable {
+			continue
+		}
+		n, err := eviction.NewKernelNotifier("/", log)
+		if err != nil {
+			log.Warn("eviction: no kernel memory notifications; memory is polled", "every", cfg.EvictionMonitoringPeriod.Duration, "err", err)
+		} else {
+			notifier = n
+		}
+		break
+	}
+	m := eviction.New(eviction.Options{
+		NodeName:                 cfg.NodeName,
+		Thresholds:               thresholds,
+		MonitoringPeriod:         cfg.EvictionMonitoringPeriod.Duration,
+		PressureTransitionPeriod: cfg.EvictionPressureTransitionPeriod.Duration,
+		MaxPodGracePeriod:        cfg.EvictionMaxPodGracePeriod.Duration,
+		Observer:                 &eviction.NodeObserver{Root: "/", NodeFsDir: cfg.StateDir, ImageFsDir: cfg.ImageFSDir, Log: log},
+		Usage:                    eviction.NodeUsage{Root: "/", PodCgroup: rt.PodCgroup, PodDirs: rt.PodStorageDirs},
+		Pods:                     agentPods{a: a, rt: rt},
+		Reclaimer:                reclaim,
+		Events:                   events,
+		Notifier:                 notifier,
+		Log:                      log,
+	})
+	e := &evictions{Manager: m, done: make(chan struct{})}
+	go func() {
+		defer close(e.done)
+		m.Run(ctx)
+	}()
+	return e
+}
+
+// agentPods is the agent as the eviction manager sees it.
+type agentPods struct {
+	a  *agent.Agent
+	rt *runtime.Runtime
+}
+
+// List returns the desired pods with their status; pods being deleted are left out (they go anyway).
+func (p agentPods) List() []eviction.Pod {
+	src := map[types.UID]source.Ref{}
+	for _, d := range p.a.Desired() {
+		src[d.Pod.UID] = d.Source
+	}
+	pods := p.a.Pods()
+	out := make([]eviction.Pod, 0, len(pods))
+	for i := range pods {
+		if ref, ok := src[pods[i].UID]; ok {
+			out = append(out, eviction.Pod{Pod: &pods[i], Source: ref})
+		}
+	}
+	return out
+}
+
+func (p agentPods) Evict(uid types.UID, message string, grace *time.Duration) bool {
+	return p.a.Fail(uid, pod.Failure{Reason: pod.ReasonEvicted, Message: message, Grace: grace})
+}
+
+func (p agentPods) Release(pod *v1.Pod) error { return p.rt.ReleasePodStorage(pod) }
