@@ -149,16 +149,21 @@ func delegated(dir string, want []string) error {
 		strings.Join(lack, ", "), plural(len(lack), " is", "s are"), dir, strings.Join(on, " "))
 }
 
-// enableV2 turns on the controllers in dir's cgroup.subtree_control that are not on yet. The
-// kernel refuses (EBUSY) when dir holds processes itself, except at the root.
+// enableV2 turns on the controllers in dir's cgroup.subtree_control that are not on yet, of those
+// dir has (an optional one its parent does not pass down is skipped). The kernel refuses (EBUSY)
+// when dir holds processes itself, except at the root.
 func enableV2(dir string, want []string) error {
 	file := filepath.Join(dir, "cgroup.subtree_control")
 	on, err := v2Controllers(dir, "cgroup.subtree_control")
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("read %s: %w", file, err)
 	}
+	has, herr := v2Controllers(dir, "cgroup.controllers")
 	var add []string
 	for _, c := range want {
+		if herr == nil && !slices.Contains(has, c) && !slices.Contains(Required, c) {
+			continue
+		}
 		if !slices.Contains(on, c) {
 			add = append(add, "+"+c)
 		}

@@ -40,7 +40,10 @@ type Options struct {
 	// namespace of pods with shareProcessNamespace; "" refuses those pods.
 	Executable string
 	Registry   RegistryOptions
-	Log        *slog.Logger
+	// Cgroups puts pods in the QoS cgroup hierarchy with pod-level limits (agent/cgroup.Manager);
+	// nil keeps them at /mqlet/<namespace>/pod<uid> without (unit tests, fake runtimes).
+	Cgroups PodCgroups
+	Log     *slog.Logger
 }
 
 // Runtime is a thin layer over the containerd client.

@@ -50,7 +50,12 @@ func (c *AgentCmd) Run() error {
 		log.Warn("cannot find the mqlet executable; pods with shareProcessNamespace will be refused", "err", err)
 		exe = ""
 	}
+	cgroups, err := newCgroupManager(cfg, log)
+	if err != nil {
+		return err
+	}
 	rt, err := runtime.New(ctx, runtime.Options{
+		Cgroups:     cgroups,
 		Executable:  exe,
 		Address:     cfg.ContainerdAddress,
 		Namespace:   cfg.ContainerdNamespace,
