@@ -23,6 +23,7 @@ import (
 	"github.com/mqlet/mqlet/hw"
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -332,4 +333,61 @@ func (h *harness) waitTaskExit(id string) uint32 {
 		return true
 	})
 	return code
+}
+
+const sharedPIDBurstable = `apiVersion: v1
+kind: Pod
+metadata: {name: shared-burst}
+spec:
+  shareProcessNamespace: true
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: a, image: mqlet.test/busybox:1, command: ["sleep", "3600"], resources: {requests: {cpu: 100m}}}
+`
+
+// The PID namespace holder of a shareProcessNamespace pod joins its pod's cgroup in the Burstable
+// tier, a level that did not exist before the tiers: in the v1 cpuset hierarchy each new level must
+// get its parent's CPUs and memory nodes, or nothing can join it.
+func TestSharedPIDHolderInTierCgroup(t *testing.T) {
+	h := newHarness(t)
+	l := requireV1Cgroups(t)
+	h.writeManifest("shared.yaml", sharedPIDBurstable)
+	h.startAgent()
+	p := h.waitPod("shared-burst", "running", allRunning)
+	recs, _ := filepath.Glob(filepath.Join(h.state, "pods", string(p.UID), "pidns-holder"))
+	if len(recs) != 1 {
+		t.Fatalf("no holder record for %s", p.UID)
+	}
+	b, _ := os.ReadFile(recs[0])
+	pid := strings.Fields(string(b))[0]
+	t.Cleanup(func() { // by its recorded pid, should the pod's removal fail
+		if n, err := strconv.Atoi(pid); err == nil {
+			if cmd, _ := os.ReadFile("/proc/" + pid + "/cmdline"); strings.Contains(string(cmd), "sandbox-pause") {
+				unix.Kill(n, unix.SIGKILL)
+			}
+		}
+	})
+	cg, err := os.ReadFile("/proc/" + pid + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := "/mqlet/" + h.ns + "/burstable/pod" + string(p.UID) + "/sandbox-pause"
+	for _, c := range []string{"cpuset", "memory", "cpu"} {
+		if _, ok := l.V1[c]; !ok {
+			continue
+		}
+		if !strings.Contains(string(cg), ":"+c+":"+leaf+"\n") && !strings.Contains(string(cg), ","+c+":"+leaf+"\n") {
+			t.Errorf("holder (pid %s) not in %s %s:\n%s", pid, c, leaf, cg)
+		}
+	}
+	if _, ok := l.V1["cpuset"]; ok {
+		if cpus := readCgroup(t, l, "cpuset", leaf, "cpuset.cpus"); cpus == "" {
+			t.Error("the holder's cpuset has no CPUs")
+		}
+	}
+	os.Remove(filepath.Join(h.manifests, "shared.yaml"))
+	waitFor(t, "the pod's cgroups removed with it", func() bool {
+		_, err := h.getPod("shared-burst")
+		return err != nil && len(podCgroupDirs(l, "/mqlet/"+h.ns, string(p.UID))) == 0
+	})
 }
