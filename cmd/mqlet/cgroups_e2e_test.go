@@ -391,3 +391,56 @@ func TestSharedPIDHolderInTierCgroup(t *testing.T) {
 		return err != nil && len(podCgroupDirs(l, "/mqlet/"+h.ns, string(p.UID))) == 0
 	})
 }
+
+const movingPod = `apiVersion: v1
+kind: Pod
+metadata: {name: mover}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: a, image: mqlet.test/busybox:1, command: ["sleep", "3600"], resources: %s}
+`
+
+// A spec update that changes the pod's QoS class moves it to the new tier: the recreated container
+// runs below the new pod cgroup, and the old one goes once its container has.
+func TestQoSClassChangeMovesPodCgroup(t *testing.T) {
+	h := newHarness(t)
+	l := requireV1Cgroups(t)
+	h.writeManifest("mover.yaml", fmt.Sprintf(movingPod, "{requests: {cpu: 100m}, limits: {memory: 32Mi}}"))
+	h.startAgent()
+	before := h.waitPod("mover", "running", allRunning)
+	base := "/mqlet/" + h.ns
+	oldDir := base + "/burstable/pod" + string(before.UID)
+	if got := readCgroup(t, l, "memory", oldDir, "memory.limit_in_bytes"); got != strconv.Itoa(32<<20) {
+		t.Fatalf("burstable pod cgroup memory limit = %s", got)
+	}
+
+	h.writeManifest("mover.yaml", fmt.Sprintf(movingPod, "{limits: {cpu: 200m, memory: 32Mi}}"))
+	oldID := containerStatus(before, "a").ContainerID
+	after := h.waitPod("mover", "running its recreated container", func(p *v1.Pod) bool {
+		return allRunning(p) && containerStatus(p, "a").ContainerID != oldID
+	})
+	if after.Status.QOSClass != v1.PodQOSGuaranteed {
+		t.Fatalf("QoS class after the edit = %s", after.Status.QOSClass)
+	}
+	newDir := base + "/pod" + string(after.UID)
+	pid := h.tasks()[strings.TrimPrefix(containerStatus(after, "a").ContainerID, "containerd://")]
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), ":memory:"+newDir+"/") {
+		t.Errorf("recreated container not below %s:\n%s", newDir, b)
+	}
+	if got := readCgroup(t, l, "cpu", newDir, "cpu.cfs_quota_us"); got != "20000" {
+		t.Errorf("guaranteed pod cgroup quota = %s, want 20000", got)
+	}
+	waitFor(t, "the old tier's pod cgroup removed", func() bool {
+		for _, mnt := range l.Mounts {
+			if _, err := os.Stat(filepath.Join(mnt, oldDir)); err == nil {
+				return false
+			}
+		}
+		return true
+	})
+}
