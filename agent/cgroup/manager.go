@@ -54,6 +54,9 @@ type Manager struct {
 	// API needs waits on it.
 	mu   sync.Mutex
 	pods map[string]podCgroup // by pod UID: what EnsurePod last set up
+	// nodePending: node allocatable could not be set on the existing base (pods already use more
+	// memory than a lowered limit); retried by Tidy as containers go.
+	nodePending bool
 }
 
 type podCgroup struct {
@@ -109,7 +112,7 @@ func New(o Options) (*Manager, error) {
 	if err := m.apply(m.top, Limits{CPUShares: node.CPUShares}); err != nil {
 		return nil, err
 	}
-	if err := m.apply(m.base, node); err != nil {
+	if err := m.applyNode(); err != nil {
 		return nil, err
 	}
 	if err := m.apply(filepath.Join(m.base, "besteffort"), Limits{CPUShares: MinShares}); err != nil {
@@ -120,6 +123,22 @@ func New(o Options) (*Manager, error) {
 	}
 	m.log.Info("pod cgroups", "mode", l.Mode.String(), "base", m.base, "allocatable", allocatableString(o.Allocatable))
 	return m, nil
+}
+
+// applyNode sets node allocatable on the base. When the base exists and pods already use more
+// than a lowered limit, the kernel refuses (v1: EBUSY): that must not keep the agent from
+// starting, and kubelet too retries until evictions bring usage down; here Tidy retries.
+func (m *Manager) applyNode() error {
+	_, statErr := os.Stat(m.someDir(m.base))
+	err := m.apply(m.base, m.node)
+	m.mu.Lock()
+	m.nodePending = err != nil && statErr == nil
+	m.mu.Unlock()
+	if err != nil && statErr == nil {
+		m.log.Warn("node allocatable not enforced yet: pods use more than it allows; retried as containers go", "cgroup", m.base, "err", err)
+		return nil
+	}
+	return err
 }
 
 // Mode is the host's cgroup mode as detected at start.
@@ -188,11 +207,21 @@ func (m *Manager) RemovePod(uid string) error {
 }
 
 // Tidy removes the pod's cgroups in tiers it no longer belongs to once they are empty, and retries
-// a limit update that failed. Call it after removing one of the pod's containers.
+// a limit update that failed (the pod's, or node allocatable's). Call it after removing one of the
+// pod's containers.
 func (m *Manager) Tidy(uid string) {
 	m.mu.Lock()
 	p, ok := m.pods[uid]
+	nodePending := m.nodePending
 	m.mu.Unlock()
+	if nodePending && m.applyNode() == nil {
+		m.mu.Lock()
+		done := !m.nodePending
+		m.mu.Unlock()
+		if done {
+			m.log.Info("node allocatable enforced", "cgroup", m.base)
+		}
+	}
 	if !ok {
 		return
 	}

@@ -250,3 +250,51 @@ func TestRealV2WithoutControllersRefused(t *testing.T) {
 		t.Error("a refused host got cgroups made anyway")
 	}
 }
+
+// Node allocatable lowered below what pods already use (an operator raised systemReserved): the
+// kernel refuses the limit, the agent still starts, and the limit is set once usage went down.
+func TestNodeAllocatableBelowUsageRetried(t *testing.T) {
+	l := realLayout(t)
+	top := testRoot(t, l)
+	opts := Options{CgroupRoot: top, Namespace: "ns", Log: slog.New(slog.DiscardHandler),
+		Allocatable: v1.ResourceList{v1.ResourceMemory: quantity("1Gi")}}
+	m, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := m.EnsurePod(besteffort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 24 MiB of touched memory, held; the process joins the pod's memory cgroup before allocating.
+	procs := filepath.Join(l.V1["memory"], dir, "cgroup.procs")
+	cmd := exec.Command("python3", "-c", "import os,time,sys; open(sys.argv[1],'w').write(str(os.getpid())); b=b'a'*(24<<20); print('held', flush=True); time.sleep(60)", procs)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("python3: %v", err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	buf := make([]byte, 5)
+	if _, err := out.Read(buf); err != nil || string(buf[:4]) != "held" {
+		t.Fatalf("allocating process: %q, %v", buf, err)
+	}
+
+	opts.Allocatable = v1.ResourceList{v1.ResourceMemory: quantity("8Mi")}
+	m2, err := New(opts)
+	if err != nil {
+		t.Fatalf("New with allocatable below usage: %v (the agent must still start)", err)
+	}
+	if got := v1File(t, l, "memory", top+"/ns", "memory.limit_in_bytes"); got != "1073741824" {
+		t.Fatalf("base limit = %s, want the old 1Gi kept while usage is above the new one", got)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	m2.EnsurePod(besteffort)
+	m2.Tidy(string(besteffort.UID))
+	if got := v1File(t, l, "memory", top+"/ns", "memory.limit_in_bytes"); got != strconv.Itoa(8<<20) {
+		t.Errorf("base limit after usage went down = %s, want %d", got, 8<<20)
+	}
+}
