@@ -11,10 +11,10 @@ import (
 	"strings"
 )
 
-// Required are the controllers pod cgroups cannot do without: cpu (shares or weight, CFS quota),
+// required are the controllers pod cgroups cannot do without: cpu (shares or weight, CFS quota),
 // memory (limits, OOM kills) and pids. Without one, runc fails every pod that sets a limit, or
 // worse, the limit is silently not applied.
-var Required = []string{"cpu", "memory", "pids"}
+var required = []string{"cpu", "memory", "pids"}
 
 // optional controllers are enabled for pods where the host has them (cpuset for CPU pinning by
 // runc, io for I/O weights on v2); a host without them still runs pods.
@@ -29,7 +29,7 @@ type ControllerError struct {
 
 func (e *ControllerError) Error() string {
 	return fmt.Sprintf("cgroup %s: mqlet needs the %s controllers to run pods; missing: %s. %s",
-		e.Mode, strings.Join(Required, ", "), strings.Join(e.Missing, ", "), e.Detail)
+		e.Mode, strings.Join(required, ", "), strings.Join(e.Missing, ", "), e.Detail)
 }
 
 // Check verifies that the controllers pods need are there, so the agent can refuse to start with
@@ -47,13 +47,13 @@ func (l Layout) Check(cgroupRoot string) error {
 		_, err := l.delegateV2(cgroupRoot)
 		return err
 	}
-	return &ControllerError{Mode: l.Mode, Missing: Required,
+	return &ControllerError{Mode: l.Mode, Missing: required,
 		Detail: "No cgroup file system is mounted (neither cgroup nor cgroup2 in mountinfo): mount cgroup2 at /sys/fs/cgroup (systemd does at boot)."}
 }
 
 func (l Layout) checkV1() error {
 	var missing, details []string
-	for _, c := range Required {
+	for _, c := range required {
 		if _, err := l.v1Root(c); err != nil {
 			if _, mounted := l.V1[c]; mounted {
 				// Mounted, but not where the cgroup library looks for it.
@@ -88,7 +88,7 @@ func (l Layout) delegateV2(cgroupRoot string) ([]string, error) {
 		return nil, fmt.Errorf("cgroup %s: read the root's controllers: %w", l.Mode, err)
 	}
 	var missing, details []string
-	for _, c := range Required {
+	for _, c := range required {
 		if !slices.Contains(avail, c) {
 			missing = append(missing, c)
 			details = append(details, l.diagnose(c))
@@ -98,7 +98,7 @@ func (l Layout) delegateV2(cgroupRoot string) ([]string, error) {
 		return nil, &ControllerError{Mode: l.Mode, Missing: missing,
 			Detail: fmt.Sprintf("%s has: %s. %s", filepath.Join(l.Unified, "cgroup.controllers"), strings.Join(avail, " "), strings.Join(details, " "))}
 	}
-	want := slices.Clone(Required)
+	want := slices.Clone(required)
 	for _, c := range optional {
 		if slices.Contains(avail, c) {
 			want = append(want, c)
@@ -137,7 +137,7 @@ func delegated(dir string, want []string) error {
 		return fmt.Errorf("read %s: %w", filepath.Join(dir, "cgroup.subtree_control"), err)
 	}
 	var lack []string
-	for _, c := range Required {
+	for _, c := range required {
 		if slices.Contains(want, c) && !slices.Contains(on, c) {
 			lack = append(lack, c)
 		}
@@ -161,7 +161,7 @@ func enableV2(dir string, want []string) error {
 	has, herr := v2Controllers(dir, "cgroup.controllers")
 	var add []string
 	for _, c := range want {
-		if herr == nil && !slices.Contains(has, c) && !slices.Contains(Required, c) {
+		if herr == nil && !slices.Contains(has, c) && !slices.Contains(required, c) {
 			continue
 		}
 		if !slices.Contains(on, c) {

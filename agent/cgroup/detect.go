@@ -120,13 +120,14 @@ func Detect(mountinfo, root string) (Layout, error) {
 	return l, nil
 }
 
+// v1Controllers are the controllers a v1 hierarchy can carry; a mount's other super options
+// (rw, xattr, seclabel, release_agent=...) are not hierarchies.
+var v1Controllers = []string{"cpuset", "cpu", "cpuacct", "blkio", "io", "memory", "devices", "freezer", "net_cls",
+	"perf_event", "net_prio", "hugetlb", "pids", "rdma", "misc", "debug"}
+
 // isV1Controller tells a controller or named hierarchy from the other super options of a v1 mount.
 func isV1Controller(o string) bool {
-	switch o {
-	case "rw", "ro", "relatime", "noatime", "nosuid", "nodev", "noexec", "xattr", "clone_children", "noprefix", "cpuset_v2_mode", "favordynmods":
-		return false
-	}
-	return !strings.HasPrefix(o, "release_agent=")
+	return strings.HasPrefix(o, "name=") || slices.Contains(v1Controllers, o)
 }
 
 // pickUnified chooses the cgroup2 mount to use: /sys/fs/cgroup (v2) or /sys/fs/cgroup/unified

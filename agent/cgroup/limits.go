@@ -65,8 +65,8 @@ func Tier(class v1.PodQOSClass) string {
 	return ""
 }
 
-// Tiers lists every tier directory, Guaranteed's ("") first.
-var Tiers = []string{"", "burstable", "besteffort"}
+// tiers lists every tier directory, Guaranteed's ("") first.
+var tiers = []string{"", "burstable", "besteffort"}
 
 // PodLimits sizes a pod's cgroup as kubelet does: shares from the pod's cpu requests; a CFS quota
 // and a memory limit from the sum of its containers' limits, for a Burstable pod only where every

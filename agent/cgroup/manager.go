@@ -147,7 +147,7 @@ func (m *Manager) Mode() Mode { return m.layout.Mode }
 // Base is the cgroup above every pod (CgroupRoot/Namespace), where node allocatable is enforced.
 func (m *Manager) Base() string { return m.base }
 
-// PodDir is the path of a pod's cgroup in tier (see Tiers), below each hierarchy's root.
+// PodDir is the path of a pod's cgroup in tier (see tiers), below each hierarchy's root.
 func (m *Manager) PodDir(tier, uid string) string { return filepath.Join(m.base, tier, "pod"+uid) }
 
 // EnsurePod makes (or updates) the pod's cgroup in the tier of its QoS class, with its limits, and
@@ -192,7 +192,7 @@ func (m *Manager) RemovePod(uid string) error {
 		return err
 	}
 	var errs []error
-	for _, t := range Tiers {
+	for _, t := range tiers {
 		errs = append(errs, m.removeTree(m.PodDir(t, uid)))
 	}
 	m.mu.Lock()
@@ -247,7 +247,7 @@ func (m *Manager) PodUIDs() ([]string, error) {
 	seen := map[string]bool{}
 	var out []string
 	for _, mnt := range m.layout.Mounts {
-		for _, t := range Tiers {
+		for _, t := range tiers {
 			entries, err := os.ReadDir(filepath.Join(mnt, m.base, t))
 			if err != nil {
 				if errors.Is(err, os.ErrNotExist) {
@@ -271,7 +271,7 @@ func (m *Manager) PodUIDs() ([]string, error) {
 // tidyTiers removes the pod's cgroups other than keep where they are empty. rmdir of a cgroup
 // fails while it has children or processes; that is expected until the old containers are gone.
 func (m *Manager) tidyTiers(uid, keep string) {
-	for _, t := range Tiers {
+	for _, t := range tiers {
 		dir := m.PodDir(t, uid)
 		if dir == keep {
 			continue
@@ -323,7 +323,7 @@ func (m *Manager) v1Hierarchy() ([]cgroup1.Subsystem, error) {
 	for _, name := range []string{"cpuset", "cpu", "memory", "pids"} {
 		root, err := m.layout.v1Root(name)
 		if err != nil {
-			if slices.Contains(Required, name) {
+			if slices.Contains(required, name) {
 				return nil, err
 			}
 			continue

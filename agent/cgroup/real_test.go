@@ -168,7 +168,7 @@ func TestManagerRealV1(t *testing.T) {
 		}
 	}
 	for _, mnt := range l.Mounts {
-		for _, t2 := range Tiers {
+		for _, t2 := range tiers {
 			entries, _ := os.ReadDir(filepath.Join(mnt, base, t2))
 			for _, e := range entries {
 				if e.IsDir() && strings.HasPrefix(e.Name(), "pod") {
