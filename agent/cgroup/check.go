@@ -47,7 +47,7 @@ func (l Layout) Check(cgroupRoot string) error {
 		_, err := l.delegateV2(cgroupRoot)
 		return err
 	}
-	return &ControllerError{Mode: l.Mode, Missing: required,
+	return &ControllerError{Mode: l.Mode, Missing: slices.Clone(required),
 		Detail: "No cgroup file system is mounted (neither cgroup nor cgroup2 in mountinfo): mount cgroup2 at /sys/fs/cgroup (systemd does at boot)."}
 }
 
