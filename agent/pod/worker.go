@@ -55,15 +55,17 @@ type Env struct {
 // record is what the worker remembers about one container name across attempts: containerd forgets
 // an attempt once we delete it, but its exit stays visible as lastState.
 type record struct {
-	startedAt  time.Time
-	startedID  string
-	last       *v1.ContainerStateTerminated
-	failure    *runtime.StartError
-	crashes    int // consecutive quick exits, for back-off
-	retryAt    time.Time
-	oomIDs     map[string]bool
-	terminated *v1.ContainerStateTerminated // final state when the policy says no restart
-	attempt    int                          // restart count of the latest attempt started or tried
+	startedAt   time.Time
+	startedID   string
+	last        *v1.ContainerStateTerminated
+	failure     *runtime.StartError
+	crashes     int // consecutive quick exits, for back-off
+	retryAt     time.Time
+	oomIDs      map[string]bool
+	oomChecked  string                       // attempt whose cgroup OOM counters were read (checkOOM)
+	oomReported string                       // attempt whose OOM kill was emitted as an event (reportOOM)
+	terminated  *v1.ContainerStateTerminated // final state when the policy says no restart
+	attempt     int                          // restart count of the latest attempt started or tried
 }
 
 // Worker owns one pod: only its goroutine touches containerd for that pod, so one pod's slow pull or
@@ -431,7 +433,7 @@ func (w *Worker) noteExit(name string, cur *runtime.Container) *v1.ContainerStat
 		reason = "Error"
 	}
 	if r.oomIDs[cur.ID] {
-		reason = "OOMKilled"
+		reason = ReasonOOMKilled
 	}
 	started := r.startedAt
 	if r.startedID != cur.ID || started.IsZero() {
@@ -472,12 +474,15 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 			}
 			r.crashes, r.retryAt, r.failure = 0, time.Time{}, nil
 		case cur.State == runtime.StateRunning:
+			w.reportOOM(pod, c, cur)
 			r.failure, r.terminated = nil, nil
 			if r.startedID != cur.ID {
 				r.startedID, r.startedAt = cur.ID, cur.CreatedAt // adopted from an earlier agent
 			}
 			return 0
 		case cur.State == runtime.StateExited:
+			w.checkOOM(ctx, c.Name, cur)
+			w.reportOOM(pod, c, cur)
 			t := w.noteExit(c.Name, cur)
 			if !shouldRestart(pod.Spec.RestartPolicy, cur.ExitCode) {
 				r.terminated = t

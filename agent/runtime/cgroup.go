@@ -11,15 +11,8 @@ import (
 	"syscall"
 )
 
-// podCgroup is the cgroup path (below each hierarchy's root) holding a pod's containers.
-func (r *Runtime) podCgroup(podUID string) (string, error) {
-	if err := checkPathElem("pod UID", podUID); err != nil {
-		return "", err
-	}
-	return joinUnder("/mqlet", r.opts.Namespace, "pod"+podUID)
-}
-
-// podCgroupUIDs lists the UIDs of the pods that have a cgroup directory in any hierarchy.
+// podCgroupUIDs lists the UIDs of the pods that have a cgroup directory at the legacy path
+// (legacyPodCgroup) in any hierarchy; the cgroup manager lists those in its tiers.
 func (r *Runtime) podCgroupUIDs() ([]string, error) {
 	mounts, err := cgroupMounts("/proc/self/mountinfo")
 	if err != nil {

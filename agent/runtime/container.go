@@ -422,6 +422,7 @@ func (r *Runtime) removeByID(ctx context.Context, id string) error {
 	if err := ctr.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 		return fmt.Errorf("remove %s: %w", id, err)
 	}
+	r.tidyAfterRemove(ctx, ctr)
 	return nil
 }
 

@@ -13,7 +13,15 @@ import (
 // pod gives back what it holds.
 
 // PodCgroup is the cgroup path (below each hierarchy's root) that holds the pod's containers.
-func (r *Runtime) PodCgroup(pod *v1.Pod) (string, error) { return r.podCgroup(string(pod.UID)) }
+func (r *Runtime) PodCgroup(pod *v1.Pod) (string, error) {
+	if r.opts.Cgroups != nil {
+		if err := checkPathElem("pod UID", string(pod.UID)); err != nil {
+			return "", err
+		}
+		return r.opts.Cgroups.PodPath(pod), nil
+	}
+	return r.legacyPodCgroup(string(pod.UID))
+}
 
 // PodStorageDirs are the directories whose files are the pod's ephemeral storage on the node's file
 // system: its pod dir (emptyDir volumes, hosts file) and its log dir.

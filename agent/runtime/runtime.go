@@ -41,12 +41,15 @@ type Options struct {
 	// namespace of pods with shareProcessNamespace; "" refuses those pods.
 	Executable string
 	Registry   RegistryOptions
-	Log        *slog.Logger
+	// Cgroups puts pods in the QoS cgroup hierarchy with pod-level limits (agent/cgroup.Manager);
+	// nil keeps them at /mqlet/<namespace>/pod<uid> without (unit tests, fake runtimes).
+	Cgroups PodCgroups
 
 	// Devices hands out the host devices pods ask for in resources.limits; nil refuses every
 	// container that asks for an extended resource. Each pod's allocation is recorded in its pod dir
 	// and given back to the Manager by New, before any new allocation.
 	Devices *devices.Manager
+	Log     *slog.Logger
 }
 
 // Runtime is a thin layer over the containerd client.

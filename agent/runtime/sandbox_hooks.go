@@ -205,30 +205,46 @@ func (h ipcHook) List() ([]PodRef, error) {
 	return uidRefs(names), err
 }
 
-// cgroupHook owns the cgroup the pod's containers go below. runc makes it with the first container
-// and removes each container's own cgroup, but not this parent.
+// cgroupHook owns the cgroup the pod's containers go below: with a cgroup manager, the pod's
+// cgroup in its QoS tier, sized from its containers; without, /mqlet/<ns>/pod<uid>, which runc
+// makes with the first container. runc removes each container's own cgroup, never this parent.
 type cgroupHook struct{ r *Runtime }
 
 func (cgroupHook) Name() string { return "cgroup" }
 
+// Prerun runs again after a spec change: a pod whose QoS class changed gets its cgroup in the new
+// tier, where its new containers go.
 func (h cgroupHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
-	cg, err := h.r.podCgroup(string(pod.UID))
+	if cg := h.r.opts.Cgroups; cg != nil {
+		dir, err := cg.EnsurePod(pod)
+		sb.CgroupParent = dir
+		return err
+	}
+	cg, err := h.r.legacyPodCgroup(string(pod.UID))
 	sb.CgroupParent = cg
 	return err
 }
 
 func (h cgroupHook) Destroy(_ context.Context, ref PodRef) error {
-	cg, err := h.r.podCgroup(string(ref.UID))
+	cg, err := h.r.legacyPodCgroup(string(ref.UID))
 	if err != nil {
 		return err
 	}
 	// The whole tree: the pod cgroup and what was left below it (a container's cgroup runc did not
 	// remove, the PID namespace holder's leaf).
-	return RemoveCgroupTree(cg)
+	err = RemoveCgroupTree(cg)
+	if m := h.r.opts.Cgroups; m != nil {
+		err = errors.Join(m.RemovePod(string(ref.UID)), err)
+	}
+	return err
 }
 
 func (h cgroupHook) List() ([]PodRef, error) {
 	uids, err := h.r.podCgroupUIDs()
+	if m := h.r.opts.Cgroups; m != nil {
+		more, merr := m.PodUIDs()
+		uids, err = append(uids, more...), errors.Join(err, merr)
+	}
 	return uidRefs(uids), err
 }
 

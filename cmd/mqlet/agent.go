@@ -51,8 +51,13 @@ func (c *AgentCmd) Run() error {
 		exe = ""
 	}
 	devs := newDeviceManager(cfg, log)
+	cgroups, err := newCgroupManager(cfg, log)
+	if err != nil {
+		return err
+	}
 	rt, err := runtime.New(ctx, runtime.Options{
 		Devices:     devs,
+		Cgroups:     cgroups,
 		Executable:  exe,
 		Address:     cfg.ContainerdAddress,
 		Namespace:   cfg.ContainerdNamespace,

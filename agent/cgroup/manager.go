@@ -1,0 +1,504 @@
+package cgroup
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/containerd/cgroups/v3/cgroup1"
+	"github.com/containerd/cgroups/v3/cgroup2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	v1 "k8s.io/api/core/v1"
+)
+
+// Options configures a Manager.
+type Options struct {
+	Mountinfo string // default /proc/self/mountinfo
+	Root      string // where mount points are found; default "/" (a fixture tree in tests)
+	// CgroupRoot is the cgroup mqlet owns (cgroupRoot in the config, e.g. /mqlet); pods live in
+	// CgroupRoot/Namespace, so agents of different containerd namespaces stay apart.
+	CgroupRoot string
+	Namespace  string
+	// Allocatable is enforced on CgroupRoot/Namespace (see NodeLimits): with enforceNodeAllocatable,
+	// capacity minus the reservations; without it, just the cpu capacity, so pods together are
+	// not starved by the kernel's default weight. Holding "pid" sets pids.max.
+	Allocatable v1.ResourceList
+	Log         *slog.Logger
+}
+
+// Manager makes, sizes and removes pod cgroups in the QoS hierarchy:
+//
+//	<CgroupRoot>/<Namespace>                   node allocatable; Guaranteed pods: pod<uid>
+//	<CgroupRoot>/<Namespace>/burstable         shares = the Burstable pods' cpu requests; pod<uid>
+//	<CgroupRoot>/<Namespace>/besteffort        shares = 2; pod<uid>
+//
+// The Guaranteed path is the one every pod had before the tiers existed, so pods a previous
+// release started are found there and removed. It is safe for concurrent use.
+type Manager struct {
+	layout Layout
+	base   string   // CgroupRoot/Namespace, as a path below each hierarchy's root
+	top    string   // CgroupRoot
+	v2     []string // controllers enabled for mqlet's own levels on cgroup v2
+	node   Limits
+	log    *slog.Logger
+
+	// mu guards pods and serialises writes of the Burstable tier's shares, so that the last
+	// write is always computed from the latest set of pods. Nothing the agent's event routing or
+	// API needs waits on it.
+	mu   sync.Mutex
+	pods map[string]podCgroup // by pod UID: what EnsurePod last set up
+	// nodePending: node allocatable could not be set on the existing base (pods already use more
+	// memory than a lowered limit); retried by Tidy as containers go.
+	nodePending bool
+}
+
+type podCgroup struct {
+	dir       string // path of the pod's cgroup below the hierarchy roots
+	burstable int64  // milli-CPU the pod adds to the Burstable tier
+	limits    Limits
+	pending   bool // the last update of an existing cgroup failed (usage above a lower limit); retried by Tidy
+}
+
+// New detects the host's cgroup mode, refuses a host that lacks a controller pods need (the error
+// names it and the kernel option that enables it), and makes the hierarchy's top levels.
+func New(o Options) (*Manager, error) {
+	if o.Mountinfo == "" {
+		o.Mountinfo = "/proc/self/mountinfo"
+	}
+	if o.Root == "" {
+		o.Root = "/"
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if elems := splitPath(o.CgroupRoot); len(elems) == 0 || filepath.Clean(o.CgroupRoot) != o.CgroupRoot || !filepath.IsAbs(o.CgroupRoot) {
+		return nil, fmt.Errorf("cgroup root %q: must be an absolute, clean cgroup path below the root, such as /mqlet", o.CgroupRoot)
+	}
+	if err := checkElem("containerd namespace", o.Namespace); err != nil {
+		return nil, err
+	}
+	node := NodeLimits(o.Allocatable)
+	if node.Memory != nil && *node.Memory <= 0 {
+		return nil, fmt.Errorf("node allocatable memory is %d bytes: systemReserved, agentReserved and the hard eviction threshold leave nothing for pods", *node.Memory)
+	}
+	if node.Pids != nil && *node.Pids <= 0 {
+		return nil, fmt.Errorf("node allocatable pids is %d: the pid reservations leave nothing for pods", *node.Pids)
+	}
+	l, err := Detect(o.Mountinfo, o.Root)
+	if err != nil {
+		return nil, err
+	}
+	m := &Manager{layout: l, top: o.CgroupRoot, base: filepath.Join(o.CgroupRoot, o.Namespace), node: node, log: o.Log,
+		pods: map[string]podCgroup{}}
+	switch l.Mode {
+	case Unified:
+		if m.v2, err = l.delegateV2(o.CgroupRoot); err != nil {
+			return nil, err
+		}
+	default:
+		if err := l.Check(o.CgroupRoot); err != nil {
+			return nil, err
+		}
+	}
+	// CgroupRoot itself only gets a weight, so mqlet's pods as a whole are not starved by the
+	// kernel's default next to system services; the limits go one level down.
+	if err := m.apply(m.top, Limits{CPUShares: node.CPUShares}); err != nil {
+		return nil, err
+	}
+	if err := m.applyNode(); err != nil {
+		return nil, err
+	}
+	if err := m.apply(filepath.Join(m.base, "besteffort"), Limits{CPUShares: MinShares}); err != nil {
+		return nil, err
+	}
+	if err := m.apply(filepath.Join(m.base, "burstable"), Limits{CPUShares: MinShares}); err != nil {
+		return nil, err
+	}
+	m.log.Info("pod cgroups", "mode", l.Mode.String(), "base", m.base, "allocatable", allocatableString(o.Allocatable))
+	return m, nil
+}
+
+// applyNode sets node allocatable on the base. When the base exists and pods already use more
+// than a lowered limit, the kernel refuses (v1: EBUSY): that must not keep the agent from
+// starting, and kubelet too retries until evictions bring usage down; here Tidy retries.
+func (m *Manager) applyNode() error {
+	_, statErr := os.Stat(m.someDir(m.base))
+	err := m.apply(m.base, m.node)
+	m.mu.Lock()
+	m.nodePending = err != nil && statErr == nil
+	m.mu.Unlock()
+	if err != nil && statErr == nil {
+		m.log.Warn("node allocatable not enforced yet: pods use more than it allows; retried as containers go", "cgroup", m.base, "err", err)
+		return nil
+	}
+	return err
+}
+
+// Mode is the host's cgroup mode as detected at start.
+func (m *Manager) Mode() Mode { return m.layout.Mode }
+
+// Base is the cgroup above every pod (CgroupRoot/Namespace), where node allocatable is enforced.
+func (m *Manager) Base() string { return m.base }
+
+// PodDir is the path of a pod's cgroup in tier (see tiers), below each hierarchy's root.
+func (m *Manager) PodDir(tier, uid string) string { return filepath.Join(m.base, tier, "pod"+uid) }
+
+// PodPath is where EnsurePod puts the pod: the cgroup of its QoS tier, below each hierarchy's root.
+func (m *Manager) PodPath(pod *v1.Pod) string { return m.PodDir(Tier(classOf(pod)), string(pod.UID)) }
+
+// EnsurePod makes (or updates) the pod's cgroup in the tier of its QoS class, with its limits, and
+// returns its path for the containers' cgroup parent. A pod whose class changed gets a cgroup in
+// the new tier; its cgroup in the old one goes once empty (Tidy). Growing the Burstable tier's
+// shares follows. Updating an existing cgroup to limits its processes already exceed can fail
+// (cgroup v1 refuses a memory limit below usage, a CFS quota below a child's): that is logged and
+// retried by Tidy as the old containers go, rather than failing the pod.
+func (m *Manager) EnsurePod(pod *v1.Pod) (string, error) {
+	uid := string(pod.UID)
+	if err := checkElem("pod UID", uid); err != nil {
+		return "", err
+	}
+	lim := PodLimits(pod)
+	dir := m.PodDir(Tier(classOf(pod)), uid)
+	_, statErr := os.Stat(m.someDir(dir))
+	existed := statErr == nil
+	pending := false
+	if err := m.apply(dir, lim); err != nil {
+		if !existed {
+			return "", fmt.Errorf("pod cgroup %s: %w", dir, err)
+		}
+		m.log.Warn("pod cgroup limits not updated yet; retried as its old containers go", "cgroup", dir, "err", err)
+		pending = true
+	}
+	m.mu.Lock()
+	prev, known := m.pods[uid]
+	m.pods[uid] = podCgroup{dir: dir, burstable: burstableMilliCPU(pod), limits: lim, pending: pending}
+	if !known || prev.burstable != m.pods[uid].burstable {
+		m.updateBurstableLocked()
+	}
+	m.mu.Unlock()
+	m.tidyTiers(uid, dir)
+	return dir, nil
+}
+
+// RemovePod removes the pod's cgroup from every tier (the Guaranteed one is also where a previous
+// release put every pod) in every mounted hierarchy, with whatever is left below it. The pod's
+// processes must be gone. Missing cgroups are fine.
+func (m *Manager) RemovePod(uid string) error {
+	if err := checkElem("pod UID", uid); err != nil {
+		return err
+	}
+	var errs []error
+	for _, t := range tiers {
+		errs = append(errs, m.removeTree(m.PodDir(t, uid)))
+	}
+	m.mu.Lock()
+	if p, ok := m.pods[uid]; ok {
+		delete(m.pods, uid)
+		if p.burstable != 0 {
+			m.updateBurstableLocked()
+		}
+	}
+	m.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// Tidy removes the pod's cgroups in tiers it no longer belongs to once they are empty, and retries
+// a limit update that failed (the pod's, or node allocatable's). Call it after removing one of the
+// pod's containers.
+func (m *Manager) Tidy(uid string) {
+	m.mu.Lock()
+	p, ok := m.pods[uid]
+	nodePending := m.nodePending
+	m.mu.Unlock()
+	if nodePending && m.applyNode() == nil {
+		m.mu.Lock()
+		done := !m.nodePending
+		m.mu.Unlock()
+		if done {
+			m.log.Info("node allocatable enforced", "cgroup", m.base)
+		}
+	}
+	if !ok {
+		return
+	}
+	m.tidyTiers(uid, p.dir)
+	if !p.pending {
+		return
+	}
+	if err := m.apply(p.dir, p.limits); err != nil {
+		m.log.Debug("pod cgroup limits still not updated", "cgroup", p.dir, "err", err)
+		return
+	}
+	m.mu.Lock()
+	if cur, ok := m.pods[uid]; ok && cur.dir == p.dir {
+		cur.pending = false
+		m.pods[uid] = cur
+	}
+	m.mu.Unlock()
+	m.log.Info("pod cgroup limits updated", "cgroup", p.dir)
+}
+
+// PodUIDs lists the UIDs of pods with a cgroup in any tier of any mounted hierarchy.
+func (m *Manager) PodUIDs() ([]string, error) {
+	seen := map[string]bool{}
+	var out []string
+	for _, mnt := range m.layout.Mounts {
+		for _, t := range tiers {
+			entries, err := os.ReadDir(filepath.Join(mnt, m.base, t))
+			if err != nil {
+				if errors.Is(err, os.ErrNotExist) {
+					continue
+				}
+				return nil, err
+			}
+			for _, e := range entries {
+				uid, ok := strings.CutPrefix(e.Name(), "pod")
+				if ok && e.IsDir() && uid != "" && !seen[uid] {
+					seen[uid] = true
+					out = append(out, uid)
+				}
+			}
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// tidyTiers removes the pod's cgroups other than keep where they are empty. rmdir of a cgroup
+// fails while it has children or processes; that is expected until the old containers are gone.
+func (m *Manager) tidyTiers(uid, keep string) {
+	for _, t := range tiers {
+		dir := m.PodDir(t, uid)
+		if dir == keep {
+			continue
+		}
+		for _, mnt := range m.layout.Mounts {
+			err := os.Remove(filepath.Join(mnt, dir))
+			if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.EBUSY) && !errors.Is(err, syscall.ENOTEMPTY) {
+				m.log.Debug("remove old tier's pod cgroup", "cgroup", filepath.Join(mnt, dir), "err", err)
+			}
+		}
+	}
+}
+
+// updateBurstableLocked sets the Burstable tier's shares to the sum of its pods' cpu requests, as
+// kubelet's QoS manager does, so the tier as a whole weighs what its pods asked for.
+func (m *Manager) updateBurstableLocked() {
+	var milli int64
+	for _, p := range m.pods {
+		milli += p.burstable
+	}
+	dir := filepath.Join(m.base, "burstable")
+	if err := m.apply(dir, Limits{CPUShares: MilliCPUToShares(milli)}); err != nil {
+		m.log.Warn("update the Burstable tier's cpu shares", "cgroup", dir, "err", err)
+	}
+}
+
+// someDir is dir in one hierarchy that mqlet manages, to tell whether a cgroup exists.
+func (m *Manager) someDir(dir string) string {
+	if m.layout.Mode == Unified {
+		return filepath.Join(m.layout.Unified, dir)
+	}
+	return filepath.Join(m.layout.V1["memory"], dir)
+}
+
+// apply makes the cgroup at dir (and its missing parents) and sets lim on it.
+func (m *Manager) apply(dir string, lim Limits) error {
+	if m.layout.Mode == Unified {
+		return m.applyV2(dir, lim)
+	}
+	return m.applyV1(dir, lim)
+}
+
+// v1Hierarchy is the set of v1 controllers mqlet sizes pod cgroups with, rooted where they are
+// mounted under the layout's root (not containerd/cgroups' fixed /sys/fs/cgroup), so fixture trees
+// work too. cpuset is made at each level with its parent's CPUs and memory nodes (a new v1 cpuset
+// has none and takes no process); the other hierarchies runc fills itself.
+func (m *Manager) v1Hierarchy() ([]cgroup1.Subsystem, error) {
+	var out []cgroup1.Subsystem
+	for _, name := range []string{"cpuset", "cpu", "memory", "pids"} {
+		root, err := m.layout.v1Root(name)
+		if err != nil {
+			if slices.Contains(required, name) {
+				return nil, err
+			}
+			continue
+		}
+		switch name {
+		case "cpuset":
+			out = append(out, cgroup1.NewCpuset(root))
+		case "cpu":
+			out = append(out, cgroup1.NewCpu(root))
+		case "memory":
+			out = append(out, cgroup1.NewMemory(root))
+		case "pids":
+			out = append(out, cgroup1.NewPids(root))
+		}
+	}
+	return out, nil
+}
+
+func (m *Manager) applyV1(dir string, lim Limits) error {
+	quota, period := int64(-1), uint64(QuotaPeriod)
+	if lim.CPUQuota != nil {
+		quota = *lim.CPUQuota
+	}
+	memory := int64(-1)
+	if lim.Memory != nil {
+		memory = *lim.Memory
+	}
+	res := &specs.LinuxResources{
+		CPU:    &specs.LinuxCPU{Quota: &quota, Period: &period},
+		Memory: &specs.LinuxMemory{Limit: &memory},
+	}
+	if lim.CPUShares != 0 {
+		res.CPU.Shares = &lim.CPUShares
+	}
+	if lim.Pids != nil {
+		res.Pids = &specs.LinuxPids{Limit: lim.Pids}
+	}
+	// New makes the cgroup in each hierarchy where missing and writes res: it serves for an
+	// update too.
+	if _, err := cgroup1.New(cgroup1.StaticPath(dir), res, cgroup1.WithHierarchy(m.v1Hierarchy)); err != nil {
+		return fmt.Errorf("cgroup v1 %s: %w", dir, err)
+	}
+	if lim.Pids == nil {
+		// containerd/cgroups writes only a positive pids limit; lift an old one.
+		root, err := m.layout.v1Root("pids")
+		if err != nil {
+			return err
+		}
+		if err := writeIfDiffers(filepath.Join(root, "pids", dir, "pids.max"), "max"); err != nil {
+			return fmt.Errorf("cgroup v1 %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+func (m *Manager) applyV2(dir string, lim Limits) error {
+	// Make each missing level, with the controllers enabled in its parent first: a v2 cgroup has
+	// the interface files of only the controllers its parent enables for it. CgroupRoot's own
+	// parent was taken care of at start (delegateV2).
+	cur := filepath.Join(m.layout.Unified, m.top)
+	rel, err := filepath.Rel(m.top, dir)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return fmt.Errorf("cgroup %s is not below %s", dir, m.top)
+	}
+	for _, elem := range splitPath(rel) {
+		if err := enableV2(cur, m.v2); err != nil {
+			return err
+		}
+		cur = filepath.Join(cur, elem)
+		if err := os.Mkdir(cur, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("cgroup v2: make %s: %w", cur, err)
+		}
+	}
+	cg, err := cgroup2.Load(dir, cgroup2.WithMountpoint(m.layout.Unified))
+	if err != nil {
+		return fmt.Errorf("cgroup v2 %s: %w", dir, err)
+	}
+	period := uint64(QuotaPeriod)
+	res := &cgroup2.Resources{CPU: &cgroup2.CPU{Max: cgroup2.NewCPUMax(lim.CPUQuota, &period)}}
+	if lim.CPUShares != 0 {
+		w := SharesToWeight(lim.CPUShares)
+		res.CPU.Weight = &w
+	}
+	if lim.Memory != nil {
+		res.Memory = &cgroup2.Memory{Max: lim.Memory}
+	}
+	if lim.Pids != nil {
+		res.Pids = &cgroup2.Pids{Max: *lim.Pids}
+	}
+	if err := cg.Update(res); err != nil {
+		return fmt.Errorf("cgroup v2 %s: %w", dir, err)
+	}
+	// containerd/cgroups cannot write "max" for memory and pids (its fields are numbers): lift
+	// limits the cgroup no longer has here.
+	if lim.Memory == nil {
+		if err := writeIfDiffers(filepath.Join(m.layout.Unified, dir, "memory.max"), "max"); err != nil {
+			return fmt.Errorf("cgroup v2 %s: %w", dir, err)
+		}
+	}
+	if lim.Pids == nil {
+		if err := writeIfDiffers(filepath.Join(m.layout.Unified, dir, "pids.max"), "max"); err != nil {
+			return fmt.Errorf("cgroup v2 %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// writeIfDiffers writes v to a cgroup file unless it already holds it (a file not there yet is
+// written: on a real cgroupfs that fails, naming the missing controller's file).
+func writeIfDiffers(path, v string) error {
+	if cur, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(cur)) == v {
+		return nil
+	}
+	return os.WriteFile(path, []byte(v), 0o644)
+}
+
+// removeTree removes the cgroup rel and every cgroup below it, deepest first, in every mounted
+// hierarchy. runc makes a container's cgroup in every hierarchy (devices, freezer, systemd's named
+// one, the v2 one of a hybrid host), which mqlet never sizes, so removal walks them all rather
+// than only the controllers containerd/cgroups was given.
+func (m *Manager) removeTree(rel string) error {
+	var errs []error
+	for _, mnt := range m.layout.Mounts {
+		var dirs []string
+		filepath.WalkDir(filepath.Join(mnt, rel), func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := os.Remove(dirs[i]); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", dirs[i], err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkElem refuses what cannot be one element of a cgroup path: a pod UID or namespace that
+// climbs out of its parent or names a file.
+func checkElem(what, v string) error {
+	if v == "" || v == "." || v == ".." || strings.ContainsAny(v, "/\x00") || len(v) > 200 {
+		return fmt.Errorf("%s %q cannot name a cgroup", what, v)
+	}
+	return nil
+}
+
+func allocatableString(rl v1.ResourceList) string {
+	var parts []string
+	for _, name := range []v1.ResourceName{v1.ResourceCPU, v1.ResourceMemory, ResourcePID} {
+		if q, ok := rl[name]; ok {
+			parts = append(parts, string(name)+"="+q.String())
+		}
+	}
+	if len(parts) == 0 {
+		return "not enforced"
+	}
+	return strings.Join(parts, ",")
+}
+
+// parseKV reads a "key value" line file (memory.events, memory.oom_control) into a map.
+func parseKV(b []byte) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			continue
+		}
+		if v, err := strconv.ParseUint(f[1], 10, 64); err == nil {
+			out[f[0]] = v
+		}
+	}
+	return out
+}
