@@ -311,9 +311,9 @@ func (m *Manager) GarbageCollect(ctx context.Context) (Result, error) {
 // the minimum age). A nodefs signal reclaims images only when the image file system is the same
 // file system. It stops once bytesNeeded is freed; for the inode signals, or bytesNeeded <= 0, it
 // removes everything it may. Memory and PID signals have nothing to reclaim here (0, nil).
-func (m *Manager) ReclaimDisk(ctx context.Context, signal string, bytesNeeded int64) (int64, error) {
+func (m *Manager) ReclaimDisk(ctx context.Context, signal eviction.Signal, bytesNeeded int64) (int64, error) {
 	var withImages bool
-	switch eviction.Signal(signal) {
+	switch signal {
 	case eviction.SignalImageFsAvailable, eviction.SignalImageFsInodesFree:
 		withImages = true
 	case eviction.SignalNodeFsAvailable, eviction.SignalNodeFsInodesFree:
@@ -330,7 +330,7 @@ func (m *Manager) ReclaimDisk(ctx context.Context, signal string, bytesNeeded in
 		return 0, nil
 	}
 	needed := bytesNeeded
-	if needed <= 0 || strings.HasSuffix(signal, ".inodesFree") {
+	if needed <= 0 || strings.HasSuffix(string(signal), ".inodesFree") {
 		needed = math.MaxInt64 // an inode count, or no amount: all that may go
 	}
 

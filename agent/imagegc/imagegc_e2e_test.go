@@ -28,6 +28,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/agent/imagegc"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/internal/testenv"
@@ -250,7 +251,7 @@ func TestReclaimDiskFreesUnusedImageAndDeadContainers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	freed, err := m.ReclaimDisk(context.Background(), "imagefs.available", 1)
+	freed, err := m.ReclaimDisk(context.Background(), eviction.SignalImageFsAvailable, 1)
 	if err != nil || freed < 2*layerSize {
 		t.Fatalf("ReclaimDisk(imagefs.available) = %d, %v; want at least %d", freed, err, 2*layerSize)
 	}
@@ -277,7 +278,7 @@ func TestReclaimDiskFreesUnusedImageAndDeadContainers(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if _, err := m.ReclaimDisk(context.Background(), "nodefs.available", 1<<40); err != nil {
+	if _, err := m.ReclaimDisk(context.Background(), eviction.SignalNodeFsAvailable, 1<<40); err != nil {
 		t.Fatalf("ReclaimDisk(nodefs.available): %v", err)
 	}
 	cs, err := g.rt.ListContainers(context.Background(), string(job.UID))

@@ -122,13 +122,14 @@ func (c *AgentCmd) Run() error {
 
 	log.Info("mqlet agent starting", "version", version, "node", cfg.NodeName, "containerd", cfg.ContainerdAddress,
 		"namespace", cfg.ContainerdNamespace, "manifests", cfg.ManifestDir, "state", cfg.StatePath())
-	nodeStatus := newNodeStatus(cfg, rt, db, log, a, channel)
+	// Disk pressure reclaims unused images and dead containers before any pod is evicted.
+	evictions := startEviction(ctx, cfg, a, rt, report, gc.Manager, log)
+	defer evictions.Wait()
+	nodeStatus := newNodeStatus(cfg, rt, db, log, a, channel, nodeInputs{pressure: evictions.Manager, devices: devs})
 	defer nodeStatus.start(ctx)() // ends with ctx (stop), before the store closes
 	srv := api.NewServer(nodeStatus.api(a), log)
 	apiErr := make(chan error, 1)
 	go func() { apiErr <- srv.Serve(ctx, cfg.APISocket) }()
-	evictions := startEviction(ctx, cfg, a, rt, report, nil, log)
-	defer evictions.Wait()
 	runErr := make(chan error, 1)
 	go func() { runErr <- a.Run(ctx) }()
 	// The channel stops after the agent, so the last statuses the agent reports reach the outbox;

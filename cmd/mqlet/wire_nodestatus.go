@@ -2,20 +2,26 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"sync"
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/devices"
 	"github.com/mqlet/mqlet/agent/nodestatus"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/hw"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/nodesync"
-	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 )
+
+// nodeInputs are what other parts of the node tell the status: pressure conditions (the eviction
+// manager) and device resources (their capacity, also allocatable).
+type nodeInputs struct {
+	pressure nodestatus.Pressure
+	devices  *devices.Manager
+}
 
 // nodeStatusWiring is the node status manager, built once the agent and the channel exist.
 type nodeStatusWiring struct {
@@ -27,7 +33,11 @@ type nodeStatusWiring struct {
 // standalone) as the receiver of real changes. Standalone, the status is kept in the store and
 // served to `mqlet node` only.
 func newNodeStatus(cfg config.Config, rt *runtime.Runtime, db *store.DB, log *slog.Logger,
-	a *agent.Agent, channel *nodesync.Sync) *nodeStatusWiring {
+	a *agent.Agent, channel *nodesync.Sync, in nodeInputs) *nodeStatusWiring {
+	var extra func() v1.ResourceList
+	if in.devices != nil {
+		extra = in.devices.Capacity
+	}
 	system, agentReserved := cfg.Reservations()
 	setters := nodestatus.DefaultSetters(nodestatus.Config{
 		NodeName:       cfg.NodeName,
@@ -46,6 +56,8 @@ func newNodeStatus(cfg config.Config, rt *runtime.Runtime, db *store.DB, log *sl
 		ListImages:     containerdImages(rt),
 		DiskCapacity:   filesystemSize,
 		Ready:          a.Ready,
+		Pressure:       in.pressure,
+		Extra:          extra,
 	})
 	m := nodestatus.New(nodestatus.Options{
 		Name:    cfg.NodeName,
@@ -101,9 +113,6 @@ func containerdImages(rt *runtime.Runtime) func(ctx context.Context) ([]nodestat
 // filesystemSize is the size in bytes of the filesystem holding path (its ephemeral-storage
 // capacity, as kubelet reports its root dir's).
 func filesystemSize(path string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
-		return 0, fmt.Errorf("statfs %s: %w", path, err)
-	}
-	return int64(st.Blocks) * int64(st.Bsize), nil
+	fs, err := hw.Filesystem(path)
+	return fs.Capacity, err
 }
