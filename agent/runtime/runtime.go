@@ -41,6 +41,9 @@ type Options struct {
 	Executable string
 	Registry   RegistryOptions
 	Log        *slog.Logger
+	// OnPull, when set, is told of every pull from a registry (one per shared pull), how long it
+	// took and how it ended: metrics.
+	OnPull func(ref string, took time.Duration, err error)
 }
 
 // Runtime is a thin layer over the containerd client.

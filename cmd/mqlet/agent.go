@@ -50,6 +50,7 @@ func (c *AgentCmd) Run() error {
 		log.Warn("cannot find the mqlet executable; pods with shareProcessNamespace will be refused", "err", err)
 		exe = ""
 	}
+	m := newAgentMetrics() // wire_metrics.go
 	rt, err := runtime.New(ctx, runtime.Options{
 		Executable:  exe,
 		Address:     cfg.ContainerdAddress,
@@ -58,6 +59,7 @@ func (c *AgentCmd) Run() error {
 		StateDir:    cfg.StateDir,
 		Registry:    runtime.RegistryOptions{PlainHTTP: cfg.PlainHTTPRegistries, CAFile: cfg.RegistryCAFile},
 		Log:         log,
+		OnPull:      m.ImagePulled,
 	})
 	if err != nil {
 		return err
@@ -76,19 +78,21 @@ func (c *AgentCmd) Run() error {
 		return err
 	}
 	defer db.Close()
+	state := m.Store(db)
 
 	sources := []source.Source{manifest.NewDir(cfg.ManifestDir)}
 	var channel *nodesync.Sync
 	var report agent.Reporter
 	var a *agent.Agent
 	if cfg.MQTTBroker != "" && !cfg.Once {
-		channel, err = newChannel(cfg, db, rt.Version(), log, func() *agent.Agent { return a })
+		channel, err = newChannel(cfg, state, rt.Version(), log, func() *agent.Agent { return a })
 		if err != nil {
 			return err
 		}
 		sources = append(sources, channel.Source())
 		report = channel.Reporter()
 	}
+	report = m.reporter(report)
 	a = agent.New(agent.Options{
 		NodeName:     cfg.NodeName,
 		PreloadDir:   cfg.ImagePreloadDir,
@@ -99,7 +103,8 @@ func (c *AgentCmd) Run() error {
 		TrimMemory: os.Getenv("GOMEMLIMIT") == "" && os.Getenv("GOGC") == "",
 		Report:     report,
 		MQTTPolicy: cfg.AdmissionPolicy(),
-	}, rt, db, sources...)
+		OnSync:     m.ObserveSync,
+	}, rt, state, sources...)
 
 	if cfg.Once {
 		pods, err := a.RunOnce(ctx, cfg.OnceTimeout.Duration)
@@ -110,6 +115,11 @@ func (c *AgentCmd) Run() error {
 	log.Info("mqlet agent starting", "version", version, "node", cfg.NodeName, "containerd", cfg.ContainerdAddress,
 		"namespace", cfg.ContainerdNamespace, "manifests", cfg.ManifestDir, "state", cfg.StatePath())
 	srv := api.NewServer(a, log)
+	stopMetrics, err := m.serve(ctx, cfg, a, channel, db, srv, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	apiErr := make(chan error, 1)
 	go func() { apiErr <- srv.Serve(ctx, cfg.APISocket) }()
 	runErr := make(chan error, 1)

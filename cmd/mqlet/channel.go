@@ -14,7 +14,7 @@ import (
 
 // newChannel builds the MQTT channel from the validated config. The agent is handed over lazily
 // because the agent needs the channel's source and reporter to be built first.
-func newChannel(cfg config.Config, db *store.DB, containerdVersion string, log *slog.Logger, agentOf func() *agent.Agent) (*nodesync.Sync, error) {
+func newChannel(cfg config.Config, db store.State, containerdVersion string, log *slog.Logger, agentOf func() *agent.Agent) (*nodesync.Sync, error) {
 	topics, err := protocol.NewTopics(cfg.MQTTTopicPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("--mqtt-topic-prefix: %w", err)
