@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/internal/loopback"
+	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/internal/testenv"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -200,5 +201,48 @@ func TestMetricsAddressTakenFailsStart(t *testing.T) {
 	pids := h.tasks()
 	if id == "" || pids[id] == 0 || pids[id] != pidBefore {
 		t.Errorf("container %q of the running pod (pid %d before) after the failed start: tasks %v", id, pidBefore, pids)
+	}
+}
+
+// With a real broker: the link's state and the outbox's depth follow the broker going away and
+// coming back. While it is down, a new pod's statuses wait in the outbox; when it returns they are
+// drained.
+func TestMetricsOfTheMQTTLink(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	h.writeManifest("first.yaml", sleeper("first", "3600"))
+	h.startMQTTAgent(b.Plain)
+	h.waitPod("first", "running", allRunning)
+	hc := unixHTTP(h.sock)
+	figure := func(name string) (float64, bool) {
+		return sampleOf(scrape(t, hc, "http://mqlet/metrics"), name, nil)
+	}
+	is := func(name string, want float64) func() bool {
+		return func() bool { v, ok := figure(name); return ok && v == want }
+	}
+	waitFor(t, "mqlet_mqtt_connected 1", is("mqlet_mqtt_connected", 1))
+	waitFor(t, "outbox drained", is("mqlet_mqtt_outbox_entries", 0))
+	if v, ok := figure("mqlet_mqtt_outbox_bytes"); !ok || v != 0 {
+		t.Errorf("outbox bytes %v (found %v) with no entries", v, ok)
+	}
+
+	b.Stop(t)
+	waitFor(t, "mqlet_mqtt_connected 0 with the broker stopped", is("mqlet_mqtt_connected", 0))
+	h.writeManifest("second.yaml", sleeper("second", "3600"))
+	h.waitPod("second", "running", allRunning)
+	waitFor(t, "the new pod's status queued in the outbox", func() bool {
+		v, ok := figure("mqlet_mqtt_outbox_entries")
+		return ok && v > 0
+	})
+	if v, ok := figure("mqlet_mqtt_outbox_bytes"); !ok || v <= 0 {
+		t.Errorf("outbox bytes %v (found %v) with entries queued", v, ok)
+	}
+
+	b.Start(t)
+	waitFor(t, "mqlet_mqtt_connected 1 after the broker returned", is("mqlet_mqtt_connected", 1))
+	waitFor(t, "outbox drained after the broker returned", is("mqlet_mqtt_outbox_entries", 0))
+	if v, ok := sampleOf(scrape(t, hc, "http://mqlet/metrics"), "mqlet_store_write_duration_seconds", map[string]string{"operation": "outbox_put"}); !ok || v < 1 {
+		t.Errorf("outbox writes not timed: %v (found %v)", v, ok)
 	}
 }
