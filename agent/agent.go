@@ -89,6 +89,8 @@ type Options struct {
 	Report Reporter
 	// MQTTPolicy limits what pods from the MQTT source may ask of the node (admission.Policy).
 	MQTTPolicy admission.Policy
+	// OnSync, when set, is told how long each pod worker sync took (pod.Env.OnSync): metrics.
+	OnSync func(took time.Duration)
 }
 
 // maxVersions bounds how many versions of one pod the agent remembers for status reports (see
@@ -296,6 +298,7 @@ func (a *Agent) startWorker(d store.DesiredPod, prev *v1.PodStatus) {
 		OnStatus: a.onStatus,
 		OnGone:   a.onGone,
 		Emit:     a.report.Emit,
+		OnSync:   a.opts.OnSync,
 	})
 	a.workers[p.UID] = w
 	a.byPrefix[runtime.ContainerIDPrefix(string(p.UID))] = p.UID

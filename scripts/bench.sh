@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make bench`: measures mqlet (binary sizes, memory, pod start next to `ctr run`, a burst of 20,
+# `make bench`: measures mqlet (binary sizes, memory, idle CPU with 25 pods, pod start next to `ctr run`, a burst of 20,
 # agent restart, recovery after a simulated power cycle, and the MQTT link: apply over MQTT, the
 # idle link's bytes next to a bare paho client's, convergence after a broker outage; and how long a
 # pod that drives the node into memory pressure lives on: eviction_ms) and writes bench/results.json.

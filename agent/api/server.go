@@ -104,6 +104,10 @@ func NewServer(p Provider, log *slog.Logger) *Server {
 // Handler returns the HTTP handler, for callers that serve it themselves.
 func (s *Server) Handler() http.Handler { return s.mux }
 
+// Handle adds a route (the agent's /metrics) to the API; call it before Serve. pattern is
+// http.ServeMux's, e.g. "GET /metrics".
+func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+
 // Serve listens on socketPath and serves until ctx is done, then shuts down
 // gracefully and removes the socket file. It returns nil after a clean
 // shutdown.

@@ -50,6 +50,9 @@ type Env struct {
 	// Emit reports what happened to the pod (an OOM kill, a liveness failure) as an event; nil
 	// drops them. It must not block (the agent's Reporter queues).
 	Emit func(e event.Event)
+	// OnSync, when set, is told how long each sync (or teardown attempt) took: the metrics' sync
+	// latency. It must be cheap: it runs on the worker's goroutine.
+	OnSync func(took time.Duration)
 }
 
 // record is what the worker remembers about one container name across attempts: containerd forgets
@@ -206,8 +209,11 @@ func (w *Worker) Run(ctx context.Context) {
 				r.oomIDs[id] = true
 			}
 		}
+		start := time.Now()
 		if deleting {
-			if w.terminate(ctx, pod) {
+			gone := w.terminate(ctx, pod)
+			w.synced(start)
+			if gone {
 				return
 			}
 			timer.Reset(relistRetry)
@@ -219,6 +225,7 @@ func (w *Worker) Run(ctx context.Context) {
 		} else {
 			next = w.sync(ctx, pod)
 		}
+		w.synced(start)
 		if !timer.Stop() {
 			select {
 			case <-timer.C:
@@ -228,6 +235,13 @@ func (w *Worker) Run(ctx context.Context) {
 		if next > 0 {
 			timer.Reset(next)
 		}
+	}
+}
+
+// synced reports a sync that began at start to Env.OnSync.
+func (w *Worker) synced(start time.Time) {
+	if w.env.OnSync != nil {
+		w.env.OnSync(time.Since(start))
 	}
 }
 

@@ -223,6 +223,9 @@ func (r *Runtime) Pull(ctx context.Context, ref string) (containerd.Image, error
 		containerd.WithResolver(resolver),
 		containerd.WithPullUnpack,
 		containerd.WithPullSnapshotter(r.opts.Snapshotter))
+	if r.opts.OnPull != nil {
+		r.opts.OnPull(ref, time.Since(start), err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", ref, err)
 	}

@@ -50,6 +50,9 @@ type Options struct {
 	// and given back to the Manager by New, before any new allocation.
 	Devices *devices.Manager
 	Log     *slog.Logger
+	// OnPull, when set, is told of every pull from a registry (one per shared pull), how long it
+	// took and how it ended: metrics.
+	OnPull func(ref string, took time.Duration, err error)
 }
 
 // Runtime is a thin layer over the containerd client.

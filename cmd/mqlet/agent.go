@@ -50,6 +50,7 @@ func (c *AgentCmd) Run() error {
 		log.Warn("cannot find the mqlet executable; pods with shareProcessNamespace will be refused", "err", err)
 		exe = ""
 	}
+	m := newAgentMetrics() // wire_metrics.go
 	devs := newDeviceManager(cfg, log)
 	cgroups, err := newCgroupManager(cfg, log)
 	if err != nil {
@@ -65,6 +66,7 @@ func (c *AgentCmd) Run() error {
 		StateDir:    cfg.StateDir,
 		Registry:    runtime.RegistryOptions{PlainHTTP: cfg.PlainHTTPRegistries, CAFile: cfg.RegistryCAFile},
 		Log:         log,
+		OnPull:      m.ImagePulled,
 	})
 	if err != nil {
 		return err
@@ -83,19 +85,21 @@ func (c *AgentCmd) Run() error {
 		return err
 	}
 	defer db.Close()
+	state := m.Store(db)
 
 	sources := []source.Source{manifest.NewDir(cfg.ManifestDir)}
 	var channel *nodesync.Sync
 	var report agent.Reporter
 	var a *agent.Agent
 	if cfg.MQTTBroker != "" && !cfg.Once {
-		channel, err = newChannel(cfg, db, log, func() *agent.Agent { return a })
+		channel, err = newChannel(cfg, state, log, func() *agent.Agent { return a })
 		if err != nil {
 			return err
 		}
 		sources = append(sources, channel.Source())
 		report = channel.Reporter()
 	}
+	report = m.reporter(report)
 	a = agent.New(agent.Options{
 		NodeName:     cfg.NodeName,
 		PreloadDir:   cfg.ImagePreloadDir,
@@ -106,7 +110,8 @@ func (c *AgentCmd) Run() error {
 		TrimMemory: os.Getenv("GOMEMLIMIT") == "" && os.Getenv("GOGC") == "",
 		Report:     report,
 		MQTTPolicy: cfg.AdmissionPolicy(),
-	}, rt, db, sources...)
+		OnSync:     m.ObserveSync,
+	}, rt, state, sources...)
 
 	if cfg.Once {
 		pods, err := a.RunOnce(ctx, cfg.OnceTimeout.Duration)
@@ -128,6 +133,11 @@ func (c *AgentCmd) Run() error {
 	nodeStatus := newNodeStatus(cfg, rt, db, log, a, channel, nodeInputs{pressure: evictions.Manager, devices: devs})
 	defer nodeStatus.start(ctx)() // ends with ctx (stop), before the store closes
 	srv := api.NewServer(nodeStatus.api(a), log)
+	stopMetrics, err := m.serve(ctx, cfg, a, channel, db, srv, log)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
 	apiErr := make(chan error, 1)
 	go func() { apiErr <- srv.Serve(ctx, cfg.APISocket) }()
 	runErr := make(chan error, 1)

@@ -15,7 +15,7 @@ import (
 // newChannel builds the MQTT channel from the validated config. The agent is handed over lazily
 // because the agent needs the channel's source and reporter to be built first. The node status
 // reaches it from the node status manager (wire_nodestatus.go), on real changes only.
-func newChannel(cfg config.Config, db *store.DB, log *slog.Logger, agentOf func() *agent.Agent) (*nodesync.Sync, error) {
+func newChannel(cfg config.Config, db store.State, log *slog.Logger, agentOf func() *agent.Agent) (*nodesync.Sync, error) {
 	topics, err := protocol.NewTopics(cfg.MQTTTopicPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("--mqtt-topic-prefix: %w", err)

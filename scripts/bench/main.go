@@ -92,7 +92,7 @@ func main() {
 	flag.StringVar(&c.mqttFloor, "mqtt-floor", "", "the mqttfloor binary (scripts/bench/mqttfloor), the idle link's floor")
 	flag.StringVar(&c.iptables, "iptables", "/usr/sbin/iptables", "iptables binary, to count the MQTT links' bytes")
 	flag.Var(&c.only, "only", "comma-separated steps to run, for development: "+strings.Join(stepKeys(), ",")+
-		"; a step needs the ones before it, except mqtt and eviction, which set up their own pods. A partial run writes no results file")
+		"; a step needs the ones before it, except mqtt, eviction and idlecpu, which set up their own pods. A partial run writes no results file")
 	flag.Parse()
 	if c.containerdConfig == "" {
 		fatal(errors.New("-containerd-config is required (scripts/bench.sh writes it)"))
@@ -197,6 +197,7 @@ type results struct {
 	IdleAnonMiB      float64 `json:"idle_anon_mib"`
 	RSS25PodsMiB     float64 `json:"rss_25_pods_mib"`
 	Anon25PodsMiB    float64 `json:"anon_25_pods_mib"`
+	IdleCPUPct25Pods float64 `json:"idle_cpu_pct_25_pods"` // percent of one core
 	PodStartP50Ms    float64 `json:"pod_start_p50_ms"`
 	PodStartP90Ms    float64 `json:"pod_start_p90_ms"`
 	CtrRunP50Ms      float64 `json:"ctr_run_p50_ms"`
@@ -227,6 +228,7 @@ type results struct {
 	podStartSamples    int
 	agentStartFirstAPI float64
 	burstCPU           struct{ agent, containerd, shims float64 }
+	idleCPU            struct{ cpuMs, wallS float64 }
 	mqttApplySamples   int
 	idleLink           []idleResult // agent, floor, paho defaults
 	reconnect          struct {
@@ -299,6 +301,10 @@ func printResults(w io.Writer, r results) {
 	if ran("pods25") {
 		row("rss_25_pods_mib", r.RSS25PodsMiB, "MiB", "<= 26", r.RSS25PodsMiB <= 26)
 		row("anon_25_pods_mib", r.Anon25PodsMiB, "MiB", "<= 10", r.Anon25PodsMiB <= 10)
+	}
+	if ran("idlecpu") {
+		row("idle_cpu_pct_25_pods", r.IdleCPUPct25Pods, "% of a core", fmt.Sprintf("< %.1f (%.2f %%: agent CPU %.0f ms in %.1f s)", idleCPUTarget, r.IdleCPUPct25Pods, r.idleCPU.cpuMs, r.idleCPU.wallS),
+			r.IdleCPUPct25Pods < idleCPUTarget)
 	}
 	if ran("recovery") {
 		row("recovery_10_pods_ms", r.Recovery10PodsMs, "ms", "<= 2000", r.Recovery10PodsMs <= 2000)

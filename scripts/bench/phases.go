@@ -77,6 +77,7 @@ func (b *bench) steps() []step {
 		{"start", "pod start vs ctr run", b.measurePodStart},
 		{"burst", "burst of 20", b.measureBurst},
 		{"pods25", "memory with 25 pods", b.measure25},
+		{"idlecpu", "idle CPU with 25 pods", b.measureIdleCPU},
 		{"agentstart", "agent start with 10 running pods", b.measureAgentStart},
 		{"recovery", "recovery of 10 pods", b.measureRecovery},
 		{"mqtt", "the MQTT link (apply, idle link, reconnect)", b.measureMQTT},

@@ -142,6 +142,12 @@ func (s *Sync) NodeStatus(n *v1.Node) { s.up.NodeStatus(n) }
 // Reporter is what the agent reports through (pod status, pod gone, events).
 func (s *Sync) Reporter() *uplink.Uplink { return s.up }
 
+// Connected reports whether the link to the broker is up now (for metrics).
+func (s *Sync) Connected() bool {
+	_, _, ok := s.link.Connected()
+	return ok
+}
+
 // resend asks for a full resend without waiting: the request (the latest reason and missing list)
 // is left for resender, so neither the downlink's loop nor the link's overflow handler waits on the
 // broker, and a burst of requests is one resend.

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/mqlet/mqlet/agent"
+	"github.com/mqlet/mqlet/agent/api"
+	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/agent/metrics"
+	"github.com/mqlet/mqlet/store"
+	"github.com/mqlet/mqlet/sync/nodesync"
+	v1 "k8s.io/api/core/v1"
+)
+
+// agentMetrics is the agent process's metrics registry and the hooks that feed it. It is made
+// before the runtime and the store are opened, so their hooks exist when they are.
+type agentMetrics struct {
+	reg *metrics.Registry
+	*metrics.Agent
+}
+
+func newAgentMetrics() *agentMetrics {
+	reg := metrics.NewRegistry()
+	metrics.RegisterProcess(reg, "/proc")
+	return &agentMetrics{reg: reg, Agent: metrics.NewAgent(reg, version, commit)}
+}
+
+// reporter counts every event the agent emits (OOM kills, evictions, rejections) on its way to r;
+// r nil is a standalone node's (nothing is reported, but events are still counted).
+func (m *agentMetrics) reporter(r agent.Reporter) agent.Reporter {
+	if r == nil {
+		r = standaloneReporter{}
+	}
+	return countingReporter{Reporter: r, events: m.Events(r)}
+}
+
+// countingReporter is a Reporter whose events pass through the metrics' counter first.
+type countingReporter struct {
+	agent.Reporter
+	events event.Sink
+}
+
+func (c countingReporter) Emit(e event.Event) { c.events.Emit(e) }
+
+type standaloneReporter struct{}
+
+func (standaloneReporter) PodStatus(store.DesiredPod, v1.PodStatus) {}
+func (standaloneReporter) PodGone(store.DesiredPod)                 {}
+func (standaloneReporter) Emit(event.Event)                         {}
+
+// serve registers the figures read at scrape time (the agent's pods; the MQTT link and outbox when
+// there is a channel), adds /metrics to the local API, and with --metrics-address serves /metrics,
+// /healthz and /readyz on TCP until ctx ends. A TCP address that cannot be listened on is an error
+// at start, naming the address. The returned func stops the TCP endpoint and waits for it.
+func (m *agentMetrics) serve(ctx context.Context, cfg config.Config, a *agent.Agent, ch *nodesync.Sync, db *store.DB,
+	srv *api.Server, log *slog.Logger) (stop func(), err error) {
+	m.Pods(a.Pods)
+	if ch != nil {
+		m.MQTT(ch.Connected, db.OutboxStats)
+	}
+	srv.Handle("GET /metrics", m.reg.Handler())
+	if cfg.MetricsAddress == "" {
+		return func() {}, nil
+	}
+	ln, err := metrics.Listen(cfg.MetricsAddress)
+	if err != nil {
+		return nil, fmt.Errorf("%w (--metrics-address)", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := metrics.Serve(ctx, ln, metrics.Endpoints(m.reg.Handler(), srv.Handler()), log); err != nil {
+			// The agent and its pods go on; only the scrapes fail, and the log says why.
+			log.Error("metrics endpoint stopped", "err", err)
+		}
+	}()
+	return func() { cancel(); wg.Wait() }, nil
+}
