@@ -14,6 +14,7 @@ require (
 	github.com/distribution/reference v0.6.0
 	github.com/eclipse/paho.mqtt.golang v1.5.1
 	github.com/fsnotify/fsnotify v1.10.1
+	github.com/godbus/dbus/v5 v5.1.0
 	github.com/opencontainers/runtime-spec v1.3.0
 	go.etcd.io/bbolt v1.5.0
 	golang.org/x/sys v0.48.0
