@@ -99,6 +99,8 @@ func (c *AgentCmd) Run() error {
 		TrimMemory: os.Getenv("GOMEMLIMIT") == "" && os.Getenv("GOGC") == "",
 		Report:     report,
 		MQTTPolicy: cfg.AdmissionPolicy(),
+		// The node status setters replace this with the node's published allocatable.
+		Allocatable: interimAllocatable(cfg, log),
 	}, rt, db, sources...)
 
 	if cfg.Once {
@@ -106,6 +108,8 @@ func (c *AgentCmd) Run() error {
 		printOnce(os.Stdout, pods)
 		return err
 	}
+
+	defer startNodeShutdown(ctx, cfg, a, log)()
 
 	log.Info("mqlet agent starting", "version", version, "node", cfg.NodeName, "containerd", cfg.ContainerdAddress,
 		"namespace", cfg.ContainerdNamespace, "manifests", cfg.ManifestDir, "state", cfg.StatePath())
