@@ -1,3 +1,5 @@
+//go:build !nologind
+
 package shutdown
 
 import (
@@ -34,6 +36,9 @@ const (
 	reloadPoll = 100 * time.Millisecond
 )
 
+// busSignal is what the bus delivers on logind.signals.
+type busSignal = dbus.Signal
+
 // logind follows systemd-logind over the system bus the way its inhibitor-lock protocol asks
 // (https://systemd.io/INHIBITOR_LOCKS/): hold a "delay" lock on shutdown; on
 // PrepareForShutdown(true) do the work, then close the lock's file descriptor to let the shutdown
@@ -43,7 +48,7 @@ type logind struct {
 	log  *slog.Logger
 	lock int // the inhibitor lock's fd; -1 when none is held
 	// signals carries PrepareForShutdown; closed when the connection is.
-	signals chan *dbus.Signal
+	signals chan *busSignal
 }
 
 // connectLogind connects to the bus at address (empty: the system bus), makes sure logind will

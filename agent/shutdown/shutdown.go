@@ -11,8 +11,6 @@ import (
 	"os"
 	"os/signal"
 	"time"
-
-	"github.com/godbus/dbus/v5"
 )
 
 // Pods is what a shutdown acts on; *agent.Agent implements it.
@@ -99,7 +97,7 @@ func (m *Manager) Run(ctx context.Context) {
 	backoff := reconnectMin
 	triedOnce := false
 	for {
-		var events <-chan *dbus.Signal
+		var events <-chan *busSignal
 		if lg != nil {
 			events = lg.signals
 		}
