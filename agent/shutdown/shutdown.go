@@ -10,7 +10,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Pods is what a shutdown acts on; *agent.Agent implements it.
@@ -84,7 +87,7 @@ func (m *Manager) Run(ctx context.Context) {
 		defer signal.Stop(sigc)
 	}
 	m.log.Info("graceful node shutdown on", "gracePeriod", m.opts.GracePeriod,
-		"criticalGracePeriod", m.opts.CriticalGracePeriod, "signal", m.opts.Signal)
+		"criticalGracePeriod", m.opts.CriticalGracePeriod, "signal", signalName(m.opts.Signal))
 
 	var lg *logind
 	defer func() {
@@ -113,7 +116,7 @@ func (m *Manager) Run(ctx context.Context) {
 					lvl = slog.LevelInfo
 				}
 				m.log.Log(ctx, lvl, "no systemd-logind to follow; a shutdown is noticed by the shutdown signal only",
-					"signal", m.opts.Signal, "err", err, "retryIn", backoff)
+					"signal", signalName(m.opts.Signal), "err", err, "retryIn", backoff)
 				triedOnce = true
 				retry.Reset(backoff)
 				backoff = min(2*backoff, reconnectMax)
@@ -121,7 +124,7 @@ func (m *Manager) Run(ctx context.Context) {
 			}
 			triedOnce, backoff = false, reconnectMin
 		case s := <-sigc:
-			m.log.Info("shutdown signal received; stopping pods", "signal", s)
+			m.log.Info("shutdown signal received; stopping pods", "signal", signalName(s))
 			m.shutdown(ctx)
 		case sig, ok := <-events:
 			if !ok {
@@ -157,4 +160,17 @@ func (m *Manager) shutdown(ctx context.Context) {
 	start := time.Now()
 	m.pods.ShutdownPods(ctx, critical, m.opts.GracePeriod-critical)
 	m.log.Info("pods stopped for the shutdown", "took", time.Since(start).Round(time.Millisecond))
+}
+
+// signalName is SIGPWR rather than "power failure", as the config file spells it.
+func signalName(s os.Signal) string {
+	switch s := s.(type) {
+	case nil:
+		return "none"
+	case syscall.Signal:
+		if n := unix.SignalName(s); n != "" {
+			return n
+		}
+	}
+	return s.String()
 }

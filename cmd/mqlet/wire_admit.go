@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"os"
 	goruntime "runtime"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/mqlet/mqlet/agent"
@@ -33,8 +36,18 @@ func interimAllocatable(cfg config.Config, log *slog.Logger) func() v1.ResourceL
 	}
 	system, agentRes := cfg.Reservations()
 	alloc := resources.Allocatable(capacity, system, agentRes, eviction.HardReserve(cfg.Thresholds(), capacity))
-	log.Debug("node allocatable for admission", "allocatable", alloc)
+	log.Debug("node allocatable for admission", "allocatable", quantities(alloc))
 	return func() v1.ResourceList { return alloc.DeepCopy() }
+}
+
+// quantities prints a resource list as "cpu=2 memory=24Gi ...".
+func quantities(l v1.ResourceList) string {
+	parts := make([]string, 0, len(l))
+	for _, name := range slices.Sorted(maps.Keys(l)) {
+		q := l[name]
+		parts = append(parts, string(name)+"="+q.String())
+	}
+	return strings.Join(parts, " ")
 }
 
 // startNodeShutdown runs graceful node shutdown (logind's inhibitor lock where there is a system
