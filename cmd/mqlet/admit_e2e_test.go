@@ -19,6 +19,7 @@ import (
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/internal/testenv"
 	"github.com/mqlet/mqlet/store"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -158,6 +159,19 @@ spec:
 	h.waitPod("web", "running once the port is free", allRunning)
 }
 
+// unmountStateMounts unmounts what an agent mounted under its state dir (as the harness does):
+// pod namespaces are bind mounts there and each pod's /dev/shm a tmpfs in its pod dir.
+func unmountStateMounts(state string) {
+	var all []string
+	for _, pattern := range []string{"netns/*", "ipcns/*", "pidns/*", "pods/*/shm"} {
+		m, _ := filepath.Glob(filepath.Join(state, pattern))
+		all = append(all, m...)
+	}
+	for _, m := range all {
+		unix.Unmount(m, unix.MNT_DETACH)
+	}
+}
+
 // mqttLikeSource delivers pods as a non-file source would (the MQTT downlink), so they are not
 // critical; it sends its set once.
 type mqttLikeSource struct{ pods []*v1.Pod }
@@ -185,7 +199,7 @@ func TestAdmissionBestEffortRefusedUnderMemoryPressure(t *testing.T) {
 	}
 	// Pod namespaces are bind mounts under the state dir: unmounted before the dir goes, after
 	// the namespace's containers are removed (cleanups run last registered first).
-	t.Cleanup(func() { unmountPodDirs(filepath.Join(dir, "state")); os.RemoveAll(dir) })
+	t.Cleanup(func() { unmountStateMounts(filepath.Join(dir, "state")); os.RemoveAll(dir) })
 	ns := testenv.Namespace(t, env.ContainerdAddress)
 	log := slog.New(slog.DiscardHandler)
 	ctx, cancel := context.WithCancel(context.Background())

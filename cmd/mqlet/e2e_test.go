@@ -91,7 +91,15 @@ func newHarness(t *testing.T) *harness {
 	h.sock = filepath.Join(dir, "api.sock")
 	os.MkdirAll(h.manifests, 0o755)
 	t.Cleanup(func() {
-		unmountPodDirs(h.state)
+		// Pod namespaces are bind mounts under the state dir and each pod's /dev/shm a tmpfs in
+		// its pod dir; unmount before removing.
+		mounts, _ := filepath.Glob(filepath.Join(h.state, "netns", "*"))
+		ipc, _ := filepath.Glob(filepath.Join(h.state, "ipcns", "*"))
+		pid, _ := filepath.Glob(filepath.Join(h.state, "pidns", "*"))
+		shm, _ := filepath.Glob(filepath.Join(h.state, "pods", "*", "shm"))
+		for _, m := range append(append(append(mounts, ipc...), pid...), shm...) {
+			unix.Unmount(m, unix.MNT_DETACH)
+		}
 		os.RemoveAll(dir)
 	})
 	h.ns = testenv.Namespace(t, env.ContainerdAddress)
@@ -99,18 +107,6 @@ func newHarness(t *testing.T) *harness {
 	h.client = api.NewClient(h.sock)
 	h.mqlet("image", "import", env.Image(testenv.Busybox))
 	return h
-}
-
-// unmountPodDirs unmounts what an agent with state dir state mounted: pod namespaces are bind
-// mounts under it and each pod's /dev/shm a tmpfs in its pod dir.
-func unmountPodDirs(state string) {
-	mounts, _ := filepath.Glob(filepath.Join(state, "netns", "*"))
-	ipc, _ := filepath.Glob(filepath.Join(state, "ipcns", "*"))
-	pid, _ := filepath.Glob(filepath.Join(state, "pidns", "*"))
-	shm, _ := filepath.Glob(filepath.Join(state, "pods", "*", "shm"))
-	for _, m := range append(append(append(mounts, ipc...), pid...), shm...) {
-		unix.Unmount(m, unix.MNT_DETACH)
-	}
 }
 
 func (h *harness) flags() []string {
