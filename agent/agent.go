@@ -91,6 +91,12 @@ type Options struct {
 	MQTTPolicy admission.Policy
 	// OnSync, when set, is told how long each pod worker sync took (pod.Env.OnSync): metrics.
 	OnSync func(took time.Duration)
+	// Allocatable is what the node offers pods (capacity minus reservations and hard eviction
+	// thresholds, devices included), read when new pods are admitted; nil: no fit check.
+	Allocatable func() v1.ResourceList
+	// Pressure returns the node's pressure conditions that are true now (MemoryPressure,
+	// DiskPressure, PIDPressure), read when new pods are admitted; nil: never under pressure.
+	Pressure func() []v1.NodeConditionType
 }
 
 // maxVersions bounds how many versions of one pod the agent remembers for status reports (see
@@ -137,6 +143,9 @@ type Agent struct {
 	// start a second teardown, and a pod re-added meanwhile (same stable UID, so the same
 	// container ids) waits for it instead of having its new containers stopped.
 	cleaning map[types.UID]chan struct{}
+	// refusedNext holds admission's verdict for a pod re-added while its worker was being deleted,
+	// for the worker that replaces it (nil: admitted). Made on first use.
+	refusedNext map[types.UID]*pod.Failure
 
 	runCtx context.Context
 	stop   context.CancelFunc
@@ -145,6 +154,8 @@ type Agent struct {
 
 	relistOK atomic.Bool
 	hostIP   atomic.Pointer[string]
+
+	shuttingDown atomic.Bool // see ShutdownPods
 
 	trimMu sync.Mutex
 	trim   *time.Timer
@@ -248,12 +259,7 @@ func (a *Agent) start(ctx context.Context) error {
 	for _, e := range bad {
 		a.log.Warn("state store: skipping an unreadable pod status", "err", e)
 	}
-	a.mu.Lock()
-	for _, d := range pods {
-		a.desired[d.Pod.UID] = d
-		a.startWorker(d, statuses[d.Pod.UID])
-	}
-	a.mu.Unlock()
+	a.restoreWorkers(pods, statuses)
 	a.log.Info("restored pods from the store", "pods", len(pods))
 	return nil
 }
@@ -287,8 +293,9 @@ func (a *Agent) preload(ctx context.Context) {
 	}
 }
 
-// startWorker must be called with a.mu held.
-func (a *Agent) startWorker(d store.DesiredPod, prev *v1.PodStatus) {
+// startWorker must be called with a.mu held. A pod refused at admission gets its verdict before its
+// worker runs, so nothing of it starts.
+func (a *Agent) startWorker(d store.DesiredPod, prev *v1.PodStatus, refused *pod.Failure) {
 	p := d.Pod
 	a.versions[p.UID] = []store.DesiredPod{d}
 	w := pod.NewWorker(p, prev, pod.Env{
@@ -300,6 +307,9 @@ func (a *Agent) startWorker(d store.DesiredPod, prev *v1.PodStatus) {
 		Emit:     a.report.Emit,
 		OnSync:   a.opts.OnSync,
 	})
+	if refused != nil {
+		w.Refuse(*refused)
+	}
 	a.workers[p.UID] = w
 	a.byPrefix[runtime.ContainerIDPrefix(string(p.UID))] = p.UID
 	cleaned := a.cleaning[p.UID]
@@ -375,8 +385,10 @@ func (a *Agent) onGone(p *v1.Pod) {
 	// A pod re-added while it was terminating gets a fresh worker from its desired entry, and is
 	// not gone: reporting it gone, then running, would make a control plane's view flicker.
 	d, again := a.desired[p.UID]
+	refused := a.refusedNext[p.UID]
+	delete(a.refusedNext, p.UID)
 	if again && a.runCtx.Err() == nil {
-		a.startWorker(d, nil)
+		a.startWorker(d, nil, refused)
 	}
 	a.mu.Unlock()
 	if !again {
@@ -433,16 +445,27 @@ func (a *Agent) apply(k source.Kind, c source.Change) []event.Event {
 			return nil
 		}
 	}
+	// Admission reads the node and probes host ports: I/O, so before a.mu is taken.
+	verdicts := a.admitNew(p.put, p.del)
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	events := a.recordRejectionsLocked(k, c, p)
+	now := time.Now()
 	for _, d := range p.put {
 		a.desired[d.Pod.UID] = d
+		f, judged := verdicts[d.Pod.UID]
+		if f != nil {
+			events = append(events, refusalEvent(d, f, now))
+		}
 		if w, ok := a.workers[d.Pod.UID]; ok {
-			a.updateWorkerLocked(w, d)
+			if judged {
+				a.applyVerdictLocked(w, d, f)
+			} else {
+				a.updateWorkerLocked(w, d)
+			}
 		} else {
-			a.startWorker(d, nil)
+			a.startWorker(d, nil, f)
 		}
 	}
 	for _, uid := range p.del {

@@ -69,6 +69,9 @@ install_packages() {
 	# mosquitto processes) and its command-line clients.
 	[ -x /usr/sbin/mosquitto ] || command -v mosquitto >/dev/null || missing+=(mosquitto)
 	command -v mosquitto_pub >/dev/null || missing+=(mosquitto-clients)
+	# A private dbus-daemon for the graceful-shutdown tests (agent/shutdown plays
+	# systemd-logind on it).
+	command -v dbus-daemon >/dev/null || missing+=(dbus)
 	# The benchmarks count bytes on the wire with iptables counters.
 	command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || missing+=(iptables)
 	# The dynamic "busybox" package also provides /bin/busybox, but a dynamic

@@ -42,6 +42,15 @@ func (w *Worker) Fail(f Failure) {
 	w.Nudge()
 }
 
+// Refuse holds the pod Failed with f in place of any verdict it is held under: admission's answer
+// to a new spec replaces its answer to the old one (Fail would keep the first).
+func (w *Worker) Refuse(f Failure) {
+	w.mu.Lock()
+	w.failure = &f
+	w.mu.Unlock()
+	w.Nudge()
+}
+
 // Failed returns the verdict the pod is held under, or nil.
 func (w *Worker) Failed() *Failure {
 	w.mu.Lock()

@@ -111,6 +111,8 @@ func (c *AgentCmd) Run() error {
 		Report:     report,
 		MQTTPolicy: cfg.AdmissionPolicy(),
 		OnSync:     m.ObserveSync,
+		// The node status setters replace this with the node's published allocatable.
+		Allocatable: interimAllocatable(cfg, log),
 	}, rt, state, sources...)
 
 	if cfg.Once {
@@ -124,6 +126,7 @@ func (c *AgentCmd) Run() error {
 		return err
 	}
 	defer gc.Stop()
+	defer startNodeShutdown(ctx, cfg, a, log)()
 
 	log.Info("mqlet agent starting", "version", version, "node", cfg.NodeName, "containerd", cfg.ContainerdAddress,
 		"namespace", cfg.ContainerdNamespace, "manifests", cfg.ManifestDir, "state", cfg.StatePath())

@@ -1,0 +1,170 @@
+package agent
+
+import (
+	"slices"
+	"time"
+
+	"github.com/mqlet/mqlet/agent/admission"
+	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/agent/pod"
+	"github.com/mqlet/mqlet/agent/resources"
+	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/store"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Admission of pods new to the node, kubelet's second gate after validation: does the pod fit what
+// the node has left, may it come under the node's pressure, are its host ports free, is the node
+// shutting down. A refused pod stays desired (kubelet keeps the rejected pod object) with a worker
+// that holds it Failed with the reason and starts nothing; a new spec of it is admitted afresh.
+
+// verdicts maps each pod admission looked at to its refusal, nil when admitted.
+type verdicts map[types.UID]*pod.Failure
+
+// admitNew judges, in creation order, the pods of put that are new to the node (no worker yet, or
+// their worker is being deleted) and the refused pods whose spec changed, each against the pods
+// admitted before it: the running ones, minus those that are terminal, refused, being deleted or
+// deleted by this very change (del). Pods already running are not judged again, as kubelet does
+// not re-admit a pod on update. Called with applyMu held (or before the sources run) and a.mu
+// not held: reading the node and probing host ports are I/O.
+func (a *Agent) admitNew(put []store.DesiredPod, del []types.UID) verdicts {
+	a.mu.Lock()
+	var judge []store.DesiredPod
+	for _, d := range put {
+		w := a.workers[d.Pod.UID]
+		if w == nil {
+			judge = append(judge, d)
+			continue
+		}
+		cur := w.Pod()
+		if cur.DeletionTimestamp != nil {
+			judge = append(judge, d)
+		} else if f := w.Failed(); f != nil && admission.IsRefusal(f.Reason, f.Message) && !sameConfig(&cur, d.Pod) {
+			judge = append(judge, d)
+		}
+	}
+	if len(judge) == 0 {
+		a.mu.Unlock()
+		return nil
+	}
+	leaving := map[types.UID]bool{}
+	for _, uid := range del {
+		leaving[uid] = true
+	}
+	for _, d := range judge {
+		leaving[d.Pod.UID] = true
+	}
+	var admitted []*v1.Pod
+	for uid, w := range a.workers {
+		if leaving[uid] || w.Failed() != nil {
+			continue
+		}
+		p := w.Pod()
+		if p.DeletionTimestamp != nil || p.Status.Phase == v1.PodFailed || p.Status.Phase == v1.PodSucceeded {
+			continue
+		}
+		admitted = append(admitted, &p)
+	}
+	a.mu.Unlock()
+
+	node := admission.Node{ShuttingDown: a.shuttingDown.Load()}
+	if a.opts.Allocatable != nil {
+		node.Allocatable = a.opts.Allocatable()
+	}
+	if a.opts.Pressure != nil {
+		node.Pressure = a.opts.Pressure()
+	}
+	// kubelet admits in creation order. Manifests rarely carry a creation time: those keep the
+	// order their source listed them in and come first (a zero time is the earliest).
+	slices.SortStableFunc(judge, func(x, y store.DesiredPod) int {
+		return x.Pod.CreationTimestamp.Time.Compare(y.Pod.CreationTimestamp.Time)
+	})
+	out := verdicts{}
+	for _, d := range judge {
+		r := admission.Check(d.Pod, critical(d), admitted, node)
+		if r == nil {
+			r = admission.ProbeHostPorts(d.Pod)
+		}
+		if r != nil {
+			out[d.Pod.UID] = &pod.Failure{Reason: r.Reason, Message: r.Message}
+			a.log.Warn("pod refused at admission", "pod", d.Pod.Namespace+"/"+d.Pod.Name, "source", d.Source.String(),
+				"reason", r.Reason, "message", r.Message)
+			continue
+		}
+		out[d.Pod.UID] = nil
+		admitted = append(admitted, d.Pod)
+	}
+	return out
+}
+
+// critical pods are kubelet's: static pods (for mqlet, the manifest dir's) and pods with a
+// system-critical priority. They pass admission under pressure and stop last at a node shutdown.
+func critical(d store.DesiredPod) bool {
+	return d.Source.Kind == source.File || resources.IsCriticalPriority(d.Pod)
+}
+
+// applyVerdictLocked hands a judged pod's verdict to its existing worker (a.mu held) and reports
+// whether it did; a worker that is being deleted gets it when its replacement starts (onGone).
+// A refusal is set before the new spec is handed over, so the new spec never starts; an admission
+// lifts the old refusal after.
+func (a *Agent) applyVerdictLocked(w *pod.Worker, d store.DesiredPod, f *pod.Failure) {
+	if w.Pod().DeletionTimestamp != nil {
+		if a.refusedNext == nil {
+			a.refusedNext = map[types.UID]*pod.Failure{}
+		}
+		a.refusedNext[d.Pod.UID] = f
+		a.updateWorkerLocked(w, d)
+		return
+	}
+	if f != nil {
+		w.Refuse(*f)
+	}
+	a.updateWorkerLocked(w, d)
+	if f == nil {
+		w.Reset()
+	}
+}
+
+// refusalEvent is the Warning a refusal becomes, with kubelet's reason as the event's.
+func refusalEvent(d store.DesiredPod, f *pod.Failure, now time.Time) event.Event {
+	return event.Event{Time: now, Type: event.Warning, Reason: f.Reason, Message: f.Message,
+		Object: event.Object{Kind: event.KindPod, Namespace: d.Pod.Namespace, Name: d.Pod.Name, UID: d.Pod.UID},
+		Source: d.Source.String()}
+}
+
+// restoreWorkers starts a worker for each pod restored from the store, before any source is read.
+// Those pods were admitted before and are not judged again (a node that shrank does not refuse what
+// it ran), except those refused only because the node was shutting down: that verdict does not
+// outlive the shutdown, so they are admitted now, after the others.
+func (a *Agent) restoreWorkers(pods []store.DesiredPod, statuses map[types.UID]*v1.PodStatus) {
+	var again []store.DesiredPod
+	a.mu.Lock()
+	for _, d := range pods {
+		a.desired[d.Pod.UID] = d
+		if st := statuses[d.Pod.UID]; st != nil && st.Phase == v1.PodFailed && st.Reason == admission.ReasonNodeShutdown {
+			again = append(again, d)
+			continue
+		}
+		a.startWorker(d, statuses[d.Pod.UID], nil)
+	}
+	a.mu.Unlock()
+	if len(again) == 0 {
+		return
+	}
+	vs := a.admitNew(again, nil)
+	now := time.Now()
+	var events []event.Event
+	a.mu.Lock()
+	for _, d := range again {
+		f := vs[d.Pod.UID]
+		a.startWorker(d, nil, f)
+		if f != nil {
+			events = append(events, refusalEvent(d, f, now))
+		}
+	}
+	a.mu.Unlock()
+	for _, e := range events {
+		a.report.Emit(e)
+	}
+}
