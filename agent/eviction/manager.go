@@ -71,6 +71,9 @@ type Options struct {
 	Events    event.Sink     // nil: events are only logged
 	Notifier  MemoryNotifier // nil: polling only; Run closes it when it returns
 	Log       *slog.Logger
+	// OnConditionsChange is called (outside the manager's lock) when a pressure condition turns on
+	// or off, so the node status shows it at once rather than at its next period.
+	OnConditionsChange func()
 
 	// CleanupTimeout bounds the wait for an evicted pod's containers to stop before the next round
 	// (kubelet's 30 s).
@@ -293,13 +296,18 @@ func (m *Manager) crossed(obs Observations, minReclaim bool, only []int) []int {
 
 func (m *Manager) setConditions(c map[v1.NodeConditionType]bool) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	changed := false
 	for _, cond := range []v1.NodeConditionType{v1.NodeMemoryPressure, v1.NodeDiskPressure, v1.NodePIDPressure} {
 		if c[cond] != m.conditions[cond] {
 			m.log.Info("eviction: node condition changed", "condition", cond, "status", c[cond])
+			changed = true
 		}
 	}
 	m.conditions = c
+	m.mu.Unlock()
+	if changed && m.o.OnConditionsChange != nil {
+		m.o.OnConditionsChange()
+	}
 }
 
 // arm points the kernel notifier at the root cgroup usage where memory.available reaches each

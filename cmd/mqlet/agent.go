@@ -100,6 +100,11 @@ func (c *AgentCmd) Run() error {
 		report = channel.Reporter()
 	}
 	report = m.reporter(report)
+	// Admission reads node allocatable and pressure from parts built after the agent (they need it);
+	// nothing is admitted before Run, by which time both exist.
+	var nodeStatus *nodeStatusWiring
+	var evictions *evictions
+	interim := interimAllocatable(cfg, devs, log)
 	a = agent.New(agent.Options{
 		NodeName:     cfg.NodeName,
 		PreloadDir:   cfg.ImagePreloadDir,
@@ -111,8 +116,9 @@ func (c *AgentCmd) Run() error {
 		Report:     report,
 		MQTTPolicy: cfg.AdmissionPolicy(),
 		OnSync:     m.ObserveSync,
-		// The node status setters replace this with the node's published allocatable.
-		Allocatable: interimAllocatable(cfg, log),
+		// What the node status publishes, once computed; until then the same figures read once.
+		Allocatable: func() v1.ResourceList { return nodeStatus.allocatable(interim) },
+		Pressure:    func() []v1.NodeConditionType { return evictions.Pressure() },
 	}, rt, state, sources...)
 
 	if cfg.Once {
@@ -131,9 +137,12 @@ func (c *AgentCmd) Run() error {
 	log.Info("mqlet agent starting", "version", version, "node", cfg.NodeName, "containerd", cfg.ContainerdAddress,
 		"namespace", cfg.ContainerdNamespace, "manifests", cfg.ManifestDir, "state", cfg.StatePath())
 	// Disk pressure reclaims unused images and dead containers before any pod is evicted.
-	evictions := startEviction(ctx, cfg, a, rt, report, gc.Manager, log)
+	// The node status shows the eviction manager's pressure, and is recomputed when it changes.
+	pressure := &pressureRef{}
+	nodeStatus = newNodeStatus(cfg, rt, db, log, a, channel, nodeInputs{pressure: pressure, devices: devs})
+	evictions = startEviction(ctx, cfg, a, rt, report, gc.Manager, nodeStatus.m.Trigger, log)
 	defer evictions.Wait()
-	nodeStatus := newNodeStatus(cfg, rt, db, log, a, channel, nodeInputs{pressure: evictions.Manager, devices: devs})
+	pressure.p = evictions.Manager
 	defer nodeStatus.start(ctx)() // ends with ctx (stop), before the store closes
 	srv := api.NewServer(nodeStatus.api(a), log)
 	stopMetrics, err := m.serve(ctx, cfg, a, channel, db, srv, log)

@@ -113,7 +113,9 @@ func (h *harness) flags() []string {
 	return []string{"--node-name", "e2e-node", "--state-dir", h.state,
 		"--containerd-address", h.env.ContainerdAddress, "--containerd-namespace", h.ns,
 		"--manifest-dir", h.manifests, "--api-socket", h.sock, "--image-preload-dir", filepath.Join(h.dir, "preload"),
-		"--relist-period", "2s", "--plain-http-registry", h.env.Registry, "--log-level", "debug"}
+		"--relist-period", "2s", "--plain-http-registry", h.env.Registry, "--log-level", "debug",
+		// containerd's root here is the test environment's; any existing dir serves as the imagefs.
+		"--image-fs-dir", h.dir}
 }
 
 // mqlet runs a CLI command against this harness's containerd namespace and returns its output.

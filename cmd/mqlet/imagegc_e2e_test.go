@@ -65,8 +65,7 @@ func TestImageGCThroughAgent(t *testing.T) {
 		t.Fatalf("copy the echo archive: %v", err)
 	}
 	h.writeManifest("sleeper.yaml", busyboxSleeper)
-	h.startAgent("--image-gc-high-threshold", "0", "--image-gc-low-threshold", "0", "--image-minimum-gc-age", "0s",
-		"--image-fs-dir", h.dir)
+	h.startAgent("--image-gc-high-threshold", "0", "--image-gc-low-threshold", "0", "--image-minimum-gc-age", "0s")
 	h.waitPod("sleeper", "running", allRunning)
 	waitFor(t, "unused images removed by the agent's image GC", func() bool {
 		return !h.hasImage(testenv.Busybox2Ref) && !h.hasImage(testenv.BusyboxOCIRef)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/devices"
 	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/agent/resources"
 	"github.com/mqlet/mqlet/agent/shutdown"
@@ -20,11 +21,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
-// interimAllocatable is node allocatable for admission until the node status setters provide it:
-// capacity (CPUs, MemTotal, maxPods) minus systemReserved, agentReserved and the hard eviction
-// thresholds, computed once. Ephemeral storage and devices are not in it, so requests for them
-// are not checked yet.
-func interimAllocatable(cfg config.Config, log *slog.Logger) func() v1.ResourceList {
+// interimAllocatable is node allocatable for admission until the node status has been computed
+// (and in --once mode): capacity (CPUs, MemTotal, maxPods, the state dir's file system) minus
+// systemReserved, agentReserved and the hard eviction thresholds, read once, plus the devices.
+func interimAllocatable(cfg config.Config, devs *devices.Manager, log *slog.Logger) func() v1.ResourceList {
 	capacity := v1.ResourceList{
 		v1.ResourceCPU:  *resource.NewQuantity(int64(goruntime.NumCPU()), resource.DecimalSI),
 		v1.ResourcePods: *resource.NewQuantity(cfg.MaxPods, resource.DecimalSI),
@@ -34,10 +34,19 @@ func interimAllocatable(cfg config.Config, log *slog.Logger) func() v1.ResourceL
 	} else {
 		log.Warn("memory capacity unknown; pods' memory requests are not checked at admission", "err", err)
 	}
+	if fs, err := hw.Filesystem(cfg.StateDir); err == nil {
+		capacity[v1.ResourceEphemeralStorage] = *resource.NewQuantity(fs.Capacity, resource.BinarySI)
+	}
 	system, agentRes := cfg.Reservations()
 	alloc := resources.Allocatable(capacity, system, agentRes, eviction.HardReserve(cfg.Thresholds(), capacity))
 	log.Debug("node allocatable for admission", "allocatable", quantities(alloc))
-	return func() v1.ResourceList { return alloc.DeepCopy() }
+	return func() v1.ResourceList {
+		out := alloc.DeepCopy()
+		if devs != nil {
+			resources.Add(out, devs.Allocatable())
+		}
+		return out
+	}
 }
 
 // quantities prints a resource list as "cpu=2 memory=24Gi ...".

@@ -23,6 +23,20 @@ type evictions struct {
 	done chan struct{}
 }
 
+// Pressure lists the pressure conditions that hold now, for admission.
+func (e *evictions) Pressure() []v1.NodeConditionType {
+	if e == nil {
+		return nil // --once: no eviction manager
+	}
+	var out []v1.NodeConditionType
+	for c, on := range e.Conditions() {
+		if on {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // Wait blocks until the manager has stopped.
 func (e *evictions) Wait() { <-e.done }
 
@@ -30,7 +44,7 @@ func (e *evictions) Wait() { <-e.done }
 // and EvictionThresholdMet events (nil on a standalone node: they are logged only); reclaim is the
 // node-level reclaim for disk pressure (image GC; nil for none). It needs no broker.
 func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *runtime.Runtime, events event.Sink,
-	reclaim eviction.Reclaimer, log *slog.Logger) *evictions {
+	reclaim eviction.Reclaimer, onChange func(), log *slog.Logger) *evictions {
 	thresholds := cfg.Thresholds()
 	var notifier eviction.MemoryNotifier
 	for _, t := range thresholds {
@@ -58,6 +72,7 @@ func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *r
 		Events:                   events,
 		Notifier:                 notifier,
 		Log:                      log,
+		OnConditionsChange:       onChange,
 	})
 	e := &evictions{Manager: m, done: make(chan struct{})}
 	go func() {

@@ -23,6 +23,29 @@ type nodeInputs struct {
 	devices  *devices.Manager
 }
 
+// pressureRef hands the node status the eviction manager's conditions; p is set before the status
+// manager runs (the eviction manager needs the status manager's Trigger first).
+type pressureRef struct{ p nodestatus.Pressure }
+
+func (r *pressureRef) Conditions() map[v1.NodeConditionType]bool {
+	if r.p == nil {
+		return nil
+	}
+	return r.p.Conditions()
+}
+
+// allocatable is what admission checks pods against: the published allocatable once the status
+// has been computed, else fallback (the same figures read once at start). Nil-safe: --once admits
+// before any status exists.
+func (w *nodeStatusWiring) allocatable(fallback func() v1.ResourceList) v1.ResourceList {
+	if w != nil {
+		if n := w.m.Node(); n != nil && len(n.Status.Allocatable) > 0 {
+			return n.Status.Allocatable
+		}
+	}
+	return fallback()
+}
+
 // nodeStatusWiring is the node status manager, built once the agent and the channel exist.
 type nodeStatusWiring struct {
 	m *nodestatus.Manager
@@ -58,6 +81,7 @@ func newNodeStatus(cfg config.Config, rt *runtime.Runtime, db *store.DB, log *sl
 		Ready:          a.Ready,
 		Pressure:       in.pressure,
 		Extra:          extra,
+		ShuttingDown:   a.ShuttingDown,
 	})
 	m := nodestatus.New(nodestatus.Options{
 		Name:    cfg.NodeName,
