@@ -108,3 +108,41 @@ func TestDeviceKeptAcrossAgentKill9(t *testing.T) {
 		t.Errorf("second pod sees %v, want only %s", got, other)
 	}
 }
+
+// With one device and a share of 1, the node offers mqlet.io/serial: 1: the first pod gets the
+// device, the second is refused at admission with kubelet's reason for a resource that does not
+// fit (it never starts), and `mqlet node` shows the resource in capacity and allocatable.
+func TestDeviceRefusedToSecondPod(t *testing.T) {
+	h := newHarness(t)
+	devDir := filepath.Join(h.dir, "dev")
+	trigger := filepath.Join(h.dir, "trigger")
+	for _, d := range []string{devDir, trigger} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mknodAs(t, filepath.Join(devDir, "ttyUSB0"), "/dev/null")
+	h.writeManifest("first.yaml", devicePod("first", devDir, trigger))
+	h.startAgent("--device", "mqlet.io/serial="+devDir+"/ttyUSB*:1")
+	first := h.waitPod("first", "running with its device", func(p *v1.Pod) bool {
+		return allRunning(p) && strings.Contains(h.logOf(p, "main"), "wrote\n")
+	})
+	if got := seen(h.logOf(first, "main")); len(got) != 1 || got[0] != filepath.Join(devDir, "ttyUSB0") {
+		t.Fatalf("first pod sees %v, want only ttyUSB0", got)
+	}
+
+	h.writeManifest("second.yaml", devicePod("second", devDir, trigger))
+	second := h.waitPod("second", "refused for the device", refusedWith("OutOfmqlet.io/serial"))
+	if !strings.Contains(second.Status.Message, "mqlet.io/serial") {
+		t.Errorf("refusal message %q does not name the resource", second.Status.Message)
+	}
+	if n := h.runningTaskCount(second); n != 0 {
+		t.Errorf("refused pod has %d running tasks", n)
+	}
+	node := h.mqlet("node", "-o", "json")
+	for _, want := range []string{`"capacity"`, `"allocatable"`, `"mqlet.io/serial": "1"`} {
+		if !strings.Contains(node, want) {
+			t.Errorf("mqlet node -o json lacks %s:\n%s", want, node)
+		}
+	}
+}
