@@ -66,7 +66,7 @@ type Flags struct {
 	EvictionSoftGracePeriod          []string       `name:"eviction-soft-grace-period" placeholder:"SIGNAL=DURATION" help:"How long a soft threshold must hold before it evicts (default none)."`
 	EvictionMinimumReclaim           []string       `name:"eviction-minimum-reclaim" placeholder:"SIGNAL=VALUE" help:"Reclaim this much beyond a crossed threshold (default none)."`
 	EvictionPressureTransitionPeriod *time.Duration `name:"eviction-pressure-transition-period" placeholder:"DURATION" help:"How long a pressure condition stays after its threshold is no longer crossed (default ${eviction_pressure_transition_period})."`
-	EvictionMaxPodGracePeriod        *time.Duration `name:"eviction-max-pod-grace-period" placeholder:"DURATION" help:"Longest grace period a pod evicted by a soft threshold gets; 0 uses the pod's own (default 0s)."`
+	EvictionMaxPodGracePeriod        *time.Duration `name:"eviction-max-pod-grace-period" placeholder:"DURATION" help:"Longest grace period a pod evicted by a soft threshold gets; 0 uses the pod's own, where kubelet's 0 stops the pod at once (default 0s)."`
 	EvictionMonitoringPeriod         *time.Duration `name:"eviction-monitoring-period" placeholder:"DURATION" help:"How often eviction signals are read; memory is also re-checked on kernel notification where available (default ${eviction_monitoring_period})."`
 
 	ImageGCHighThresholdPercent *int64         `name:"image-gc-high-threshold" placeholder:"PERCENT" help:"Image file system usage that starts image garbage collection (default ${image_gc_high})."`

@@ -192,6 +192,41 @@ func TestDeviceAllocatedToOnePod(t *testing.T) {
 	}
 }
 
+// An evicted pod stays on the node without running: ReleasePodStorage gives back its devices (and
+// their record, so a restart does not restore them), and a pod that was refused one gets it.
+func TestDeviceFreedWhenPodStorageReleased(t *testing.T) {
+	root, res := serialRoot(t)
+	res.Globs = []string{"/dev/ttyUSB0"}
+	g := newDevRig(t, "", "", root, res)
+
+	a := newPod("de5e0011-a", withDevice(shell("c", "sleep 3600"), serialRes, 1))
+	g.sandbox(a)
+	devA := g.allocated(a, "c")
+	b := newPod("de5e0012-b", withDevice(shell("c", "sleep 3600"), serialRes, 1))
+	sbB := g.sandbox(b)
+	_, err := g.r.StartContainer(context.Background(), b, sbB, &b.Spec.Containers[0], 0)
+	var se *runtime.StartError
+	if !errors.As(err, &se) || se.Reason != "UnexpectedAdmissionError" {
+		t.Fatalf("second pod with the one device held: err = %v, want UnexpectedAdmissionError", err)
+	}
+
+	if err := g.r.ReleasePodStorage(a); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := g.m.Lookup(a.UID); ok {
+		t.Errorf("pod a still holds devices after ReleasePodStorage")
+	}
+	if _, err := g.r.DeviceAllocation(a.UID); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pod a's devices.json is still there (err %v)", err)
+	}
+	if _, err := g.r.StartContainer(context.Background(), b, sbB, &b.Spec.Containers[0], 1); err != nil {
+		t.Fatalf("second pod after pod a's release: %v", err)
+	}
+	if got := g.allocated(b, "c"); got != devA {
+		t.Errorf("second pod got %s, want %s", got, devA)
+	}
+}
+
 // The cgroup rule allows the allocated device and no other: a container opens its device (a block
 // device, which runc's default rules do not allow) but not a node it makes itself with the numbers of
 // a device it was not given.

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -39,9 +40,11 @@ func (r *Runtime) PodStorageDirs(pod *v1.Pod) ([]string, error) {
 
 // ReleasePodStorage frees what a pod that stays on the node without running (evicted) holds: the
 // contents of its emptyDir volumes and its /dev/shm tmpfs, whose pages stay charged to the node
-// until unmounted. kubelet does the same by tearing down a terminated pod's volumes and stopping
-// its sandbox. Logs, the pod dir and the namespaces stay; should the pod run again, the sandbox's
-// set-up makes the volumes and the tmpfs anew. Call it only once the pod's containers have stopped.
+// until unmounted, and its host devices, which another pod may then be given (kubelet's device
+// manager hands out again what terminated pods held). kubelet does the same by tearing down a
+// terminated pod's volumes and stopping its sandbox. Logs, the pod dir and the namespaces stay;
+// should the pod run again, the sandbox's set-up makes the volumes and the tmpfs anew and
+// allocates its devices again. Call it only once the pod's containers have stopped.
 func (r *Runtime) ReleasePodStorage(pod *v1.Pod) error {
 	dir, err := r.podDir(pod.UID)
 	if err != nil {
@@ -63,6 +66,11 @@ func (r *Runtime) ReleasePodStorage(pod *v1.Pod) error {
 		if err := os.RemoveAll(vol); err != nil {
 			errs = append(errs, fmt.Errorf("emptyDir %q: %w", v.Name, err))
 		}
+	}
+	// The record goes first, as when the sandbox is destroyed: a record left behind keeps the
+	// devices held, so a restarted agent never hands a device out beyond its share.
+	if err := (devicesHook{r}).Destroy(context.Background(), RefOf(pod)); err != nil {
+		errs = append(errs, fmt.Errorf("release devices: %w", err))
 	}
 	return errors.Join(errs...)
 }
