@@ -335,7 +335,39 @@ func validateContainer(c *v1.Container, path *field.Path, names map[string]*fiel
 				fmt.Sprintf("must be less than or equal to the %s limit of %s", name, limit.String())))
 		}
 	}
+	return append(errs, validateExtended(c, res)...)
+}
+
+// validateExtended applies the API server's rules for extended resources (host devices here),
+// which cannot be overcommitted: requested by a whole-number limit, any request equal to it.
+// Without them a pod asking for half a device would be admitted and fail only at container start.
+func validateExtended(c *v1.Container, res *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for _, name := range sortedKeys(c.Resources.Limits) {
+		if lim := c.Resources.Limits[name]; isExtended(name) && lim.MilliValue()%1000 != 0 {
+			errs = append(errs, field.Invalid(res.Child("limits").Key(string(name)), lim.String(), "must be an integer"))
+		}
+	}
+	for _, name := range sortedKeys(c.Resources.Requests) {
+		if !isExtended(name) {
+			continue
+		}
+		req := c.Resources.Requests[name]
+		if lim, ok := c.Resources.Limits[name]; !ok {
+			errs = append(errs, field.Required(res.Child("limits").Key(string(name)), "an extended resource is requested by its limit"))
+		} else if req.Cmp(lim) != 0 {
+			errs = append(errs, field.Invalid(res.Child("requests").Key(string(name)), req.String(),
+				fmt.Sprintf("must be equal to the %s limit of %s (extended resources cannot be overcommitted)", name, lim.String())))
+		}
+	}
 	return errs
+}
+
+// isExtended is a domain-qualified resource name outside kubernetes.io (devices.IsExtended: that
+// package cannot be imported from here).
+func isExtended(name v1.ResourceName) bool {
+	dom, _, ok := strings.Cut(string(name), "/")
+	return ok && !strings.HasPrefix(string(name), "requests.") && dom != "kubernetes.io" && !strings.HasSuffix(dom, ".kubernetes.io")
 }
 
 func sortedKeys[K ~string, V any](m map[K]V) []K {

@@ -90,6 +90,12 @@ func TestValidation(t *testing.T) {
 		{"request over limit", base + "    resources:\n      limits:\n        cpu: 100m\n      requests:\n        cpu: 200m\n",
 			[]string{`spec.containers[0].resources.requests[cpu]: Invalid value: "200m": must be less than or equal to the cpu limit of 100m`}},
 		{"negative", base + "    resources:\n      requests:\n        memory: -1Mi\n", []string{`resources.requests[memory]: Invalid value: "-1Mi"`}},
+		{"fractional device", base + "    resources:\n      limits:\n        mqlet.io/serial: 500m\n",
+			[]string{`spec.containers[0].resources.limits[mqlet.io/serial]: Invalid value: "500m": must be an integer`}},
+		{"device request only", base + "    resources:\n      requests:\n        mqlet.io/serial: 1\n",
+			[]string{`spec.containers[0].resources.limits[mqlet.io/serial]: Required value`}},
+		{"device request below limit", base + "    resources:\n      limits:\n        mqlet.io/serial: 2\n      requests:\n        mqlet.io/serial: 1\n",
+			[]string{`spec.containers[0].resources.requests[mqlet.io/serial]: Invalid value: "1": must be equal to the mqlet.io/serial limit of 2`}},
 		{"init container validated", base + "  initContainers:\n  - name: init\n", []string{"spec.initContainers[0].image: Required value"}},
 		{"wrong type", strings.Replace(base, "name: main", "name: [a]", 1), []string{"cannot unmarshal array", "spec.containers.name"}},
 	}

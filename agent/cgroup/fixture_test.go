@@ -500,6 +500,11 @@ func TestOOMCounters(t *testing.T) {
 	if _, err := m.OOMKilled("/mqlet/k8s.io/podg-1/gone", 137); !errors.Is(err, ErrNoCgroup) {
 		t.Errorf("removed cgroup: err = %v, want ErrNoCgroup", err)
 	}
+	// A path that climbs out of the hierarchy (it comes from containerd, not from mqlet) is refused.
+	os.WriteFile(filepath.Join(root, "sys/fs/memory.events"), []byte(strings.Replace(events, "%s", "1", 1)), 0o644)
+	if got, err := m.OOMKilled("/../memory.events/..", 137); err == nil || got {
+		t.Errorf("path out of the hierarchy: OOMKilled = %v, %v; want an error", got, err)
+	}
 
 	// cgroup v1 on a kernel before 4.13 (the x86 fixture's 3.10): no oom_kill line, so SIGKILL
 	// plus a hit limit (failcnt) is the sign.

@@ -20,6 +20,10 @@ var ErrNoCgroup = errors.New("the container's cgroup is gone")
 //   - cgroup v1: oom_kill in memory.oom_control (kernel 4.13 and later); on older kernels, an exit
 //     by SIGKILL (137) while memory.failcnt says the limit was hit.
 func (m *Manager) OOMKilled(path string, exitCode int32) (bool, error) {
+	// path comes from the container's spec in containerd: it must stay below the hierarchy's root.
+	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
+		return false, fmt.Errorf("container cgroup %q: must be an absolute, clean cgroup path", path)
+	}
 	if m.layout.Mode == Unified {
 		dir := filepath.Join(m.layout.Unified, path)
 		b, err := os.ReadFile(filepath.Join(dir, "memory.events"))

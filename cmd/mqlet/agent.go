@@ -144,6 +144,9 @@ func (c *AgentCmd) Run() error {
 	defer evictions.Wait()
 	pressure.p = evictions.Manager
 	defer nodeStatus.start(ctx)() // ends with ctx (stop), before the store closes
+	// The waits deferred above end only with ctx: an error return from here on must cancel it
+	// before they run (deferred calls run last-in first-out), or the agent hangs instead of exiting.
+	defer stop()
 	srv := api.NewServer(nodeStatus.api(a), log)
 	stopMetrics, err := m.serve(ctx, cfg, a, channel, db, srv, log)
 	if err != nil {
