@@ -150,7 +150,6 @@ func (c *AgentCmd) Run() error {
 	srv := api.NewServer(nodeStatus.api(a), log)
 	stopMetrics, err := m.serve(ctx, cfg, a, channel, db, srv, log)
 	if err != nil {
-		stop() // the deferred waits below return only once ctx ends
 		return err
 	}
 	defer stopMetrics()
