@@ -193,9 +193,17 @@ spec:
 			t.Errorf("%s disturbed: %s, tasks %v -> %v", name, podSummaryForTest(p), want, h.podTasks(p))
 		}
 	}
-	// Not restarted: no task of the hog runs, its container stays terminated with no restart, and
-	// the next relists (2 s here) do not change that.
-	time.Sleep(3 * time.Second)
+	// Not restarted, also not by a new agent: restart it and wait until every pod's worker has
+	// synced at least once (the sync histogram counts 3), then the hog still runs nothing, is still
+	// Evicted and has no restart.
+	h.stopAgent()
+	h.startMQTTAgent(b.Plain, "--eviction-hard", fmt.Sprintf("memory.available<%dMi", threshold),
+		"--eviction-monitoring-period", "1s", "--eviction-pressure-transition-period", "2s")
+	hc := unixHTTP(h.sock)
+	waitFor(t, "every pod synced by the restarted agent", func() bool {
+		n, _ := sampleOf(scrape(t, hc, "http://mqlet/metrics"), "mqlet_pod_sync_duration_seconds", map[string]string{})
+		return n >= 3
+	})
 	hog, _ = h.getPod("hog")
 	if n := len(h.podTasks(hog)); n != 0 || !evicted(hog) || containerStatus(hog, "c").RestartCount != 0 {
 		t.Errorf("evicted hog came back: %d tasks, %s", n, podSummaryForTest(hog))
