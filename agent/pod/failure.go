@@ -136,18 +136,7 @@ func (w *Worker) syncFailed(ctx context.Context, pod *v1.Pod, f *Failure) time.D
 			return relistRetry
 		}
 	}
-	newest := map[string]*runtime.Container{}
-	for i := range observed {
-		c := &observed[i]
-		if o := newest[c.Name]; o == nil || c.RestartCount > o.RestartCount {
-			newest[c.Name] = c
-		}
-	}
-	w.mu.Lock()
-	w.seen = runtime.Fingerprint(observed)
-	w.mu.Unlock()
-	w.publish(pod, newest, now)
-	w.syncs.Add(1)
+	w.finishSync(pod, observed, newestAttempts(observed), now)
 	if failed {
 		return relistRetry
 	}

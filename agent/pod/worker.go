@@ -406,22 +406,33 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 	// Observe again after acting, so the published status is what containerd now has.
 	if w.mutations != mutationsBefore {
 		if after, err := w.env.Runtime.ListContainers(ctx, string(pod.UID)); err == nil {
-			observed = after
-			newest = map[string]*runtime.Container{}
-			for i := range after {
-				c := &after[i]
-				if o := newest[c.Name]; o == nil || c.RestartCount > o.RestartCount {
-					newest[c.Name] = c
-				}
-			}
+			observed, newest = after, newestAttempts(after)
 		}
 	}
+	w.finishSync(pod, observed, newest, now)
+	return next
+}
+
+// newestAttempts maps each container name to its attempt with the highest restart count.
+func newestAttempts(observed []runtime.Container) map[string]*runtime.Container {
+	newest := map[string]*runtime.Container{}
+	for i := range observed {
+		c := &observed[i]
+		if o := newest[c.Name]; o == nil || c.RestartCount > o.RestartCount {
+			newest[c.Name] = c
+		}
+	}
+	return newest
+}
+
+// finishSync records what the sync left behind (for the relist's staleness check) and publishes
+// the resulting status.
+func (w *Worker) finishSync(pod *v1.Pod, observed []runtime.Container, newest map[string]*runtime.Container, now time.Time) {
 	w.mu.Lock()
 	w.seen = runtime.Fingerprint(observed)
 	w.mu.Unlock()
 	w.publish(pod, newest, now)
 	w.syncs.Add(1)
-	return next
 }
 
 // stopAndRemove stops and removes one attempt. It reports whether the attempt is known to be no
