@@ -26,7 +26,7 @@ import (
 	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/agent/podspec"
 	"github.com/mqlet/mqlet/agent/runtime"
-	"golang.org/x/sys/unix"
+	"github.com/mqlet/mqlet/hw"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -59,37 +59,6 @@ type Runtime interface {
 	RemoveExitedContainer(ctx context.Context, id string) (freed int64, err error)
 }
 
-// FSStats is the size of a file system, in bytes.
-type FSStats struct {
-	Capacity  int64
-	Available int64 // what unprivileged writers may still use (statfs f_bavail), as kubelet counts it
-}
-
-// Statfs reads the file system that holds dir.
-func Statfs(dir string) (FSStats, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return FSStats{}, fmt.Errorf("statfs %s: %w", dir, err)
-	}
-	unit := int64(st.Frsize)
-	if unit == 0 {
-		unit = int64(st.Bsize)
-	}
-	return FSStats{Capacity: int64(st.Blocks) * unit, Available: int64(st.Bavail) * unit}, nil
-}
-
-// SameFS reports whether a and b are on one file system (one device).
-func SameFS(a, b string) (bool, error) {
-	var sa, sb unix.Stat_t
-	if err := unix.Stat(a, &sa); err != nil {
-		return false, fmt.Errorf("stat %s: %w", a, err)
-	}
-	if err := unix.Stat(b, &sb); err != nil {
-		return false, fmt.Errorf("stat %s: %w", b, err)
-	}
-	return sa.Dev == sb.Dev, nil
-}
-
 // Options configure a Manager. Pods and ImageFSDir are required.
 type Options struct {
 	NodeName string // the Node object events are about
@@ -115,9 +84,9 @@ type Options struct {
 	// Ready is nil once every desired pod is known (agent.Agent.Ready); until then no image is
 	// removed. nil means always ready.
 	Ready func() error
-	// Statfs reads a file system's size; nil means Statfs. SameFS compares two dirs' file
-	// systems; nil means SameFS. Tests replace them.
-	Statfs func(dir string) (FSStats, error)
+	// Statfs reads a file system's size; nil means hw.Filesystem. SameFS compares two dirs' file
+	// systems; nil means hw.SameFilesystem. Tests replace them.
+	Statfs func(dir string) (hw.FsStats, error)
 	SameFS func(a, b string) (bool, error)
 	// Events receives what collection did; nil drops events (they are logged anyway).
 	Events event.Sink
@@ -184,10 +153,10 @@ func New(rt Runtime, o Options) (*Manager, error) {
 		o.Period = DefaultPeriod
 	}
 	if o.Statfs == nil {
-		o.Statfs = Statfs
+		o.Statfs = hw.Filesystem
 	}
 	if o.SameFS == nil {
-		o.SameFS = SameFS
+		o.SameFS = hw.SameFilesystem
 	}
 	if o.Now == nil {
 		o.Now = time.Now

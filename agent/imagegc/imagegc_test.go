@@ -15,6 +15,7 @@ import (
 
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/hw"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -123,10 +124,10 @@ func (f *fakeRuntime) RemoveExitedContainer(_ context.Context, id string) (int64
 	return 0, nil
 }
 
-func (f *fakeRuntime) statfs(string) (FSStats, error) {
+func (f *fakeRuntime) statfs(string) (hw.FsStats, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return FSStats{Capacity: f.capacity, Available: f.available}, nil
+	return hw.FsStats{Capacity: f.capacity, Available: f.available}, nil
 }
 
 func (f *fakeRuntime) removedImages() []string {
@@ -363,7 +364,9 @@ func TestCapacityZeroAndStatfsError(t *testing.T) {
 		t.Errorf("capacity 0: %v, want a Failure with reason %s", err, ReasonInvalidDiskCapacity)
 	}
 	r2 := newRig(t, newFake(100, 0), func(o *Options) {
-		o.Statfs = func(dir string) (FSStats, error) { return FSStats{}, errors.New("statfs " + dir + ": no such file") }
+		o.Statfs = func(dir string) (hw.FsStats, error) {
+			return hw.FsStats{}, errors.New("statfs " + dir + ": no such file")
+		}
 	})
 	if _, err := r2.m.GarbageCollect(context.Background()); err == nil || !strings.Contains(err.Error(), "imageFSDir") {
 		t.Errorf("statfs error: %v", err)
@@ -575,23 +578,6 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("%s: not within 10s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func TestStatfsReal(t *testing.T) {
-	fs, err := Statfs(t.TempDir())
-	if err != nil || fs.Capacity <= 0 || fs.Available < 0 || fs.Available > fs.Capacity {
-		t.Fatalf("Statfs = %+v, %v", fs, err)
-	}
-	if _, err := Statfs("/nonexistent/imagefs"); err == nil || !strings.Contains(err.Error(), "/nonexistent/imagefs") {
-		t.Errorf("Statfs of a missing dir: %v", err)
-	}
-	dir := t.TempDir()
-	if same, err := SameFS(dir, filepath.Dir(dir)); err != nil || !same {
-		t.Errorf("SameFS(%s, its parent) = %v, %v", dir, same, err)
-	}
-	if same, err := SameFS(dir, "/proc"); err != nil || same {
-		t.Errorf("SameFS(%s, /proc) = %v, %v", dir, same, err)
 	}
 }
 
