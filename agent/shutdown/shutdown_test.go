@@ -132,13 +132,31 @@ func TestSignalWithoutBus(t *testing.T) {
 	waitUntil(t, "goroutines end", func() bool { return goruntime.NumGoroutine() <= before })
 }
 
-// A grace period of 0 is kubelet's "off": nothing is watched, not even the signal.
+// A grace period of 0 is kubelet's "off": nothing is watched, not even the signal. Run returns at
+// once although its context is live (a Manager that watched anything would block until it ends),
+// and the signal, sent after, reaches only the test's own handler: no pod is stopped.
 func TestOff(t *testing.T) {
 	logs := &logRecorder{}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	New(Options{Signal: syscall.SIGUSR2, Log: slog.New(logs)}, &fakePods{}).Run(ctx)
+	pods := &fakePods{}
+	done := make(chan struct{})
+	go func() {
+		New(Options{Signal: syscall.SIGUSR2, Log: slog.New(logs)}, pods).Run(context.Background())
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run with a grace period of 0 is still running after 10s: it watches something")
+	}
 	if !logs.has("graceful node shutdown is off") {
 		t.Errorf("logs:\n%s", logs)
+	}
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGUSR2)
+	defer signal.Stop(c)
+	syscall.Kill(os.Getpid(), syscall.SIGUSR2)
+	<-c
+	if calls, _, _ := pods.snapshot(); len(calls) != 0 {
+		t.Errorf("pods stopped with the manager off: %v", calls)
 	}
 }
