@@ -7,8 +7,6 @@ import (
 	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/pod"
-	"github.com/mqlet/mqlet/agent/resources"
-	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -98,11 +96,8 @@ func (a *Agent) admitNew(put []store.DesiredPod, del []types.UID) verdicts {
 	return out
 }
 
-// critical pods are kubelet's: static pods (for mqlet, the manifest dir's) and pods with a
-// system-critical priority. They pass admission under pressure and stop last at a node shutdown.
-func critical(d store.DesiredPod) bool {
-	return d.Source.Kind == source.File || resources.IsCriticalPriority(d.Pod)
-}
+// critical pods pass admission under pressure and stop last at a node shutdown.
+func critical(d store.DesiredPod) bool { return admission.CriticalReason(d.Pod, d.Source) != "" }
 
 // applyVerdictLocked hands a judged pod's verdict to its existing worker (a.mu held) and reports
 // whether it did; a worker that is being deleted gets it when its replacement starts (onGone).

@@ -7,6 +7,7 @@ import (
 
 	"github.com/mqlet/mqlet/agent/qos"
 	"github.com/mqlet/mqlet/agent/resources"
+	"github.com/mqlet/mqlet/agent/source"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -77,6 +78,20 @@ func Check(pod *v1.Pod, critical bool, admitted []*v1.Pod, node Node) *Refusal {
 		return &Refusal{Reason: ReasonNodeShutdown, Message: nodeShutdownMessage}
 	}
 	return nil
+}
+
+// CriticalReason says why a pod is one of kubelet's critical pods, or "" when it is not.
+// Manifest-dir pods are the node's own, like kubelet's static pods (which kubelet counts as
+// critical); critical-priority pods keep the node and the cluster working. Critical pods pass
+// admission under pressure, are never evicted and stop last at a node shutdown.
+func CriticalReason(pod *v1.Pod, src source.Ref) string {
+	switch {
+	case src.Kind == source.File:
+		return "manifest-dir pod"
+	case resources.IsCriticalPriority(pod):
+		return "critical priority"
+	}
+	return ""
 }
 
 // checkPressure is kubelet's eviction admission: under memory pressure alone only BestEffort pods

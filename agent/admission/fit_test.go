@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mqlet/mqlet/agent/source"
+
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -236,5 +238,23 @@ func TestProbeHostPorts(t *testing.T) {
 	l.Close()
 	if r := ProbeHostPorts(p); r != nil {
 		t.Fatalf("port %d free again, still refused: %v", tcpPort, r)
+	}
+}
+
+func TestCriticalReason(t *testing.T) {
+	mqtt := source.Ref{Kind: source.MQTT}
+	for _, tc := range []struct {
+		name string
+		pod  *v1.Pod
+		src  source.Ref
+		want string
+	}{
+		{"manifest-dir", &v1.Pod{}, source.Ref{Kind: source.File, Origin: "a.yaml"}, "manifest-dir pod"},
+		{"node-critical class", &v1.Pod{Spec: v1.PodSpec{PriorityClassName: "system-node-critical"}}, mqtt, "critical priority"},
+		{"ordinary", &v1.Pod{}, mqtt, ""},
+	} {
+		if got := CriticalReason(tc.pod, tc.src); got != tc.want {
+			t.Errorf("%s: CriticalReason = %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }

@@ -366,7 +366,7 @@ func (m *Manager) evictOne(t Threshold, obs Observations) *Pod {
 			// that runs again with a new spec is a candidate again.
 			continue
 		}
-		if why := protected(p); why != "" {
+		if why := admission.CriticalReason(p.Pod, p.Source); why != "" {
 			m.log.Debug("eviction: pod never evicted", "pod", p.Pod.Namespace+"/"+p.Pod.Name, "why", why)
 			continue
 		}

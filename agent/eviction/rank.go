@@ -25,19 +25,6 @@ type candidate struct {
 
 func (c candidate) exceeds() bool { return c.usage > c.request }
 
-// protected says why a pod is never evicted, or "" when it may be. Manifest-dir pods are the node's
-// own, like kubelet's static pods (kubelet counts those as critical); critical-priority pods keep
-// the node and the cluster working.
-func protected(p Pod) string {
-	switch {
-	case p.Source.Kind == source.File:
-		return "manifest-dir pod"
-	case resources.IsCriticalPriority(p.Pod):
-		return "critical priority"
-	}
-	return ""
-}
-
 // active reports whether the pod still runs or may run: terminal and deleted pods are not
 // candidates (kubelet ranks its active pods only).
 func active(p *v1.Pod) bool {
