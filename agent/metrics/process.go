@@ -9,6 +9,7 @@ import (
 	rtmetrics "runtime/metrics"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // userHZ is the unit of the times in /proc/PID/stat. The kernel reports them in USER_HZ, which is
@@ -41,15 +42,25 @@ func RegisterProcess(r *Registry, procDir string) {
 				emit(float64(size) * pageSize)
 			}
 		})
+	// The start time never changes: it is read (two files) until a scrape finds it, then kept.
+	var startMu sync.Mutex
+	var start float64
 	r.Func("process_start_time_seconds", "Start time of this process, in seconds since the Unix epoch.", GaugeType, nil,
 		func(emit Emit) {
-			st, err := readProcStat(filepath.Join(self, "stat"))
-			if err != nil {
-				return
+			startMu.Lock()
+			defer startMu.Unlock()
+			if start == 0 {
+				st, err := readProcStat(filepath.Join(self, "stat"))
+				if err != nil {
+					return
+				}
+				boot, err := readBootTime(filepath.Join(procDir, "stat"))
+				if err != nil {
+					return
+				}
+				start = float64(boot) + float64(st.starttime)/userHZ
 			}
-			if boot, err := readBootTime(filepath.Join(procDir, "stat")); err == nil {
-				emit(float64(boot) + float64(st.starttime)/userHZ)
-			}
+			emit(start)
 		})
 	r.Func("process_open_fds", "Open file descriptors of this process.", GaugeType, nil,
 		func(emit Emit) {

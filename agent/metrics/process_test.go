@@ -99,3 +99,18 @@ func TestReadProcStatRejectsGarbage(t *testing.T) {
 		}
 	}
 }
+
+// The start time is read once: a later scrape reports it without reading /proc/stat again.
+func TestProcessStartTimeKept(t *testing.T) {
+	root := fixtureProc(t)
+	r := NewRegistry()
+	RegisterProcess(r, root)
+	parseText(t, writeText(t, r))
+	if err := os.Remove(filepath.Join(root, "stat")); err != nil {
+		t.Fatal(err)
+	}
+	f := parseText(t, writeText(t, r))["process_start_time_seconds"]
+	if f == nil || f.Metric[0].GetGauge().GetValue() != 1700000030 {
+		t.Errorf("process_start_time_seconds after /proc/stat went: %v, want 1700000030", f)
+	}
+}
