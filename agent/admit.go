@@ -124,7 +124,7 @@ func (a *Agent) applyVerdictLocked(w *pod.Worker, d store.DesiredPod, f *pod.Fai
 // refusalEvent is the Warning a refusal becomes, with kubelet's reason as the event's.
 func refusalEvent(d store.DesiredPod, f *pod.Failure, now time.Time) event.Event {
 	return event.Event{Time: now, Type: event.Warning, Reason: f.Reason, Message: f.Message,
-		Object: event.Object{Kind: event.KindPod, Namespace: d.Pod.Namespace, Name: d.Pod.Name, UID: d.Pod.UID},
+		Object: event.PodObject(d.Pod),
 		Source: d.Source.String()}
 }
 

@@ -524,7 +524,7 @@ func (a *Agent) recordRejectionsLocked(k source.Kind, c source.Change, p plan) [
 // rejectionEvent is the Warning a rejection becomes: about the pod when its name is known, else
 // about the node (a file that is not a pod at all).
 func (a *Agent) rejectionEvent(r rejection, now time.Time) event.Event {
-	obj := event.Object{Kind: event.KindNode, Name: a.opts.NodeName}
+	obj := event.NodeObject(a.opts.NodeName)
 	if ns, name, ok := strings.Cut(r.Key, "/"); ok {
 		obj = event.Object{Kind: event.KindPod, Namespace: ns, Name: name, UID: r.uid}
 	}

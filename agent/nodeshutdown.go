@@ -29,7 +29,7 @@ func (a *Agent) ShutdownPods(ctx context.Context, criticalGrace, otherGrace time
 	a.shuttingDown.Store(true)
 	a.report.Emit(event.Event{Time: time.Now(), Type: event.Normal, Reason: "NodeShutdown",
 		Message: "Node is shutting down: stopping pods, critical pods last",
-		Object:  event.Object{Kind: event.KindNode, Name: a.opts.NodeName}})
+		Object:  event.NodeObject(a.opts.NodeName)})
 	if a.runCtx != nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)

@@ -7,6 +7,7 @@ package event
 import (
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -47,6 +48,14 @@ type Object struct {
 	Name      string
 	UID       types.UID
 }
+
+// PodObject is the Object of an event about pod p.
+func PodObject(p metav1.Object) Object {
+	return Object{Kind: KindPod, Namespace: p.GetNamespace(), Name: p.GetName(), UID: p.GetUID()}
+}
+
+// NodeObject is the Object of an event about the node named name.
+func NodeObject(name string) Object { return Object{Kind: KindNode, Name: name} }
 
 // Event is one thing that happened on the node.
 type Event struct {

@@ -259,7 +259,7 @@ func (m *Manager) synchronize(ctx context.Context, notified bool) *Pod {
 		m.log.Warn("eviction: threshold met; reclaiming", "signal", t.Signal, "threshold", t.Value.String(),
 			"available", ob.Available, "capacity", ob.Capacity, "hard", t.Hard())
 		m.emit(event.Event{Time: time.Now(), Type: event.Warning, Reason: ReasonThresholdMet,
-			Message: fmt.Sprintf("Attempting to reclaim %s", res), Object: event.Object{Kind: event.KindNode, Name: m.o.NodeName}})
+			Message: fmt.Sprintf("Attempting to reclaim %s", res), Object: event.NodeObject(m.o.NodeName)})
 	}
 	if m.releaseEvicted() > 0 && len(m.crossed(m.o.Observer.Observe(), true, nil)) == 0 {
 		m.log.Info("eviction: freeing evicted pods' storage relieved the pressure", "signal", t.Signal)
@@ -394,8 +394,7 @@ func (m *Manager) evictOne(t Threshold, obs Observations) *Pod {
 	m.log.Warn("eviction: evicting pod", "pod", p.Namespace+"/"+p.Name, "uid", p.UID, "signal", t.Signal,
 		"usage", victim.usage, "request", victim.request, "message", msg)
 	m.emit(event.Event{Time: time.Now(), Type: event.Warning, Reason: Reason, Message: msg,
-		Object: event.Object{Kind: event.KindPod, Namespace: p.Namespace, Name: p.Name, UID: p.UID},
-		Source: victim.Source.String()})
+		Object: event.PodObject(p), Source: victim.Source.String()})
 	if !m.o.Pods.Evict(p.UID, msg, grace) {
 		m.log.Warn("eviction: pod vanished before it could be evicted", "pod", p.Namespace+"/"+p.Name)
 		return nil

@@ -587,7 +587,7 @@ func (m *Manager) emit(typ event.Type, reason, msg string) {
 		return
 	}
 	m.o.Events.Emit(event.Event{Time: m.o.Now(), Type: typ, Reason: reason, Message: msg,
-		Object: event.Object{Kind: event.KindNode, Name: m.o.NodeName}})
+		Object: event.NodeObject(m.o.NodeName)})
 }
 
 // names lists images for an event message, the first few by name.

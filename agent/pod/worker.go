@@ -588,7 +588,7 @@ func (w *Worker) emit(pod *v1.Pod, typ event.Type, reason, message string) {
 		return
 	}
 	w.env.Emit(event.Event{Time: time.Now(), Type: typ, Reason: reason, Message: message,
-		Object: event.Object{Kind: event.KindPod, Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID}})
+		Object: event.PodObject(pod)})
 }
 
 func (w *Worker) hostIP() string {
