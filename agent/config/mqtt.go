@@ -61,12 +61,22 @@ func (c Config) MQTTPassword() (string, error) {
 	if c.MQTTPasswordFile == "" {
 		return "", nil
 	}
-	b, err := os.ReadFile(c.MQTTPasswordFile)
+	pw, err := ReadPasswordFile(c.MQTTPasswordFile)
 	if err != nil {
 		return "", fmt.Errorf("mqttPasswordFile (--mqtt-password-file): %w", err)
 	}
-	s := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
-	return s, nil
+	return pw, nil
+}
+
+// ReadPasswordFile reads an MQTT password file (the agent's and mqlet ctl's): one trailing
+// newline, "\n" or "\r\n" (what `echo` and editors leave), is not part of the password. Its errors
+// name the file, never any of its content.
+func ReadPasswordFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r"), nil
 }
 
 // AdmissionPolicy is MQTTPolicy as the admission step takes it.
