@@ -64,7 +64,7 @@ func Parse(s string) (URL, error) {
 		return URL{}, errors.New("must not carry a user or password: give them as the username and password settings (the agent's mqttUsername and mqttPasswordFile), not in the URL")
 	}
 	if u.Hostname() == "" {
-		return URL{}, errors.New("names no host")
+		return URL{}, errors.New("host is missing (the URL names no host)")
 	}
 	port := u.Port()
 	if port != "" {
