@@ -3,9 +3,11 @@ package store
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -38,12 +40,7 @@ func TestMigrateV1Fixture(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open(v1 fixture): %v", err)
 	}
-	notices := strings.Join(d.Notices(), "\n")
-	for _, want := range []string{"migrated schema version 1 -> 2", "rewrote 3 desired pods", path} {
-		if !strings.Contains(notices, want) {
-			t.Errorf("notices %q do not mention %q", notices, want)
-		}
-	}
+	notices := checkNotices(t, d, "", "migrated schema version 1 -> 2", "rewrote 3 desired pods", path)
 	if strings.Contains(notices, "is not") || strings.Contains(notices, "left") {
 		t.Errorf("notices %q report a record the migration could not read", notices)
 	}
@@ -129,49 +126,12 @@ func TestMigrateV2Fixture(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open(v2 fixture): %v", err)
 	}
-	notices := strings.Join(d.Notices(), "\n")
-	for _, want := range []string{"migrated schema version 2 -> 3", "added buckets objects, sync_marks, outbox, outbox_latest", path} {
-		if !strings.Contains(notices, want) {
-			t.Errorf("notices %q do not mention %q", notices, want)
-		}
-	}
-	if strings.Contains(notices, "1 -> 2") {
-		t.Errorf("notices %q: a schema 2 file went through 1 -> 2", notices)
-	}
-
-	wants := map[string]struct {
-		uid   string
-		ref   source.Ref
-		phase v1.PodPhase
-	}{
-		"default/job":   {"c36a6a22-e267-5555-bf99-ae98bb0ecc64", source.Ref{Kind: source.File, Origin: "/tmp/v2fix/pods/b.yaml", Doc: 0}, v1.PodSucceeded},
-		"default/web":   {"3169c6b8-9aab-548b-a454-4c4e3fb93d3f", source.Ref{Kind: source.File, Origin: "/tmp/v2fix/pods/a.yaml", Doc: 0}, v1.PodRunning},
-		"tools/sidecar": {"486d9658-8e9c-5626-9d7a-1b10b5351e11", source.Ref{Kind: source.File, Origin: "/tmp/v2fix/pods/b.yaml", Doc: 1}, v1.PodRunning},
-	}
-	pods, bad, err := d.ListDesired()
-	if err != nil || len(bad) != 0 {
-		t.Fatalf("ListDesired: %v, record errors %v", err, bad)
-	}
-	var keys []string
-	for _, p := range pods {
-		key := p.Pod.Namespace + "/" + p.Pod.Name
-		keys = append(keys, key)
-		w := wants[key]
-		if string(p.Pod.UID) != w.uid || p.Source != w.ref || p.Generation != 0 {
-			t.Errorf("%s: uid %s source %+v generation %d; want %s %+v 0", key, p.Pod.UID, p.Source, p.Generation, w.uid, w.ref)
-		}
-		if len(p.Pod.Spec.Containers) != 1 || p.Pod.Spec.Containers[0].Image != "mqlet.test/busybox:1" {
-			t.Errorf("%s: containers %+v, want one running mqlet.test/busybox:1", key, p.Pod.Spec.Containers)
-		}
-		st, ok, err := d.GetStatus(p.Pod.UID)
-		if err != nil || !ok || st.Phase != w.phase || len(st.ContainerStatuses) != 1 ||
-			!strings.HasPrefix(st.ContainerStatuses[0].ContainerID, "containerd://") {
-			t.Errorf("%s: status %+v, %v, %v; want %s with one containerd container", key, st, ok, err, w.phase)
-		}
-	}
-	if want := []string{"default/job", "default/web", "tools/sidecar"}; !reflect.DeepEqual(keys, want) {
-		t.Errorf("desired pods %q, want %q", keys, want)
-	}
+	checkNotices(t, d, "1 -> 2", "migrated schema version 2 -> 3", "added buckets objects, sync_marks, outbox, outbox_latest", path)
+	checkFixturePods(t, d, map[string]fixturePod{
+		"default/job":   {"c36a6a22-e267-5555-bf99-ae98bb0ecc64", source.Ref{Kind: source.File, Origin: "/tmp/v2fix/pods/b.yaml", Doc: 0}, 0, v1.PodSucceeded},
+		"default/web":   {"3169c6b8-9aab-548b-a454-4c4e3fb93d3f", source.Ref{Kind: source.File, Origin: "/tmp/v2fix/pods/a.yaml", Doc: 0}, 0, v1.PodRunning},
+		"tools/sidecar": {"486d9658-8e9c-5626-9d7a-1b10b5351e11", source.Ref{Kind: source.File, Origin: "/tmp/v2fix/pods/b.yaml", Doc: 1}, 0, v1.PodRunning},
+	})
 
 	// The new buckets exist, empty, and work.
 	if objs, bad, err := d.ListObjects(); err != nil || len(objs)+len(bad) != 0 {
@@ -222,6 +182,60 @@ func TestMigrateV2Fixture(t *testing.T) {
 	defer d.Close()
 	if n := d.Notices(); len(n) != 0 {
 		t.Errorf("second open of a migrated file: notices %q, want none", n)
+	}
+}
+
+// checkNotices checks that d's notices mention each of wants and, when skipped is set, not that
+// migration (a file of a later schema must not go through an earlier step); it returns them.
+func checkNotices(t *testing.T, d *DB, skipped string, wants ...string) string {
+	t.Helper()
+	notices := strings.Join(d.Notices(), "\n")
+	for _, want := range wants {
+		if !strings.Contains(notices, want) {
+			t.Errorf("notices %q do not mention %q", notices, want)
+		}
+	}
+	if skipped != "" && strings.Contains(notices, skipped) {
+		t.Errorf("notices %q: the file went through %s", notices, skipped)
+	}
+	return notices
+}
+
+// fixturePod is what a fixture's desired pod and its status read after migration.
+type fixturePod struct {
+	uid   string
+	ref   source.Ref
+	gen   int64
+	phase v1.PodPhase
+}
+
+// checkFixturePods checks that the desired pods are exactly wants, each with one
+// mqlet.test/busybox:1 container and a status of its phase with one containerd container.
+func checkFixturePods(t *testing.T, d *DB, wants map[string]fixturePod) {
+	t.Helper()
+	pods, bad, err := d.ListDesired()
+	if err != nil || len(bad) != 0 {
+		t.Fatalf("ListDesired: %v, record errors %v", err, bad)
+	}
+	var keys []string
+	for _, p := range pods {
+		k := p.Pod.Namespace + "/" + p.Pod.Name
+		keys = append(keys, k)
+		w := wants[k]
+		if string(p.Pod.UID) != w.uid || p.Source != w.ref || p.Generation != w.gen {
+			t.Errorf("%s: uid %s source %+v generation %d; want %s %+v %d", k, p.Pod.UID, p.Source, p.Generation, w.uid, w.ref, w.gen)
+		}
+		if len(p.Pod.Spec.Containers) != 1 || p.Pod.Spec.Containers[0].Image != "mqlet.test/busybox:1" {
+			t.Errorf("%s: containers %+v, want one running mqlet.test/busybox:1", k, p.Pod.Spec.Containers)
+		}
+		st, ok, err := d.GetStatus(p.Pod.UID)
+		if err != nil || !ok || st.Phase != w.phase || len(st.ContainerStatuses) != 1 ||
+			!strings.HasPrefix(st.ContainerStatuses[0].ContainerID, "containerd://") {
+			t.Errorf("%s: status %+v, %v, %v; want %s with one containerd container", k, st, ok, err, w.phase)
+		}
+	}
+	if want := slices.Sorted(maps.Keys(wants)); !reflect.DeepEqual(keys, want) {
+		t.Errorf("desired pods %q, want %q", keys, want)
 	}
 }
 
@@ -410,53 +424,16 @@ func TestMigrateV3Fixture(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open(v3 fixture): %v", err)
 	}
-	notices := strings.Join(d.Notices(), "\n")
-	for _, want := range []string{"migrated schema version 3 -> 4", "added bucket node_status", path} {
-		if !strings.Contains(notices, want) {
-			t.Errorf("notices %q do not mention %q", notices, want)
-		}
-	}
-	if strings.Contains(notices, "2 -> 3") {
-		t.Errorf("notices %q: a schema 3 file went through 2 -> 3", notices)
-	}
+	checkNotices(t, d, "2 -> 3", "migrated schema version 3 -> 4", "added bucket node_status", path)
 
 	// Desired pods and their status.
-	wants := map[string]struct {
-		uid   string
-		ref   source.Ref
-		gen   int64
-		phase v1.PodPhase
-	}{
+	checkFixturePods(t, d, map[string]fixturePod{
 		"default/job":    {"c36a6a22-e267-5555-bf99-ae98bb0ecc64", source.Ref{Kind: source.File, Origin: "/tmp/v3fix/pods/b.yaml", Doc: 0}, 0, v1.PodSucceeded},
 		"default/late":   {"c03a54cb-3b02-58c6-bb3b-efcde66e2343", source.Ref{Kind: source.File, Origin: "/tmp/v3fix/pods/c.yaml", Doc: 0}, 0, v1.PodRunning},
 		"default/remote": {"ca03c773-b1bb-5454-8fa9-5f3fc58c35bd", source.Ref{Kind: source.MQTT, Origin: "mqlet/v1/nodes/fixture-node/desired/pods/default/remote"}, 3, v1.PodRunning},
 		"default/web":    {"3169c6b8-9aab-548b-a454-4c4e3fb93d3f", source.Ref{Kind: source.File, Origin: "/tmp/v3fix/pods/a.yaml", Doc: 0}, 0, v1.PodRunning},
 		"tools/sidecar":  {"486d9658-8e9c-5626-9d7a-1b10b5351e11", source.Ref{Kind: source.File, Origin: "/tmp/v3fix/pods/b.yaml", Doc: 1}, 0, v1.PodRunning},
-	}
-	pods, bad, err := d.ListDesired()
-	if err != nil || len(bad) != 0 {
-		t.Fatalf("ListDesired: %v, record errors %v", err, bad)
-	}
-	var keys []string
-	for _, p := range pods {
-		k := p.Pod.Namespace + "/" + p.Pod.Name
-		keys = append(keys, k)
-		w := wants[k]
-		if string(p.Pod.UID) != w.uid || p.Source != w.ref || p.Generation != w.gen {
-			t.Errorf("%s: uid %s source %+v generation %d; want %s %+v %d", k, p.Pod.UID, p.Source, p.Generation, w.uid, w.ref, w.gen)
-		}
-		if len(p.Pod.Spec.Containers) != 1 || p.Pod.Spec.Containers[0].Image != "mqlet.test/busybox:1" {
-			t.Errorf("%s: containers %+v, want one running mqlet.test/busybox:1", k, p.Pod.Spec.Containers)
-		}
-		st, ok, err := d.GetStatus(p.Pod.UID)
-		if err != nil || !ok || st.Phase != w.phase || len(st.ContainerStatuses) != 1 ||
-			!strings.HasPrefix(st.ContainerStatuses[0].ContainerID, "containerd://") {
-			t.Errorf("%s: status %+v, %v, %v; want %s with one containerd container", k, st, ok, err, w.phase)
-		}
-	}
-	if want := []string{"default/job", "default/late", "default/remote", "default/web", "tools/sidecar"}; !reflect.DeepEqual(keys, want) {
-		t.Errorf("desired pods %q, want %q", keys, want)
-	}
+	})
 
 	// The ConfigMap, and the Secret opened with the node key of the agent that sealed it.
 	objs, bad, err := d.ListObjects()

@@ -5,15 +5,15 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/mqlet/mqlet/agent/admission"
+	"github.com/mqlet/mqlet/sync/broker"
+	"github.com/mqlet/mqlet/sync/protocol"
 )
 
 // Limits of the MQTT settings. The protocol's own: the keepalive is a 16-bit number of seconds and
@@ -25,56 +25,17 @@ const (
 	minMaxPayload       = 1024
 	maxMaxPayload       = 268435455
 	minOutboxMaxBytes   = 64 << 10
-	maxTopicPrefixLen   = 128
 	passwordFileBadMode = 0o077
 )
 
-// brokerSchemes maps each accepted URL scheme to the one the MQTT client (paho) dials, and says
-// whether it is TLS.
-var brokerSchemes = map[string]struct {
-	dial string
-	tls  bool
-	web  bool // a websocket URL may carry a path
-}{
-	"tcp":   {"tcp", false, false},
-	"mqtt":  {"tcp", false, false},
-	"ssl":   {"ssl", true, false},
-	"tls":   {"tls", true, false},
-	"mqtts": {"ssl", true, false},
-	"ws":    {"ws", false, true},
-	"wss":   {"wss", true, true},
-}
-
-// parseBroker checks an MQTT broker URL; the errors say what to write instead.
-func parseBroker(s string) (*url.URL, error) {
-	if !strings.Contains(s, "://") {
-		return nil, errors.New("want scheme://host:port, e.g. tcp://broker.local:1883 or ssl://broker.local:8883")
+// parseBroker checks the broker URL with the rules of sync/broker, and that it names its port: in
+// a node's config the port is written down rather than left to a default.
+func parseBroker(s string) (broker.URL, error) {
+	u, err := broker.Parse(s)
+	if err == nil && u.Port == "" {
+		return u, errors.New("port is missing (write it out: 1883 for tcp, 8883 for ssl are usual)")
 	}
-	u, err := url.Parse(s)
-	if err != nil {
-		return nil, fmt.Errorf("not a URL: %v", errors.Unwrap(err))
-	}
-	scheme, ok := brokerSchemes[u.Scheme]
-	if !ok {
-		return nil, fmt.Errorf("scheme %q is not supported: want tcp, ssl, tls, ws or wss (mqtt and mqtts mean tcp and ssl)", u.Scheme)
-	}
-	if u.User != nil {
-		// The URL is logged; a password in it would end up in the journal.
-		return nil, errors.New("must not carry a user or password: use mqttUsername and mqttPasswordFile")
-	}
-	if u.Hostname() == "" {
-		return nil, errors.New("host is missing")
-	}
-	if u.Port() == "" {
-		return nil, errors.New("port is missing (MQTT has no default the client would use: 1883 for tcp, 8883 for ssl are usual)")
-	}
-	if n, err := strconv.Atoi(u.Port()); err != nil || n < 1 || n > 65535 {
-		return nil, fmt.Errorf("port %q must be a number from 1 to 65535", u.Port())
-	}
-	if !scheme.web && (u.Path != "" || u.RawQuery != "" || u.Fragment != "") {
-		return nil, fmt.Errorf("a path, query or fragment only makes sense for ws:// and wss://, not %s://", u.Scheme)
-	}
-	return u, nil
+	return u, err
 }
 
 // MQTTBrokerURL is the broker URL as the MQTT client takes it (mqtt:// written as tcp://, mqtts://
@@ -84,14 +45,13 @@ func (c Config) MQTTBrokerURL() string {
 	if c.MQTTBroker == "" || err != nil {
 		return ""
 	}
-	u.Scheme = brokerSchemes[u.Scheme].dial
-	return u.String()
+	return u.Dial
 }
 
 // MQTTTLS reports whether the broker is reached over TLS (ssl, tls, mqtts, wss).
 func (c Config) MQTTTLS() bool {
 	u, err := parseBroker(c.MQTTBroker)
-	return c.MQTTBroker != "" && err == nil && brokerSchemes[u.Scheme].tls
+	return c.MQTTBroker != "" && err == nil && u.TLS
 }
 
 // MQTTPassword reads the password file; one trailing newline (what `echo` and editors leave) is not
@@ -101,12 +61,22 @@ func (c Config) MQTTPassword() (string, error) {
 	if c.MQTTPasswordFile == "" {
 		return "", nil
 	}
-	b, err := os.ReadFile(c.MQTTPasswordFile)
+	pw, err := ReadPasswordFile(c.MQTTPasswordFile)
 	if err != nil {
 		return "", fmt.Errorf("mqttPasswordFile (--mqtt-password-file): %w", err)
 	}
-	s := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
-	return s, nil
+	return pw, nil
+}
+
+// ReadPasswordFile reads an MQTT password file (the agent's and mqlet ctl's): one trailing
+// newline, "\n" or "\r\n" (what `echo` and editors leave), is not part of the password. Its errors
+// name the file, never any of its content.
+func ReadPasswordFile(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r"), nil
 }
 
 // AdmissionPolicy is MQTTPolicy as the admission step takes it.
@@ -122,19 +92,15 @@ func (c Config) AdmissionPolicy() admission.Policy {
 // permissions, that certificates parse), so a wrong path fails at start and not at the first
 // connection attempt, minutes later and only in the log.
 func (c Config) validateMQTT(bad func(key, value, reason string, args ...any)) {
-	var broker *url.URL
-	shown := c.MQTTBroker // how messages quote the broker: never with a password in it
-	if u, err := url.Parse(c.MQTTBroker); err == nil && u.User != nil {
-		shown = u.Redacted()
-	}
+	brokerOK, brokerTLS := false, false
+	shown := broker.Shown(c.MQTTBroker) // how messages quote the broker: never with a password in it
 	if c.MQTTBroker != "" {
 		u, err := parseBroker(c.MQTTBroker)
 		if err != nil {
 			bad("mqttBroker", shown, "%v", err)
 		}
-		broker = u
+		brokerOK, brokerTLS = err == nil, u.TLS
 	}
-	brokerTLS := broker != nil && brokerSchemes[broker.Scheme].tls
 
 	// The connection settings mean nothing without a broker, and TLS files nothing without TLS:
 	// a setting that is silently ignored hides a typo in the broker URL.
@@ -145,7 +111,7 @@ func (c Config) validateMQTT(bad func(key, value, reason string, args ...any)) {
 		case c.MQTTBroker == "":
 			bad(key, value, "has no effect without mqttBroker (--mqtt-broker)")
 			return false
-		case broker == nil:
+		case !brokerOK:
 			return false // the broker's own error says enough
 		}
 		return true
@@ -209,7 +175,7 @@ func (c Config) validateMQTT(bad func(key, value, reason string, args ...any)) {
 	case d%time.Second != 0:
 		bad("mqttKeepalive", c.MQTTKeepalive.String(), "must be whole seconds: MQTT sends it in seconds")
 	}
-	if reasons := topicPrefixProblems(c.MQTTTopicPrefix); len(reasons) > 0 {
+	if reasons := protocol.PrefixProblems(c.MQTTTopicPrefix); len(reasons) > 0 {
 		bad("mqttTopicPrefix", c.MQTTTopicPrefix, "%s", strings.Join(reasons, "; "))
 	}
 	if c.MQTTReconnectMax.Duration < minReconnectMax {
@@ -272,38 +238,6 @@ func (c Config) validatePasswordFile(bad func(key, value, reason string, args ..
 	if pw == "" {
 		bad(key, path, "is empty")
 	}
-}
-
-// topicPrefixProblems lists why p cannot start every topic of a node: the MQTT rules for topic
-// names (UTF-8, no NUL, no wildcards) and the ones that keep the ACL pattern <prefix>/nodes/%u/#
-// meaningful (no empty levels, no leading or trailing '/', no broker-reserved '$' topics).
-func topicPrefixProblems(p string) []string {
-	if p == "" {
-		return []string{"must not be empty"}
-	}
-	var out []string
-	if len(p) > maxTopicPrefixLen {
-		out = append(out, fmt.Sprintf("is %d bytes, longer than %d", len(p), maxTopicPrefixLen))
-	}
-	if !utf8.ValidString(p) {
-		out = append(out, "must be valid UTF-8")
-	}
-	if strings.ContainsRune(p, 0) {
-		out = append(out, "must not contain NUL")
-	}
-	if strings.ContainsAny(p, "+#") {
-		out = append(out, "must not contain the MQTT wildcards + and #")
-	}
-	if strings.HasPrefix(p, "$") {
-		out = append(out, "must not start with '$' (brokers reserve such topics, like $SYS)")
-	}
-	if strings.HasPrefix(p, "/") || strings.HasSuffix(p, "/") {
-		out = append(out, "must not start or end with '/'")
-	}
-	if strings.Contains(p, "//") {
-		out = append(out, "must not have empty levels ('//')")
-	}
-	return out
 }
 
 // inside reports whether path is dir or lies below it, by whole path segments, also once the

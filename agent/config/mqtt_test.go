@@ -119,7 +119,7 @@ func TestMQTTBroker(t *testing.T) {
 		{"tcp://broker.local:1883", "tcp://broker.local:1883", nil},
 		{"mqtt://broker.local:1883", "tcp://broker.local:1883", nil},
 		{"mqtts://broker.local:8883", "ssl://broker.local:8883", nil},
-		{"tls://10.0.0.1:8883", "tls://10.0.0.1:8883", nil},
+		{"tls://10.0.0.1:8883", "ssl://10.0.0.1:8883", nil}, // paho dials tls:// as ssl://; one spelling for agent, link and ctl
 		{"ws://broker.local:80/mqtt", "ws://broker.local:80/mqtt", nil},
 		{"wss://[fd00::1]:443/mqtt", "wss://[fd00::1]:443/mqtt", nil},
 		{"TCP://broker.local:1883", "tcp://broker.local:1883", nil},

@@ -7,10 +7,10 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/sync/ctlclient"
 
 	"sigs.k8s.io/yaml"
@@ -106,12 +106,10 @@ func (c *CtlCmd) options() (ctlclient.Options, error) {
 		return o, fmt.Errorf("no broker: give --broker URL, or broker: in the --config file")
 	}
 	if pw := pick(c.PasswordFile, f.PasswordFile); pw != "" {
-		data, err := os.ReadFile(pw)
-		if err != nil {
-			// The error names the file, never its content.
+		var err error
+		if o.Password, err = config.ReadPasswordFile(pw); err != nil {
 			return o, fmt.Errorf("read password file: %w", err)
 		}
-		o.Password = strings.TrimRight(string(data), "\r\n")
 		if o.Username == "" {
 			return o, fmt.Errorf("password file %s given without a username", pw)
 		}

@@ -166,12 +166,8 @@ func printReportedPods(out io.Writer, pods []protocol.PodStatus, indexes map[str
 		s := &pods[i]
 		p := reportedPod(s)
 		sum := summarizePod(p)
-		restarts := fmt.Sprint(sum.restarts)
-		if !sum.lastRestart.IsZero() {
-			restarts = fmt.Sprintf("%d (%s ago)", sum.restarts, humanAge(sum.lastRestart, now))
-		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s", s.Namespace, s.Name, s.Node, sum.ready, sum.total, orNone(sum.status),
-			restarts, generationColumn(s, indexes[s.Node]), humanAge(podAgeStart(p), now))
+			sum.restartsColumn(now), generationColumn(s, indexes[s.Node]), humanAge(podAgeStart(p), now))
 		if wide {
 			fmt.Fprintf(tw, "\t%s\t%s", orNone(p.Status.PodIP), orNone(s.Source))
 		}

@@ -63,11 +63,7 @@ func printPodTable(out io.Writer, pods []v1.Pod, wide bool, now time.Time) error
 	for i := range pods {
 		p := &pods[i]
 		s := summarizePod(p)
-		restarts := fmt.Sprint(s.restarts)
-		if !s.lastRestart.IsZero() {
-			restarts = fmt.Sprintf("%d (%s ago)", s.restarts, humanAge(s.lastRestart, now))
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%s\t%s", p.Namespace, p.Name, s.ready, s.total, s.status, restarts, humanAge(podAgeStart(p), now))
+		fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%s\t%s", p.Namespace, p.Name, s.ready, s.total, s.status, s.restartsColumn(now), humanAge(podAgeStart(p), now))
 		if wide {
 			var names, images []string
 			for _, c := range p.Spec.Containers {
@@ -88,6 +84,14 @@ type podSummary struct {
 	status       string
 	restarts     int
 	lastRestart  time.Time // zero when no container has restarted with a known time
+}
+
+// restartsColumn is RESTARTS as kubectl shows it: the count, and how long ago the last one was.
+func (s podSummary) restartsColumn(now time.Time) string {
+	if s.lastRestart.IsZero() {
+		return fmt.Sprint(s.restarts)
+	}
+	return fmt.Sprintf("%d (%s ago)", s.restarts, humanAge(s.lastRestart, now))
 }
 
 // summarizePod computes READY, STATUS and RESTARTS the way kubectl's pod

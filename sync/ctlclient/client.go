@@ -16,13 +16,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/mqlet/mqlet/sync/broker"
 	"github.com/mqlet/mqlet/sync/protocol"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
@@ -81,9 +79,9 @@ func Connect(ctx context.Context, o Options) (*Client, error) {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
 	}
-	broker, isTLS, err := brokerURL(o.Broker)
+	u, err := broker.Parse(o.Broker)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("broker URL %q: %w", broker.Shown(o.Broker), err)
 	}
 	topics, err := protocol.NewTopics(o.TopicPrefix)
 	if err != nil {
@@ -96,8 +94,8 @@ func Connect(ctx context.Context, o Options) (*Client, error) {
 		return nil, fmt.Errorf("connect %s: client id %q: want at most 128 characters and no NUL", o.Broker, o.ClientID)
 	}
 	var tc *tls.Config
-	if isTLS {
-		if tc, err = tlsConfig(o); err != nil {
+	if u.TLS {
+		if tc, err = broker.TLSConfig(o.CAFile, o.CertFile, o.KeyFile); err != nil {
 			return nil, fmt.Errorf("connect %s: %w", o.Broker, err)
 		}
 	} else if o.CAFile != "" || o.CertFile != "" || o.KeyFile != "" {
@@ -117,7 +115,7 @@ func Connect(ctx context.Context, o Options) (*Client, error) {
 	}
 
 	opts := mqtt.NewClientOptions().
-		AddBroker(broker).
+		AddBroker(u.Dial).
 		SetClientID(o.ClientID).
 		SetCleanSession(true).
 		SetAutoReconnect(false).
@@ -203,41 +201,6 @@ func (c *Client) publish(ctx context.Context, topic string, payload []byte, reta
 	return c.wait(ctx, c.mc.Publish(topic, qos, retained, payload), "publish "+topic)
 }
 
-// brokerURL checks the broker URL and turns it into what paho dials.
-func brokerURL(s string) (string, bool, error) {
-	if s == "" {
-		return "", false, errors.New("no broker URL (want e.g. tcp://host:1883 or ssl://host:8883)")
-	}
-	u, err := url.Parse(s)
-	if err != nil {
-		return "", false, fmt.Errorf("broker URL %q: %w", s, err)
-	}
-	var isTLS bool
-	var port string
-	switch u.Scheme {
-	case "tcp", "mqtt":
-		u.Scheme, port = "tcp", "1883"
-	case "ssl", "tls", "mqtts":
-		u.Scheme, port, isTLS = "ssl", "8883", true
-	case "ws":
-	case "wss":
-		isTLS = true
-	default:
-		return "", false, fmt.Errorf("broker URL %q: scheme %q is not one of tcp, ssl, tls, ws, wss, mqtt, mqtts", s, u.Scheme)
-	}
-	if u.Hostname() == "" {
-		return "", false, fmt.Errorf("broker URL %q names no host", s)
-	}
-	if u.User != nil {
-		// A password in the URL would end up in error messages and process listings.
-		return "", false, fmt.Errorf("broker URL %q: put credentials in the username and password options, not in the URL", u.Redacted())
-	}
-	if port != "" && u.Port() == "" {
-		u.Host = net.JoinHostPort(u.Hostname(), port)
-	}
-	return u.String(), isTLS, nil
-}
-
 // markerIdentity names the client's marker topic <prefix>/ctl/<identity>/marker. A broker's ACL
 // grants control-plane identities their marker subtree by user name (`pattern readwrite
 // <prefix>/ctl/%u/#`), and with use_identity_as_username the user name is the client
@@ -262,34 +225,6 @@ func markerIdentity(o Options, tc *tls.Config) (string, error) {
 		return "", fmt.Errorf("%s %q cannot name the marker topic <prefix>/ctl/<identity>/marker: it is empty or holds '/', '+', '#' or NUL", from, id)
 	}
 	return id, nil
-}
-
-// tlsConfig builds the TLS configuration from the files in o (none: the system's roots, no client
-// certificate).
-func tlsConfig(o Options) (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if o.CAFile != "" {
-		pem, err := os.ReadFile(o.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("read CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("CA file %s holds no PEM certificate", o.CAFile)
-		}
-		tc.RootCAs = pool
-	}
-	switch {
-	case o.CertFile != "" && o.KeyFile != "":
-		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("load client certificate %s and key %s: %w", o.CertFile, o.KeyFile, err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	case o.CertFile != "" || o.KeyFile != "":
-		return nil, fmt.Errorf("a client certificate needs both a certificate file and a key file (got cert %q, key %q)", o.CertFile, o.KeyFile)
-	}
-	return tc, nil
 }
 
 func randomHex(n int) string {

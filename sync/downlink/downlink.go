@@ -80,6 +80,7 @@ type Downlink struct {
 	marks    map[string]store.SyncMark
 	refused  map[string]protocol.Refusal
 	index    *protocol.Index // the last index compared against
+	lacking  int             // entries of index whose generation is not taken in yet (missing() lists them)
 	deliver  func(source.Change)
 	attempts int // resends asked in a row without the set converging
 }
@@ -230,10 +231,10 @@ func (d *Downlink) handle(m Message) bool {
 	switch t.Class {
 	case protocol.ClassDesired:
 		d.desired(t, m)
-		return len(d.missing()) > 0
+		return d.lacking > 0
 	case protocol.ClassIndex:
 		d.applyIndex(t, m)
-		return len(d.missing()) > 0
+		return d.lacking > 0
 	}
 	d.refuse(m.Topic, t, 0, fmt.Errorf("topic class %q carries no desired state", t.Class))
 	return false
@@ -327,6 +328,7 @@ func (d *Downlink) applyIndex(t protocol.Topic, m Message) {
 		return
 	}
 	d.index = x
+	d.lacking = len(d.missing())
 	var gone []string
 	for _, key := range slices.Sorted(maps.Keys(d.marks)) {
 		mk := d.marks[key]
@@ -393,6 +395,18 @@ func (d *Downlink) missing() []string {
 
 func (d *Downlink) mark(ms ...store.SyncMark) {
 	for _, mk := range ms {
+		if d.index != nil {
+			// Keep lacking current, so a message costs O(1) and not a walk over the index.
+			if g, listed := d.index.Objects[mk.Key]; listed {
+				was, now := d.marks[mk.Key].Generation < g, mk.Generation < g
+				switch {
+				case was && !now:
+					d.lacking--
+				case !was && now:
+					d.lacking++
+				}
+			}
+		}
 		d.marks[mk.Key] = mk
 	}
 	if err := d.o.Store.PutMarks(ms); err != nil {

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mqlet/mqlet/sync/broker"
+
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
 
@@ -63,24 +65,24 @@ func New(o Options) (*Link, error) {
 	if err := o.validate(); err != nil {
 		return nil, fmt.Errorf("mqtt link: %w", err)
 	}
-	broker, isTLS, err := brokerURL(o.Broker)
+	u, err := broker.Parse(o.Broker)
 	if err != nil {
-		return nil, fmt.Errorf("mqtt link: %w", err)
+		return nil, fmt.Errorf("mqtt link: broker URL %q: %w", broker.Shown(o.Broker), err)
 	}
 	l := &Link{
-		broker:   broker,
+		broker:   u.Dial,
 		subs:     map[string]bool{},
 		inbox:    make(chan Message, o.InboxSize),
 		overflow: make(chan struct{}, 1),
 		changed:  make(chan struct{}),
 	}
 	switch {
-	case isTLS:
-		if l.tls, err = tlsConfig(o); err != nil {
-			return nil, fmt.Errorf("mqtt link %s: %w", broker, err)
+	case u.TLS:
+		if l.tls, err = broker.TLSConfig(o.CAFile, o.CertFile, o.KeyFile); err != nil {
+			return nil, fmt.Errorf("mqtt link %s: %w", u.Dial, err)
 		}
 	case o.CAFile != "" || o.CertFile != "" || o.KeyFile != "":
-		return nil, fmt.Errorf("mqtt link %s: TLS files are set but the broker URL's scheme is not ssl, tls, mqtts or wss", broker)
+		return nil, fmt.Errorf("mqtt link %s: TLS files are set but the broker URL's scheme is not ssl, tls, mqtts or wss", u.Dial)
 	}
 	o.Subscriptions = slices.Clone(o.Subscriptions)
 	for _, f := range o.Subscriptions {

@@ -1,14 +1,9 @@
 package link
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
-	"os"
 	"strings"
 	"time"
 )
@@ -98,70 +93,6 @@ func (o Options) withDefaults() Options {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	return o
-}
-
-// brokerURL checks the broker URL and returns it in the form paho dials: mqtt:// and mqtts://
-// spelled tcp:// and ssl://, and a port added to tcp and ssl URLs that lack one. tlsScheme
-// reports whether the scheme is a TLS one.
-func brokerURL(s string) (normalized string, tlsScheme bool, err error) {
-	if s == "" {
-		return "", false, errors.New("broker URL is empty")
-	}
-	u, err := url.Parse(s)
-	if err != nil {
-		return "", false, fmt.Errorf("broker URL %q: %w", s, err)
-	}
-	defaultPort := ""
-	switch u.Scheme {
-	case "tcp", "mqtt":
-		u.Scheme, defaultPort = "tcp", "1883"
-	case "ssl", "tls", "mqtts":
-		u.Scheme, defaultPort, tlsScheme = "ssl", "8883", true
-	case "ws":
-	case "wss":
-		tlsScheme = true
-	default:
-		return "", false, fmt.Errorf("broker URL %q: scheme %q is not one of tcp, ssl, tls, ws, wss, mqtt, mqtts", s, u.Scheme)
-	}
-	if u.Hostname() == "" {
-		return "", false, fmt.Errorf("broker URL %q: no host", s)
-	}
-	if defaultPort != "" {
-		if u.Path != "" && u.Path != "/" {
-			return "", false, fmt.Errorf("broker URL %q: a %s URL takes no path", s, u.Scheme)
-		}
-		if u.Port() == "" {
-			u.Host = net.JoinHostPort(u.Hostname(), defaultPort)
-		}
-	}
-	return u.String(), tlsScheme, nil
-}
-
-// tlsConfig builds the TLS configuration from the files in o, each error naming its file.
-func tlsConfig(o Options) (*tls.Config, error) {
-	c := &tls.Config{MinVersion: tls.VersionTLS12}
-	if o.CAFile != "" {
-		pem, err := os.ReadFile(o.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("read CA file: %w", err) // the *PathError names the file
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("CA file %s: no PEM certificate in it", o.CAFile)
-		}
-		c.RootCAs = pool
-	}
-	if (o.CertFile == "") != (o.KeyFile == "") {
-		return nil, fmt.Errorf("client certificate %q and key %q: give both or neither", o.CertFile, o.KeyFile)
-	}
-	if o.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("load client certificate %s with key %s: %w", o.CertFile, o.KeyFile, err)
-		}
-		c.Certificates = []tls.Certificate{cert}
-	}
-	return c, nil
 }
 
 // validFilter reports what is wrong with an MQTT topic filter, or nil.

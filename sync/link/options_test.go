@@ -48,20 +48,3 @@ func TestNewValidates(t *testing.T) {
 		})
 	}
 }
-
-func TestBrokerURL(t *testing.T) {
-	for in, want := range map[string]string{
-		"tcp://h":          "tcp://h:1883",
-		"mqtt://h":         "tcp://h:1883",
-		"mqtts://h":        "ssl://h:8883",
-		"tls://h:1":        "ssl://h:1",
-		"ssl://[::1]":      "ssl://[::1]:8883",
-		"ws://h:8080/mqtt": "ws://h:8080/mqtt",
-		"wss://h/mqtt":     "wss://h/mqtt",
-	} {
-		got, _, err := brokerURL(in)
-		if err != nil || got != want {
-			t.Errorf("brokerURL(%q) = %q, %v; want %q", in, got, err, want)
-		}
-	}
-}

@@ -3,6 +3,7 @@ package protocol
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -59,24 +60,45 @@ func MustTopics(prefix string) Topics {
 	return t
 }
 
-// ValidatePrefix says why prefix cannot be a topic prefix: wildcards would make every node's topic
-// a filter, and empty segments or a trailing '/' make ACL patterns match something else.
+// ValidatePrefix says why prefix cannot be a topic prefix (see PrefixProblems).
 func ValidatePrefix(prefix string) error {
-	switch {
-	case prefix == "":
-		return fmt.Errorf("topic prefix is empty")
-	case len(prefix) > MaxPrefixLen:
-		return fmt.Errorf("topic prefix %q is %d bytes, more than %d", prefix, len(prefix), MaxPrefixLen)
-	case strings.ContainsAny(prefix, "+#\x00"):
-		return fmt.Errorf("topic prefix %q contains a wildcard (+ or #) or NUL", prefix)
-	case strings.HasPrefix(prefix, "/") || strings.HasSuffix(prefix, "/"):
-		return fmt.Errorf("topic prefix %q starts or ends with '/'", prefix)
-	case strings.Contains(prefix, "//"):
-		return fmt.Errorf("topic prefix %q has an empty segment", prefix)
-	case strings.HasPrefix(prefix, "$"):
-		return fmt.Errorf("topic prefix %q starts with '$' (reserved by brokers)", prefix)
+	if p := PrefixProblems(prefix); len(p) > 0 {
+		return fmt.Errorf("topic prefix %q: %s", prefix, strings.Join(p, "; "))
 	}
 	return nil
+}
+
+// PrefixProblems lists why p cannot start every topic of a node: the MQTT rules for topic names
+// (UTF-8, no NUL, no wildcards: a wildcard would make every node's topic a filter) and the ones
+// that keep the ACL pattern <prefix>/nodes/%u/# meaningful (no empty levels, no leading or
+// trailing '/', no broker-reserved '$' topics).
+func PrefixProblems(p string) []string {
+	if p == "" {
+		return []string{"must not be empty"}
+	}
+	var out []string
+	if len(p) > MaxPrefixLen {
+		out = append(out, fmt.Sprintf("is %d bytes, longer than %d", len(p), MaxPrefixLen))
+	}
+	if !utf8.ValidString(p) {
+		out = append(out, "must be valid UTF-8")
+	}
+	if strings.ContainsRune(p, 0) {
+		out = append(out, "must not contain NUL")
+	}
+	if strings.ContainsAny(p, "+#") {
+		out = append(out, "must not contain the MQTT wildcards + and #")
+	}
+	if strings.HasPrefix(p, "$") {
+		out = append(out, "must not start with '$' (brokers reserve such topics, like $SYS)")
+	}
+	if strings.HasPrefix(p, "/") || strings.HasSuffix(p, "/") {
+		out = append(out, "must not start or end with '/'")
+	}
+	if strings.Contains(p, "//") {
+		out = append(out, "must not have empty levels ('//')")
+	}
+	return out
 }
 
 // Prefix is the validated prefix.

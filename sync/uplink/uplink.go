@@ -75,7 +75,7 @@ type Uplink struct {
 	order   []string                     // topics of latest in arrival order
 	events  []store.OutboxEntry
 	dropped uint64              // events dropped in memory, not yet reported
-	sent    map[string][32]byte // digest of the last payload queued per topic: unchanged reports cost nothing
+	sent    map[string][32]byte // digest of the last payload queued per live topic: unchanged reports cost nothing
 	// again holds the last acks and node status: they are queued again on every new connection,
 	// so a broker that lost its retained messages learns what the node runs (a writer needs the
 	// acks to pick generations above the node's) at the cost of two small messages per reconnect.
@@ -163,10 +163,17 @@ func (u *Uplink) PodStatus(d store.DesiredPod, st v1.PodStatus) {
 // cleared) so a reader that was away learns the pod went, and with which generation.
 func (u *Uplink) PodGone(d store.DesiredPod) {
 	p := d.Pod
-	u.queueLatest(u.o.Topics.PodStatus(u.o.Node, p.Namespace, p.Name), &protocol.PodStatus{
+	topic := u.o.Topics.PodStatus(u.o.Node, p.Namespace, p.Name)
+	u.queueLatest(topic, &protocol.PodStatus{
 		Node: u.o.Node, Namespace: p.Namespace, Name: p.Name, UID: p.UID,
 		Source: string(d.Source.Kind), Generation: d.Generation, Deleted: true,
 	})
+	// The gone pod's digest would stay for the agent's lifetime, one per pod name ever run (jobs
+	// with generated names make that unbounded). Forgetting it costs at most a repeated "deleted"
+	// status if PodGone is called twice.
+	u.mu.Lock()
+	delete(u.sent, topic)
+	u.mu.Unlock()
 }
 
 // Emit sends an event.

@@ -3,6 +3,7 @@ package uplink
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -140,6 +141,33 @@ func TestUnchangedStatusIsNotSentAgain(t *testing.T) {
 	waitFor(t, "marker event published", func() bool { return len(l.all()) == 2 })
 	if got := l.all()[1].topic; got != tp.Events("n1") {
 		t.Fatalf("an unchanged status was sent again (second publish on %s)", got)
+	}
+}
+
+// The digest that suppresses unchanged reports goes with the pod: a node running pods with ever
+// new names does not keep one per name forever.
+func TestGonePodForgetsItsDigest(t *testing.T) {
+	st := store.NewMemory()
+	l := &fakeLink{up: make(chan struct{}), lost: make(chan struct{})}
+	u := New(Options{Node: "n1", Topics: tp, Store: st, Link: l})
+	for i := range 100 {
+		p := pod(fmt.Sprintf("job-%d", i))
+		u.PodStatus(p, v1.PodStatus{Phase: v1.PodSucceeded})
+		u.PodGone(p)
+	}
+	u.PodStatus(pod("web"), v1.PodStatus{Phase: v1.PodRunning})
+	u.mu.Lock()
+	n := len(u.sent)
+	u.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d digests kept, want 1 (the live pod's)", n)
+	}
+	// The deleted statuses are still queued: forgetting the digest does not drop the report.
+	u.mu.Lock()
+	e, ok := u.latest[tp.PodStatus("n1", "default", "job-7")]
+	u.mu.Unlock()
+	if !ok || !bytesContain(e.Payload, `"deleted":true`) {
+		t.Errorf("job-7's deleted status is not queued: %s", e.Payload)
 	}
 }
 
