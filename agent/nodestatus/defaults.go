@@ -83,25 +83,7 @@ func DefaultSetters(c Config) []Setter {
 	}
 	setters := []Setter{
 		NodeAddress(c.NodeName, hostIP),
-		MachineInfo(Machine{
-			CPUs: func() (int, error) {
-				info, err := hw.CPU(root)
-				if err != nil || info.Count == 0 {
-					// A cpuinfo without processor lines (some emulators): Go's count of the
-					// CPUs this process may use is the next best.
-					return goruntime.NumCPU(), nil
-				}
-				return info.Count, nil
-			},
-			Memory:         func() (int64, error) { return hw.MemTotal(root) },
-			DiskCapacity:   c.DiskCapacity,
-			Path:           c.StateDir,
-			MaxPods:        c.MaxPods,
-			Extra:          c.Extra,
-			SystemReserved: c.SystemReserved,
-			AgentReserved:  c.AgentReserved,
-			Thresholds:     c.Thresholds,
-		}),
+		MachineInfo(c.Machine()),
 		NodeInfo(c.AgentVersion, runtimeVersion, func() Info {
 			s := hw.ReadSystem(root)
 			return Info{OSImage: s.OSImage, KernelVersion: s.KernelVersion, BootID: s.BootID, MachineID: s.MachineID,
@@ -117,6 +99,32 @@ func DefaultSetters(c Config) []Setter {
 	}
 	setters = append(setters, c.Conditions...)
 	return append(setters, ReadyCondition(ready, c.ShuttingDown, now))
+}
+
+// Machine is what the MachineInfo setter reads: the processors and memory under Root (the CPU
+// count falls back to Go's when cpuinfo lists none), DiskCapacity at StateDir, MaxPods, Extra and
+// the reservations.
+func (c Config) Machine() Machine {
+	root := c.Root
+	return Machine{
+		CPUs: func() (int, error) {
+			info, err := hw.CPU(root)
+			if err != nil || info.Count == 0 {
+				// A cpuinfo without processor lines (some emulators): Go's count of the
+				// CPUs this process may use is the next best.
+				return goruntime.NumCPU(), nil
+			}
+			return info.Count, nil
+		},
+		Memory:         func() (int64, error) { return hw.MemTotal(root) },
+		DiskCapacity:   c.DiskCapacity,
+		Path:           c.StateDir,
+		MaxPods:        c.MaxPods,
+		Extra:          c.Extra,
+		SystemReserved: c.SystemReserved,
+		AgentReserved:  c.AgentReserved,
+		Thresholds:     c.Thresholds,
+	}
 }
 
 // ReadHardware reads the Hardware facts under root with the hw readers.
