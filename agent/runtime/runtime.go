@@ -74,6 +74,8 @@ type Runtime struct {
 	taskStatus func(context.Context, containerd.Task) (containerd.Status, error)
 
 	version string
+
+	imageSizes imageSizes // ListImages' sizes by image digest
 }
 
 // New connects to containerd. The error names the address, because an unreachable containerd is the
