@@ -9,11 +9,6 @@ import (
 	"strings"
 )
 
-// MemoryCapacity is this machine's total memory in bytes (MemTotal of /proc/meminfo).
-func MemoryCapacity() (int64, error) {
-	return MemTotal("/")
-}
-
 // MemTotal is the total memory in bytes that root/proc/meminfo reports (MemTotal), which is what
 // kubelet reports as memory capacity.
 func MemTotal(root string) (int64, error) {

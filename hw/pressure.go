@@ -175,15 +175,29 @@ type PIDStats struct {
 	Available int64
 }
 
-// PIDs reads proc/sys/kernel/pid_max, proc/sys/kernel/threads-max and the task count of
-// proc/loadavg under root (its fourth field is runnable/total; total is what kubelet counts).
+// PIDMax is the most process IDs the kernel hands out, which kubelet counts as the node's "pid"
+// capacity: proc/sys/kernel/pid_max under root, or proc/sys/kernel/threads-max when that is lower.
+func PIDMax(root string) (int64, error) {
+	path := filepath.Join(root, "proc/sys/kernel/pid_max")
+	maxPID, err := sigReadInt(path)
+	if err != nil {
+		return 0, err
+	}
+	if maxPID <= 0 {
+		return 0, fmt.Errorf("%s: %d is not a positive number", path, maxPID)
+	}
+	if threads, err := sigReadInt(filepath.Join(root, "proc/sys/kernel/threads-max")); err == nil && threads > 0 && threads < maxPID {
+		maxPID = threads
+	}
+	return maxPID, nil
+}
+
+// PIDs reads PIDMax and the task count of proc/loadavg under root (its fourth field is
+// runnable/total; total is what kubelet counts).
 func PIDs(root string) (PIDStats, error) {
-	maxPID, err := sigReadInt(filepath.Join(root, "proc/sys/kernel/pid_max"))
+	maxPID, err := PIDMax(root)
 	if err != nil {
 		return PIDStats{}, err
-	}
-	if threads, err := sigReadInt(filepath.Join(root, "proc/sys/kernel/threads-max")); err == nil && threads < maxPID {
-		maxPID = threads
 	}
 	path := filepath.Join(root, "proc/loadavg")
 	b, err := os.ReadFile(path)

@@ -177,6 +177,18 @@ func TestPIDsFixtures(t *testing.T) {
 	}
 }
 
+// PIDMax is the node's pid capacity: pid_max, or threads-max when lower; an error without pid_max.
+func TestPIDMax(t *testing.T) {
+	for tree, want := range map[string]int64{"rpi4": 30185, "x86": 255731} {
+		if got, err := PIDMax(filepath.Join("testdata", tree)); err != nil || got != want {
+			t.Errorf("%s: PIDMax = %d, %v; want %d", tree, got, err, want)
+		}
+	}
+	if _, err := PIDMax(t.TempDir()); err == nil {
+		t.Error("no error without /proc/sys/kernel")
+	}
+}
+
 func TestPressureFixtures(t *testing.T) {
 	for _, tree := range []string{"rpi4", "rpi5", "x86"} {
 		root := filepath.Join("testdata", tree)

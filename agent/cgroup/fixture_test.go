@@ -529,14 +529,3 @@ func TestOOMCounters(t *testing.T) {
 		t.Errorf("v1 oom_kill 2: OOMKilled = %v, %v", got, err)
 	}
 }
-
-func TestPIDCapacity(t *testing.T) {
-	for board, want := range map[string]int64{"rpi4": 29869, "x86": 32768} {
-		if got, err := PIDCapacity(filepath.Join("testdata", board)); err != nil || got != want {
-			t.Errorf("%s: PIDCapacity = %d, %v; want %d", board, got, err, want)
-		}
-	}
-	if _, err := PIDCapacity(t.TempDir()); err == nil {
-		t.Error("no error without /proc/sys/kernel")
-	}
-}

@@ -81,35 +81,20 @@ func DefaultSetters(c Config) []Setter {
 	if list == nil {
 		list = func(context.Context) ([]Image, error) { return nil, nil }
 	}
+	// What cannot change while the agent runs is read once, here: the software identity (a new
+	// kernel or boot id needs a reboot, which restarts the agent) and the board. Only the
+	// temperatures and the throttling flags are read every period.
+	sys := hw.ReadSystem(root)
+	info := Info{OSImage: sys.OSImage, KernelVersion: sys.KernelVersion, BootID: sys.BootID, MachineID: sys.MachineID,
+		OperatingSystem: goruntime.GOOS, Architecture: sys.Arch}
+	fixed, fixedErr := readFixedHardware(root)
 	setters := []Setter{
 		NodeAddress(c.NodeName, hostIP),
-		MachineInfo(Machine{
-			CPUs: func() (int, error) {
-				info, err := hw.CPU(root)
-				if err != nil || info.Count == 0 {
-					// A cpuinfo without processor lines (some emulators): Go's count of the
-					// CPUs this process may use is the next best.
-					return goruntime.NumCPU(), nil
-				}
-				return info.Count, nil
-			},
-			Memory:         func() (int64, error) { return hw.MemTotal(root) },
-			DiskCapacity:   c.DiskCapacity,
-			Path:           c.StateDir,
-			MaxPods:        c.MaxPods,
-			Extra:          c.Extra,
-			SystemReserved: c.SystemReserved,
-			AgentReserved:  c.AgentReserved,
-			Thresholds:     c.Thresholds,
-		}),
-		NodeInfo(c.AgentVersion, runtimeVersion, func() Info {
-			s := hw.ReadSystem(root)
-			return Info{OSImage: s.OSImage, KernelVersion: s.KernelVersion, BootID: s.BootID, MachineID: s.MachineID,
-				OperatingSystem: goruntime.GOOS, Architecture: s.Arch}
-		}),
+		MachineInfo(c.Machine()),
+		NodeInfo(c.AgentVersion, runtimeVersion, func() Info { return info }),
 		Images(c.MaxImages, list),
 		Labels(c.NodeName, goruntime.GOOS, goruntime.GOARCH, c.NodeLabels),
-		HardwareFacts(func() (Hardware, error) { return ReadHardware(root) }),
+		HardwareFacts(func() (Hardware, error) { return readHardwareReadings(root, fixed, fixedErr) }),
 		Taints(c.Taints),
 		PressureCondition(v1.NodeMemoryPressure, c.Pressure, now),
 		PressureCondition(v1.NodeDiskPressure, c.Pressure, now),
@@ -119,18 +104,53 @@ func DefaultSetters(c Config) []Setter {
 	return append(setters, ReadyCondition(ready, c.ShuttingDown, now))
 }
 
+// Machine is what the MachineInfo setter reads: the processors and memory under Root (the CPU
+// count falls back to Go's when cpuinfo lists none), DiskCapacity at StateDir, MaxPods, Extra and
+// the reservations.
+func (c Config) Machine() Machine {
+	root := c.Root
+	return Machine{
+		CPUs: func() (int, error) {
+			info, err := hw.CPU(root)
+			if err != nil || info.Count == 0 {
+				// A cpuinfo without processor lines (some emulators): Go's count of the
+				// CPUs this process may use is the next best.
+				return goruntime.NumCPU(), nil
+			}
+			return info.Count, nil
+		},
+		Memory:         func() (int64, error) { return hw.MemTotal(root) },
+		DiskCapacity:   c.DiskCapacity,
+		Path:           c.StateDir,
+		MaxPods:        c.MaxPods,
+		Extra:          c.Extra,
+		SystemReserved: c.SystemReserved,
+		AgentReserved:  c.AgentReserved,
+		Thresholds:     c.Thresholds,
+	}
+}
+
 // ReadHardware reads the Hardware facts under root with the hw readers.
 func ReadHardware(root string) (Hardware, error) {
-	cpu, cpuErr := hw.CPU(root)
-	h := Hardware{
-		CPUModel:     cpu.Model,
-		Board:        hw.ReadBoard(root, cpu),
-		Machine:      hw.Machine(root),
-		Temperatures: hw.Temperatures(root),
-	}
+	fixed, err := readFixedHardware(root)
+	return readHardwareReadings(root, fixed, err)
+}
+
+// readFixedHardware reads the facts that hold while the machine runs: the processor model, the
+// board and the kernel's machine name.
+func readFixedHardware(root string) (Hardware, error) {
+	cpu, err := hw.CPU(root)
+	return Hardware{CPUModel: cpu.Model, Board: hw.ReadBoard(root, cpu), Machine: hw.Machine(root)}, err
+}
+
+// readHardwareReadings is fixed (and its read error) with the readings that move: the
+// temperatures and the throttling flags.
+func readHardwareReadings(root string, fixed Hardware, fixedErr error) (Hardware, error) {
+	h := fixed
+	h.Temperatures = hw.Temperatures(root)
 	t, ok, err := hw.Throttled(root)
 	if ok {
 		h.Throttling = &t
 	}
-	return h, errors.Join(cpuErr, err)
+	return h, errors.Join(fixedErr, err)
 }

@@ -3,6 +3,7 @@ package nodestatus
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"reflect"
 	goruntime "runtime"
@@ -198,5 +199,46 @@ func TestDefaultSettersOnFixture(t *testing.T) {
 	}
 	if want := []v1.NodeConditionType{v1.NodeMemoryPressure, v1.NodeDiskPressure, v1.NodePIDPressure, v1.NodeReady}; !reflect.DeepEqual(types, want) {
 		t.Errorf("conditions %v, want %v", types, want)
+	}
+}
+
+// DefaultSetters reads the facts that cannot change while the agent runs (os image, kernel, boot
+// and machine id, board) once, when it is built; the temperature is read every period.
+func TestDefaultSettersReadFixedFactsOnce(t *testing.T) {
+	root := t.TempDir()
+	if err := os.CopyFS(root, os.DirFS(fixture("rpi4"))); err != nil {
+		t.Fatal(err)
+	}
+	setters := DefaultSetters(Config{NodeName: "edge-1", Root: root, MaxPods: 110,
+		HostIP: func() string { return "192.168.1.23" }})
+	compute := func() *v1.Node {
+		n := &v1.Node{}
+		n.Name = "edge-1"
+		for _, s := range setters {
+			s(context.Background(), n)
+		}
+		return n
+	}
+	first := compute()
+	write := func(rel, content string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(root, rel), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("etc/os-release", "PRETTY_NAME=\"Debian GNU/Linux 13 (trixie)\"\n")
+	write("proc/sys/kernel/osrelease", "6.12.0\n")
+	write("proc/device-tree/model", "Raspberry Pi 5 Model B Rev 1.0\x00")
+	write("sys/class/thermal/thermal_zone0/temp", "71000\n")
+	second := compute()
+	if second.Status.NodeInfo.OSImage != first.Status.NodeInfo.OSImage || first.Status.NodeInfo.OSImage != "Debian GNU/Linux 12 (bookworm)" ||
+		second.Status.NodeInfo.KernelVersion != "6.6.51+rpt-rpi-v8" {
+		t.Errorf("nodeInfo re-read: first %+v, then %+v", first.Status.NodeInfo, second.Status.NodeInfo)
+	}
+	if got := second.Annotations[AnnotationBoard]; got != "Raspberry Pi 4 Model B Rev 1.4" {
+		t.Errorf("board re-read: %q", got)
+	}
+	if got := second.Annotations[AnnotationTemperature]; got != "cpu-thermal=70C" {
+		t.Errorf("temperature after it rose to 71 °C: %q, want it read again (cpu-thermal=70C)", got)
 	}
 }

@@ -79,42 +79,57 @@ type Machine struct {
 // absent, and Ready then says which is missing); the error names what failed.
 func MachineInfo(m Machine) Setter {
 	return func(_ context.Context, n *v1.Node) error {
-		prev := n.Status.Capacity
-		capacity := v1.ResourceList{v1.ResourcePods: *resource.NewQuantity(m.MaxPods, resource.DecimalSI)}
-		var errs []error
-		keep := func(name v1.ResourceName, err error) {
-			errs = append(errs, fmt.Errorf("%s capacity: %w", name, err))
-			if q, ok := prev[name]; ok {
-				capacity[name] = q
-			}
-		}
-		if c, err := m.CPUs(); err != nil {
-			keep(v1.ResourceCPU, err)
-		} else {
-			capacity[v1.ResourceCPU] = *resource.NewQuantity(int64(c), resource.DecimalSI)
-		}
-		if b, err := m.Memory(); err != nil {
-			keep(v1.ResourceMemory, err)
-		} else {
-			capacity[v1.ResourceMemory] = *resource.NewQuantity(b, resource.BinarySI)
-		}
-		if m.DiskCapacity != nil {
-			if b, err := m.DiskCapacity(m.Path); err != nil {
-				keep(v1.ResourceEphemeralStorage, fmt.Errorf("filesystem of %s: %w", m.Path, err))
-			} else {
-				capacity[v1.ResourceEphemeralStorage] = *resource.NewQuantity(b, resource.BinarySI)
-			}
-		}
-		if m.Extra != nil {
-			for name, q := range m.Extra() {
-				capacity[name] = q.DeepCopy()
-			}
-		}
+		capacity, err := m.capacity(n.Status.Capacity)
 		n.Status.Capacity = capacity
-		n.Status.Allocatable = resources.Allocatable(capacity, m.SystemReserved, m.AgentReserved,
-			eviction.HardReserve(m.Thresholds, capacity))
-		return errors.Join(errs...)
+		n.Status.Allocatable = m.Allocatable(capacity)
+		return err
 	}
+}
+
+// Capacity reads cpu, memory, ephemeral-storage (when DiskCapacity is set), pods and the Extra
+// resources. A resource that cannot be read is absent, and the error names it. Admission and the
+// pods' cgroups size themselves with it before the first node status exists.
+func (m Machine) Capacity() (v1.ResourceList, error) { return m.capacity(nil) }
+
+// capacity is Capacity with prev's value for a resource that cannot be read.
+func (m Machine) capacity(prev v1.ResourceList) (v1.ResourceList, error) {
+	capacity := v1.ResourceList{v1.ResourcePods: *resource.NewQuantity(m.MaxPods, resource.DecimalSI)}
+	var errs []error
+	keep := func(name v1.ResourceName, err error) {
+		errs = append(errs, fmt.Errorf("%s capacity: %w", name, err))
+		if q, ok := prev[name]; ok {
+			capacity[name] = q
+		}
+	}
+	if c, err := m.CPUs(); err != nil {
+		keep(v1.ResourceCPU, err)
+	} else {
+		capacity[v1.ResourceCPU] = *resource.NewQuantity(int64(c), resource.DecimalSI)
+	}
+	if b, err := m.Memory(); err != nil {
+		keep(v1.ResourceMemory, err)
+	} else {
+		capacity[v1.ResourceMemory] = *resource.NewQuantity(b, resource.BinarySI)
+	}
+	if m.DiskCapacity != nil {
+		if b, err := m.DiskCapacity(m.Path); err != nil {
+			keep(v1.ResourceEphemeralStorage, fmt.Errorf("filesystem of %s: %w", m.Path, err))
+		} else {
+			capacity[v1.ResourceEphemeralStorage] = *resource.NewQuantity(b, resource.BinarySI)
+		}
+	}
+	if m.Extra != nil {
+		for name, q := range m.Extra() {
+			capacity[name] = q.DeepCopy()
+		}
+	}
+	return capacity, errors.Join(errs...)
+}
+
+// Allocatable is capacity less SystemReserved, AgentReserved and the hard eviction thresholds,
+// as kubelet computes node allocatable.
+func (m Machine) Allocatable(capacity v1.ResourceList) v1.ResourceList {
+	return resources.Allocatable(capacity, m.SystemReserved, m.AgentReserved, eviction.HardReserve(m.Thresholds, capacity))
 }
 
 // Info is what NodeInfo reads: the machine's software identity (hw.ReadSystem in production).

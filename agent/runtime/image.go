@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -301,20 +302,58 @@ type ImageInfo struct {
 	Created time.Time
 }
 
-// ListImages lists the images in the namespace.
+// ListImages lists the images in the namespace. An image's size is computed through the content
+// store once per digest (see imageSizes).
 func (r *Runtime) ListImages(ctx context.Context) ([]ImageInfo, error) {
 	ctx = r.ctx(ctx)
 	list, err := r.client.ImageService().List(ctx)
 	if err != nil {
 		return nil, err
 	}
+	known := r.imageSizes.get()
+	sizes := make(map[string]int64, len(list))
 	out := make([]ImageInfo, 0, len(list))
 	for _, i := range list {
-		size, _ := i.Size(ctx, r.client.ContentStore(), platforms.Default())
-		out = append(out, ImageInfo{Name: i.Name, Digest: i.Target.Digest.String(), Size: size, Created: i.CreatedAt})
+		d := i.Target.Digest.String()
+		size, ok := sizes[d]
+		if !ok {
+			size, ok = known[d]
+		}
+		if !ok {
+			var err error
+			size, err = i.Size(ctx, r.client.ContentStore(), platforms.Default())
+			ok = err == nil // a size read from incomplete content is not remembered
+		}
+		if ok {
+			sizes[d] = size
+		}
+		out = append(out, ImageInfo{Name: i.Name, Digest: d, Size: size, Created: i.CreatedAt})
 	}
+	r.imageSizes.set(sizes)
 	slices.SortFunc(out, func(a, b ImageInfo) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+// imageSizes remembers the images' sizes by digest from one listing to the next. An image's
+// content is immutable for its digest, and the node status lists the images every period: without
+// it an idle node would read every image's manifests from the content store every 10 s. Each
+// listing replaces the map, so digests of removed images go with it.
+type imageSizes struct {
+	mu    sync.Mutex
+	sizes map[string]int64
+}
+
+// get returns the current map; callers only read it (set replaces it, never changes it).
+func (c *imageSizes) get() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sizes
+}
+
+func (c *imageSizes) set(sizes map[string]int64) {
+	c.mu.Lock()
+	c.sizes = sizes
+	c.mu.Unlock()
 }
 
 // HasImage reports whether an image of that (normalized) name exists.

@@ -74,6 +74,8 @@ type Runtime struct {
 	taskStatus func(context.Context, containerd.Task) (containerd.Status, error)
 
 	version string
+
+	imageSizes imageSizes // ListImages' sizes by image digest
 }
 
 // New connects to containerd. The error names the address, because an unreachable containerd is the
@@ -106,7 +108,7 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 	}
 	r := &Runtime{client: c, opts: o, log: o.Log, pulling: map[string]*pull{}, oomFloor: -1000, swapLimit: swapAccounting(),
 		version: ver.Version}
-	if r.memCapacity, err = hw.MemoryCapacity(); err != nil {
+	if r.memCapacity, err = hw.MemTotal("/"); err != nil {
 		o.Log.Warn("memory capacity unknown; Burstable containers get oom_score_adj 999", "err", err)
 	}
 	floor, restricted, err := oomScoreFloor(addr)

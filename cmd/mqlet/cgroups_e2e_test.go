@@ -104,11 +104,11 @@ func TestPodAndQoSCgroups(t *testing.T) {
 	}
 	base := "/mqlet/" + h.ns
 
-	memCap, err := hw.MemoryCapacity()
+	memCap, err := hw.MemTotal("/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pidCap, err := cgroup.PIDCapacity("/")
+	pidCap, err := hw.PIDMax("/")
 	if err != nil {
 		t.Fatal(err)
 	}

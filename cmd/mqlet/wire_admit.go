@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	goruntime "runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -13,32 +12,21 @@ import (
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/devices"
-	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/agent/resources"
 	"github.com/mqlet/mqlet/agent/shutdown"
-	"github.com/mqlet/mqlet/hw"
 	v1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // interimAllocatable is node allocatable for admission until the node status has been computed
-// (and in --once mode): capacity (CPUs, MemTotal, maxPods, the state dir's file system) minus
-// systemReserved, agentReserved and the hard eviction thresholds, read once, plus the devices.
+// (and in --once mode): the node status's capacity and allocatable (nodeConfig), read once, plus
+// the devices.
 func interimAllocatable(cfg config.Config, devs *devices.Manager, log *slog.Logger) func() v1.ResourceList {
-	capacity := v1.ResourceList{
-		v1.ResourceCPU:  *resource.NewQuantity(int64(goruntime.NumCPU()), resource.DecimalSI),
-		v1.ResourcePods: *resource.NewQuantity(cfg.MaxPods, resource.DecimalSI),
+	m := nodeConfig(cfg).Machine()
+	capacity, err := m.Capacity()
+	if err != nil {
+		log.Warn("node capacity partly unknown; pods' requests of what is missing are not checked at admission", "err", err)
 	}
-	if mem, err := hw.MemoryCapacity(); err == nil {
-		capacity[v1.ResourceMemory] = *resource.NewQuantity(mem, resource.BinarySI)
-	} else {
-		log.Warn("memory capacity unknown; pods' memory requests are not checked at admission", "err", err)
-	}
-	if fs, err := hw.Filesystem(cfg.StateDir); err == nil {
-		capacity[v1.ResourceEphemeralStorage] = *resource.NewQuantity(fs.Capacity, resource.BinarySI)
-	}
-	system, agentRes := cfg.Reservations()
-	alloc := resources.Allocatable(capacity, system, agentRes, eviction.HardReserve(cfg.Thresholds(), capacity))
+	alloc := m.Allocatable(capacity)
 	log.Debug("node allocatable for admission", "allocatable", quantities(alloc))
 	return func() v1.ResourceList {
 		out := alloc.DeepCopy()

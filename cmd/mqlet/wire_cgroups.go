@@ -3,12 +3,10 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	goruntime "runtime"
 
 	"github.com/mqlet/mqlet/agent/cgroup"
 	"github.com/mqlet/mqlet/agent/config"
-	"github.com/mqlet/mqlet/agent/eviction"
-	"github.com/mqlet/mqlet/agent/resources"
+	"github.com/mqlet/mqlet/agent/nodestatus"
 	"github.com/mqlet/mqlet/hw"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -18,7 +16,7 @@ import (
 // (the error names it and the kernel command line that enables it), and makes the QoS hierarchy
 // pods run in, with node allocatable enforced on its top.
 func newCgroupManager(cfg config.Config, log *slog.Logger) (*cgroup.Manager, error) {
-	capacity, err := cgroupCapacity("/")
+	capacity, err := cgroupCapacity(nodeConfig(cfg).Machine(), "/")
 	if err != nil {
 		return nil, err
 	}
@@ -34,18 +32,19 @@ func newCgroupManager(cfg config.Config, log *slog.Logger) (*cgroup.Manager, err
 	return m, nil
 }
 
-// cgroupCapacity is the machine's cpu, memory and pid capacity. The node status will own capacity
-// once it exists; until then the cgroups are sized from the same sources kubelet uses.
-func cgroupCapacity(root string) (v1.ResourceList, error) {
-	mem, err := hw.MemoryCapacity()
-	if err != nil {
-		return nil, fmt.Errorf("memory capacity for node allocatable: %w", err)
+// cgroupCapacity is the machine's cpu and memory capacity as the node status reads it (m), and
+// its pid capacity (read under root), which the node status does not publish.
+func cgroupCapacity(m nodestatus.Machine, root string) (v1.ResourceList, error) {
+	all, err := m.Capacity()
+	mem, ok := all[v1.ResourceMemory]
+	if !ok {
+		return nil, fmt.Errorf("node allocatable: %w", err)
 	}
-	out := v1.ResourceList{
-		v1.ResourceCPU:    *resource.NewMilliQuantity(int64(goruntime.NumCPU())*1000, resource.DecimalSI),
-		v1.ResourceMemory: *resource.NewQuantity(mem, resource.BinarySI),
+	out := v1.ResourceList{v1.ResourceMemory: mem}
+	if cpu, ok := all[v1.ResourceCPU]; ok {
+		out[v1.ResourceCPU] = cpu
 	}
-	if pids, err := cgroup.PIDCapacity(root); err == nil {
+	if pids, err := hw.PIDMax(root); err == nil {
 		out[cgroup.ResourcePID] = *resource.NewQuantity(pids, resource.DecimalSI)
 	}
 	return out, nil
@@ -53,16 +52,17 @@ func cgroupCapacity(root string) (v1.ResourceList, error) {
 
 // podsAllocatable is what all pods together get on the hierarchy's top cgroup. With
 // enforceNodeAllocatable: capacity minus systemReserved, agentReserved and the hard eviction
-// thresholds, with pids.max only when a pid reservation is given. Without: the cpu capacity
-// alone, which sets only the top's weight (kubelet sizes its kubepods cgroup from capacity then).
+// thresholds (as the node status computes allocatable), with pids.max only when a pid reservation
+// is given. Without: the cpu capacity alone, which sets only the top's weight (kubelet sizes its
+// kubepods cgroup from capacity then).
 func podsAllocatable(cfg config.Config, capacity v1.ResourceList) v1.ResourceList {
 	if !cfg.EnforceNodeAllocatable {
 		return v1.ResourceList{v1.ResourceCPU: capacity[v1.ResourceCPU]}
 	}
-	sys, agent := cfg.Reservations()
-	alloc := resources.Allocatable(capacity, sys, agent, eviction.HardReserve(cfg.Thresholds(), capacity))
-	_, sysPID := sys[config.ResourcePID]
-	_, agentPID := agent[config.ResourcePID]
+	m := nodeConfig(cfg).Machine()
+	alloc := m.Allocatable(capacity)
+	_, sysPID := m.SystemReserved[config.ResourcePID]
+	_, agentPID := m.AgentReserved[config.ResourcePID]
 	if !sysPID && !agentPID {
 		delete(alloc, cgroup.ResourcePID)
 	}

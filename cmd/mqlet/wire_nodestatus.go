@@ -61,28 +61,14 @@ func newNodeStatus(cfg config.Config, rt *runtime.Runtime, db *store.DB, log *sl
 	if in.devices != nil {
 		extra = in.devices.Capacity
 	}
-	system, agentReserved := cfg.Reservations()
-	setters := nodestatus.DefaultSetters(nodestatus.Config{
-		NodeName:       cfg.NodeName,
-		AgentVersion:   "mqlet-" + version,
-		Root:           "/",
-		StateDir:       cfg.StateDir,
-		MaxPods:        cfg.MaxPods,
-		MaxImages:      int(cfg.NodeStatusMaxImages),
-		NodeLabels:     cfg.NodeLabels,
-		Taints:         cfg.Taints(),
-		SystemReserved: system,
-		AgentReserved:  agentReserved,
-		Thresholds:     cfg.Thresholds(),
-		HostIP:         hw.HostIP,
-		RuntimeVersion: rt.Version,
-		ListImages:     containerdImages(rt),
-		DiskCapacity:   filesystemSize,
-		Ready:          a.Ready,
-		Pressure:       in.pressure,
-		Extra:          extra,
-		ShuttingDown:   a.ShuttingDown,
-	})
+	c := nodeConfig(cfg)
+	c.RuntimeVersion = rt.Version
+	c.ListImages = containerdImages(rt)
+	c.Ready = a.Ready
+	c.Pressure = in.pressure
+	c.Extra = extra
+	c.ShuttingDown = a.ShuttingDown
+	setters := nodestatus.DefaultSetters(c)
 	m := nodestatus.New(nodestatus.Options{
 		Name:    cfg.NodeName,
 		Setters: setters,
@@ -96,6 +82,27 @@ func newNodeStatus(cfg config.Config, rt *runtime.Runtime, db *store.DB, log *sl
 		Log: log,
 	})
 	return &nodeStatusWiring{m: m}
+}
+
+// nodeConfig is the node status's settings and its hw readers on "/", without the parts that need
+// a running agent or containerd. Its Machine is the one place node capacity and allocatable are
+// computed: the node status, admission's interim allocatable and the pods' cgroups all use it.
+func nodeConfig(cfg config.Config) nodestatus.Config {
+	system, agentReserved := cfg.Reservations()
+	return nodestatus.Config{
+		NodeName:       cfg.NodeName,
+		AgentVersion:   "mqlet-" + version,
+		Root:           "/",
+		StateDir:       cfg.StateDir,
+		MaxPods:        cfg.MaxPods,
+		MaxImages:      int(cfg.NodeStatusMaxImages),
+		NodeLabels:     cfg.NodeLabels,
+		Taints:         cfg.Taints(),
+		SystemReserved: system,
+		AgentReserved:  agentReserved,
+		Thresholds:     cfg.Thresholds(),
+		DiskCapacity:   filesystemSize,
+	}
 }
 
 // start runs the manager until ctx ends; wait returns once it has.

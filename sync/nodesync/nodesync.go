@@ -5,11 +5,8 @@ package nodesync
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/json"
 	"fmt"
 	"log/slog"
-	"sort"
 	"sync"
 	"time"
 
@@ -30,10 +27,6 @@ type Store interface {
 	NextSession() (int64, error)
 }
 
-// DefaultNodeStatusPeriod is how often the node's status is recomputed locally. Recomputing costs
-// no traffic: it is published only when something that matters changed.
-const DefaultNodeStatusPeriod = 10 * time.Second
-
 // Options configure the channel.
 type Options struct {
 	Node   string
@@ -44,9 +37,6 @@ type Options struct {
 	Store      Store
 	MaxPayload int
 	Outbox     store.OutboxLimits
-	// NodeStatus builds the node's status; nil publishes none.
-	NodeStatus       func() *v1.Node
-	NodeStatusPeriod time.Duration
 	// Logs, when set, finds container logs for `mqlet ctl logs` (served over MQTT).
 	Logs    logserve.LogFinder
 	Version string
@@ -85,9 +75,6 @@ func (p logPublisher) Publish(ctx context.Context, topic string, payload []byte)
 func New(o Options) (*Sync, error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
-	}
-	if o.NodeStatusPeriod <= 0 {
-		o.NodeStatusPeriod = DefaultNodeStatusPeriod
 	}
 	if err := protocol.ValidateNodeName(o.Node); err != nil {
 		return nil, err
@@ -135,8 +122,7 @@ func (s *Sync) Source() source.Source { return s.down }
 
 // NodeStatus hands the node's status to the uplink, which publishes it (retained, through the
 // outbox) and repeats it on every new connection. The caller decides what is a real change
-// (nodestatus.Manager hands on only those); it never blocks. An alternative to
-// Options.NodeStatus, which polls.
+// (nodestatus.Manager hands on only those); it never blocks.
 func (s *Sync) NodeStatus(n *v1.Node) { s.up.NodeStatus(n) }
 
 // Reporter is what the agent reports through (pod status, pod gone, events).
@@ -188,7 +174,7 @@ func (s *Sync) resender(ctx context.Context) error {
 	}
 }
 
-// Run runs the link, the uplink, message routing, the node status loop and the logs server until
+// Run runs the link, the uplink, message routing, the resender and the logs server until
 // ctx ends; every goroutine has ended when it returns.
 func (s *Sync) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
@@ -212,9 +198,6 @@ func (s *Sync) Run(ctx context.Context) error {
 	run("uplink", s.up.Run)
 	run("routing", s.route)
 	run("resend", s.resender)
-	if s.o.NodeStatus != nil {
-		run("node status", s.nodeStatusLoop)
-	}
 	if s.logs != nil {
 		run("logs", s.logs.Run)
 	}
@@ -250,48 +233,4 @@ func (s *Sync) route(ctx context.Context) error {
 			}
 		}
 	}
-}
-
-// nodeStatusLoop publishes the node status when something that matters changed.
-func (s *Sync) nodeStatusLoop(ctx context.Context) error {
-	var last [32]byte
-	tick := time.NewTicker(s.o.NodeStatusPeriod)
-	defer tick.Stop()
-	for {
-		if n := s.o.NodeStatus(); n != nil {
-			if fp := Fingerprint(n); fp != last {
-				last = fp
-				s.up.NodeStatus(n)
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		}
-	}
-}
-
-// Fingerprint digests what makes a node status worth publishing: labels, addresses, capacity,
-// allocatable, node info, images and each condition's type, status and reason. Heartbeat and
-// transition times, and usage figures that move all the time, are left out, so an idle node
-// publishes nothing.
-func Fingerprint(n *v1.Node) [32]byte {
-	type cond struct{ Type, Status, Reason string }
-	var conds []cond
-	for _, c := range n.Status.Conditions {
-		conds = append(conds, cond{string(c.Type), string(c.Status), c.Reason})
-	}
-	sort.Slice(conds, func(i, j int) bool { return conds[i].Type < conds[j].Type })
-	b, _ := json.Marshal(struct {
-		Labels      map[string]string
-		Taints      []v1.Taint
-		Addresses   []v1.NodeAddress
-		Capacity    v1.ResourceList
-		Allocatable v1.ResourceList
-		Info        v1.NodeSystemInfo
-		Conditions  []cond
-		Images      []v1.ContainerImage
-	}{n.Labels, n.Spec.Taints, n.Status.Addresses, n.Status.Capacity, n.Status.Allocatable, n.Status.NodeInfo, conds, n.Status.Images})
-	return sha256.Sum256(b)
 }
