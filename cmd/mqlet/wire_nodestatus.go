@@ -39,8 +39,8 @@ func (r *pressureRef) Conditions() map[v1.NodeConditionType]bool {
 // before any status exists.
 func (w *nodeStatusWiring) allocatable(fallback func() v1.ResourceList) v1.ResourceList {
 	if w != nil {
-		if n := w.m.Node(); n != nil && len(n.Status.Allocatable) > 0 {
-			return n.Status.Allocatable
+		if alloc := w.m.Allocatable(); len(alloc) > 0 {
+			return alloc
 		}
 	}
 	return fallback()
