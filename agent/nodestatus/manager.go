@@ -108,8 +108,6 @@ func (m *Manager) Trigger() {
 	}
 }
 
-// Node returns a copy of the latest computed status (heartbeats fresh, whether or not it was a
-// real change), or nil before the first computation.
 // Allocatable is the latest status's allocatable (nil before the first computation), copied
 // without the rest of the node: admission reads it for every new pod.
 func (m *Manager) Allocatable() v1.ResourceList {
@@ -121,6 +119,8 @@ func (m *Manager) Allocatable() v1.ResourceList {
 	return m.latest.Status.Allocatable.DeepCopy()
 }
 
+// Node returns a copy of the latest computed status (heartbeats fresh, whether or not it was a
+// real change), or nil before the first computation.
 func (m *Manager) Node() *v1.Node {
 	m.mu.Lock()
 	defer m.mu.Unlock()
