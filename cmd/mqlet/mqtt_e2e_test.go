@@ -241,7 +241,7 @@ func TestMQTTKill9WithFullOutboxEveryFinalStatusArrives(t *testing.T) {
 	}
 	goneTopic := topics.PodStatus(e2eNode, "default", "gone")
 	waitFor(t, "gone removed", func() bool { _, err := h.getPod("gone"); return err != nil })
-	// The uplink writes the outbox a moment after the pod is removed (its debug log "writing to
+	// The uplink writes the outbox a moment after the pod is removed (its debug log "wrote to
 	// the outbox" names the topics): kill only once the gone report was written there.
 	waitFor(t, "gone's last report written to the outbox", func() bool {
 		log := h.agentLog.String()

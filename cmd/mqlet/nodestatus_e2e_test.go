@@ -22,7 +22,7 @@ import (
 // lines as positive signals (N computations happened) before they check that nothing was written.
 var (
 	computedLine = regexp.MustCompile(`msg="node status computed" seq=(\d+) ready=(\w+) settling=\w+ changed=(\w+) stored=(\w+)`)
-	outboxLine   = regexp.MustCompile(`msg="uplink: writing to the outbox" topics="?\[([^\]]*)\]`)
+	outboxLine   = regexp.MustCompile(`msg="uplink: wrote to the outbox" topics="?\[([^\]]*)\]`)
 )
 
 // computations returns the last computation's sequence number and how many were stored.

@@ -260,14 +260,17 @@ func (u *Uplink) flush(reported *uint64) {
 	if len(entries) == 0 {
 		return
 	}
-	if u.o.Log.Enabled(context.Background(), slog.LevelDebug) {
-		topics := make([]string, len(entries))
-		for i, e := range entries {
-			topics[i] = e.Topic
+	if _, err := u.o.Store.OutboxPut(entries, u.o.Limits); err == nil {
+		// Logged after the commit, so a reader of the log (and the kill -9 tests) knows the
+		// entries are on disk, not merely on their way.
+		if u.o.Log.Enabled(context.Background(), slog.LevelDebug) {
+			topics := make([]string, len(entries))
+			for i, e := range entries {
+				topics[i] = e.Topic
+			}
+			u.o.Log.Debug("uplink: wrote to the outbox", "topics", topics)
 		}
-		u.o.Log.Debug("uplink: writing to the outbox", "topics", topics)
-	}
-	if _, err := u.o.Store.OutboxPut(entries, u.o.Limits); err != nil {
+	} else {
 		u.o.Log.Error("uplink: outbox put", "entries", len(entries), "err", err)
 		// Forget what was queued, so the next report of these objects is written even if equal.
 		u.mu.Lock()
