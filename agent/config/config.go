@@ -93,6 +93,20 @@ type Config struct {
 
 	// MetricsAddress serves /metrics, /healthz and /readyz over TCP too; empty: the API socket only.
 	MetricsAddress string `json:"metricsAddress"`
+
+	// Pod networking through CNI, and pod DNS (see pods.go).
+	CNIConfDir    string   `json:"cniConfDir"`
+	CNIBinDirs    []string `json:"cniBinDirs"`
+	PodCIDR       string   `json:"podCIDR"`
+	ClusterDNS    []string `json:"clusterDNS"`
+	ClusterDomain string   `json:"clusterDomain"`
+	ResolvConf    string   `json:"resolvConf"`
+
+	// Pod semantics: container log rotation, sysctls, node-wide registry credentials.
+	ContainerLogMaxSize  string   `json:"containerLogMaxSize"`
+	ContainerLogMaxFiles int64    `json:"containerLogMaxFiles"`
+	AllowedUnsafeSysctls []string `json:"allowedUnsafeSysctls"`
+	RegistryAuthFile     string   `json:"registryAuthFile"`
 }
 
 // MQTTPolicy is the config file's mqttPolicy mapping; see admission.Policy for what each allows.
@@ -150,6 +164,15 @@ func Defaults() Config {
 		ShutdownGracePeriod:             Duration{30 * time.Second},
 		ShutdownGracePeriodCriticalPods: Duration{10 * time.Second},
 		ShutdownSignal:                  "SIGPWR",
+
+		CNIConfDir:    "/etc/cni/net.d",
+		CNIBinDirs:    []string{"/opt/cni/bin", "/usr/lib/cni"},
+		PodCIDR:       "10.89.0.0/24",
+		ClusterDomain: "cluster.local",
+		ResolvConf:    "/etc/resolv.conf",
+
+		ContainerLogMaxSize:  "10Mi",
+		ContainerLogMaxFiles: 5,
 	}
 }
 
@@ -190,6 +213,14 @@ func Vars() map[string]string {
 		"shutdown_grace_period":               d.ShutdownGracePeriod.String(),
 		"shutdown_grace_period_critical":      d.ShutdownGracePeriodCriticalPods.String(),
 		"shutdown_signal":                     d.ShutdownSignal,
+
+		"cni_conf_dir":            d.CNIConfDir,
+		"cni_bin_dirs":            strings.Join(d.CNIBinDirs, ","),
+		"pod_cidr":                d.PodCIDR,
+		"cluster_domain":          d.ClusterDomain,
+		"resolv_conf":             d.ResolvConf,
+		"container_log_max_size":  d.ContainerLogMaxSize,
+		"container_log_max_files": strconv.FormatInt(d.ContainerLogMaxFiles, 10),
 	}
 }
 

@@ -105,6 +105,13 @@ func TestDefaults(t *testing.T) {
 		ShutdownGracePeriod:              Duration{30 * time.Second},
 		ShutdownGracePeriodCriticalPods:  Duration{10 * time.Second},
 		ShutdownSignal:                   "SIGPWR",
+		CNIConfDir:                       "/etc/cni/net.d",
+		CNIBinDirs:                       []string{"/opt/cni/bin", "/usr/lib/cni"},
+		PodCIDR:                          "10.89.0.0/24",
+		ClusterDomain:                    "cluster.local",
+		ResolvConf:                       "/etc/resolv.conf",
+		ContainerLogMaxSize:              "10Mi",
+		ContainerLogMaxFiles:             5,
 	}
 	if !reflect.DeepEqual(d, want) {
 		t.Errorf("Defaults() = %+v\nwant %+v", d, want)
@@ -187,6 +194,9 @@ func TestFlagsCoverEverySetting(t *testing.T) {
 			"nodeLabels":                  "MQLET_NODE_LABELS",
 			"nodeTaints":                  "MQLET_NODE_TAINTS",
 			"devices":                     "MQLET_DEVICES",
+			"cniBinDirs":                  "MQLET_CNI_BIN_DIRS",
+			"clusterDNS":                  "MQLET_CLUSTER_DNS",
+			"allowedUnsafeSysctls":        "MQLET_ALLOWED_UNSAFE_SYSCTLS",
 		}
 		want := "MQLET_" + strings.ToUpper(strings.ReplaceAll(s.flag, "-", "_"))
 		if p, ok := plural[s.key]; ok {

@@ -81,6 +81,18 @@ type Flags struct {
 
 	MetricsAddress *string `name:"metrics-address" placeholder:"HOST:PORT" help:"Also serve /metrics, /healthz and /readyz over TCP here (default none)."`
 
+	CNIConfDir    *string  `name:"cni-conf-dir" placeholder:"DIR" help:"CNI network configurations; when it holds none, mqlet writes its own bridge network there (default ${cni_conf_dir})."`
+	CNIBinDirs    []string `name:"cni-bin-dir" placeholder:"DIR" help:"Directories searched for CNI plugin binaries, in order; repeatable or comma-separated (default ${cni_bin_dirs})."`
+	PodCIDR       *string  `name:"pod-cidr" placeholder:"CIDR" help:"Pod addresses of the default CNI network mqlet writes (default ${pod_cidr})."`
+	ClusterDNS    []string `name:"cluster-dns" placeholder:"IP" help:"DNS servers of ClusterFirst pods; with none, ClusterFirst falls back to Default as kubelet does; repeatable or comma-separated (default none)."`
+	ClusterDomain *string  `name:"cluster-domain" placeholder:"DOMAIN" help:"Cluster domain for the search list of ClusterFirst pods (default ${cluster_domain})."`
+	ResolvConf    *string  `name:"resolv-conf" placeholder:"FILE" help:"Resolver file that Default-policy pods inherit; empty for none (default ${resolv_conf})."`
+
+	ContainerLogMaxSize  *string  `name:"container-log-max-size" placeholder:"QTY" help:"Size at which a container log file is rotated, e.g. 10Mi (default ${container_log_max_size})."`
+	ContainerLogMaxFiles *int64   `name:"container-log-max-files" placeholder:"N" help:"Log files kept per container, the current one included, at least 2 (default ${container_log_max_files})."`
+	AllowedUnsafeSysctls []string `name:"allowed-unsafe-sysctl" placeholder:"NAME" help:"Sysctl (or prefix ending in *) pods may set beyond the safe set; repeatable or comma-separated (default none)."`
+	RegistryAuthFile     *string  `name:"registry-auth-file" placeholder:"FILE" help:"Node-wide registry credentials, a docker config.json ({\"auths\": ...}), readable by its owner only (default none)."`
+
 	MQTTAllowPrivileged     *bool    `name:"mqtt-allow-privileged" help:"Let pods from MQTT be privileged, escalate privileges or add capabilities beyond the baseline set (default false)."`
 	MQTTAllowHostNamespaces *bool    `name:"mqtt-allow-host-namespaces" help:"Let pods from MQTT use hostNetwork, hostPID and hostIPC (default false)."`
 	MQTTAllowedHostPaths    []string `name:"mqtt-allowed-host-path" placeholder:"DIR" help:"Host directory that pods from MQTT may mount as hostPath, with what lies below it; repeatable or comma-separated (default none)."`
@@ -154,6 +166,16 @@ func settings() []setting {
 		{"shutdownGracePeriodCriticalPods", "shutdown-grace-period-critical-pods", "MQLET_SHUTDOWN_GRACE_PERIOD_CRITICAL_PODS", func(c *Config) any { return &c.ShutdownGracePeriodCriticalPods }},
 		{"shutdownSignal", "shutdown-signal", "MQLET_SHUTDOWN_SIGNAL", func(c *Config) any { return &c.ShutdownSignal }},
 		{"metricsAddress", "metrics-address", "MQLET_METRICS_ADDRESS", func(c *Config) any { return &c.MetricsAddress }},
+		{"cniConfDir", "cni-conf-dir", "MQLET_CNI_CONF_DIR", func(c *Config) any { return &c.CNIConfDir }},
+		{"cniBinDirs", "cni-bin-dir", "MQLET_CNI_BIN_DIRS", func(c *Config) any { return &c.CNIBinDirs }},
+		{"podCIDR", "pod-cidr", "MQLET_POD_CIDR", func(c *Config) any { return &c.PodCIDR }},
+		{"clusterDNS", "cluster-dns", "MQLET_CLUSTER_DNS", func(c *Config) any { return &c.ClusterDNS }},
+		{"clusterDomain", "cluster-domain", "MQLET_CLUSTER_DOMAIN", func(c *Config) any { return &c.ClusterDomain }},
+		{"resolvConf", "resolv-conf", "MQLET_RESOLV_CONF", func(c *Config) any { return &c.ResolvConf }},
+		{"containerLogMaxSize", "container-log-max-size", "MQLET_CONTAINER_LOG_MAX_SIZE", func(c *Config) any { return &c.ContainerLogMaxSize }},
+		{"containerLogMaxFiles", "container-log-max-files", "MQLET_CONTAINER_LOG_MAX_FILES", func(c *Config) any { return &c.ContainerLogMaxFiles }},
+		{"allowedUnsafeSysctls", "allowed-unsafe-sysctl", "MQLET_ALLOWED_UNSAFE_SYSCTLS", func(c *Config) any { return &c.AllowedUnsafeSysctls }},
+		{"registryAuthFile", "registry-auth-file", "MQLET_REGISTRY_AUTH_FILE", func(c *Config) any { return &c.RegistryAuthFile }},
 	}
 }
 
@@ -564,6 +586,16 @@ func applyFlags(c *Config, origin map[string]string, f Flags) (flagErrs []error)
 	dur(&c.ShutdownGracePeriodCriticalPods, f.ShutdownGracePeriodCriticalPods, "shutdownGracePeriodCriticalPods", "shutdown-grace-period-critical-pods")
 	str(&c.ShutdownSignal, f.ShutdownSignal, "shutdownSignal", "shutdown-signal")
 	str(&c.MetricsAddress, f.MetricsAddress, "metricsAddress", "metrics-address")
+	str(&c.CNIConfDir, f.CNIConfDir, "cniConfDir", "cni-conf-dir")
+	list(&c.CNIBinDirs, f.CNIBinDirs, "cniBinDirs", "cni-bin-dir")
+	str(&c.PodCIDR, f.PodCIDR, "podCIDR", "pod-cidr")
+	list(&c.ClusterDNS, f.ClusterDNS, "clusterDNS", "cluster-dns")
+	str(&c.ClusterDomain, f.ClusterDomain, "clusterDomain", "cluster-domain")
+	str(&c.ResolvConf, f.ResolvConf, "resolvConf", "resolv-conf")
+	str(&c.ContainerLogMaxSize, f.ContainerLogMaxSize, "containerLogMaxSize", "container-log-max-size")
+	num(&c.ContainerLogMaxFiles, f.ContainerLogMaxFiles, "containerLogMaxFiles", "container-log-max-files")
+	list(&c.AllowedUnsafeSysctls, f.AllowedUnsafeSysctls, "allowedUnsafeSysctls", "allowed-unsafe-sysctl")
+	str(&c.RegistryAuthFile, f.RegistryAuthFile, "registryAuthFile", "registry-auth-file")
 	boolean(&c.MQTTPolicy.AllowPrivileged, f.MQTTAllowPrivileged, "mqttPolicy.allowPrivileged", "mqtt-allow-privileged")
 	boolean(&c.MQTTPolicy.AllowHostNamespaces, f.MQTTAllowHostNamespaces, "mqttPolicy.allowHostNamespaces", "mqtt-allow-host-namespaces")
 	list(&c.MQTTPolicy.AllowedHostPaths, f.MQTTAllowedHostPaths, "mqttPolicy.allowedHostPaths", "mqtt-allowed-host-path")

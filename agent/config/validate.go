@@ -136,6 +136,7 @@ func (c Config) validate() []*FieldError {
 	}
 	c.validateMQTT(bad)
 	c.validatePolicy(bad)
+	c.validatePods(bad)
 	return errs
 }
 
