@@ -37,6 +37,7 @@ type Sandbox struct {
 	Dir          string            // the pod's private directory under the state dir
 	LogDir       string            // <state>/logs/<ns>_<name>_<uid>
 	NetNS        string            // pinned network namespace; "" with hostNetwork
+	PodIPs       []string          // the pod's addresses from CNI, primary first; none with hostNetwork
 	IPCNS        string            // pinned IPC namespace; "" with hostIPC
 	PIDNS        string            // pinned shared PID namespace (shareProcessNamespace); "" otherwise
 	Shm          string            // what is mounted at /dev/shm (the pod's tmpfs, or the host's with hostIPC)
