@@ -44,6 +44,8 @@ type Options struct {
 	// Cgroups puts pods in the QoS cgroup hierarchy with pod-level limits (agent/cgroup.Manager);
 	// nil keeps them at /mqlet/<namespace>/pod<uid> without (unit tests, fake runtimes).
 	Cgroups PodCgroups
+	// DNS is the node's cluster DNS and host resolver file, for the pods' resolv.conf.
+	DNS DNS
 
 	// Devices hands out the host devices pods ask for in resources.limits; nil refuses every
 	// container that asks for an extended resource. Each pod's allocation is recorded in its pod dir

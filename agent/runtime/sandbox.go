@@ -41,7 +41,10 @@ type Sandbox struct {
 	IPCNS        string            // pinned IPC namespace; "" with hostIPC
 	PIDNS        string            // pinned shared PID namespace (shareProcessNamespace); "" otherwise
 	Shm          string            // what is mounted at /dev/shm (the pod's tmpfs, or the host's with hostIPC)
-	HostsFile    string            // the pod's /etc/hosts; "" with hostNetwork (the host's is used)
+	HostsFile    string            // the pod's /etc/hosts (hostNetwork: the host's plus hostAliases)
+	ResolvConf   string            // the pod's /etc/resolv.conf, from its dnsPolicy (see hostsHook)
+	HostnameFile string            // the pod's /etc/hostname
+	Hostname     string            // the pod's hostname (the host's with hostNetwork)
 	CgroupParent string            // cgroup path the pod's containers go below
 	Volumes      map[string]string // emptyDir volume name -> host directory
 
@@ -54,6 +57,7 @@ type Sandbox struct {
 	Created bool
 
 	Devices    devices.Allocation // host devices of the pod's containers (see devicesHook)
+	Warnings   []SandboxWarning   // for the pod's events: what set-up did differently than asked (DNS)
 	devicesErr error              // why the pod has no devices, for its containers that ask for some
 }
 

@@ -274,26 +274,6 @@ func (emptyDirHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
 	return nil
 }
 
-// hostsHook writes the pod's /etc/hosts (hostNetwork pods get the host's).
-type hostsHook struct{ r *Runtime }
-
-func (hostsHook) Name() string { return "hosts file" }
-
-func (hostsHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
-	if pod.Spec.HostNetwork {
-		return nil
-	}
-	path := filepath.Join(sb.Dir, "hosts")
-	content := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", podHostname(pod))
-	if old, err := os.ReadFile(path); err != nil || string(old) != content {
-		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
-			return err
-		}
-	}
-	sb.HostsFile = path
-	return nil
-}
-
 // bootMarkerHook records in the pod dir the boot the sandbox was set up in. A different boot means
 // the sandbox is new even when no namespace says so (hostNetwork pods). A missing marker (a pod dir
 // made by an older mqlet) is trusted as intact: otherwise an upgrade would restart every pod.

@@ -96,8 +96,11 @@ func TestSandboxSetUpListRemove(t *testing.T) {
 	if !isNS(sb.NetNS) || !isNS(sb.IPCNS) {
 		t.Errorf("netns %s / ipcns %s are not pinned namespaces", sb.NetNS, sb.IPCNS)
 	}
-	if b, err := os.ReadFile(sb.HostsFile); err != nil || !strings.Contains(string(b), "\tweb\n") {
+	if b, err := os.ReadFile(sb.HostsFile); err != nil || !strings.Contains(string(b), "127.0.0.1\tlocalhost\n") {
 		t.Errorf("hosts file %s: %q %v", sb.HostsFile, b, err)
+	}
+	if b, err := os.ReadFile(sb.HostnameFile); err != nil || string(b) != "web\n" {
+		t.Errorf("hostname file %s: %q %v", sb.HostnameFile, b, err)
 	}
 	if again, err := r.EnsureSandbox(ctx, pod); err != nil || again.Created {
 		t.Errorf("second EnsureSandbox: created=%v err=%v, want an intact sandbox", again != nil && again.Created, err)

@@ -42,6 +42,12 @@ func SpecHash(pod *v1.Pod, c *v1.Container) string {
 			SharePID         *bool
 		}{pod.Spec.HostPID, pod.Spec.HostIPC, pod.Spec.ShareProcessNamespace})
 	}
+	// The kernel hostname is the FQDN then, so the subdomain shapes the container. Other DNS fields
+	// (dnsPolicy, dnsConfig, hostAliases, a plain subdomain) only change files the sandbox
+	// rewrites in place: the running containers see them without a restart.
+	if fqdn := pod.Spec.SetHostnameAsFQDN; fqdn != nil && *fqdn {
+		enc.Encode(struct{ FQDNSubdomain string }{pod.Spec.Subdomain})
+	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
@@ -100,6 +106,11 @@ func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img contai
 		return nil, err
 	}
 	opts = append(opts, nsOpts...)
+	files, err := podFileMounts(pod, sb, c) // hosts, resolv.conf, hostname (dns.go)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, files)
 
 	mounts, err := volumeMounts(pod, sb, c)
 	if err != nil {
@@ -139,17 +150,14 @@ func namespaceOpts(pod *v1.Pod, sb *Sandbox) ([]oci.SpecOpts, error) {
 	if pod.Spec.HostNetwork {
 		opts = append(opts,
 			oci.WithHostNamespace(specs.NetworkNamespace),
-			oci.WithHostNamespace(specs.UTSNamespace),
-			oci.WithHostHostsFile, oci.WithHostResolvconf)
+			oci.WithHostNamespace(specs.UTSNamespace))
 	} else {
-		if sb.NetNS == "" || sb.HostsFile == "" {
-			return nil, fmt.Errorf("pod %s/%s: the sandbox has no network namespace or hosts file", pod.Namespace, pod.Name)
+		if sb.NetNS == "" || sb.Hostname == "" {
+			return nil, fmt.Errorf("pod %s/%s: the sandbox has no network namespace or hostname", pod.Namespace, pod.Name)
 		}
 		opts = append(opts,
 			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: sb.NetNS}),
-			oci.WithHostname(podHostname(pod)),
-			oci.WithMounts([]specs.Mount{{Destination: "/etc/hosts", Type: "bind", Source: sb.HostsFile, Options: []string{"rbind", "ro"}}}),
-			oci.WithHostResolvconf)
+			oci.WithHostname(sb.Hostname))
 	}
 	if pod.Spec.HostIPC {
 		opts = append(opts, oci.WithHostNamespace(specs.IPCNamespace))
