@@ -229,16 +229,31 @@ func TestCheckFileInput(t *testing.T) {
 	bad := map[string]func(p *v1.Pod) []string{
 		"hostname with a newline": func(p *v1.Pod) []string { p.Spec.Hostname = "web\n1.2.3.4 evil"; return nil },
 		"subdomain":               func(p *v1.Pod) []string { p.Spec.Subdomain = "a b"; return nil },
-		"alias IP":                func(p *v1.Pod) []string { p.Spec.HostAliases = []v1.HostAlias{{IP: "1.2.3.4\n", Hostnames: []string{"x"}}}; return nil },
-		"alias hostname":          func(p *v1.Pod) []string { p.Spec.HostAliases = []v1.HostAlias{{IP: "1.2.3.4", Hostnames: []string{"x\ty"}}}; return nil },
+		"alias IP": func(p *v1.Pod) []string {
+			p.Spec.HostAliases = []v1.HostAlias{{IP: "1.2.3.4\n", Hostnames: []string{"x"}}}
+			return nil
+		},
+		"alias hostname": func(p *v1.Pod) []string {
+			p.Spec.HostAliases = []v1.HostAlias{{IP: "1.2.3.4", Hostnames: []string{"x\ty"}}}
+			return nil
+		},
 		"nameserver": func(p *v1.Pod) []string {
 			p.Spec.DNSConfig = &v1.PodDNSConfig{Nameservers: []string{"1.1.1.1\nsearch evil"}}
 			return nil
 		},
-		"search":  func(p *v1.Pod) []string { p.Spec.DNSConfig = &v1.PodDNSConfig{Searches: []string{"a.example b"}}; return nil },
-		"option":  func(p *v1.Pod) []string { p.Spec.DNSConfig = &v1.PodDNSConfig{Options: []v1.PodDNSConfigOption{{Name: "a#b"}}}; return nil },
-		"pod IP":  func(p *v1.Pod) []string { return []string{"10.0.0.1 x"} },
-		"no name": func(p *v1.Pod) []string { p.Spec.DNSConfig = &v1.PodDNSConfig{Options: []v1.PodDNSConfigOption{{Name: ""}}}; return nil },
+		"search": func(p *v1.Pod) []string {
+			p.Spec.DNSConfig = &v1.PodDNSConfig{Searches: []string{"a.example b"}}
+			return nil
+		},
+		"option": func(p *v1.Pod) []string {
+			p.Spec.DNSConfig = &v1.PodDNSConfig{Options: []v1.PodDNSConfigOption{{Name: "a#b"}}}
+			return nil
+		},
+		"pod IP": func(p *v1.Pod) []string { return []string{"10.0.0.1 x"} },
+		"no name": func(p *v1.Pod) []string {
+			p.Spec.DNSConfig = &v1.PodDNSConfig{Options: []v1.PodDNSConfigOption{{Name: ""}}}
+			return nil
+		},
 	}
 	for what, f := range bad {
 		p := dnsPod(v1.DNSClusterFirst, false, nil)
