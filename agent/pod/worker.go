@@ -285,6 +285,9 @@ func (w *Worker) ensureSandbox(ctx context.Context, pod *v1.Pod, observed []runt
 		return observed, err
 	}
 	w.sb, w.sbPod, w.sbFailures = sb, pod, 0
+	for _, wn := range sb.Warnings { // kubelet's DNS warnings (MissingClusterDNS...)
+		w.emit(pod, event.Warning, wn.Reason, wn.Message)
+	}
 	if !sb.Created || !w.ranBefore(observed) || !w.restartsWithNewSandbox(pod) {
 		return observed, nil
 	}

@@ -8,7 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -323,7 +323,7 @@ func checkFileInput(pod *v1.Pod, podIPs []string) error {
 	token := func(s string) bool {
 		return s != "" && !strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '#' || r == ';' })
 	}
-	ip := func(s string) bool { _, err := netip.ParseAddr(s); return err == nil }
+	ip := func(s string) bool { return net.ParseIP(s) != nil } // no zones: "%..." may hold anything
 	s := &pod.Spec
 	for _, f := range []struct{ name, v string }{{"spec.hostname", s.Hostname}, {"spec.subdomain", s.Subdomain}} {
 		if f.v != "" && len(validation.IsDNS1123Label(f.v)) > 0 {

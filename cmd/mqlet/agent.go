@@ -59,6 +59,7 @@ func (c *AgentCmd) Run() error {
 	rt, err := runtime.New(ctx, runtime.Options{
 		Devices:     devs,
 		Cgroups:     cgroups,
+		DNS:         podDNS(cfg), // wire_dns.go
 		Executable:  exe,
 		Address:     cfg.ContainerdAddress,
 		Namespace:   cfg.ContainerdNamespace,
