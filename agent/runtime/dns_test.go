@@ -309,7 +309,8 @@ func TestPodFileMounts(t *testing.T) {
 	if _, ok := m["/etc/hosts"]; ok {
 		t.Errorf("a container's own /etc/hosts volume is overmounted: %+v", m)
 	}
-	if m["/etc/resolv.conf"].Options[1] != "ro" || m["/etc/hostname"].Options[1] != "ro" {
+	mode := func(m specs.Mount) string { return strings.Join(m.Options, ",") }
+	if mode(m["/etc/resolv.conf"]) != "rbind,ro" || mode(m["/etc/hostname"]) != "rbind,ro" {
 		t.Errorf("readOnlyRootFilesystem: resolv.conf/hostname not read-only: %+v", m)
 	}
 	if _, err := podFileMounts(dnsPod(v1.DNSDefault, false, nil), &Sandbox{}, &v1.Container{}); err == nil {
