@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -100,5 +101,30 @@ func TestAgentMissingClusterDNSEvent(t *testing.T) {
 	h.waitPod("dns-hostnet", "succeeded", succeeded)
 	if got := ev.of("MissingClusterDNS", "dns-hostnet"); len(got) != 0 {
 		t.Errorf("MissingClusterDNS for a hostNetwork pod: %+v", got)
+	}
+}
+
+const dnsLive = `apiVersion: v1
+kind: Pod
+metadata: {name: dns-live}
+spec:
+  hostAliases: [{ip: 10.0.0.5, hostnames: [%s]}]
+  containers:
+  - name: c
+    image: mqlet.test/busybox:1
+    command: ["sh", "-c", "i=0; while [ $i -lt 900 ]; do grep -q cache /etc/hosts && echo SEEN-CACHE && break; i=$((i+1)); sleep 0.1; done; sleep 3600"]
+`
+
+// Editing a pod's hostAliases reaches its running container's /etc/hosts without a restart.
+func TestAgentHostAliasesEditedInPlace(t *testing.T) {
+	h := newHarness(t)
+	h.writeManifest("live.yaml", fmt.Sprintf(dnsLive, "db"))
+	h.startAgent()
+	p := h.waitPod("dns-live", "running", allRunning)
+	id := containerStatus(p, "c").ContainerID
+	h.writeManifest("live.yaml", fmt.Sprintf(dnsLive, "cache"))
+	p = h.waitPod("dns-live", "seeing the new alias", func(p *v1.Pod) bool { return strings.Contains(h.logOf(p, "c"), "SEEN-CACHE") })
+	if cs := containerStatus(p, "c"); cs.ContainerID != id || cs.RestartCount != 0 {
+		t.Errorf("container replaced (%s -> %s, restarts %d) for a hostAliases edit", id, cs.ContainerID, cs.RestartCount)
 	}
 }
