@@ -108,22 +108,27 @@ const dnsLive = `apiVersion: v1
 kind: Pod
 metadata: {name: dns-live}
 spec:
+  terminationGracePeriodSeconds: 1
   hostAliases: [{ip: 10.0.0.5, hostnames: [%s]}]
   containers:
   - name: c
     image: mqlet.test/busybox:1
     command: ["sh", "-c", "i=0; while [ $i -lt 900 ]; do grep -q cache /etc/hosts && echo SEEN-CACHE && break; i=$((i+1)); sleep 0.1; done; sleep 3600"]
-`
+%s`
 
-// Editing a pod's hostAliases reaches its running container's /etc/hosts without a restart.
+// Editing a pod's hostAliases reaches its running container's /etc/hosts without a restart. The
+// edit also adds a container after c: once it runs, the worker has reconciled c against the new
+// spec (containers are reconciled in order), so a c that was going to be recreated would have been.
 func TestAgentHostAliasesEditedInPlace(t *testing.T) {
 	h := newHarness(t)
-	h.writeManifest("live.yaml", fmt.Sprintf(dnsLive, "db"))
+	h.writeManifest("live.yaml", fmt.Sprintf(dnsLive, "db", ""))
 	h.startAgent()
 	p := h.waitPod("dns-live", "running", allRunning)
 	id := containerStatus(p, "c").ContainerID
-	h.writeManifest("live.yaml", fmt.Sprintf(dnsLive, "cache"))
-	p = h.waitPod("dns-live", "seeing the new alias", func(p *v1.Pod) bool { return strings.Contains(h.logOf(p, "c"), "SEEN-CACHE") })
+	h.writeManifest("live.yaml", fmt.Sprintf(dnsLive, "cache", "  - {name: marker, image: mqlet.test/busybox:1, command: [sleep, \"3600\"]}\n"))
+	p = h.waitPod("dns-live", "running the new spec and seeing the new alias", func(p *v1.Pod) bool {
+		return containerStatus(p, "marker").State.Running != nil && strings.Contains(h.logOf(p, "c"), "SEEN-CACHE")
+	})
 	if cs := containerStatus(p, "c"); cs.ContainerID != id || cs.RestartCount != 0 {
 		t.Errorf("container replaced (%s -> %s, restarts %d) for a hostAliases edit", id, cs.ContainerID, cs.RestartCount)
 	}
