@@ -61,7 +61,8 @@ const MaxLength = 253
 
 var (
 	namePattern    = regexp.MustCompile(`^([a-z0-9]([-_a-z0-9]*[a-z0-9])?[./])*[a-z0-9]([-_a-z0-9]*[a-z0-9])?$`)
-	patternPattern = regexp.MustCompile(`^([a-z0-9]([-_a-z0-9]*[a-z0-9])?[./])*([a-z0-9]([-_a-z0-9]*[a-z0-9])?|\*)$`)
+	// A pattern's last segment may end in * after part of a word: kernel.msg*, net.*.
+	patternPattern = regexp.MustCompile(`^([a-z0-9]([-_a-z0-9]*[a-z0-9])?[./])*([a-z0-9][-_a-z0-9]*)?[a-z0-9*]$`)
 )
 
 // ValidName reports whether name is a syntactically valid sysctl name (dot or slash form).
@@ -135,7 +136,7 @@ func NewAllowlist(patterns []string) (*Allowlist, error) {
 	a := &Allowlist{names: map[string]Namespace{}, prefixes: map[string]Namespace{}}
 	for _, p := range patterns {
 		if len(p) > MaxLength || !patternPattern.MatchString(p) {
-			return nil, fmt.Errorf("sysctl pattern %q: not a sysctl name (such as net.core.somaxconn) or a prefix ending in * (such as net.core.*)", p)
+			return nil, fmt.Errorf("sysctl pattern %q: not a sysctl name (such as net.core.somaxconn) or a prefix ending in * (such as net.core.* or kernel.msg*)", p)
 		}
 		n := Normalize(p)
 		if prefix, ok := strings.CutSuffix(n, "*"); ok {
