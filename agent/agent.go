@@ -25,6 +25,7 @@ import (
 	"github.com/mqlet/mqlet/agent/podspec"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/agent/sysctl"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -89,6 +90,8 @@ type Options struct {
 	Report Reporter
 	// MQTTPolicy limits what pods from the MQTT source may ask of the node (admission.Policy).
 	MQTTPolicy admission.Policy
+	// Sysctls pods may set (admission.Admitter.Sysctls); nil: kubelet's safe set alone.
+	Sysctls *sysctl.Allowlist
 	// OnSync, when set, is told how long each pod worker sync took (pod.Env.OnSync): metrics.
 	OnSync func(took time.Duration)
 	// Allocatable is what the node offers pods (capacity minus reservations and hard eviction
@@ -178,7 +181,7 @@ func New(opts Options, rt Runtime, st store.State, sources ...source.Source) *Ag
 	}
 	return &Agent{
 		opts: opts, rt: rt, st: st, sources: sources, log: opts.Log, report: report,
-		admit:    admission.Admitter{NodeName: opts.NodeName, MQTTPolicy: opts.MQTTPolicy},
+		admit:    admission.Admitter{NodeName: opts.NodeName, MQTTPolicy: opts.MQTTPolicy, Sysctls: opts.Sysctls},
 		workers:  map[types.UID]*pod.Worker{},
 		byPrefix: map[string]types.UID{},
 		desired:  map[types.UID]store.DesiredPod{},

@@ -14,6 +14,7 @@ import (
 	"unicode"
 
 	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/agent/sysctl"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -40,6 +41,8 @@ type Admitter struct {
 	NodeName string
 	// MQTTPolicy applies to pods whose Ref.Kind is source.MQTT; the manifest dir is trusted.
 	MQTTPolicy Policy
+	// Sysctls pods may set, from every source (kubelet's rule); nil: the node's safe set alone.
+	Sysctls *sysctl.Allowlist
 }
 
 // Admit returns a defaulted, validated copy of the item's pod with its UID and the config
@@ -55,6 +58,7 @@ func (a Admitter) Admit(it source.Item) (*v1.Pod, error) {
 	pod.Status = v1.PodStatus{}
 	setDefaults(pod, a.NodeName)
 	errs := validatePod(pod)
+	errs = append(errs, validateSecurity(pod, a.Sysctls)...)
 	if pod.UID != "" {
 		errs = append(errs, validateUID(pod.UID)...)
 	}

@@ -3,10 +3,10 @@ package config
 import (
 	"net"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 
+	"github.com/mqlet/mqlet/agent/sysctl"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -27,9 +27,15 @@ func (c Config) LogRotation() (maxBytes int64, maxFiles int) {
 	return q.Value(), int(c.ContainerLogMaxFiles)
 }
 
-// A sysctl name as kubelet's --allowed-unsafe-sysctls takes it: dotted (or slashed) segments,
-// optionally ending in "*" to allow a whole prefix such as net.core.*.
-var sysctlPattern = regexp.MustCompile(`^([a-z0-9]([-_a-z0-9]*[a-z0-9])?[./])*([a-z0-9]([-_a-z0-9]*[a-z0-9])?|\*)$`)
+// SysctlAllowlist is what pods may set on this node: kubelet's safe set for this kernel plus
+// allowedUnsafeSysctls; Load validated them.
+func (c Config) SysctlAllowlist() *sysctl.Allowlist {
+	a, err := sysctl.NodeAllowlist(c.AllowedUnsafeSysctls)
+	if err != nil {
+		a, _ = sysctl.NodeAllowlist(nil) // not reached: Load refuses what NodeAllowlist would
+	}
+	return a
+}
 
 // validatePods checks the CNI, DNS, container log, sysctl and registry credential settings.
 func (c Config) validatePods(bad func(key, value, reason string, args ...any)) {
@@ -80,8 +86,11 @@ func (c Config) validatePods(bad func(key, value, reason string, args ...any)) {
 		bad("containerLogMaxFiles", strconv.FormatInt(c.ContainerLogMaxFiles, 10), "must be at least 2")
 	}
 	for _, s := range c.AllowedUnsafeSysctls {
-		if !sysctlPattern.MatchString(s) {
-			bad("allowedUnsafeSysctls", s, "not a sysctl name (such as net.core.somaxconn) or a prefix ending in * (such as net.core.*)")
+		// A name or prefix as kubelet's --allowed-unsafe-sysctls takes it (net.core.somaxconn,
+		// net.core.*, kernel.msg*), and namespaced: kubelet refuses to start otherwise, since a pod
+		// setting it would change the whole node.
+		if _, err := sysctl.NewAllowlist([]string{s}); err != nil {
+			bad("allowedUnsafeSysctls", s, "%v", err)
 		}
 	}
 	abs("registryAuthFile", c.RegistryAuthFile, true)

@@ -9,7 +9,7 @@ func TestLoadPodSettings(t *testing.T) {
 	c, err := Load(Flags{NodeName: ptr("n1"), PodCIDR: ptr("10.90.0.0/16"),
 		ContainerLogMaxSize: ptr("1Mi"), ContainerLogMaxFiles: ptr(int64(3)),
 		CNIBinDirs: []string{"/a,/b"}},
-		[]string{"MQLET_CLUSTER_DNS=10.96.0.10", "MQLET_ALLOWED_UNSAFE_SYSCTLS=net.core.*,kernel.msgmax"})
+		[]string{"MQLET_CLUSTER_DNS=10.96.0.10", "MQLET_ALLOWED_UNSAFE_SYSCTLS=net.core.*,kernel.msg*"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,6 +42,8 @@ func TestLoadPodSettingErrors(t *testing.T) {
 		{Flags{ContainerLogMaxSize: ptr("1Ki")}, `at least 64Ki`},
 		{Flags{ContainerLogMaxFiles: ptr(int64(1))}, `containerLogMaxFiles`},
 		{Flags{AllowedUnsafeSysctls: []string{"net/*/x!"}}, `not a sysctl name`},
+		{Flags{AllowedUnsafeSysctls: []string{"vm.swappiness"}}, `"vm.swappiness" is not known to be namespaced`},
+		{Flags{AllowedUnsafeSysctls: []string{"kernel.*"}}, `not known to be namespaced`},
 		{Flags{RegistryAuthFile: ptr("auth.json")}, `registryAuthFile`},
 	} {
 		tc.f.NodeName = ptr("n1")

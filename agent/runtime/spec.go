@@ -121,7 +121,11 @@ func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img contai
 	}
 	opts = append(opts, resourceOpts(c, r.swapLimit)...)
 	opts = append(opts, withOOMScoreAdj(r.oomScoreAdj(pod, c)))
-	opts = append(opts, securityOpts(pod, c)...)
+	secOpts, err := r.securityOpts(pod, c, img)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, secOpts...)
 	opts = append(opts, oci.WithCgroup(filepath.Join(sb.CgroupParent, id)))
 	return opts, nil
 }
@@ -347,95 +351,4 @@ func resourceOpts(c *v1.Container, swapLimit bool) []oci.SpecOpts {
 	}
 	opts = append(opts, oci.WithCPUShares(shares))
 	return opts
-}
-
-func securityOpts(pod *v1.Pod, c *v1.Container) []oci.SpecOpts {
-	var opts []oci.SpecOpts
-	psc := pod.Spec.SecurityContext
-	sc := c.SecurityContext
-	uid, gid := (*int64)(nil), (*int64)(nil)
-	if psc != nil {
-		uid, gid = psc.RunAsUser, psc.RunAsGroup
-	}
-	if sc != nil {
-		if sc.RunAsUser != nil {
-			uid = sc.RunAsUser
-		}
-		if sc.RunAsGroup != nil {
-			gid = sc.RunAsGroup
-		}
-	}
-	if uid != nil {
-		opts = append(opts, oci.WithUserID(uint32(*uid)))
-	}
-	if gid != nil {
-		g := uint32(*gid)
-		opts = append(opts, func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
-			// WithUserID and the image config also list the primary group as a supplementary one;
-			// replace it there too, or the process keeps the group runAsGroup meant to take away
-			// (typically root).
-			u := &s.Process.User
-			gids := []uint32{g}
-			for _, x := range u.AdditionalGids {
-				if x != u.GID && x != g {
-					gids = append(gids, x)
-				}
-			}
-			u.GID, u.AdditionalGids = g, gids
-			return nil
-		})
-	}
-	if sc == nil {
-		return append(opts, noNewPrivs(false))
-	}
-	if sc.Privileged != nil && *sc.Privileged {
-		opts = append(opts, oci.WithPrivileged, oci.WithAllDevicesAllowed, oci.WithHostDevices)
-	}
-	if sc.Capabilities != nil {
-		opts = append(opts, capabilityOpts(sc.Capabilities)...)
-	}
-	if sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem {
-		opts = append(opts, oci.WithRootFSReadonly())
-	}
-	// Kubernetes allows privilege escalation unless told otherwise; containerd's default spec does not.
-	return append(opts, noNewPrivs(sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation))
-}
-
-func noNewPrivs(v bool) oci.SpecOpts {
-	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
-		s.Process.NoNewPrivileges = v
-		return nil
-	}
-}
-
-// capabilityOpts applies add/drop the way CRI does: "ALL" is not a capability containerd knows, so
-// add ALL starts from every known capability and drop ALL from none, before the named ones.
-func capabilityOpts(c *v1.Capabilities) []oci.SpecOpts {
-	add, drop := capNames(c.Add), capNames(c.Drop)
-	var opts []oci.SpecOpts
-	if slices.Contains(add, "ALL") {
-		opts = append(opts, oci.WithAllKnownCapabilities)
-	}
-	if slices.Contains(drop, "ALL") {
-		opts = append(opts, oci.WithCapabilities(nil))
-	}
-	add = slices.DeleteFunc(add, func(n string) bool { return n == "ALL" })
-	drop = slices.DeleteFunc(drop, func(n string) bool { return n == "ALL" })
-	return append(opts, oci.WithAddedCapabilities(add), oci.WithDroppedCapabilities(drop))
-}
-
-func capNames(cs []v1.Capability) []string {
-	out := make([]string, 0, len(cs))
-	for _, c := range cs {
-		n := strings.ToUpper(string(c))
-		if n == "ALL" {
-			out = append(out, "ALL")
-			continue
-		}
-		if !strings.HasPrefix(n, "CAP_") {
-			n = "CAP_" + n
-		}
-		out = append(out, n)
-	}
-	return out
 }

@@ -206,7 +206,7 @@ func TestSecurityOpts(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := &v1.Pod{Spec: v1.PodSpec{SecurityContext: tt.pod}}
-			s := applyOpts(t, securityOpts(pod, &v1.Container{Name: "app", SecurityContext: tt.ctr}))
+			s := applyOpts(t, mustSecurityOpts(t, pod, &v1.Container{Name: "app", SecurityContext: tt.ctr}))
 			u := s.Process.User
 			if u.UID != tt.uid || u.GID != tt.gid {
 				t.Errorf("user = %d:%d, want %d:%d", u.UID, u.GID, tt.uid, tt.gid)
@@ -229,7 +229,7 @@ func TestSecurityOptsCapabilitiesAndReadOnly(t *testing.T) {
 		Capabilities:           &v1.Capabilities{Add: []v1.Capability{"NET_ADMIN"}, Drop: []v1.Capability{"chown"}},
 		ReadOnlyRootFilesystem: ptr(true),
 	}
-	s := applyOpts(t, securityOpts(&v1.Pod{}, &v1.Container{Name: "app", SecurityContext: sc}))
+	s := applyOpts(t, mustSecurityOpts(t, &v1.Pod{}, &v1.Container{Name: "app", SecurityContext: sc}))
 	if !s.Root.Readonly {
 		t.Error("root filesystem writable, want read-only")
 	}

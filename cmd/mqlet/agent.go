@@ -116,6 +116,7 @@ func (c *AgentCmd) Run() error {
 		TrimMemory: os.Getenv("GOMEMLIMIT") == "" && os.Getenv("GOGC") == "",
 		Report:     report,
 		MQTTPolicy: cfg.AdmissionPolicy(),
+		Sysctls:    cfg.SysctlAllowlist(),
 		OnSync:     m.ObserveSync,
 		// What the node status publishes, once computed; until then the same figures read once.
 		Allocatable: func() v1.ResourceList { return nodeStatus.allocatable(interim) },

@@ -10,6 +10,7 @@ import (
 	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/agent/manifest"
 	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/agent/sysctl"
 	"github.com/mqlet/mqlet/sync/ctlclient"
 	"github.com/mqlet/mqlet/sync/protocol"
 
@@ -147,7 +148,8 @@ func ctlObject(d manifest.Document, node string) (any, string, error) {
 		}
 		// The node admits the pod again, under its own policy; this catches what any node would
 		// refuse while the user is still at the keyboard.
-		if _, err := (admission.Admitter{NodeName: node}).Admit(source.Item{Pod: o, Ref: source.Ref{Kind: source.MQTT}}); err != nil {
+		// Every namespaced sysctl passes here: which unsafe ones the node allows is its own setting.
+		if _, err := (admission.Admitter{NodeName: node, Sysctls: sysctl.Namespaced()}).Admit(source.Item{Pod: o, Ref: source.Ref{Kind: source.MQTT}}); err != nil {
 			return nil, "", fmt.Errorf("%s: %w", ref, err)
 		}
 		// A pasted `kubectl get -o yaml` carries a status; what is sent is desired state only.
