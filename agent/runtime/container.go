@@ -110,7 +110,8 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		return Container{}, err
 	}
 	opts = append(opts, devOpts...) // after securityOpts: a privileged container's host devices are replaced, not doubled
-	tmOpts, err := r.terminationMessageOpts(pod, c, restarts) // termination.go; after the volumes it may sit in
+	// termination.go; after the volumes, since the file may sit in one of them
+	tmOpts, err := r.terminationMessageOpts(pod, c, restarts)
 	if err != nil {
 		return Container{}, err
 	}

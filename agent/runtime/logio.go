@@ -64,7 +64,6 @@ type logCopier struct {
 	left  atomic.Int32  // streams still copying
 }
 
-
 func (r *Runtime) logRotation() (int64, int) {
 	size, files := r.opts.LogMaxSize, r.opts.LogMaxFiles
 	if size <= 0 {
