@@ -260,10 +260,10 @@ func TestReadsRawLogsOfOlderMqlet(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "0.log")
 	long := strings.Repeat("r", 100<<10) // longer than the reader's buffer
 	os.WriteFile(path, []byte("one\ntwo words\n"+long+"\nlast"), 0o640)
-	if got := readAll(t, path, ReadOptions{Tail: All}); got != "one\ntwo words\n"+long+"\nlast\n" {
+	if got := readAll(t, path, ReadOptions{Tail: All}); got != "one\ntwo words\n"+long+"\nlast" {
 		t.Errorf("raw log read as %.60q", got)
 	}
-	if got := readAll(t, path, ReadOptions{Tail: 2}); got != long+"\nlast\n" {
+	if got := readAll(t, path, ReadOptions{Tail: 2}); got != long+"\nlast" {
 		t.Errorf("raw tail 2: %.60q", got)
 	}
 }

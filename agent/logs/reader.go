@@ -256,14 +256,21 @@ func (r *reader) readFile(f *os.File) error {
 	}
 }
 
-// endFile treats what is left of the file without a newline as its last record.
+// endFile treats what is left of the file without a newline as its last record. When that is not
+// a CRI record, it goes out as it is, without a newline it never had.
 func (r *reader) endFile() {
-	if len(r.carry) > 0 || r.raw {
-		rec := r.carry
-		r.carry = nil
-		r.record(rec)
+	rec, raw := r.carry, r.raw
+	r.carry, r.raw = nil, false
+	if len(rec) == 0 {
+		return
 	}
-	r.carry, r.raw = r.carry[:0], false
+	if _, err := Parse(rec); err != nil || raw {
+		if raw || r.o.Since.IsZero() {
+			r.out.Write(rec)
+		}
+		return
+	}
+	r.record(rec)
 }
 
 func (r *reader) rawPiece(b []byte) error {
