@@ -254,10 +254,11 @@ func copyFIFO(f *os.File, s *logs.Stream, l *logCopiers) error {
 }
 
 // attachLogs resumes the copy of an adopted container's output (an agent restart). Containers an
-// older mqlet made log straight to their file and have no FIFOs: there is nothing to attach.
+// older mqlet made log straight to their file and have no FIFOs: there is nothing to attach. Only
+// one process may read a container's FIFOs, or each would get some of its lines.
 func (r *Runtime) attachLogs(c *Container) {
-	if c.LogPath == "" {
-		return
+	if c.LogPath == "" || r.opts.StateDir == "" {
+		return // a runtime for CLI commands (no state dir) must not take output from the agent's
 	}
 	r.logIO.mu.Lock()
 	known := r.logIO.closed || r.logIO.m[c.ID] != nil
