@@ -32,6 +32,9 @@ type ReadOptions struct {
 // DefaultPoll is ReadOptions.Poll's default.
 const DefaultPoll = 200 * time.Millisecond
 
+// busyPoll is how soon a followed log that just grew is looked at again.
+const busyPoll = 10 * time.Millisecond
+
 // ErrEnded tells Read, from ReadOptions.Idle, that the followed log has ended.
 var ErrEnded = errors.New("log ended")
 
@@ -61,6 +64,7 @@ type reader struct {
 	in    *bufio.Reader
 	carry []byte // a record whose newline has not been read yet
 	raw   bool   // in the middle of a raw line longer than the read buffer
+	busy  bool   // the log grew since the last wait
 
 	inLine map[string]bool // stream -> its last record was P
 	skip   map[string]bool // stream -> the line going on is dropped (Since)
@@ -116,10 +120,16 @@ func (r *reader) run(ctx context.Context) error {
 				return err
 			}
 		}
+		wait := r.o.Poll
+		if r.busy {
+			// The log grew since the last look: look again soon, so a reader keeps up with a
+			// writer that rotates faster than Poll.
+			wait, r.busy = min(wait, busyPoll), false
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(r.o.Poll):
+		case <-time.After(wait):
 		}
 	}
 }
@@ -237,6 +247,7 @@ func (r *reader) readFile(f *os.File) error {
 	r.in.Reset(f)
 	for {
 		b, err := r.in.ReadSlice('\n')
+		r.busy = r.busy || len(b) > 0
 		switch {
 		case err == nil:
 			if err := r.record(b[:len(b)-1]); err != nil {
