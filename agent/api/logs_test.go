@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -73,4 +74,47 @@ func TestLogReadOptionsRefusesBadParameters(t *testing.T) {
 			t.Errorf("%s: %d %s, want 400 naming %q", q, resp.StatusCode, body[:n], want)
 		}
 	}
+}
+
+// A followed log ends when its container restarts: the log path moves to the next attempt's file.
+func TestFollowEndsWhenTheLogMoves(t *testing.T) {
+	dir := t.TempDir()
+	first := filepath.Join(dir, "0.log")
+	os.WriteFile(first, []byte(time.Now().UTC().Format(time.RFC3339Nano)+" stdout F one\n"), 0o640)
+	p := &movingLogs{path: first}
+	c := NewClient(startServer(t, p))
+	done := make(chan string, 1)
+	go func() {
+		var b bytes.Buffer
+		c.Logs(context.Background(), "default", "web", LogOptions{Follow: true}, &b)
+		done <- b.String()
+	}()
+	time.Sleep(300 * time.Millisecond)
+	p.move(filepath.Join(dir, "1.log"))
+	select {
+	case out := <-done:
+		if out != "one\n" {
+			t.Errorf("followed log = %q", out)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the follow did not end after the log moved")
+	}
+}
+
+type movingLogs struct {
+	fakeProvider
+	mu   sync.Mutex
+	path string
+}
+
+func (m *movingLogs) LogPath(namespace, name, container string, previous bool) (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.path, nil
+}
+
+func (m *movingLogs) move(p string) {
+	m.mu.Lock()
+	m.path = p
+	m.mu.Unlock()
 }

@@ -402,6 +402,9 @@ func writeText(w http.ResponseWriter, code int, msg string) {
 // followPoll is how often a followed log is checked for new output.
 const followPoll = 200 * time.Millisecond
 
+// logRecheckEvery is how many idle polls of a followed log go by between two lookups of its path.
+const logRecheckEvery = 8
+
 // getLog streams a container's log like kubectl logs, with the Kubernetes API's parameters:
 // ?container=, ?previous=true, ?follow=true (until the client goes away), ?tailLines=N,
 // ?sinceSeconds=N or ?sinceTime=RFC3339, ?timestamps=true.
@@ -425,6 +428,16 @@ func (s *Server) getLog(w http.ResponseWriter, r *http.Request) {
 	if _, err := os.Stat(path); err != nil {
 		s.writeJSON(w, http.StatusNotFound, failure(http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("log of pod %s/%s: %v", r.PathValue("ns"), r.PathValue("name"), err)))
 		return
+	}
+	polls := 0
+	o.Idle = func() error {
+		// A restarted container logs to a new file: the followed one has ended.
+		if polls++; polls%logRecheckEvery == 0 {
+			if now, err := lp.LogPath(r.PathValue("ns"), r.PathValue("name"), q.Get("container"), q.Get("previous") == "true"); err != nil || now != path {
+				return logs.ErrEnded
+			}
+		}
+		return nil
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	if err := logs.Read(r.Context(), path, o, w); err != nil && r.Context().Err() == nil {
