@@ -340,6 +340,7 @@ func validateContainer(c *v1.Container, path *field.Path, names map[string]*fiel
 				fmt.Sprintf("must be less than or equal to the %s limit of %s", name, limit.String())))
 		}
 	}
+	errs = append(errs, validateTermination(c, path)...) // termination.go
 	return append(errs, validateExtended(c, res)...)
 }
 

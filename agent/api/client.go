@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -198,6 +199,11 @@ type LogOptions struct {
 	Container string
 	Previous  bool
 	Follow    bool
+	// TailLines, when set, is how many of the last lines to show (0: none, only what follows).
+	TailLines *int64
+	// Since, when positive, shows only lines newer than that (rounded up to whole seconds).
+	Since      time.Duration
+	Timestamps bool
 }
 
 // Logs copies a container's log to w; with Follow it returns only when ctx ends.
@@ -211,6 +217,15 @@ func (c *Client) Logs(ctx context.Context, namespace, name string, o LogOptions,
 	}
 	if o.Follow {
 		q.Set("follow", "true")
+	}
+	if o.TailLines != nil {
+		q.Set("tailLines", strconv.FormatInt(*o.TailLines, 10))
+	}
+	if o.Since > 0 {
+		q.Set("sinceSeconds", strconv.FormatInt(int64((o.Since+time.Second-1)/time.Second), 10))
+	}
+	if o.Timestamps {
+		q.Set("timestamps", "true")
 	}
 	path := "/api/v1/namespaces/" + url.PathEscape(namespace) + "/pods/" + url.PathEscape(name) + "/log?" + q.Encode()
 	hc := c.hc

@@ -9,16 +9,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/logs"
 	"github.com/mqlet/mqlet/agent/source"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -400,8 +402,12 @@ func writeText(w http.ResponseWriter, code int, msg string) {
 // followPoll is how often a followed log is checked for new output.
 const followPoll = 200 * time.Millisecond
 
-// getLog streams a container's log file, like kubectl logs: ?container=, ?previous=true,
-// ?follow=true (until the client goes away).
+// logRecheckEvery is how many idle polls of a followed log go by between two lookups of its path.
+const logRecheckEvery = 8
+
+// getLog streams a container's log like kubectl logs, with the Kubernetes API's parameters:
+// ?container=, ?previous=true, ?follow=true (until the client goes away), ?tailLines=N,
+// ?sinceSeconds=N or ?sinceTime=RFC3339, ?timestamps=true.
 func (s *Server) getLog(w http.ResponseWriter, r *http.Request) {
 	lp, ok := s.p.(LogProvider)
 	if !ok {
@@ -409,35 +415,62 @@ func (s *Server) getLog(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
+	o, err := logReadOptions(q, time.Now())
+	if err != nil {
+		s.writeJSON(w, http.StatusBadRequest, failure(http.StatusBadRequest, metav1.StatusReasonBadRequest, err.Error()))
+		return
+	}
 	path, err := lp.LogPath(r.PathValue("ns"), r.PathValue("name"), q.Get("container"), q.Get("previous") == "true")
 	if err != nil {
 		s.writeJSON(w, http.StatusNotFound, failure(http.StatusNotFound, metav1.StatusReasonNotFound, err.Error()))
 		return
 	}
-	f, err := os.Open(path)
-	if err != nil {
+	if _, err := os.Stat(path); err != nil {
 		s.writeJSON(w, http.StatusNotFound, failure(http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("log of pod %s/%s: %v", r.PathValue("ns"), r.PathValue("name"), err)))
 		return
 	}
-	defer f.Close()
+	polls := 0
+	o.Idle = func() error {
+		// A restarted container logs to a new file: the followed one has ended.
+		if polls++; polls%logRecheckEvery == 0 {
+			if now, err := lp.LogPath(r.PathValue("ns"), r.PathValue("name"), q.Get("container"), q.Get("previous") == "true"); err != nil || now != path {
+				return logs.ErrEnded
+			}
+		}
+		return nil
+	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	if _, err := io.Copy(w, f); err != nil || q.Get("follow") != "true" {
-		return
+	if err := logs.Read(r.Context(), path, o, w); err != nil && r.Context().Err() == nil {
+		s.log.Warn("reading container log", "pod", r.PathValue("ns")+"/"+r.PathValue("name"), "err", err)
 	}
-	flusher, _ := w.(http.Flusher)
-	t := time.NewTicker(followPoll)
-	defer t.Stop()
-	for {
-		if flusher != nil {
-			flusher.Flush()
+}
+
+// logReadOptions reads the log query parameters; a bad one is named in the error.
+func logReadOptions(q url.Values, now time.Time) (logs.ReadOptions, error) {
+	o := logs.ReadOptions{Tail: logs.All, Follow: q.Get("follow") == "true", Timestamps: q.Get("timestamps") == "true", Poll: followPoll}
+	if v := q.Get("tailLines"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return o, fmt.Errorf("tailLines %q: want a number of lines, 0 or more", v)
 		}
-		select {
-		case <-r.Context().Done():
-			return
-		case <-t.C:
-		}
-		if _, err := io.Copy(w, f); err != nil {
-			return
-		}
+		o.Tail = n
 	}
+	sinceSeconds, sinceTime := q.Get("sinceSeconds"), q.Get("sinceTime")
+	switch {
+	case sinceSeconds != "" && sinceTime != "":
+		return o, errors.New("sinceSeconds and sinceTime: give at most one")
+	case sinceSeconds != "":
+		n, err := strconv.ParseInt(sinceSeconds, 10, 64)
+		if err != nil || n <= 0 {
+			return o, fmt.Errorf("sinceSeconds %q: want a number of seconds, 1 or more", sinceSeconds)
+		}
+		o.Since = now.Add(-time.Duration(n) * time.Second)
+	case sinceTime != "":
+		t, err := time.Parse(time.RFC3339, sinceTime)
+		if err != nil {
+			return o, fmt.Errorf("sinceTime %q: want an RFC 3339 time: %v", sinceTime, err)
+		}
+		o.Since = t
+	}
+	return o, nil
 }

@@ -93,6 +93,8 @@ type Worker struct {
 	sb         *runtime.Sandbox // loop-owned: the pod's sandbox, set up for sbPod
 	sbPod      *v1.Pod          // loop-owned: the spec sb was set up for; a new spec sets it up again
 	sbFailures int              // loop-owned: consecutive failed set-ups, for back-off
+
+	exitMsgs map[string]exitMessage // loop-owned: container name -> termination message of its last exit
 }
 
 // NewWorker starts nothing; call Run. prev is the status stored before an agent restart, if any,
@@ -474,6 +476,7 @@ func (w *Worker) noteExit(name string, cur *runtime.Container) *v1.ContainerStat
 	if cur.ExitCode > 128 && cur.ExitCode < 160 {
 		t.Signal = cur.ExitCode - 128
 	}
+	w.addExitMessage(t, name, cur) // termination.go
 	return t
 }
 

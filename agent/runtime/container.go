@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -18,10 +17,10 @@ import (
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
-	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/distribution/reference"
+	"github.com/mqlet/mqlet/agent/logs"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -111,6 +110,12 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		return Container{}, err
 	}
 	opts = append(opts, devOpts...) // after securityOpts: a privileged container's host devices are replaced, not doubled
+	// termination.go; after the volumes, since the file may sit in one of them
+	tmOpts, err := r.terminationMessageOpts(pod, c, restarts)
+	if err != nil {
+		return Container{}, err
+	}
+	opts = append(opts, tmOpts...)
 	logPath, err := r.logPath(pod, c.Name, restarts)
 	if err != nil {
 		return Container{}, &StartError{"CreateContainerConfigError", err}
@@ -157,13 +162,21 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		}
 		return Container{}, &StartError{"CreateContainerError", fmt.Errorf("create container %s: %w", id, err)}
 	}
-	task, err := ctr.NewTask(ctx, cio.LogFile(logPath))
+	ioCreator, releaseIO, err := r.newContainerIO(string(pod.UID), id, logPath) // logio.go
 	if err != nil {
+		ctr.Delete(ctx, containerd.WithSnapshotCleanup)
+		return Container{}, &StartError{"RunContainerError", err}
+	}
+	task, err := ctr.NewTask(ctx, ioCreator)
+	releaseIO()
+	if err != nil {
+		r.releaseContainerIO(ctx, ctr)
 		ctr.Delete(ctx, containerd.WithSnapshotCleanup)
 		return Container{}, &StartError{"RunContainerError", fmt.Errorf("create task %s: %w", id, err)}
 	}
 	if err := task.Start(ctx); err != nil {
 		task.Delete(ctx, containerd.WithProcessKill)
+		r.releaseContainerIO(ctx, ctr)
 		ctr.Delete(ctx, containerd.WithSnapshotCleanup)
 		return Container{}, &StartError{"RunContainerError", fmt.Errorf("start task %s: %w", id, err)}
 	}
@@ -171,7 +184,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 	// container must not fill the disk with one file per restart.
 	if restarts >= 2 {
 		if old, err := r.logPath(pod, c.Name, restarts-2); err == nil {
-			os.Remove(old)
+			logs.Remove(old)
 		}
 	}
 	return Container{
@@ -251,6 +264,7 @@ func (r *Runtime) ListContainers(ctx context.Context, podUID string) ([]Containe
 			LogPath: l[LabelLogPath], CreatedAt: c.CreatedAt, State: StateCreated, Grace: parseGrace(l[LabelGracePeriod]),
 		}
 		if t, ok := byID[c.ID]; ok {
+			r.attachLogs(&ct) // logio.go: after an agent restart, resume copying its output
 			ct.Pid = t.Pid
 			switch t.Status {
 			case tasktypes.Status_RUNNING, tasktypes.Status_PAUSED, tasktypes.Status_PAUSING:
@@ -264,6 +278,9 @@ func (r *Runtime) ListContainers(ctx context.Context, podUID string) ([]Containe
 			}
 		}
 		out = append(out, ct)
+	}
+	if podUID == "" {
+		r.pruneCopiers(ids(out))
 	}
 	return out, nil
 }
@@ -423,6 +440,7 @@ func (r *Runtime) removeByID(ctx context.Context, id string) error {
 		return fmt.Errorf("remove %s: %w", id, err)
 	}
 	r.tidyAfterRemove(ctx, ctr)
+	r.releaseContainerIO(ctx, ctr)
 	return nil
 }
 

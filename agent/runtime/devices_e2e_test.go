@@ -133,7 +133,7 @@ func TestDeviceAllocatedToOnePod(t *testing.T) {
 	a.Spec.Containers[0].Env = []v1.EnvVar{{Name: "DEV", Value: devA}}
 	ca := g.start(a, sbA, &a.Spec.Containers[0])
 	g.waitLog(ca, "done")
-	log, _ := os.ReadFile(ca.LogPath)
+	log, _ := readLog(ca.LogPath)
 	var sees []string
 	for _, l := range strings.Split(string(log), "\n") {
 		if s, ok := strings.CutPrefix(l, "sees="); ok {
@@ -187,7 +187,7 @@ func TestDeviceAllocatedToOnePod(t *testing.T) {
 		t.Errorf("third pod got %s, want %s that pod a freed", got, devA)
 	}
 	g.waitLog(cc, "done")
-	if log, _ := os.ReadFile(cc.LogPath); !strings.Contains(string(log), "sees="+devA+"\n") || !strings.Contains(string(log), "wrote\n") {
+	if log, _ := readLog(cc.LogPath); !strings.Contains(string(log), "sees="+devA+"\n") || !strings.Contains(string(log), "wrote\n") {
 		t.Errorf("third pod's container did not see and write %s; log:\n%s", devA, log)
 	}
 }
@@ -251,7 +251,7 @@ func TestDeviceCgroupRuleOnlyAllocated(t *testing.T) {
 	p.Spec.Containers[0].Command = []string{"sh", "-c", script}
 	c := g.start(p, sb, &p.Spec.Containers[0])
 	g.waitLog(c, "done")
-	log, _ := os.ReadFile(c.LogPath)
+	log, _ := readLog(c.LogPath)
 	for _, want := range []string{"mine-opened", "made", "notmine-refused"} {
 		if !strings.Contains(string(log), want+"\n") {
 			t.Errorf("container did not log %q; log:\n%s", want, log)

@@ -52,6 +52,10 @@ type Options struct {
 	// and given back to the Manager by New, before any new allocation.
 	Devices *devices.Manager
 	Log     *slog.Logger
+	// LogMaxSize and LogMaxFiles rotate container logs (containerLogMaxSize, containerLogMaxFiles);
+	// zero means DefaultLogMaxSize and DefaultLogMaxFiles.
+	LogMaxSize  int64
+	LogMaxFiles int
 	// OnPull, when set, is told of every pull from a registry (one per shared pull), how long it
 	// took and how it ended: metrics.
 	OnPull func(ref string, took time.Duration, err error)
@@ -78,6 +82,8 @@ type Runtime struct {
 	version string
 
 	imageSizes imageSizes // ListImages' sizes by image digest
+
+	logIO logCopiers // copies of container output into their logs (logio.go)
 }
 
 // New connects to containerd. The error names the address, because an unreachable containerd is the
@@ -132,8 +138,12 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 // Version is containerd's version as it answered at connect (for the node's nodeInfo).
 func (r *Runtime) Version() string { return r.version }
 
-// Close releases the client connection; containers keep running.
-func (r *Runtime) Close() error { return r.client.Close() }
+// Close stops copying container output and releases the client connection; containers keep
+// running, and the next Runtime attaches to their output again.
+func (r *Runtime) Close() error {
+	r.closeLogs()
+	return r.client.Close()
+}
 
 func (r *Runtime) ctx(ctx context.Context) context.Context {
 	return namespaces.WithNamespace(ctx, r.opts.Namespace)

@@ -98,7 +98,7 @@ func (g *rig) waitLog(c runtime.Container, want string) {
 	g.t.Helper()
 	deadline := time.Now().Add(waitLimit)
 	for {
-		b, _ := os.ReadFile(c.LogPath)
+		b, _ := readLog(c.LogPath)
 		if strings.Contains(string(b), want) {
 			return
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -80,7 +79,7 @@ func TestStopWithUnreadableStatusSendsSIGTERM(t *testing.T) {
 	runBusybox(t, env, ns, id, logPath, "trap 'echo got-term; exit 0' TERM; echo ready; while true; do sleep 0.1; done")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		b, _ := os.ReadFile(logPath)
+		b, _ := readLog(logPath)
 		if strings.Contains(string(b), "ready") {
 			break
 		}
@@ -102,7 +101,7 @@ func TestStopWithUnreadableStatusSendsSIGTERM(t *testing.T) {
 	if statusCalls == 0 {
 		t.Fatalf("StopContainer never read the task status; the test's failing status was not used")
 	}
-	if b, err := os.ReadFile(logPath); err != nil || !strings.Contains(string(b), "got-term") {
+	if b, err := readLog(logPath); err != nil || !strings.Contains(string(b), "got-term") {
 		t.Errorf("container %s did not see SIGTERM when its status was unreadable (log %q, %v)", id, b, err)
 	}
 }

@@ -56,7 +56,7 @@ func (c *AgentCmd) Run() error {
 	if err != nil {
 		return err
 	}
-	rt, err := runtime.New(ctx, runtime.Options{
+	rt, err := runtime.New(ctx, withLogRotation(cfg, runtime.Options{
 		Devices:     devs,
 		Cgroups:     cgroups,
 		DNS:         podDNS(cfg), // wire_dns.go
@@ -68,7 +68,7 @@ func (c *AgentCmd) Run() error {
 		Registry:    runtime.RegistryOptions{PlainHTTP: cfg.PlainHTTPRegistries, CAFile: cfg.RegistryCAFile},
 		Log:         log,
 		OnPull:      m.ImagePulled,
-	})
+	})) // wire_logs.go
 	if err != nil {
 		return err
 	}

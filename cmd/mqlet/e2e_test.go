@@ -19,6 +19,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/mqlet/mqlet/agent/api"
+	"github.com/mqlet/mqlet/agent/logs"
 	"github.com/mqlet/mqlet/internal/testenv"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
@@ -291,8 +292,9 @@ func (h *harness) logOf(p *v1.Pod, container string) string {
 	if len(files) == 0 {
 		return ""
 	}
-	b, _ := os.ReadFile(files[0])
-	return string(b)
+	var b bytes.Buffer
+	logs.Read(context.Background(), files[0], logs.ReadOptions{Tail: logs.All}, &b) // the file holds CRI records
+	return b.String()
 }
 
 func (h *harness) containerIDs() []string {

@@ -2,21 +2,26 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/mqlet/mqlet/agent/api"
 )
 
 // LogsCmd is `mqlet logs POD`, like kubectl logs.
 type LogsCmd struct {
-	APISocket string `name:"api-socket" default:"${api_socket}" env:"MQLET_API_SOCKET" help:"Unix socket of the agent's local API."`
-	Namespace string `short:"n" default:"default" help:"Namespace of the pod."`
-	Container string `short:"c" help:"Container (may be omitted when the pod has one)."`
-	Previous  bool   `short:"p" help:"The previous attempt's log (after a restart)."`
-	Follow    bool   `short:"f" help:"Keep streaming new output."`
-	Pod       string `arg:"" help:"Pod name (or NAMESPACE/NAME)."`
+	APISocket  string        `name:"api-socket" default:"${api_socket}" env:"MQLET_API_SOCKET" help:"Unix socket of the agent's local API."`
+	Namespace  string        `short:"n" default:"default" help:"Namespace of the pod."`
+	Container  string        `short:"c" help:"Container (may be omitted when the pod has one)."`
+	Previous   bool          `short:"p" help:"The previous attempt's log (after a restart)."`
+	Follow     bool          `short:"f" help:"Keep streaming new output."`
+	Tail       int64         `default:"-1" help:"Only the last N lines (-1: the whole log; 0 with -f: only new lines)."`
+	Since      time.Duration `help:"Only lines newer than this, e.g. 5m or 2h (rounded up to whole seconds)."`
+	Timestamps bool          `help:"Put each line's RFC 3339 timestamp first."`
+	Pod        string        `arg:"" help:"Pod name (or NAMESPACE/NAME)."`
 }
 
 // Run copies the log to stdout.
@@ -25,7 +30,22 @@ func (c *LogsCmd) Run() error {
 	if err != nil {
 		return err
 	}
+	if c.Since < 0 {
+		return fmt.Errorf("--since %s: must not be negative", c.Since)
+	}
+	o := api.LogOptions{Container: c.Container, Previous: c.Previous, Follow: c.Follow, Since: c.Since, Timestamps: c.Timestamps}
+	if c.Tail >= 0 {
+		o.TailLines = &c.Tail
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return api.NewClient(c.APISocket).Logs(ctx, ns, name, api.LogOptions{Container: c.Container, Previous: c.Previous, Follow: c.Follow}, os.Stdout)
+	return api.NewClient(c.APISocket).Logs(ctx, ns, name, o, os.Stdout)
+}
+
+// sinceSeconds is --since as the protocol's whole seconds, rounded up as kubectl does.
+func sinceSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
 }

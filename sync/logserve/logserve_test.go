@@ -280,39 +280,6 @@ func TestTailAndWholeLog(t *testing.T) {
 	}
 }
 
-func TestTailOffset(t *testing.T) {
-	dir := t.TempDir()
-	var long strings.Builder
-	for i := range 20000 { // about 110 KiB: several of tailOffset's blocks
-		fmt.Fprintf(&long, "line %d\n", i)
-	}
-	for _, c := range []struct {
-		content string
-		n       int64
-		want    string
-	}{
-		{"", 3, ""},
-		{"a\nb\nc", 1, "c"},
-		{"a\nb\nc", 2, "b\nc"},
-		{"a\nb\nc\n", 1, "c\n"},
-		{"a\n\n\n", 2, "\n\n"},
-		{long.String(), 2, "line 19998\nline 19999\n"},
-		{long.String(), 20000, long.String()},
-	} {
-		path := filepath.Join(dir, "log")
-		os.WriteFile(path, []byte(c.content), 0o600)
-		f, err := os.Open(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		off, err := tailOffset(f, c.n)
-		f.Close()
-		if err != nil || c.content[off:] != c.want {
-			t.Errorf("tailOffset(%.20q, %d) = %d (%.30q), %v; want %.30q", c.content, c.n, off, c.content[off:], err, c.want)
-		}
-	}
-}
-
 func TestFollowAndCancel(t *testing.T) {
 	r := newRig(t, Options{Poll: 20 * time.Millisecond})
 	path := writeLog(t, r, "web", "")

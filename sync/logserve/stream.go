@@ -1,14 +1,13 @@
 package logserve
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/logs"
 	"github.com/mqlet/mqlet/sync/protocol"
 )
 
@@ -53,157 +52,98 @@ func (s *Server) serve(ctx context.Context, st *stream) {
 		t.finish(ctx, err.Error())
 		return
 	}
-	f, err := os.Open(path)
-	if err != nil {
+	if _, err := os.Stat(path); err != nil {
 		// The path is the node's business; the requester gets what failed without it.
 		log.Warn("logs stream: open log file", "err", err)
 		t.finish(ctx, fmt.Sprintf("%s: cannot open the log file: %v", what, errors.Unwrap(err)))
 		return
 	}
-	defer f.Close()
+	o := logs.ReadOptions{Tail: logs.All, Timestamps: req.Timestamps, Follow: req.Follow, Poll: s.o.Poll}
 	if req.Tail > 0 {
-		off, err := tailOffset(f, req.Tail)
-		if err == nil {
-			_, err = f.Seek(off, io.SeekStart)
-		}
-		if err != nil {
-			log.Warn("logs stream: find the last lines", "err", err)
-			t.finish(ctx, fmt.Sprintf("%s: reading the log file failed", what))
-			return
-		}
+		o.Tail = req.Tail
 	}
-	buf := make([]byte, protocol.MaxLogChunk)
-	// copyNew sends what the file holds past its offset, chunk by chunk.
-	copyNew := func() error {
-		for {
-			n, err := io.ReadFull(f, buf)
-			if n > 0 {
-				if err := t.send(ctx, buf[:n], false, ""); err != nil {
-					return err
-				}
-			}
-			switch {
-			case err == nil:
-			case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
-				return nil
-			default:
-				log.Warn("logs stream: read log file", "err", err)
-				return fmt.Errorf("%s: reading the log file failed", what)
-			}
-		}
+	if req.SinceSeconds > 0 {
+		o.Since = time.Now().Add(-time.Duration(req.SinceSeconds) * time.Second)
 	}
-	// end picks the last chunk's words from why the stream stopped.
-	end := func(err error) {
-		switch cause := context.Cause(ctx); {
-		case errors.Is(cause, errCancelled):
-			t.finish(ctx, "")
-		case ctx.Err() != nil:
-			t.finish(ctx, errStopping.Error())
-		case err != nil:
-			log.Warn("logs stream failed", "err", err)
-			t.finish(ctx, err.Error())
-		default:
-			t.finish(ctx, "")
-		}
-	}
-
-	if err := copyNew(); err != nil || !req.Follow || ctx.Err() != nil {
-		end(err)
-		return
-	}
-	if t.seq == 0 {
-		// Nothing to send yet: an empty first chunk tells the requester the stream is open.
-		if err := t.send(ctx, nil, false, ""); err != nil {
-			end(err)
-			return
-		}
-	}
-
-	tick := time.NewTicker(s.o.Poll)
-	defer tick.Stop()
-	for polls := 1; ; polls++ {
-		select {
-		case <-ctx.Done():
-			end(nil)
-			return
-		case <-tick.C:
-		}
+	polls := 0
+	o.Idle = func() error {
 		if time.Now().UnixNano() > st.deadline.Load() {
-			t.finish(ctx, fmt.Sprintf("stream %s expired: no renew within %s", req.ID, s.o.RenewTimeout))
-			return
+			return errExpired
 		}
-		if err := rewindIfTruncated(f); err != nil {
-			end(fmt.Errorf("%s: %w", what, err))
-			return
-		}
-		if err := copyNew(); err != nil {
-			end(err)
-			return
-		}
-		if polls%recheckEvery == 0 {
+		if polls++; polls%recheckEvery == 0 {
 			// The container restarted (a new log file) or the pod is gone: this log has ended for
-			// good. Send what the old file still got, then end.
-			now, err := s.o.Finder.LogPath(req.Namespace, req.Pod, req.Container, req.Previous)
-			if err != nil || now != path {
-				end(copyNew())
-				return
+			// good once what the old file still got is sent.
+			if now, err := s.o.Finder.LogPath(req.Namespace, req.Pod, req.Container, req.Previous); err != nil || now != path {
+				return logs.ErrEnded
 			}
 		}
+		return nil
+	}
+	cw := &chunkWriter{ctx: ctx, t: t, follow: req.Follow, buf: make([]byte, 0, protocol.MaxLogChunk)}
+	err = logs.Read(ctx, path, o, cw)
+	if err == nil {
+		err = cw.Flush()
+	}
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, errCancelled):
+		t.finish(ctx, "")
+	case ctx.Err() != nil:
+		t.finish(ctx, errStopping.Error())
+	case errors.Is(err, errExpired):
+		t.finish(ctx, fmt.Sprintf("stream %s expired: no renew within %s", req.ID, s.o.RenewTimeout))
+	case err != nil && !cw.sendFailed:
+		log.Warn("logs stream failed", "err", err)
+		t.finish(ctx, fmt.Sprintf("%s: reading the log file failed", what))
+	case err != nil:
+		log.Warn("logs stream failed", "err", err)
+		t.finish(ctx, err.Error())
+	default:
+		t.finish(ctx, "")
 	}
 }
 
-// rewindIfTruncated starts f over when it became shorter than the offset read so far (truncated in
-// place by a log rotation that copies and truncates).
-func rewindIfTruncated(f *os.File) error {
-	off, err := f.Seek(0, io.SeekCurrent)
-	if err != nil {
-		return err
+// errExpired ends a followed stream that got no renew in time.
+var errExpired = errors.New("no renew in time")
+
+// chunkWriter cuts what the log reader writes into chunks of at most protocol.MaxLogChunk bytes,
+// each sent (and acknowledged) before the next. The reader flushes it whenever it has caught up
+// with the log, so a followed log's new lines go out at once.
+type chunkWriter struct {
+	ctx        context.Context
+	t          *sender
+	follow     bool
+	buf        []byte
+	sendFailed bool
+}
+
+func (c *chunkWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		k := copy(c.buf[len(c.buf):cap(c.buf)], p)
+		c.buf, p = c.buf[:len(c.buf)+k], p[k:]
+		if len(c.buf) == cap(c.buf) {
+			if err := c.send(); err != nil {
+				return n - len(p), err
+			}
+		}
 	}
-	fi, err := f.Stat()
-	if err != nil {
-		return err
+	return n, nil
+}
+
+// Flush sends what is gathered. A followed stream's first flush sends a chunk even when empty: it
+// tells the requester that the node is there.
+func (c *chunkWriter) Flush() error {
+	if len(c.buf) == 0 && !(c.follow && c.t.seq == 0) {
+		return nil
 	}
-	if fi.Size() < off {
-		_, err = f.Seek(0, io.SeekStart)
+	return c.send()
+}
+
+func (c *chunkWriter) send() error {
+	err := c.t.send(c.ctx, c.buf, false, "")
+	c.buf = c.buf[:0]
+	if err != nil {
+		c.sendFailed = true
 	}
 	return err
-}
-
-// tailBlock is how much tailOffset reads at a time, from the end backwards.
-const tailBlock = 32 << 10
-
-// tailOffset is the offset where the last n lines of f begin. A last line without a newline counts
-// as a line; a newline at the very end does not start another one.
-func tailOffset(f *os.File, n int64) (int64, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, err
-	}
-	end := fi.Size()
-	if end == 0 {
-		return 0, nil
-	}
-	last := make([]byte, 1)
-	if _, err := f.ReadAt(last, end-1); err != nil {
-		return 0, err
-	}
-	if last[0] == '\n' {
-		end-- // the final newline ends the last line
-	}
-	buf := make([]byte, tailBlock)
-	for pos := end; pos > 0; {
-		size := min(int64(tailBlock), pos)
-		pos -= size
-		b := buf[:size]
-		if _, err := f.ReadAt(b, pos); err != nil {
-			return 0, err
-		}
-		for i := bytes.LastIndexByte(b, '\n'); i >= 0; i = bytes.LastIndexByte(b, '\n') {
-			if n--; n == 0 {
-				return pos + int64(i) + 1, nil
-			}
-			b = b[:i]
-		}
-	}
-	return 0, nil
 }

@@ -248,6 +248,9 @@ func DecodeLogsRequest(payload []byte, max int) (*LogsRequest, error) {
 				return nil, fmt.Errorf("logs request %s: container name %q is invalid: %s", x.ID, x.Container, strings.Join(errs, "; "))
 			}
 		}
+		if x.SinceSeconds < 0 {
+			return nil, fmt.Errorf("logs request %s: sinceSeconds %d must not be negative", x.ID, x.SinceSeconds)
+		}
 	case LogsRenew, LogsCancel:
 	default:
 		return nil, fmt.Errorf("logs request %s: unknown op %q (want open, renew or cancel)", x.ID, x.Op)

@@ -216,6 +216,7 @@ func TestDecodeLogsRequest(t *testing.T) {
 		"path in pod":       {ID: "r1", Op: LogsOpen, Namespace: "default", Pod: "../../etc"},
 		"path in container": {ID: "r1", Op: LogsOpen, Namespace: "default", Pod: "web", Container: "../x"},
 		"bad id":            {ID: "r/1", Op: LogsOpen, Namespace: "default", Pod: "web"},
+		"negative since":    {ID: "r1", Op: LogsOpen, Namespace: "default", Pod: "web", SinceSeconds: -5},
 		"bad op":            {ID: "r1", Op: "exec", Namespace: "default", Pod: "web"},
 	} {
 		if _, err := DecodeLogsRequest(mustEncode(t, x), 0); err == nil {

@@ -228,6 +228,10 @@ type LogsRequest struct {
 	// Tail is the number of last lines to send; 0 or less means the whole log.
 	Tail     int64 `json:"tail,omitempty"`
 	Previous bool  `json:"previous,omitempty"`
+	// SinceSeconds keeps only the lines logged in the last that many seconds; 0 keeps all.
+	SinceSeconds int64 `json:"sinceSeconds,omitempty"`
+	// Timestamps puts each line's RFC 3339 timestamp (nanoseconds) first.
+	Timestamps bool `json:"timestamps,omitempty"`
 }
 
 // LogsChunk is one reply to a LogsRequest. Seq starts at 0 and grows by one per chunk, so the

@@ -1,0 +1,58 @@
+package pod
+
+import (
+	"github.com/mqlet/mqlet/agent/podspec"
+	"github.com/mqlet/mqlet/agent/runtime"
+	v1 "k8s.io/api/core/v1"
+)
+
+// messageReader is implemented by runtimes that keep termination messages (runtime.Runtime).
+type messageReader interface {
+	TerminationMessage(c runtime.Container, spec *v1.Container) string
+}
+
+// maxPodTerminationMessages is kubelet's bound on the termination messages of all of a pod's
+// containers together (MaxPodTerminationMessageLogLength): each container's status gets an even
+// share, its message cut to it.
+const maxPodTerminationMessages = 12 << 10
+
+// exitMessage is the termination message read for one attempt.
+type exitMessage struct {
+	id, msg string
+}
+
+// addExitMessage puts in t what attempt cur of container name left as its termination message. It
+// is read once per attempt: the status is computed at every sync, the file only changes while the
+// container runs.
+func (w *Worker) addExitMessage(t *v1.ContainerStateTerminated, name string, cur *runtime.Container) {
+	mr, ok := w.env.Runtime.(messageReader)
+	if !ok {
+		return
+	}
+	if m, ok := w.exitMsgs[name]; ok && m.id == cur.ID {
+		t.Message = m.msg
+		return
+	}
+	w.mu.Lock()
+	pod := w.pod
+	w.mu.Unlock()
+	var spec *v1.Container
+	for _, c := range podspec.AllContainers(&pod.Spec) {
+		if c.Name == name {
+			spec = &c
+			break
+		}
+	}
+	if spec == nil {
+		return
+	}
+	msg := mr.TerminationMessage(*cur, spec)
+	if share := maxPodTerminationMessages / (len(pod.Spec.Containers) + len(pod.Spec.InitContainers)); len(msg) > share {
+		msg = msg[:share]
+	}
+	if w.exitMsgs == nil {
+		w.exitMsgs = map[string]exitMessage{}
+	}
+	w.exitMsgs[name] = exitMessage{cur.ID, msg}
+	t.Message = msg
+}
