@@ -180,7 +180,7 @@ func TestWorkerActiveDeadlineSurvivesRestart(t *testing.T) {
 	f := newFakeRuntime()
 	f.intact(testUID)
 	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, PodName: "web", PodNamespace: "default", Name: "a",
-		Hash: runtime.SpecHash(testPod(v1.RestartPolicyAlways, "a"), &testPod(v1.RestartPolicyAlways, "a").Spec.Containers[0]),
+		Hash:  runtime.SpecHash(testPod(v1.RestartPolicyAlways, "a"), &testPod(v1.RestartPolicyAlways, "a").Spec.Containers[0]),
 		State: runtime.StateRunning, CreatedAt: time.Now().Add(-time.Hour)})
 	pod := testPod(v1.RestartPolicyAlways, "a")
 	secs := int64(600)
