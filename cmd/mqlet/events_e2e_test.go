@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/api"
+	"github.com/mqlet/mqlet/internal/testenv"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -194,5 +195,42 @@ func TestActiveDeadlineE2E(t *testing.T) {
 	}
 	if tasks := h.tasks(); len(tasks) != 0 {
 		t.Errorf("tasks running after a restart: %v", tasks)
+	}
+}
+
+// A pull from a registry is reported as kubelet reports it: Pulling, then Pulled with how long it
+// took and the image's size, then Created and Started.
+func TestPullEventsE2E(t *testing.T) {
+	h := newHarness(t)
+	ref := h.env.RegistryRef(testenv.RegistryBusybox2)
+	h.writeManifest("pulled.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: pulled}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - {name: main, image: `+ref+`, command: ["sleep", "3600"]}
+`)
+	h.startAgent()
+	h.waitPod("pulled", "running", allRunning)
+	var evs []v1.Event
+	waitFor(t, "Started event of pod pulled", func() bool {
+		var err error
+		evs, err = h.podEvents("pulled")
+		return err == nil && eventOf(evs, "Started") != nil
+	})
+	order := []string{}
+	for _, e := range evs {
+		order = append(order, e.Reason)
+	}
+	if strings.Join(order, ",") != "Pulling,Pulled,Created,Started" {
+		t.Errorf("events in order %v, want Pulling, Pulled, Created, Started", order)
+	}
+	if e := eventOf(evs, "Pulling"); e == nil || e.Message != `Pulling image "`+ref+`"` {
+		t.Errorf("Pulling event = %+v", e)
+	}
+	pulled := regexp.MustCompile(`^Successfully pulled image "` + regexp.QuoteMeta(ref) + `" in \S+ \(\S+ including waiting\)\. Image size: [1-9][0-9]* bytes\.$`)
+	if e := eventOf(evs, "Pulled"); e == nil || !pulled.MatchString(e.Message) {
+		t.Errorf("Pulled event = %+v", e)
 	}
 }
