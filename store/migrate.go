@@ -30,6 +30,7 @@ func migrations(note func(format string, args ...any)) []migration {
 		{from: 1, apply: func(tx *bolt.Tx) error { return migrate1to2(tx, note) }},
 		{from: 2, apply: func(tx *bolt.Tx) error { return migrate2to3(tx, note) }},
 		{from: 3, apply: func(tx *bolt.Tx) error { return migrate3to4(tx, note) }},
+		{from: 4, apply: func(tx *bolt.Tx) error { return migrate4to5(tx, note) }},
 	}
 }
 
@@ -248,5 +249,15 @@ func migrate3to4(tx *bolt.Tx, note func(string, ...any)) error {
 		return fmt.Errorf("create bucket %q: %w", "node_status", err)
 	}
 	note("schema 3 -> 4: added bucket node_status")
+	return nil
+}
+
+// migrate4to5 adds the events bucket, empty: events from before the upgrade were never kept.
+// Nothing of schema 4 changes.
+func migrate4to5(tx *bolt.Tx, note func(string, ...any)) error {
+	if _, err := tx.CreateBucketIfNotExists([]byte("events")); err != nil {
+		return fmt.Errorf("create bucket %q: %w", "events", err)
+	}
+	note("schema 4 -> 5: added bucket events")
 	return nil
 }

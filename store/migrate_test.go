@@ -516,3 +516,104 @@ func TestMigrateV3Fixture(t *testing.T) {
 		t.Errorf("second open of a migrated file: notices %q, want none", n)
 	}
 }
+
+// TestMigrateV4Fixture opens a copy of testdata/v4.db, written by the released schema 4 binary
+// (mqlet 48e134a as a daemon with a broker; see testdata/README): desired pods from the manifest
+// dir and from MQTT, their status, a ConfigMap and a sealed Secret, sync marks, the session
+// counter, an undelivered outbox entry and the node's status. Migration 4 -> 5 must keep every one
+// of them byte for byte, each still readable through the store, and add the events bucket, which
+// then works.
+func TestMigrateV4Fixture(t *testing.T) {
+	path := copyFixture(t, "v4.db")
+	schema4 := [][]byte{bucketMeta, bucketDesired, bucketStatus, bucketObjects, bucketMarks, bucketOutbox, bucketOutboxLatest, bucketNodeStatus}
+	before := dumpBuckets(t, path, schema4...)
+	key, err := os.ReadFile(filepath.Join("testdata", "v4.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenWith(path, Options{SecretKey: key})
+	if err != nil {
+		t.Fatalf("Open(v4 fixture): %v", err)
+	}
+	checkNotices(t, d, "3 -> 4", "migrated schema version 4 -> 5", "added bucket events", path)
+
+	checkFixturePods(t, d, map[string]fixturePod{
+		"default/job":    {"c36a6a22-e267-5555-bf99-ae98bb0ecc64", source.Ref{Kind: source.File, Origin: "/tmp/v4fix/pods/b.yaml", Doc: 0}, 0, v1.PodSucceeded},
+		"default/late":   {"c03a54cb-3b02-58c6-bb3b-efcde66e2343", source.Ref{Kind: source.File, Origin: "/tmp/v4fix/pods/c.yaml", Doc: 0}, 0, v1.PodRunning},
+		"default/remote": {"ca03c773-b1bb-5454-8fa9-5f3fc58c35bd", source.Ref{Kind: source.MQTT, Origin: "mqlet/v1/nodes/fixture-node/desired/pods/default/remote"}, 1, v1.PodRunning},
+		"default/web":    {"3169c6b8-9aab-548b-a454-4c4e3fb93d3f", source.Ref{Kind: source.File, Origin: "/tmp/v4fix/pods/a.yaml", Doc: 0}, 0, v1.PodRunning},
+		"tools/sidecar":  {"486d9658-8e9c-5626-9d7a-1b10b5351e11", source.Ref{Kind: source.File, Origin: "/tmp/v4fix/pods/b.yaml", Doc: 1}, 0, v1.PodRunning},
+	})
+
+	objs, bad, err := d.ListObjects()
+	if err != nil || len(bad) != 0 || len(objs) != 2 {
+		t.Fatalf("ListObjects = %d objects, record errors %v, %v; want 2", len(objs), bad, err)
+	}
+	cm, ok, err := d.GetObject(KindConfigMap, "default", "app-config")
+	if err != nil || !ok || cm.Generation != 1 || cm.Source.Kind != source.MQTT || cm.ConfigMap.Data["greeting"] != "hello from mqtt" {
+		t.Errorf("configmap: %+v, %v, %v", cm, ok, err)
+	}
+	sec, ok, err := d.GetObject(KindSecret, "default", "app-secret")
+	if err != nil || !ok || sec.Generation != 1 || string(sec.Secret.Data["token"]) != "s3cr3t" {
+		t.Errorf("secret: %+v, %v, %v", sec, ok, err)
+	}
+	marks, bad, err := d.ListMarks()
+	if err != nil || len(bad) != 0 {
+		t.Fatalf("ListMarks: %v, %v", err, bad)
+	}
+	for _, k := range []string{"configmaps/default/app-config", "secrets/default/app-secret", "pods/default/remote", "index"} {
+		if m, ok := marks[k]; !ok || m.Generation != 1 || m.Deleted {
+			t.Errorf("mark %s = %+v, %v; want generation 1", k, m, ok)
+		}
+	}
+	entries, err := d.OutboxList(0)
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("OutboxList = %d entries, %v; want 1", len(entries), err)
+	}
+	if e := entries[0]; e.Seq != 11 || e.Topic != "mqlet/v1/nodes/fixture-node/status/pods/default/late" || !e.Retained || !e.Latest ||
+		!strings.Contains(string(e.Payload), `"name":"late"`) {
+		t.Errorf("outbox entry %+v", e)
+	}
+	if n, ok, err := d.GetNodeStatus(); err != nil || !ok || n.Name != "fixture-node" || len(n.Status.Conditions) == 0 {
+		t.Errorf("node status of the fixture = %v, %v, %v; want fixture-node with conditions", n, ok, err)
+	}
+	if n, err := d.NextSession(); err != nil || n != 5 {
+		t.Errorf("NextSession = %d, %v; want 5 (the fixture's session was 4)", n, err)
+	}
+
+	// The new bucket starts empty and works.
+	if got := listEventUIDs(t, d); len(got) != 0 {
+		t.Errorf("events of a migrated file = %v, want none", got)
+	}
+	if err := d.UpdateEvents([]PodEvents{testEvents("3169c6b8-9aab-548b-a454-4c4e3fb93d3f", "web", 2)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok, err := d.GetEvents("3169c6b8-9aab-548b-a454-4c4e3fb93d3f"); err != nil || !ok || len(got.Events) != 2 {
+		t.Errorf("GetEvents after a put = %+v, %v, %v", got, ok, err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	after := dumpBuckets(t, path, schema4...)
+	for k, v := range before {
+		switch k {
+		case "meta/schema_version", "meta/session":
+			continue
+		}
+		if after[k] != v {
+			t.Errorf("migration changed %s", k)
+		}
+	}
+	if before["meta/schema_version"] != "4" || after["meta/schema_version"] != fmt.Sprint(SchemaVersion) {
+		t.Errorf("schema_version %q -> %q, want 4 -> %d", before["meta/schema_version"], after["meta/schema_version"], SchemaVersion)
+	}
+	d, err = Open(path)
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	defer d.Close()
+	if n := d.Notices(); len(n) != 0 {
+		t.Errorf("second open of a migrated file: notices %q, want none", n)
+	}
+}

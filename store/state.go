@@ -6,8 +6,8 @@ import (
 )
 
 // State is the agent's persistent state, one typed Put/Get/List/Delete per kind of record. It is
-// implemented by the bbolt file (DB) and by Memory, the in-memory twin used by unit tests. Later
-// record kinds (events) are added here, to both.
+// implemented by the bbolt file (DB) and by Memory, the in-memory twin used by unit tests. A new
+// record kind is added here, to both.
 //
 // List methods degrade per record: a record that cannot be decoded is returned as a RecordError
 // and skipped, the others load, so one bad key never stops the node. The error result is for the
@@ -55,6 +55,13 @@ type State interface {
 	// one node); GetNodeStatus returns it, false when none was stored.
 	PutNodeStatus(n *v1.Node) error
 	GetNodeStatus() (*v1.Node, bool, error)
+
+	// UpdateEvents replaces the event lists of the pods in put and deletes those of del, in one
+	// transaction (one fsync), so a burst of events for many pods costs one write.
+	UpdateEvents(put []PodEvents, del []types.UID) error
+	GetEvents(uid types.UID) (PodEvents, bool, error)
+	ListEvents() ([]PodEvents, []RecordError, error)
+	DeleteEvents(uid types.UID) error
 
 	// Notices are what Open did that an operator should see in the log (migrations run,
 	// a damaged meta page repaired).

@@ -63,6 +63,9 @@ func TestStateConformance(t *testing.T) {
 		"times keep whole seconds":     testWholeSeconds,
 		"closed state refuses all ops": testClosed,
 		"node status":                  testNodeStatus,
+		"events round trip":            testEventsRoundTrip,
+		"events refused input":         testEventsRefused,
+		"events bad records":           testEventsBadRecords,
 	}
 	for name, run := range syncConformance {
 		cases[name] = run
@@ -427,6 +430,10 @@ func testClosed(t *testing.T, s stateUnderTest) {
 		"OutboxStats":   func() error { _, err := s.OutboxStats(); return err },
 		"PutNodeStatus": func() error { return s.PutNodeStatus(testNode("edge-1", v1.ConditionTrue, time.Now())) },
 		"GetNodeStatus": func() error { _, _, err := s.GetNodeStatus(); return err },
+		"UpdateEvents":  func() error { return s.UpdateEvents([]PodEvents{testEvents("uid-a", "a", 1)}, nil) },
+		"GetEvents":     func() error { _, _, err := s.GetEvents("uid-a"); return err },
+		"ListEvents":    func() error { _, _, err := s.ListEvents(); return err },
+		"DeleteEvents":  func() error { return s.DeleteEvents("uid-a") },
 	} {
 		if err := call(); err == nil {
 			t.Errorf("%s after Close succeeded", name)

@@ -1,9 +1,9 @@
 // Package store keeps the agent's persistent state in one bbolt file (FileName under the state dir).
 //
-// On-disk layout, schema version 4 (every key and value is a byte string):
+// On-disk layout, schema version 5 (every key and value is a byte string):
 //
 //	meta/
-//	    schema_version   -> decimal ASCII text, e.g. "4"
+//	    schema_version   -> decimal ASCII text, e.g. "5"
 //	    session          -> decimal ASCII text: the last number NextSession returned (absent before the first)
 //	    outbox_counters  -> JSON {"eventBytes": 0, "latestBytes": 0, "events": 0, "latest": 0,
 //	                              "droppedEvents": 0, "refusedLatest": 0} (absent until the first outbox write)
@@ -25,6 +25,12 @@
 //	node_status/
 //	    node            -> JSON <v1.Node>: the node's last status that changed for real (absent
 //	                       until the first)
+//	events/
+//	    <pod UID>       -> JSON {"namespace": "default", "name": "web", "events": [{"type": "Warning",
+//	                             "reason": "BackOff", "message": "...", "source": "...", "fieldPath":
+//	                             "spec.containers{web}", "count": 3, "firstTime": <RFC 3339 nano>,
+//	                             "lastTime": <RFC 3339 nano>}, ...]}: the pod's deduplicated events,
+//	                       oldest first (source and fieldPath left out when empty)
 //
 // Values are encoding/json of the k8s.io/api types, so metav1.Time fields keep whole seconds only.
 // The source is a source.Ref (kind "file": origin is the manifest's path, doc the 0-based document
@@ -40,6 +46,7 @@
 // buckets (the two persistent counts then restart at 0).
 //
 // Older layouts, migrated by Open (see migrations in migrate.go):
+//   - schema 4: as schema 5 without the events bucket.
 //   - schema 3: as schema 4 without the node_status bucket.
 //   - schema 2: as schema 3 without the session and outbox_counters keys and without the objects,
 //     sync_marks, outbox and outbox_latest buckets.
@@ -54,7 +61,7 @@
 // Open never rewrites an existing file it cannot read: a damaged file is refused with ErrCorrupt
 // and a recovery hint (everything in it can be rebuilt from the pod sources and containerd).
 //
-// Rules for changing the layout (later parts add events): add buckets or
+// Rules for changing the layout: add buckets or
 // change encodings only together with a new SchemaVersion and a migration step from the previous
 // version, and commit a fixture file written by the previous release under testdata/ with a test
 // that opens a copy of it. A binary refuses a file with a newer schema than it knows, so a downgrade
@@ -76,7 +83,7 @@ import (
 )
 
 // SchemaVersion is the layout version this binary writes; see the package comment.
-const SchemaVersion = 4
+const SchemaVersion = 5
 
 // FileName is the name of the state file under the agent's state dir.
 const FileName = "state.db"
@@ -99,6 +106,7 @@ var (
 	bucketOutbox       = []byte("outbox")
 	bucketOutboxLatest = []byte("outbox_latest")
 	bucketNodeStatus   = []byte("node_status")
+	bucketEvents       = []byte("events")
 
 	keySchemaVersion  = []byte("schema_version")
 	keySession        = []byte("session")
@@ -107,7 +115,7 @@ var (
 
 // currentBuckets are the buckets a file at SchemaVersion must have.
 func currentBuckets() [][]byte {
-	return [][]byte{bucketMeta, bucketDesired, bucketStatus, bucketObjects, bucketMarks, bucketOutbox, bucketOutboxLatest, bucketNodeStatus}
+	return [][]byte{bucketMeta, bucketDesired, bucketStatus, bucketObjects, bucketMarks, bucketOutbox, bucketOutboxLatest, bucketNodeStatus, bucketEvents}
 }
 
 // Errors that Open wraps, for callers that want to react (e.g. exit codes); the error text

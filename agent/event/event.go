@@ -47,6 +47,9 @@ type Object struct {
 	Namespace string
 	Name      string
 	UID       types.UID
+	// FieldPath names a part of the object, as Kubernetes' involvedObject.fieldPath does: the
+	// container of a pod an event is about ("spec.containers{web}"); empty for the whole object.
+	FieldPath string
 }
 
 // PodObject is the Object of an event about pod p.

@@ -109,3 +109,17 @@ func (t *timedState) OutboxAck(topic string, seq uint64) error {
 	t.timed("outbox_ack", start, err)
 	return err
 }
+
+func (t *timedState) UpdateEvents(put []store.PodEvents, del []types.UID) error {
+	start := time.Now()
+	err := t.State.UpdateEvents(put, del)
+	t.timed("update_events", start, err)
+	return err
+}
+
+func (t *timedState) DeleteEvents(uid types.UID) error {
+	start := time.Now()
+	err := t.State.DeleteEvents(uid)
+	t.timed("delete_events", start, err)
+	return err
+}

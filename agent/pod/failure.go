@@ -102,6 +102,7 @@ func (w *Worker) syncFailed(ctx context.Context, pod *v1.Pod, f *Failure) time.D
 		if c.State == runtime.StateExited {
 			continue
 		}
+		w.killing(pod, *c)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -227,6 +227,7 @@ func (w *Worker) Run(ctx context.Context) {
 		} else {
 			next = w.sync(ctx, pod)
 		}
+		next = w.activeDeadline(pod, next)
 		w.synced(start)
 		if !timer.Stop() {
 			select {
@@ -259,6 +260,7 @@ func (w *Worker) terminate(ctx context.Context, pod *v1.Pod) bool {
 		return false
 	}
 	g := grace(pod)
+	w.killing(pod, ctrs...)
 	if err := Teardown(ctx, w.env.Runtime, runtime.RefOf(pod), ctrs, &g, w.env.Log); err != nil {
 		if !errors.Is(err, ErrSandboxLeft) {
 			w.env.Log.Error("terminate", "err", err)
@@ -444,6 +446,7 @@ func (w *Worker) finishSync(pod *v1.Pod, observed []runtime.Container, newest ma
 // longer running; when it is not, nothing may replace it yet, or two instances would run at once.
 // A failed remove leaves a stopped record, which the next sync removes as an older attempt.
 func (w *Worker) stopAndRemove(ctx context.Context, pod *v1.Pod, c *runtime.Container) bool {
+	w.killing(pod, *c)
 	w.mutations++
 	if err := w.env.Runtime.StopContainer(ctx, c.ID, grace(pod)); err != nil {
 		w.env.Log.Error("stop container; not starting its replacement until it is stopped", "container", c.ID, "err", err)
@@ -531,6 +534,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 			}
 			if wait := r.retryAt.Sub(now); wait > 0 {
 				r.last = t
+				w.waitingToRetry(pod, c, r)
 				return wait
 			}
 			r.last = t
@@ -556,6 +560,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 			}
 		}
 	} else if r.failure != nil && now.Before(r.retryAt) {
+		w.waitingToRetry(pod, c, r)
 		return r.retryAt.Sub(now)
 	} else if r.terminated != nil && !shouldRestart(pod.Spec.RestartPolicy, r.terminated.ExitCode) {
 		return 0 // finished for good, and its container record is gone: nothing to run again
@@ -565,7 +570,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 		return 0 // the pod is going away: don't start what terminate would stop at once
 	}
 	r.attempt = attempt
-	started, err := w.env.Runtime.StartContainer(ctx, withNodeStatus(pod, w.hostIP()), w.sb, c, attempt)
+	started, err := w.env.Runtime.StartContainer(w.notifying(ctx, pod, c), withNodeStatus(pod, w.hostIP()), w.sb, c, attempt)
 	if err != nil {
 		var se *runtime.StartError
 		if !errors.As(err, &se) {
@@ -574,6 +579,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 		r.crashes++
 		r.failure = se
 		r.retryAt = now.Add(backoffDelay(r.crashes))
+		w.startFailed(pod, c, se)
 		w.env.Log.Warn("container failed to start", "container", c.Name, "reason", se.Reason, "err", se.Err)
 		if se.Reason == "ErrImagePull" {
 			// Look again shortly so the status turns to ImagePullBackOff while it waits, as kubelet's does.

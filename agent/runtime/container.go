@@ -162,6 +162,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		}
 		return Container{}, &StartError{"CreateContainerError", fmt.Errorf("create container %s: %w", id, err)}
 	}
+	notifyCreated(ctx, c.Name)
 	ioCreator, releaseIO, err := r.newContainerIO(string(pod.UID), id, logPath) // logio.go
 	if err != nil {
 		ctr.Delete(ctx, containerd.WithSnapshotCleanup)
@@ -180,6 +181,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		ctr.Delete(ctx, containerd.WithSnapshotCleanup)
 		return Container{}, &StartError{"RunContainerError", fmt.Errorf("start task %s: %w", id, err)}
 	}
+	notifyStarted(ctx, c.Name)
 	// Keep this attempt's log and the one before (kubectl logs --previous); a crash-looping
 	// container must not fill the disk with one file per restart.
 	if restarts >= 2 {

@@ -127,7 +127,7 @@ func (r *Runtime) EnsureImage(ctx context.Context, image string, policy v1.PullP
 		// No overall deadline even with a local copy to fall back on: an unreachable registry
 		// fails within the dial timeout (30 s) or registryStall, while a large update on a slow
 		// link is allowed to finish instead of being abandoned for the old copy every time.
-		img, err := r.pullShared(ctx, ref)
+		img, err := r.pullNotified(ctx, image, ref)
 		if err != nil && local != nil && ctx.Err() == nil && registryUnreachable(err) {
 			// An edge node is often offline. kubelet would fail the pod here; we run the copy we
 			// have, because a reboot without network must not take down a pod that ran before.
@@ -138,9 +138,10 @@ func (r *Runtime) EnsureImage(ctx context.Context, image string, policy v1.PullP
 		}
 		return img, err
 	case local != nil:
+		notifyPresent(ctx, image)
 		return local, r.unpack(ctx, local)
 	default:
-		return r.pullShared(ctx, ref)
+		return r.pullNotified(ctx, image, ref)
 	}
 }
 

@@ -100,6 +100,11 @@ func (c *AgentCmd) Run() error {
 		sources = append(sources, channel.Source())
 		report = channel.Reporter()
 	}
+	events, report, err := startPodEvents(ctx, cfg, state, report, log, func() *agent.Agent { return a }) // wire_events.go
+	if err != nil {
+		return err
+	}
+	defer events.stop()
 	report = m.reporter(report)
 	// Admission reads node allocatable and pressure from parts built after the agent (they need it);
 	// nothing is admitted before Run, by which time both exist.
@@ -150,6 +155,7 @@ func (c *AgentCmd) Run() error {
 	// before they run (deferred calls run last-in first-out), or the agent hangs instead of exiting.
 	defer stop()
 	srv := api.NewServer(nodeStatus.api(a), log)
+	events.serve(srv)
 	stopMetrics, err := m.serve(ctx, cfg, a, channel, db, srv, log)
 	if err != nil {
 		return err

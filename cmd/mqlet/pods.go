@@ -129,7 +129,7 @@ func (c *DescribePodCmd) run(ctx context.Context, out io.Writer, now time.Time) 
 	if len(mine) > 0 {
 		fmt.Fprintf(out, "Rejected:\n  %s\n", strings.Join(mine, "\n  "))
 	}
-	return nil
+	return describePodEvents(ctx, out, cl, pod, now)
 }
 
 // splitPodRef accepts NAME (in defaultNS) or NAMESPACE/NAME.
