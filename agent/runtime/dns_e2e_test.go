@@ -59,7 +59,7 @@ func (g *rig) files(p *v1.Pod) (podFiles, *runtime.Sandbox) {
 	sb := g.sandbox(p)
 	c := g.start(p, sb, &p.Spec.Containers[0])
 	g.waitLog(c, "@@END")
-	b, err := os.ReadFile(c.LogPath)
+	b, err := readLog(c.LogPath)
 	if err != nil {
 		g.t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestPodDNSFilesUpdatedInRunningContainer(t *testing.T) {
 		t.Fatal(err)
 	}
 	g.waitLog(c, "SEEN")
-	b, _ := os.ReadFile(c.LogPath)
+	b, _ := readLog(c.LogPath)
 	if !strings.Contains(string(b), "10.0.0.9\tcache\n") {
 		t.Errorf("the running container's /etc/hosts after the change:\n%s", b)
 	}
