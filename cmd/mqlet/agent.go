@@ -67,6 +67,8 @@ func (c *AgentCmd) Run() error {
 		Registry:    runtime.RegistryOptions{PlainHTTP: cfg.PlainHTTPRegistries, CAFile: cfg.RegistryCAFile},
 		Log:         log,
 		OnPull:      m.ImagePulled,
+		// Memory-backed emptyDirs are sized from it (wire_volumes.go).
+		NodeAllocatableMemory: allocatableMemory(cfg, log),
 	})
 	if err != nil {
 		return err
