@@ -458,6 +458,7 @@ func (a *Agent) apply(k source.Kind, c source.Change) []event.Event {
 		if f != nil {
 			events = append(events, refusalEvent(d, f, now))
 		}
+		events = append(events, fieldWarnings(d, now)...) // admit_fields.go
 		if w, ok := a.workers[d.Pod.UID]; ok {
 			if judged {
 				a.applyVerdictLocked(w, d, f)
