@@ -121,6 +121,7 @@ func (c *AgentCmd) Run() error {
 		// What the node status publishes, once computed; until then the same figures read once.
 		Allocatable: func() v1.ResourceList { return nodeStatus.allocatable(interim) },
 		Pressure:    func() []v1.NodeConditionType { return evictions.Pressure() },
+		Node:        func() *v1.Node { return nodeStatus.nodeOr(cfg) }, // wire_volumes.go
 	}, rt, state, sources...)
 
 	if cfg.Once {

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"log/slog"
+	goruntime "runtime"
 	"sync"
 
 	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/nodestatus"
+	v1 "k8s.io/api/core/v1"
 )
 
 // allocatableMemory is node allocatable memory in bytes (capacity less the reservations and the
@@ -21,4 +25,24 @@ func allocatableMemory(cfg config.Config, log *slog.Logger) func() int64 {
 		alloc := m.Allocatable(capacity)
 		return alloc.Memory().Value()
 	})
+}
+
+// nodeOr is the node as the node status last computed it, for admission's nodeSelector, node
+// affinity and taint checks; until it has been computed (and in --once mode), the labels and
+// taints the config gives (hostname, os, arch, nodeLabels; nodeTaints).
+func (w *nodeStatusWiring) nodeOr(cfg config.Config) *v1.Node {
+	if w != nil {
+		if n := w.m.Node(); n != nil {
+			return n
+		}
+	}
+	n := &v1.Node{}
+	nc := nodeConfig(cfg)
+	for _, set := range []nodestatus.Setter{
+		nodestatus.Labels(nc.NodeName, goruntime.GOOS, goruntime.GOARCH, nc.NodeLabels),
+		nodestatus.Taints(nc.Taints),
+	} {
+		set(context.Background(), n) // neither reads anything
+	}
+	return n
 }
