@@ -70,6 +70,7 @@ func TestEmptyDirMemoryTmpfs(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := sb.Volumes["scratch"]
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) }) // should the code under test leave it
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		t.Fatal(err)
@@ -137,6 +138,7 @@ func TestEmptyDirMediumChangeAndMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := sb.Volumes["scratch"]
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) }) // should the code under test leave it
 	mode1750 := int32(0o1750)
 	pod.Spec.Volumes[1].EmptyDir = &v1.EmptyDirVolumeSource{Mode: &mode1750}
 	if _, err := r.EnsureSandbox(ctx, pod); err != nil {
