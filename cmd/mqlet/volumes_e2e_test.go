@@ -9,6 +9,7 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/sync/protocol"
 	"golang.org/x/sys/unix"
@@ -286,5 +287,46 @@ spec:
 	writer, _ = h.getPod("writer")
 	if n := len(h.podTasks(writer)); n != 0 || !evicted(writer) {
 		t.Errorf("evicted writer runs again: %d tasks, %s", n, podSummaryForTest(writer))
+	}
+}
+
+// nodeSelector and required node affinity are checked against the node's labels (nodeLabels plus
+// hostname, os and arch) as kubelet checks them: a pod meant for another node is held Failed with
+// NodeAffinity and runs nothing; one that matches runs.
+func TestNodeSelectorForReal(t *testing.T) {
+	h := newHarness(t)
+	h.writeManifest("here.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: here}
+spec:
+  nodeSelector: {site: plant-3, kubernetes.io/hostname: e2e-node}
+  affinity:
+    nodeAffinity:
+      requiredDuringSchedulingIgnoredDuringExecution:
+        nodeSelectorTerms:
+        - matchExpressions: [{key: kubernetes.io/os, operator: In, values: [linux]}]
+  containers:
+  - {name: c, image: mqlet.test/busybox:1, command: ["sleep", "3600"]}
+`)
+	h.writeManifest("elsewhere.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: elsewhere}
+spec:
+  nodeSelector: {site: plant-4}
+  containers:
+  - {name: c, image: mqlet.test/busybox:1, command: ["sleep", "3600"]}
+`)
+	h.startAgent("--node-label", "site=plant-3")
+	h.waitPod("here", "running", allRunning)
+	p := h.waitPod("elsewhere", "refused with NodeAffinity", func(p *v1.Pod) bool {
+		return p.Status.Phase == v1.PodFailed && p.Status.Reason == "NodeAffinity"
+	})
+	if !strings.Contains(p.Status.Message, "didn't match Pod's node affinity/selector") {
+		t.Errorf("message %q", p.Status.Message)
+	}
+	for _, id := range h.containerIDs() {
+		if strings.HasPrefix(id, runtime.ContainerIDPrefix(string(p.UID))) {
+			t.Errorf("refused pod has container %s", id)
+		}
 	}
 }
