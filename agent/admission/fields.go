@@ -175,7 +175,7 @@ func FieldRules() []FieldRule {
 		{Path: "volumes[*].hostPath.type", Class: Implemented, Note: "checked at every container start as kubelet checks it; DirectoryOrCreate and FileOrCreate make what is missing; a wrong type waits with FailedMount"},
 		{Path: "volumes[*].emptyDir", Class: Implemented},
 		{Path: "volumes[*].emptyDir.medium", Class: Implemented, Note: `"" (the state dir's disk) or Memory (a tmpfs); HugePages media are refused`},
-		{Path: "volumes[*].emptyDir.sizeLimit", Class: Implemented, Note: "Memory: the tmpfs's size (at most the pod's memory limit and node allocatable); disk: the pod is evicted when the volume holds more"},
+		{Path: "volumes[*].emptyDir.sizeLimit", Class: Implemented, Note: "Memory: the tmpfs's size (at most the pod's memory limit and node allocatable); disk: a pod whose volume holds more is evicted within evictionMonitoringPeriod (manifest-dir pods, like kubelet's static pods, are not: it is logged)"},
 		{Path: "volumes[*].emptyDir.mode", Class: Implemented},
 		{Path: "volumes[*].secret", Class: Implemented, Note: "on a tmpfs"},
 		{Path: "volumes[*].secret.secretName", Class: Implemented},
