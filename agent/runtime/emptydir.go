@@ -55,8 +55,11 @@ func (r *Runtime) setupEmptyDirs(pod *v1.Pod, sb *Sandbox) error {
 
 func (r *Runtime) setupEmptyDir(pod *v1.Pod, src *v1.EmptyDirVolumeSource, dir string) error {
 	mode := os.FileMode(emptyDirMode)
-	if src.Mode != nil {
+	switch {
+	case src.Mode != nil:
 		mode = fileMode(*src.Mode)
+	case src.Medium == v1.StorageMediumMemory:
+		mode |= os.ModeSticky // a fresh tmpfs's root, as kubelet leaves it
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err

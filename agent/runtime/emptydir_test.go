@@ -78,8 +78,8 @@ func TestEmptyDirMemoryTmpfs(t *testing.T) {
 	if st.Type != tmpfsMagic || int64(st.Blocks)*st.Bsize != 3<<20 {
 		t.Fatalf("scratch: fs type %#x, %d bytes; want a tmpfs of 3Mi", st.Type, int64(st.Blocks)*st.Bsize)
 	}
-	if m := mode(t, dir).Perm(); m != 0o777 {
-		t.Errorf("scratch mode %o, want 777", m)
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
+		t.Errorf("scratch: %v, %v; want sticky 0777 like a fresh tmpfs", fi, err)
 	}
 	if mounted, _ := isMountPoint(sb.Volumes["cache"]); mounted {
 		t.Errorf("disk emptyDir is a mount point")

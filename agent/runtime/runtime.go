@@ -49,13 +49,13 @@ type Options struct {
 	// container that asks for an extended resource. Each pod's allocation is recorded in its pod dir
 	// and given back to the Manager by New, before any new allocation.
 	Devices *devices.Manager
-	// NodeAllocatableMemory is node allocatable memory in bytes, the largest a memory-backed
-	// emptyDir may be (kubelet's rule); nil or 0 means the machine's memory.
-	NodeAllocatableMemory func() int64
-	Log                   *slog.Logger
+	Log     *slog.Logger
 	// OnPull, when set, is told of every pull from a registry (one per shared pull), how long it
 	// took and how it ended: metrics.
 	OnPull func(ref string, took time.Duration, err error)
+	// NodeAllocatableMemory is node allocatable memory in bytes, the largest a memory-backed
+	// emptyDir may be (kubelet's rule); nil or 0 means the machine's memory.
+	NodeAllocatableMemory func() int64
 }
 
 // Runtime is a thin layer over the containerd client.
