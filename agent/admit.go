@@ -73,6 +73,11 @@ func (a *Agent) admitNew(put []store.DesiredPod, del []types.UID) verdicts {
 	if a.opts.Pressure != nil {
 		node.Pressure = a.opts.Pressure()
 	}
+	if a.opts.Node != nil {
+		if n := a.opts.Node(); n != nil {
+			node.Labels, node.Taints = n.Labels, n.Spec.Taints
+		}
+	}
 	// kubelet admits in creation order. Manifests rarely carry a creation time: those keep the
 	// order their source listed them in and come first (a zero time is the earliest).
 	slices.SortStableFunc(judge, func(x, y store.DesiredPod) int {

@@ -100,6 +100,9 @@ type Options struct {
 	// Pressure returns the node's pressure conditions that are true now (MemoryPressure,
 	// DiskPressure, PIDPressure), read when new pods are admitted; nil: never under pressure.
 	Pressure func() []v1.NodeConditionType
+	// Node is the node as last computed (its labels and taints), read when new pods are admitted
+	// for nodeSelector, required node affinity and NoExecute taints; nil: not checked.
+	Node func() *v1.Node
 }
 
 // maxVersions bounds how many versions of one pod the agent remembers for status reports (see
@@ -461,6 +464,7 @@ func (a *Agent) apply(k source.Kind, c source.Change) []event.Event {
 		if f != nil {
 			events = append(events, refusalEvent(d, f, now))
 		}
+		events = append(events, fieldWarnings(d, now)...) // admit_fields.go
 		if w, ok := a.workers[d.Pod.UID]; ok {
 			if judged {
 				a.applyVerdictLocked(w, d, f)

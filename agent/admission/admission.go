@@ -161,6 +161,7 @@ func setDefaults(pod *v1.Pod, nodeName string) {
 	if s.SchedulerName == "" {
 		s.SchedulerName = defaultSchedulerName
 	}
+	defaultVolumeSource(s) // fields.go
 	if s.TerminationGracePeriodSeconds == nil {
 		g := defaultTerminationGracePeriod
 		s.TerminationGracePeriodSeconds = &g
@@ -265,7 +266,7 @@ func validatePod(pod *v1.Pod) field.ErrorList {
 	for i := range pod.Spec.Containers {
 		errs = append(errs, validateContainer(&pod.Spec.Containers[i], spec.Child("containers").Index(i), names)...)
 	}
-	return errs
+	return append(errs, checkFields(&pod.Spec, errs)...) // fields.go: no field silently ignored
 }
 
 func validateContainer(c *v1.Container, path *field.Path, names map[string]*field.Path) field.ErrorList {

@@ -54,6 +54,11 @@ type Node struct {
 	Pressure []v1.NodeConditionType
 	// ShuttingDown refuses every new pod.
 	ShuttingDown bool
+
+	// Labels and Taints are the node's, for nodeSelector, required node affinity and NoExecute
+	// taints (nodeaffinity.go).
+	Labels map[string]string
+	Taints []v1.Taint
 }
 
 // Check decides whether pod may join the pods already admitted (running or about to: not
@@ -71,7 +76,13 @@ func Check(pod *v1.Pod, critical bool, admitted []*v1.Pod, node Node) *Refusal {
 			return r
 		}
 	}
+	if r := checkNodeAffinity(pod, pod.Spec.NodeName, node.Labels); r != nil {
+		return r
+	}
 	if r := checkPorts(pod, admitted); r != nil {
+		return r
+	}
+	if r := checkTaints(pod, critical, node.Taints); r != nil {
 		return r
 	}
 	if node.ShuttingDown {
@@ -197,7 +208,8 @@ func outOf(name v1.ResourceName, requested, used, capacity int64) *Refusal {
 // or a shutdown): such a pod is admitted afresh when its spec changes.
 func IsRefusal(reason, message string) bool {
 	switch {
-	case strings.HasPrefix(reason, ReasonOutOfPrefix), reason == ReasonNodePorts, reason == ReasonNodeShutdown:
+	case strings.HasPrefix(reason, ReasonOutOfPrefix), reason == ReasonNodePorts, reason == ReasonNodeShutdown,
+		reason == ReasonNodeAffinity, reason == ReasonTaintToleration:
 		return true
 	case reason == ReasonPressure:
 		// Evictions share the reason; only admission's message names the node's conditions.

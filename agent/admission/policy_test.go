@@ -42,10 +42,6 @@ func TestMQTTPolicy(t *testing.T) {
 		{"privileged false", strict, func(p *v1.Pod) { p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: no()} }, nil},
 		{"privileged init container", strict, func(p *v1.Pod) { p.Spec.InitContainers[0].SecurityContext = &v1.SecurityContext{Privileged: yes()} },
 			[]string{"spec.initContainers[0].securityContext.privileged", "mqttPolicy.allowPrivileged"}},
-		{"privileged ephemeral container", strict, func(p *v1.Pod) {
-			p.Spec.EphemeralContainers = []v1.EphemeralContainer{{EphemeralContainerCommon: v1.EphemeralContainerCommon{
-				Name: "debug", Image: "busybox:1", SecurityContext: &v1.SecurityContext{Privileged: yes()}}}}
-		}, []string{"spec.ephemeralContainers[0].securityContext.privileged"}},
 		{"privileged allowed", Policy{AllowPrivileged: true}, func(p *v1.Pod) {
 			p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: yes(), AllowPrivilegeEscalation: yes(),
 				Capabilities: &v1.Capabilities{Add: []v1.Capability{"ALL"}}}

@@ -74,6 +74,9 @@ type Options struct {
 	// OnConditionsChange is called (outside the manager's lock) when a pressure condition turns on
 	// or off, so the node status shows it at once rather than at its next period.
 	OnConditionsChange func()
+	// EmptyDirPath is where a pod's emptyDir volume lives, for the sizeLimit of disk-backed ones
+	// (emptydir.go); nil: sizeLimit is not enforced.
+	EmptyDirPath func(pod *v1.Pod, volume string) (string, error)
 
 	// CleanupTimeout bounds the wait for an evicted pod's containers to stop before the next round
 	// (kubelet's 30 s).
@@ -99,6 +102,8 @@ type Manager struct {
 	released     map[types.UID]bool                 // evicted pods whose storage was freed
 	reclaiming   v1.ResourceName                    // resource of the last round, for the node event
 	armedAt      time.Time
+	// Critical pods whose emptyDir overuse was logged, with the spec and volume (emptydir.go).
+	overLimitLogged map[types.UID]string
 
 	mu         sync.Mutex
 	conditions map[v1.NodeConditionType]bool
@@ -161,7 +166,7 @@ func (m *Manager) Run(ctx context.Context) {
 		defer m.o.Notifier.Close()
 		notify = m.o.Notifier.C()
 	}
-	if len(m.o.Thresholds) == 0 {
+	if len(m.o.Thresholds) == 0 && m.o.EmptyDirPath == nil {
 		m.log.Info("eviction: no thresholds configured; pods are never evicted")
 		<-ctx.Done()
 		return
@@ -202,6 +207,11 @@ func (m *Manager) Run(ctx context.Context) {
 // met past its grace period, reclaim at node level or evict one pod. It returns the evicted pod.
 // notified says the kernel notifier started the round.
 func (m *Manager) synchronize(ctx context.Context, notified bool) *Pod {
+	if !notified { // a memory notification is no reason to walk the disk
+		if p := m.emptyDirsOverLimit(); p != nil {
+			return p
+		}
+	}
 	obs := m.o.Observer.Observe()
 	now := m.o.Now()
 	m.arm(obs, now, notified)

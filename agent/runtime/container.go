@@ -103,7 +103,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 	id := ContainerID(string(pod.UID), c.Name, restarts)
 	opts, err := r.specOpts(pod, sb, c, img, id)
 	if err != nil {
-		return Container{}, &StartError{"CreateContainerConfigError", err}
+		return Container{}, startErr(err)
 	}
 	devOpts, err := r.deviceOpts(pod, sb, c)
 	if err != nil {

@@ -54,6 +54,9 @@ func (r *Runtime) ReleasePodStorage(pod *v1.Pod) error {
 	if err := unmount(filepath.Join(dir, "shm")); err != nil {
 		errs = append(errs, err)
 	}
+	if err := unmountEmptyDirs(dir); err != nil { // memory-backed ones: their pages go with the tmpfs
+		errs = append(errs, err)
+	}
 	for _, v := range pod.Spec.Volumes {
 		if v.EmptyDir == nil {
 			continue

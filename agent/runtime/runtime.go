@@ -59,6 +59,9 @@ type Options struct {
 	// OnPull, when set, is told of every pull from a registry (one per shared pull), how long it
 	// took and how it ended: metrics.
 	OnPull func(ref string, took time.Duration, err error)
+	// NodeAllocatableMemory is node allocatable memory in bytes, the largest a memory-backed
+	// emptyDir may be (kubelet's rule); nil or 0 means the machine's memory.
+	NodeAllocatableMemory func() int64
 }
 
 // Runtime is a thin layer over the containerd client.

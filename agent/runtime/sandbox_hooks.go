@@ -248,30 +248,13 @@ func (h cgroupHook) List() ([]PodRef, error) {
 	return uidRefs(uids), err
 }
 
-// emptyDirHook makes the pod's emptyDir volumes below the pod dir; they go with it.
+// emptyDirHook makes the pod's emptyDir volumes below the pod dir (emptydir.go); they go with it.
 type emptyDirHook struct{ r *Runtime }
 
 func (emptyDirHook) Name() string { return "emptyDir volumes" }
 
-func (emptyDirHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
-	for _, v := range pod.Spec.Volumes {
-		if v.EmptyDir == nil {
-			continue
-		}
-		dir, err := joinUnder(sb.Dir, "volumes", v.Name)
-		if err != nil {
-			return fmt.Errorf("emptyDir %q: %w", v.Name, err)
-		}
-		if err := os.MkdirAll(dir, 0o777); err != nil {
-			return fmt.Errorf("emptyDir %q: %w", v.Name, err)
-		}
-		// World-writable like kubelet's, whatever the umask: pods often run as non-root.
-		if err := os.Chmod(dir, 0o777); err != nil {
-			return fmt.Errorf("emptyDir %q: %w", v.Name, err)
-		}
-		sb.Volumes[v.Name] = dir
-	}
-	return nil
+func (h emptyDirHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
+	return h.r.setupEmptyDirs(pod, sb)
 }
 
 // bootMarkerHook records in the pod dir the boot the sandbox was set up in. A different boot means

@@ -212,13 +212,9 @@ func volumeMounts(pod *v1.Pod, sb *Sandbox, c *v1.Container) ([]specs.Mount, err
 				return nil, fmt.Errorf("emptyDir %q: not set up by the pod's sandbox", v.Name)
 			}
 		case v.HostPath != nil:
-			src = v.HostPath.Path
-			if v.HostPath.Type != nil && *v.HostPath.Type == v1.HostPathDirectoryOrCreate {
-				if err := os.MkdirAll(src, 0o755); err != nil {
-					return nil, fmt.Errorf("hostPath %q: %w", src, err)
-				}
-			} else if _, err := os.Stat(src); err != nil {
-				return nil, configErr("volume %q: hostPath %s: %v", v.Name, src, err)
+			var err error
+			if src, err = hostPathSource(v); err != nil { // hostpath.go
+				return nil, err
 			}
 		default:
 			return nil, configErr("volume %q: only emptyDir and hostPath volumes are supported", v.Name)

@@ -68,6 +68,8 @@ func (c *AgentCmd) Run() error {
 		Registry:    runtime.RegistryOptions{PlainHTTP: cfg.PlainHTTPRegistries, CAFile: cfg.RegistryCAFile},
 		Log:         log,
 		OnPull:      m.ImagePulled,
+		// Memory-backed emptyDirs are sized from it (wire_volumes.go).
+		NodeAllocatableMemory: allocatableMemory(cfg, log),
 	})) // wire_logs.go
 	if err != nil {
 		return err
@@ -126,6 +128,7 @@ func (c *AgentCmd) Run() error {
 		// What the node status publishes, once computed; until then the same figures read once.
 		Allocatable: func() v1.ResourceList { return nodeStatus.allocatable(interim) },
 		Pressure:    func() []v1.NodeConditionType { return evictions.Pressure() },
+		Node:        func() *v1.Node { return nodeStatus.nodeOr(cfg) }, // wire_volumes.go
 	}, rt, state, sources...)
 
 	if cfg.Once {

@@ -73,6 +73,7 @@ func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *r
 		Notifier:                 notifier,
 		Log:                      log,
 		OnConditionsChange:       onChange,
+		EmptyDirPath:             rt.EmptyDirPath, // emptyDir sizeLimit
 	})
 	e := &evictions{Manager: m, done: make(chan struct{})}
 	go func() {
