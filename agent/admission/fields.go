@@ -108,7 +108,7 @@ func FieldRules() []FieldRule {
 		{Path: "preemptionPolicy", Class: Warned, Note: schedOnly + "; warned when Never", used: stringNot(string(v1.PreemptLowerPriority))},
 		{Path: "overhead", Class: Implemented, Note: "added to the pod's requests, as kubelet does"},
 		{Path: "topologySpreadConstraints", Class: Warned, Note: schedOnly},
-		{Path: "setHostnameAsFQDN", Class: Refused, Note: "not supported yet; refused when true", used: isTrue},
+		{Path: "setHostnameAsFQDN", Class: Implemented, Note: "the kernel hostname is the FQDN (hostname.subdomain.namespace.svc.clusterDomain)"},
 		{Path: "os", Class: Implemented, Note: "os.name must be this node's OS (linux), as kubelet's admission requires"},
 		{Path: "hostUsers", Class: Implemented},
 		{Path: "schedulingGates", Class: Refused, Note: "a gated pod waits for a scheduler to lift the gates; the node has none"},
@@ -278,7 +278,8 @@ func FieldWarnings(pod *v1.Pod) []string {
 			out = append(out, fmt.Sprintf("%s is ignored: %s", p, r.Note))
 		}
 	}
-	return out
+	// Inside securityContext (Implemented as a whole), the SELinux and Windows parts are ignored.
+	return append(out, SecurityWarnings(pod)...)
 }
 
 // usedAt returns the paths where spec uses the rule's field: one per list element.
