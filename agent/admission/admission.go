@@ -260,6 +260,7 @@ func validatePod(pod *v1.Pod) field.ErrorList {
 	for i := range pod.Spec.Containers {
 		errs = append(errs, validateContainer(&pod.Spec.Containers[i], spec.Child("containers").Index(i), names)...)
 	}
+	errs = append(errs, validateObjectVolumes(&pod.Spec, spec)...) // objvolumes.go
 	return errs
 }
 

@@ -76,6 +76,8 @@ type Runtime struct {
 	version string
 
 	imageSizes imageSizes // ListImages' sizes by image digest
+
+	objects Objects // ConfigMaps and Secrets pods use (SetObjects); nil refuses them
 }
 
 // New connects to containerd. The error names the address, because an unreachable containerd is the

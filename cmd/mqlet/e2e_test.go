@@ -140,6 +140,8 @@ func (h *harness) startAgent(extra ...string) {
 	h.agentLog = &syncBuffer{}
 	cmd := exec.Command(h.bin, append(append([]string{"agent"}, h.flags()...), extra...)...)
 	cmd.Stdout, cmd.Stderr = h.agentLog, h.agentLog
+	// Every node makes its node key at first start: the test's, not /etc/mqlet's (a flag wins).
+	cmd.Env = append(os.Environ(), "MQLET_SECRET_KEY_FILE="+filepath.Join(h.dir, "node.key"))
 	if err := cmd.Start(); err != nil {
 		h.t.Fatal(err)
 	}
