@@ -15,15 +15,15 @@ func TestValidatePath(t *testing.T) {
 		}
 	}
 	for p, want := range map[string]string{
-		"":          "empty",
-		"../x":      "'..'",
-		"a/../../b": "'..'",
-		"/etc/x":    "relative",
-		"..data":    "start with '..'",
-		"..x/y":     "start with '..'",
-		"a//b":      "clean",
-		"a/./b":     "clean",
-		"a/":        "clean",
+		"":                       "empty",
+		"../x":                   "'..'",
+		"a/../../b":              "'..'",
+		"/etc/x":                 "relative",
+		"..data":                 "start with '..'",
+		"..x/y":                  "start with '..'",
+		"a//b":                   "clean",
+		"a/./b":                  "clean",
+		"a/":                     "clean",
 		strings.Repeat("n", 256): "longer than 255",
 	} {
 		if err := ValidatePath(p); err == nil || !strings.Contains(err.Error(), want) {
