@@ -21,8 +21,8 @@ type VolumeRefresher interface {
 }
 
 // ObjectsChanged says a ConfigMap or Secret the pod uses was added, changed or removed. The worker
-// then tries again at once a container that waits for one (CreateContainerConfigError), instead of
-// after its back-off, and rewrites the pod's mounted volumes in place. Env of running containers
+// then tries again at once a container that waits for one (CreateContainerConfigError) or whose
+// pull failed (an imagePullSecret), instead of after its back-off, and rewrites the pod's mounted volumes in place. Env of running containers
 // stays as it was started, as with kubelet.
 func (w *Worker) ObjectsChanged() {
 	w.mu.Lock()
@@ -34,7 +34,8 @@ func (w *Worker) ObjectsChanged() {
 // objectsChanged runs on the worker's goroutine before a sync (loop-owned records).
 func (w *Worker) objectsChanged(ctx context.Context, pod *v1.Pod) {
 	for _, r := range w.recs {
-		if r.failure != nil && r.failure.Reason == "CreateContainerConfigError" {
+		// A changed imagePullSecret may be what a failing pull was missing.
+		if r.failure != nil && (r.failure.Reason == "CreateContainerConfigError" || r.failure.Reason == "ErrImagePull") {
 			r.retryAt = time.Time{}
 		}
 	}

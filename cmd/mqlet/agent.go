@@ -71,6 +71,9 @@ func (c *AgentCmd) Run() error {
 		return err
 	}
 	defer rt.Close()
+	if err := loadRegistryAuth(cfg, rt); err != nil { // wire_objects.go
+		return err
+	}
 	// Secrets (from the control plane or the manifest dir) are sealed in the state store under
 	// the node key (wire_objects.go).
 	var storeOpts store.Options

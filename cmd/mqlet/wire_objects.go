@@ -9,6 +9,7 @@ import (
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/manifest"
 	"github.com/mqlet/mqlet/agent/objects"
+	"github.com/mqlet/mqlet/agent/regauth"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/store/seal"
@@ -58,4 +59,19 @@ func manifestRecords(in []manifest.Object) []store.ObjectRecord {
 		out = append(out, r)
 	}
 	return out
+}
+
+// loadRegistryAuth gives the runtime the node-wide registry credentials (registryAuthFile). A
+// file that other users may read, or that is not a docker config.json, stops the agent at start
+// with a message naming it: pulls would otherwise fail later, far from the cause.
+func loadRegistryAuth(cfg config.Config, rt *runtime.Runtime) error {
+	if cfg.RegistryAuthFile == "" {
+		return nil
+	}
+	k, err := regauth.LoadFile(cfg.RegistryAuthFile)
+	if err != nil {
+		return err
+	}
+	rt.SetNodeCredentials(k)
+	return nil
 }
