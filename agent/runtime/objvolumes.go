@@ -130,13 +130,20 @@ func (r *Runtime) RefreshVolumes(_ context.Context, pod *v1.Pod) []error {
 	var errs []error
 	for i := range pod.Spec.Volumes {
 		v := &pod.Spec.Volumes[i]
-		kindDir, _, ok := objectVolumeKind(v)
+		kindDir, tmpfs, ok := objectVolumeKind(v)
 		if !ok {
 			continue
 		}
 		dir, err := joinUnder(podDir, "volumes", kindDir, v.Name)
 		if err != nil || !atomicwriter.IsSetUp(dir) {
 			continue // set up when a container that mounts it starts
+		}
+		if tmpfs {
+			// Never write secret data to a dir whose tmpfs went away underneath.
+			if err := ensureTmpfs(dir); err != nil {
+				errs = append(errs, &MountError{Volume: v.Name, Err: err})
+				continue
+			}
 		}
 		payload, err := r.volumePayload(pod, v)
 		if err == nil {
