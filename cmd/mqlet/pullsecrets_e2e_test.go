@@ -157,7 +157,6 @@ data: {.dockerconfigjson: %s}
 	}
 	os.Chmod(authFile, 0o644)
 	cmd := exec.Command(h.bin, append(append([]string{"agent"}, h.flags()...), "--plain-http-registry", host, "--registry-auth-file", authFile)...)
-	cmd.Env = append(os.Environ(), "MQLET_SECRET_KEY_FILE="+filepath.Join(h.dir, "node.key"))
 	out, err := runBounded(cmd, 30*time.Second)
 	if err == nil || !strings.Contains(out, "registryAuthFile "+authFile+": mode 0644") || !strings.Contains(out, "0600") {
 		t.Errorf("agent with a 0644 registryAuthFile: err=%v, output:\n%s", err, out)
