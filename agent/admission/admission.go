@@ -266,7 +266,8 @@ func validatePod(pod *v1.Pod) field.ErrorList {
 	for i := range pod.Spec.Containers {
 		errs = append(errs, validateContainer(&pod.Spec.Containers[i], spec.Child("containers").Index(i), names)...)
 	}
-	return append(errs, checkFields(&pod.Spec, errs)...) // fields.go: no field silently ignored
+	errs = append(errs, validateObjectVolumes(&pod.Spec, spec)...) // objvolumes.go
+	return append(errs, checkFields(&pod.Spec, errs)...)          // fields.go: no field silently ignored
 }
 
 func validateContainer(c *v1.Container, path *field.Path, names map[string]*field.Path) field.ErrorList {

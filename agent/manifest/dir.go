@@ -31,9 +31,12 @@ const MaxFileSize = 1 << 20
 type Dir struct {
 	path string
 
-	mu     sync.Mutex       // serialises scans: Scan may be called while Watch runs
-	last   map[string][]Pod // file -> the pods it contributed at the last scan
-	parsed map[string]parseResult
+	mu       sync.Mutex       // serialises scans: Scan may be called while Watch runs
+	last     map[string][]Pod // file -> the pods it contributed at the last scan
+	lastObjs map[string][]Object
+	parsed   map[string]parseResult
+
+	objects func(Snapshot) // OnObjects
 }
 
 // parseResult caches what Parse made of a file's bytes: every change in the directory rescans
@@ -42,6 +45,7 @@ type Dir struct {
 type parseResult struct {
 	sum      [sha256.Size]byte
 	pods     []Pod
+	objs     []Object
 	problems []Problem
 }
 
@@ -51,7 +55,7 @@ func NewDir(path string) *Dir {
 	if abs, err := filepath.Abs(path); err == nil {
 		path = abs
 	}
-	return &Dir{path: path, last: map[string][]Pod{}, parsed: map[string]parseResult{}}
+	return &Dir{path: path, last: map[string][]Pod{}, lastObjs: map[string][]Object{}, parsed: map[string]parseResult{}}
 }
 
 // Path is the directory watched.
@@ -60,6 +64,7 @@ func (d *Dir) Path() string { return d.path }
 // Snapshot is the state of the directory after one scan.
 type Snapshot struct {
 	Pods     []Pod     // sorted by namespace/name
+	Objects  []Object  // ConfigMaps and Secrets, sorted by Key
 	Problems []Problem // sorted by file, index
 }
 
@@ -90,7 +95,7 @@ func (d *Dir) Scan() (Snapshot, error) {
 
 	entries, err := os.ReadDir(d.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		d.last = map[string][]Pod{}
+		d.last, d.lastObjs = map[string][]Pod{}, map[string][]Object{}
 		return Snapshot{}, nil
 	}
 	if err != nil {
@@ -98,6 +103,7 @@ func (d *Dir) Scan() (Snapshot, error) {
 	}
 
 	next := map[string][]Pod{}
+	nextObjs := map[string][]Object{}
 	parsed := map[string]parseResult{}
 	var problems []Problem
 	var files []string // in name order, as os.ReadDir returns them
@@ -112,12 +118,13 @@ func (d *Dir) Scan() (Snapshot, error) {
 		}
 		files = append(files, file)
 		var pods []Pod
+		var objs []Object
 		var probs []Problem
 		if err != nil {
 			probs = []Problem{{File: file, Index: -1, Err: err}}
 		} else {
-			pods, probs = d.parse(file, data, parsed)
-			if len(pods) == 0 && len(probs) == 0 && blankFile(file, data) {
+			pods, objs, probs = d.parse(file, data, parsed)
+			if len(pods) == 0 && len(objs) == 0 && len(probs) == 0 && blankFile(file, data) {
 				// A file truncated at power loss (or mid-write) reads as empty: treat it like an
 				// unreadable one, so the pods it declared before stay. Removing the file is
 				// how its pods are deleted.
@@ -127,11 +134,13 @@ func (d *Dir) Scan() (Snapshot, error) {
 		}
 		if len(probs) > 0 {
 			pods = keepPrevious(pods, d.last[file])
+			objs = keepPreviousObjects(objs, d.lastObjs[file])
 		}
 		next[file] = pods
+		nextObjs[file] = objs
 		problems = append(problems, probs...)
 	}
-	d.last, d.parsed = next, parsed
+	d.last, d.lastObjs, d.parsed = next, nextObjs, parsed
 
 	// Resolve duplicates in (file, index) order so the winner does not depend on map order
 	// or on which file changed last.
@@ -151,6 +160,20 @@ func (d *Dir) Scan() (Snapshot, error) {
 			out = append(out, c)
 		}
 	}
+	objWinner := map[string]Object{}
+	var outObjs []Object
+	for _, file := range files {
+		for _, o := range nextObjs[file] {
+			if first, dup := objWinner[o.Key()]; dup {
+				problems = append(problems, Problem{File: o.File, Index: o.Index, Line: o.Line, Duplicate: true,
+					Err: fmt.Errorf("%s is already declared in %s, document %d; this one is ignored", o.Key(), first.File, first.Index)})
+				continue
+			}
+			objWinner[o.Key()] = o
+			outObjs = append(outObjs, o.deepCopy())
+		}
+	}
+	sort.Slice(outObjs, func(i, j int) bool { return outObjs[i].Key() < outObjs[j].Key() })
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Pod.Namespace != out[j].Pod.Namespace {
 			return out[i].Pod.Namespace < out[j].Pod.Namespace
@@ -163,20 +186,20 @@ func (d *Dir) Scan() (Snapshot, error) {
 		}
 		return problems[i].Index < problems[j].Index
 	})
-	return Snapshot{Pods: out, Problems: problems}, nil
+	return Snapshot{Pods: out, Objects: outObjs, Problems: problems}, nil
 }
 
 // parse returns Parse's result for data, reusing the last one when the bytes are unchanged, and
 // records it in next.
-func (d *Dir) parse(file string, data []byte, next map[string]parseResult) ([]Pod, []Problem) {
+func (d *Dir) parse(file string, data []byte, next map[string]parseResult) ([]Pod, []Object, []Problem) {
 	sum := sha256.Sum256(data)
 	r, ok := d.parsed[file]
 	if !ok || r.sum != sum {
 		r.sum = sum
-		r.pods, r.problems = Parse(file, data)
+		r.pods, r.objs, r.problems = ParseAll(file, data)
 	}
 	next[file] = r
-	return r.pods, r.problems
+	return r.pods, r.objs, r.problems
 }
 
 // keepPrevious adds to a file's valid pods the ones it declared at the previous scan and no

@@ -91,10 +91,36 @@ type document struct {
 // are skipped and do not count towards the index. Two documents of the file declaring the
 // same namespace/name: the first wins, the later one is a Problem. Parse is pure.
 func Parse(file string, data []byte) ([]Pod, []Problem) {
+	pods, _, problems := ParseAll(file, data)
+	return pods, problems
+}
+
+// ParseAll is Parse with the ConfigMaps and Secrets of the file too. Objects have their own
+// names: a ConfigMap, a Secret and a pod may share one.
+func ParseAll(file string, data []byte) ([]Pod, []Object, []Problem) {
 	var pods []Pod
+	var objs []Object
 	var problems []Problem
 	seen := map[string]int{} // namespace/name -> index of the document that declared it
+	seenObj := map[string]int{}
 	for _, d := range Documents(file, data) {
+		if apiVersion, kind, err := d.TypeMeta(); err == nil && isObjectKind(kind) {
+			o, err := decodeObject(d, apiVersion, kind)
+			if err == nil {
+				if first, dup := seenObj[o.Key()]; dup {
+					err = fmt.Errorf("%s is already declared in document %d of this file", o.Key(), first)
+				} else {
+					seenObj[o.Key()] = d.Index
+				}
+			}
+			if err != nil {
+				problems = append(problems, Problem{File: file, Index: d.Index, Line: d.Line, Err: err})
+				continue
+			}
+			o.File, o.Index, o.Line = file, d.Index, d.Line
+			objs = append(objs, o)
+			continue
+		}
 		pod, sum, err := decodePod(d)
 		if err == nil {
 			if pod.Namespace == "" {
@@ -113,7 +139,7 @@ func Parse(file string, data []byte) ([]Pod, []Problem) {
 		}
 		pods = append(pods, Pod{Pod: pod, Sum: sum, File: file, Index: d.Index, Line: d.Line})
 	}
-	return pods, problems
+	return pods, objs, problems
 }
 
 // splitYAML splits a YAML stream on "---" lines the way apimachinery's YAMLReader does, but
@@ -207,9 +233,7 @@ func decodePod(d Document) (*v1.Pod, string, error) {
 	case kind == "":
 		return nil, "", fmt.Errorf("kind is required (want kind: Pod)")
 	case kind != "Pod":
-		// ConfigMaps and Secrets that pods reference come with a later change; until then
-		// they are refused rather than silently ignored.
-		return nil, "", fmt.Errorf("kind %s is not supported yet (only v1 Pod)", kind)
+		return nil, "", fmt.Errorf("kind %s is not supported (want Pod, ConfigMap or Secret)", kind)
 	case apiVersion == "":
 		return nil, "", fmt.Errorf("apiVersion is required (want apiVersion: v1)")
 	case apiVersion != "v1":

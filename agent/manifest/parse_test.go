@@ -142,8 +142,8 @@ func TestParseDuplicateInOneFile(t *testing.T) {
 
 func TestParseKindsAndVersions(t *testing.T) {
 	cases := map[string]string{
-		"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  a: b\n":       "kind ConfigMap is not supported yet",
-		"apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n":                         "kind Secret is not supported yet",
+		"apiVersion: v1\nkind: Deployment\nmetadata:\n  name: c\n":                     "kind Deployment is not supported (want Pod, ConfigMap or Secret)",
+		"apiVersion: apps/v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  a: b\n":  `apiVersion "apps/v1" is not supported for kind ConfigMap`,
 		strings.Replace(podYAML("p", "x"), "apiVersion: v1", "apiVersion: apps/v1", 1): `apiVersion "apps/v1" is not supported`,
 		strings.Replace(podYAML("p", "x"), "kind: Pod\n", "", 1):                       "kind is required",
 		strings.Replace(podYAML("p", "x"), "apiVersion: v1\n", "", 1):                  "apiVersion is required",

@@ -77,9 +77,9 @@ func (d *Dir) Watch(ctx context.Context, resync time.Duration, fn func(Snapshot)
 	deliverUnless = func(skip func(Snapshot) bool) {
 		snap, err := d.Scan()
 		if err != nil {
-			snap = Snapshot{Pods: copyPods(lastGood.Pods), Problems: []Problem{{File: d.path, Index: -1, Err: err}}}
+			snap = Snapshot{Pods: copyPods(lastGood.Pods), Objects: copyObjects(lastGood.Objects), Problems: []Problem{{File: d.path, Index: -1, Err: err}}}
 		} else {
-			lastGood = Snapshot{Pods: copyPods(snap.Pods)}
+			lastGood = Snapshot{Pods: copyPods(snap.Pods), Objects: copyObjects(snap.Objects)}
 		}
 		if skip != nil && skip(snap) {
 			return
@@ -175,12 +175,31 @@ func fingerprint(s Snapshot) string {
 		b.WriteString(p.Sum)
 		b.WriteString(" " + strconv.Itoa(p.Line) + " " + strconv.FormatBool(p.Stale) + "\n")
 	}
+	for _, o := range s.Objects {
+		b.WriteString(o.Key() + " " + o.Ref().String() + " " + o.Sum + " " + strconv.Itoa(o.Line) + " " + strconv.FormatBool(o.Stale) + "\n")
+	}
 	for _, p := range s.Problems {
 		b.WriteString(p.Error())
 		b.WriteByte('\n')
 	}
 	return b.String()
 }
+
+func copyObjects(objs []Object) []Object {
+	if objs == nil {
+		return nil
+	}
+	out := make([]Object, len(objs))
+	for i, o := range objs {
+		out[i] = o.deepCopy()
+	}
+	return out
+}
+
+// OnObjects sets who receives the ConfigMaps and Secrets of every snapshot Run and Once deliver,
+// before the pods that may use them are delivered; KeptFiles says whose objects stay as stored.
+// Without it they are parsed and dropped. Call it before Run.
+func (d *Dir) OnObjects(fn func(Snapshot)) { d.objects = fn }
 
 func copyPods(pods []Pod) []Pod {
 	if pods == nil {
@@ -202,7 +221,12 @@ func (d *Dir) Kind() source.Kind { return source.File }
 // file or a document that cannot be decoded marks its file Keep: the pods stored from it stay,
 // because after a reboot nothing but the store remembers what the file held.
 func (d *Dir) Run(ctx context.Context, deliver func(source.Change)) error {
-	return d.Watch(ctx, resyncPeriod, func(s Snapshot) { deliver(s.Change()) })
+	return d.Watch(ctx, resyncPeriod, func(s Snapshot) {
+		if d.objects != nil {
+			d.objects(s)
+		}
+		deliver(s.Change())
+	})
 }
 
 // resyncPeriod re-reads the directory even without inotify events (a missed event, an NFS mount).
@@ -227,6 +251,9 @@ func (d *Dir) Once() (source.Change, error) {
 	s, err := d.Scan()
 	if err != nil {
 		return source.Change{}, err
+	}
+	if d.objects != nil {
+		d.objects(s)
 	}
 	return s.Change(), nil
 }

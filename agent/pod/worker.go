@@ -83,6 +83,7 @@ type Worker struct {
 	failure  *Failure // the node's verdict (evicted, rejected, shut down); see Fail
 	status   v1.PodStatus
 	ooms     []string
+	objects  bool // a ConfigMap or Secret the pod uses changed (ObjectsChanged); true at first for a restarted agent
 
 	seen string // runtime.Fingerprint of what the last sync left behind; guarded by mu
 
@@ -100,7 +101,7 @@ type Worker struct {
 // NewWorker starts nothing; call Run. prev is the status stored before an agent restart, if any,
 // so start times and last states survive the restart.
 func NewWorker(pod *v1.Pod, prev *v1.PodStatus, env Env) *Worker {
-	w := &Worker{env: env, nudge: make(chan struct{}, 1), pod: pod, recs: map[string]*record{}}
+	w := &Worker{env: env, nudge: make(chan struct{}, 1), pod: pod, recs: map[string]*record{}, objects: true}
 	if env.Log == nil {
 		w.env.Log = slog.Default()
 	}
@@ -141,6 +142,7 @@ func (w *Worker) rec(name string) *record {
 func (w *Worker) Update(pod *v1.Pod) {
 	w.mu.Lock()
 	w.pod = pod
+	w.objects = true // downwardAPI volumes show labels and annotations, which an update may change
 	w.mu.Unlock()
 	w.Nudge()
 }
@@ -203,9 +205,12 @@ func (w *Worker) Run(ctx context.Context) {
 		case <-timer.C:
 		}
 		w.mu.Lock()
-		pod, deleting, ooms, failure := w.pod, w.deleting, w.ooms, w.failure
-		w.ooms = nil
+		pod, deleting, ooms, failure, objects := w.pod, w.deleting, w.ooms, w.failure, w.objects
+		w.ooms, w.objects = nil, false
 		w.mu.Unlock()
+		if objects && !deleting && failure == nil {
+			w.objectsChanged(ctx, pod)
+		}
 		for _, id := range ooms {
 			for _, r := range w.recs {
 				r.oomIDs[id] = true
@@ -581,6 +586,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 		r.retryAt = now.Add(backoffDelay(r.crashes))
 		w.startFailed(pod, c, se)
 		w.env.Log.Warn("container failed to start", "container", c.Name, "reason", se.Reason, "err", se.Err)
+		w.reportMountFailure(pod, se)
 		if se.Reason == "ErrImagePull" {
 			// Look again shortly so the status turns to ImagePullBackOff while it waits, as kubelet's does.
 			return min(r.retryAt.Sub(now), time.Second+10*time.Millisecond)

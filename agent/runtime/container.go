@@ -89,7 +89,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 	if sb == nil || sb.Ref.UID != pod.UID {
 		return Container{}, &StartError{"CreateContainerError", fmt.Errorf("container %q of pod %s/%s: no sandbox for this pod", c.Name, pod.Namespace, pod.Name)}
 	}
-	img, err := r.EnsureImage(ctx, c.Image, c.ImagePullPolicy)
+	img, err := r.EnsureImage(r.withPullSecrets(ctx, pod), c.Image, c.ImagePullPolicy)
 	if err != nil {
 		reason := "ErrImagePull"
 		switch {

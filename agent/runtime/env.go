@@ -9,29 +9,58 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
-// containerEnv resolves a container's env list in order, the way kubelet does: a value may refer to
-// variables defined earlier with $(NAME); valueFrom.fieldRef reads pod fields. ConfigMap and Secret
-// references come with a later issue and are refused with a clear error instead of an empty value.
+// containerEnv resolves a container's env list in order, the way kubelet does: envFrom sources
+// first (later ones win), then env, whose values may refer to variables defined before them with
+// $(NAME); valueFrom reads pod fields, resources, and ConfigMap and Secret keys. It is
+// containerEnvWith without a ConfigMap/Secret store: references to one are refused.
 func containerEnv(pod *v1.Pod, c *v1.Container) ([]v1.EnvVar, error) {
+	env, _, err := containerEnvWith(pod, c, noObjects{})
+	return env, err
+}
+
+// containerEnvWith is containerEnv reading ConfigMaps and Secrets from objs. skipped lists envFrom
+// keys that are not valid variable names (kubelet leaves them out with a warning). A missing
+// object or key that is not optional is a *ConfigError naming them (never a value).
+func containerEnvWith(pod *v1.Pod, c *v1.Container, objs Objects) (env []v1.EnvVar, skipped []string, err error) {
 	out := make([]v1.EnvVar, 0, len(c.Env))
 	seen := map[string]string{}
+	// A name defined twice is listed twice; the later one wins (oci.WithEnv replaces).
+	set := func(name, val string) {
+		seen[name] = val
+		out = append(out, v1.EnvVar{Name: name, Value: val})
+	}
+	for i, src := range c.EnvFrom {
+		vars, skip, err := envFromVars(pod, objs, src)
+		if err != nil {
+			return nil, nil, configErr("container %q envFrom[%d] (%s): %v", c.Name, i, envFromName(src), err)
+		}
+		skipped = append(skipped, skip...)
+		for _, v := range vars {
+			set(v.Name, v.Value)
+		}
+	}
 	for _, e := range c.Env {
 		val := e.Value
 		if e.ValueFrom != nil {
-			var err error
-			if val, err = envFrom(pod, c, e); err != nil {
-				return nil, configErr("container %q env %s: %v", c.Name, e.Name, err)
+			vf := e.ValueFrom
+			if vf.ConfigMapKeyRef != nil || vf.SecretKeyRef != nil {
+				v, ok, err := keyRefValue(pod, objs, vf)
+				if err != nil {
+					return nil, nil, configErr("container %q env %s: %v", c.Name, e.Name, err)
+				}
+				if !ok {
+					continue // optional and missing: the variable is not set
+				}
+				val = v
+			} else if val, err = envFrom(pod, c, e); err != nil {
+				return nil, nil, configErr("container %q env %s: %v", c.Name, e.Name, err)
 			}
 		} else {
 			val = expand(val, seen)
 		}
-		seen[e.Name] = val
-		out = append(out, v1.EnvVar{Name: e.Name, Value: val})
+		set(e.Name, val)
 	}
-	if len(c.EnvFrom) > 0 {
-		return nil, configErr("container %q: envFrom (ConfigMap/Secret) is not supported yet", c.Name)
-	}
-	return out, nil
+	return out, skipped, nil
 }
 
 func envFrom(pod *v1.Pod, c *v1.Container, e v1.EnvVar) (string, error) {
@@ -40,44 +69,45 @@ func envFrom(pod *v1.Pod, c *v1.Container, e v1.EnvVar) (string, error) {
 	case vf.FieldRef != nil:
 		return podField(pod, vf.FieldRef.FieldPath)
 	case vf.ResourceFieldRef != nil:
-		rf := vf.ResourceFieldRef
-		name := rf.ContainerName
-		if name == "" {
-			name = c.Name
-		}
-		// Init containers may read their own resources too.
-		for _, ctr := range podspec.AllContainers(&pod.Spec) {
-			if ctr.Name != name {
-				continue
-			}
-			kind, key, _ := strings.Cut(rf.Resource, ".")
-			list := ctr.Resources.Limits
-			if kind == "requests" {
-				list = ctr.Resources.Requests
-			}
-			q, ok := list[v1.ResourceName(key)]
-			if !ok {
-				return "0", nil
-			}
-			// The value is given in units of the divisor (1 when unset), rounded up, as kubelet does.
-			div := rf.Divisor
-			if div.IsZero() {
-				div = *resource.NewQuantity(1, resource.DecimalSI)
-			} else if div.Sign() < 0 {
-				return "", fmt.Errorf("resourceFieldRef divisor %s is negative", div.String())
-			}
-			if key == "cpu" {
-				return fmt.Sprint(ceilDiv(q.MilliValue(), div.MilliValue())), nil
-			}
-			return fmt.Sprint(ceilDiv(q.Value(), div.Value())), nil
-		}
-		return "", fmt.Errorf("resourceFieldRef names unknown container %q", name)
-	case vf.ConfigMapKeyRef != nil:
-		return "", fmt.Errorf("configMapKeyRef is not supported yet")
-	case vf.SecretKeyRef != nil:
-		return "", fmt.Errorf("secretKeyRef is not supported yet")
+		return resourceFieldValue(pod, c.Name, vf.ResourceFieldRef)
 	}
 	return "", fmt.Errorf("valueFrom has no source")
+}
+
+// resourceFieldValue reads a container's request or limit for resourceFieldRef, in units of the
+// divisor, rounded up. The container is rf.ContainerName, or self when that is empty (env).
+func resourceFieldValue(pod *v1.Pod, self string, rf *v1.ResourceFieldSelector) (string, error) {
+	name := rf.ContainerName
+	if name == "" {
+		name = self
+	}
+	// Init containers may read their own resources too.
+	for _, ctr := range podspec.AllContainers(&pod.Spec) {
+		if ctr.Name != name {
+			continue
+		}
+		kind, key, _ := strings.Cut(rf.Resource, ".")
+		list := ctr.Resources.Limits
+		if kind == "requests" {
+			list = ctr.Resources.Requests
+		}
+		q, ok := list[v1.ResourceName(key)]
+		if !ok {
+			return "0", nil
+		}
+		// The value is given in units of the divisor (1 when unset), rounded up, as kubelet does.
+		div := rf.Divisor
+		if div.IsZero() {
+			div = *resource.NewQuantity(1, resource.DecimalSI)
+		} else if div.Sign() < 0 {
+			return "", fmt.Errorf("resourceFieldRef divisor %s is negative", div.String())
+		}
+		if key == "cpu" {
+			return fmt.Sprint(ceilDiv(q.MilliValue(), div.MilliValue())), nil
+		}
+		return fmt.Sprint(ceilDiv(q.Value(), div.Value())), nil
+	}
+	return "", fmt.Errorf("resourceFieldRef names unknown container %q", name)
 }
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }

@@ -193,12 +193,12 @@ func TestContainerEnvConfigErrors(t *testing.T) {
 	}{
 		{"configMapKeyRef", v1.Container{Name: "app", Env: []v1.EnvVar{{Name: "LEVEL", ValueFrom: &v1.EnvVarSource{
 			ConfigMapKeyRef: &v1.ConfigMapKeySelector{LocalObjectReference: ref, Key: "level"}}}}},
-			[]string{`"app"`, "LEVEL", "configMapKeyRef"}},
+			[]string{`"app"`, "LEVEL", "ConfigMap edge/settings"}},
 		{"secretKeyRef", v1.Container{Name: "app", Env: []v1.EnvVar{{Name: "A", Value: "1"}, {Name: "TOKEN", ValueFrom: &v1.EnvVarSource{
 			SecretKeyRef: &v1.SecretKeySelector{LocalObjectReference: ref, Key: "token"}}}}},
-			[]string{`"app"`, "TOKEN", "secretKeyRef"}},
+			[]string{`"app"`, "TOKEN", "Secret edge/settings"}},
 		{"envFrom", v1.Container{Name: "side", EnvFrom: []v1.EnvFromSource{{ConfigMapRef: &v1.ConfigMapEnvSource{LocalObjectReference: ref}}}},
-			[]string{`"side"`, "envFrom"}},
+			[]string{`"side"`, "envFrom[0]", "ConfigMap settings"}},
 		{"unknown fieldRef", v1.Container{Name: "app", Env: []v1.EnvVar{fieldEnv("X", "spec.priority")}},
 			[]string{`"app"`, "X", "spec.priority"}},
 		{"resourceFieldRef to unknown container", v1.Container{Name: "app", Env: []v1.EnvVar{resourceEnv("M", "ghost", "limits.memory", "")}},

@@ -27,8 +27,12 @@ func (e *MountError) Error() string {
 func (e *MountError) Unwrap() error { return e.Err }
 
 // startErr is the StartError for an error building a container's spec: a MountError keeps its own
-// reason, anything else is a CreateContainerConfigError.
+// reason, unless it is a ConfigError too (a missing ConfigMap or Secret behind an object volume);
+// anything else is a CreateContainerConfigError.
 func startErr(err error) *StartError {
+	if _, ok := errors.AsType[*ConfigError](err); ok {
+		return &StartError{"CreateContainerConfigError", err}
+	}
 	if _, ok := errors.AsType[*MountError](err); ok {
 		return &StartError{ReasonFailedMount, err}
 	}

@@ -23,10 +23,12 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	"github.com/distribution/reference"
+	"github.com/mqlet/mqlet/agent/regauth"
 	v1 "k8s.io/api/core/v1"
 )
 
-// RegistryOptions say how to reach registries. Pulls are anonymous for now.
+// RegistryOptions say how to reach registries. Credentials come from the pod's imagePullSecrets and
+// the node's registryAuthFile (pullauth.go).
 type RegistryOptions struct {
 	PlainHTTP []string // host[:port] spoken to over plain HTTP
 	CAFile    string   // extra PEM bundle trusted for TLS registries
@@ -192,8 +194,9 @@ func (r *Runtime) unpack(ctx context.Context, img containerd.Image) error {
 }
 
 func (r *Runtime) pullShared(ctx context.Context, ref string) (containerd.Image, error) {
+	key := ref + pullCredsKey(ctx, ref) // pods with other credentials do not share a pull
 	r.pulls.Lock()
-	if p, ok := r.pulling[ref]; ok {
+	if p, ok := r.pulling[key]; ok {
 		r.pulls.Unlock()
 		select {
 		case <-p.done:
@@ -203,20 +206,37 @@ func (r *Runtime) pullShared(ctx context.Context, ref string) (containerd.Image,
 		}
 	}
 	p := &pull{done: make(chan struct{})}
-	r.pulling[ref] = p
+	r.pulling[key] = p
 	r.pulls.Unlock()
 
 	p.img, p.err = r.Pull(ctx, ref)
 	close(p.done)
 	r.pulls.Lock()
-	delete(r.pulling, ref)
+	delete(r.pulling, key)
 	r.pulls.Unlock()
 	return p.img, p.err
 }
 
-// Pull fetches and unpacks an image from its registry.
+// Pull fetches and unpacks an image from its registry, with the credentials ctx carries for it
+// (withPullSecrets), trying each that matches in turn while the registry refuses them.
 func (r *Runtime) Pull(ctx context.Context, ref string) (containerd.Image, error) {
-	resolver, err := r.resolver()
+	creds := pullCreds(ctx, ref)
+	if len(creds) == 0 {
+		return r.pullWith(ctx, ref, nil)
+	}
+	var err error
+	for i := range creds {
+		var img containerd.Image
+		if img, err = r.pullWith(ctx, ref, &creds[i]); err == nil || !authRefused(err) {
+			return img, err
+		}
+		r.log.Info("registry refused a credential", "image", ref, "credential", creds[i].String(), "err", err)
+	}
+	return nil, err
+}
+
+func (r *Runtime) pullWith(ctx context.Context, ref string, cred *regauth.Credential) (containerd.Image, error) {
+	resolver, err := r.resolverWith(credsFunc(ref, cred))
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +255,10 @@ func (r *Runtime) Pull(ctx context.Context, ref string) (containerd.Image, error
 	return img, nil
 }
 
-func (r *Runtime) resolver() (remotes.Resolver, error) {
+func (r *Runtime) resolver() (remotes.Resolver, error) { return r.resolverWith(nil) }
+
+// resolverWith answers registries' auth challenges with creds (nil: anonymously).
+func (r *Runtime) resolverWith(creds func(host string) (string, string, error)) (remotes.Resolver, error) {
 	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
 	if r.opts.Registry.CAFile != "" {
 		pem, err := os.ReadFile(r.opts.Registry.CAFile)
@@ -255,9 +278,11 @@ func (r *Runtime) resolver() (remotes.Resolver, error) {
 	tr.TLSClientConfig = tlsConf
 	tr.ResponseHeaderTimeout = registryStall
 	plain := r.opts.Registry.PlainHTTP
+	client := &http.Client{Transport: stallTransport{base: tr, stall: registryStall}}
 	hosts := docker.ConfigureDefaultRegistries(
-		docker.WithClient(&http.Client{Transport: stallTransport{base: tr, stall: registryStall}}),
+		docker.WithClient(client),
 		docker.WithPlainHTTP(func(host string) (bool, error) { return slices.Contains(plain, host), nil }),
+		docker.WithAuthorizer(docker.NewDockerAuthorizer(docker.WithAuthClient(client), docker.WithAuthCreds(creds))),
 	)
 	return docker.NewResolver(docker.ResolverOptions{Hosts: hosts}), nil
 }

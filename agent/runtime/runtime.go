@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/containerd/v2/defaults"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/mqlet/mqlet/agent/devices"
+	"github.com/mqlet/mqlet/agent/regauth"
 	"github.com/mqlet/mqlet/hw"
 )
 
@@ -87,6 +88,9 @@ type Runtime struct {
 	imageSizes imageSizes // ListImages' sizes by image digest
 
 	logIO logCopiers // copies of container output into their logs (logio.go)
+
+	objects  Objects          // ConfigMaps and Secrets pods use (SetObjects); nil refuses them
+	nodeAuth *regauth.Keyring // the node's registryAuthFile (SetNodeCredentials)
 }
 
 // New connects to containerd. The error names the address, because an unreachable containerd is the

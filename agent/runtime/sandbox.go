@@ -93,7 +93,8 @@ func (r *Runtime) sandboxHooks() []sandboxHook {
 		cgroupHook{r},
 		pidnsHook{r}, // after the pod dir (its record) and the cgroup (where the holder goes)
 		emptyDirHook{r},
-		fsGroupHook{r}, // after the volumes it gives to the pod's fsGroup
+		fsGroupHook{r},       // after the volumes it gives to the pod's fsGroup
+		objectVolumesHook{r}, // after the pod dir: its tmpfs mounts go before the dir is removed
 		hostsHook{r},
 		devicesHook{r},    // after the pod dir, where it records the allocation
 		bootMarkerHook{r}, // last: only a complete set-up is recorded as done in this boot

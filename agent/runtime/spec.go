@@ -63,9 +63,12 @@ func configErr(format string, a ...any) error { return &ConfigError{fmt.Errorf(f
 // specOpts turns a Kubernetes container into OCI spec options, with kubelet's semantics for
 // command/args, env expansion and resources.
 func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img containerd.Image, id string) ([]oci.SpecOpts, error) {
-	env, err := containerEnv(pod, c)
+	env, skipped, err := containerEnvWith(pod, c, r.objectsOrNone())
 	if err != nil {
 		return nil, err
+	}
+	if len(skipped) > 0 {
+		r.log.Warn(skippedMessage(c, skipped), "pod", pod.Namespace+"/"+pod.Name)
 	}
 	opts := []oci.SpecOpts{oci.WithImageConfig(img)}
 
@@ -112,7 +115,7 @@ func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img contai
 	}
 	opts = append(opts, files)
 
-	mounts, err := volumeMounts(pod, sb, c)
+	mounts, err := r.volumeMounts(pod, sb, c, env)
 	if err != nil {
 		return nil, err
 	}
@@ -192,9 +195,10 @@ func withShm(src string) oci.SpecOpts {
 	}
 }
 
-// volumeMounts supports emptyDir (made by the sandbox) and hostPath; other volume kinds arrive with
-// later work and are refused clearly rather than silently skipped.
-func volumeMounts(pod *v1.Pod, sb *Sandbox, c *v1.Container) ([]specs.Mount, error) {
+// volumeMounts supports emptyDir (made by the sandbox), hostPath, and configMap, secret,
+// downwardAPI and projected volumes (written when the container starts, objvolumes.go); other
+// volume kinds are refused clearly rather than silently skipped. env expands subPathExpr.
+func (r *Runtime) volumeMounts(pod *v1.Pod, sb *Sandbox, c *v1.Container, env []v1.EnvVar) ([]specs.Mount, error) {
 	vols := map[string]v1.Volume{}
 	for _, v := range pod.Spec.Volumes {
 		vols[v.Name] = v
@@ -217,17 +221,27 @@ func volumeMounts(pod *v1.Pod, sb *Sandbox, c *v1.Container) ([]specs.Mount, err
 				return nil, err
 			}
 		default:
-			return nil, configErr("volume %q: only emptyDir and hostPath volumes are supported", v.Name)
+			var handled bool
+			var err error
+			if src, handled, err = r.setUpObjectVolume(pod, sb.Dir, &v); err != nil {
+				return nil, err
+			} else if !handled {
+				return nil, configErr("volume %q: only emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes are supported", v.Name)
+			}
 		}
-		if m.SubPath != "" {
-			sub, err := resolveSubPath(src, m.SubPath)
+		subPath, err := mountSubPath(c, m, env)
+		if err != nil {
+			return nil, err
+		}
+		if subPath != "" {
+			sub, err := resolveSubPath(src, subPath)
 			if err != nil {
-				return nil, configErr("container %q volumeMount %q: subPath %q: %v", c.Name, m.Name, m.SubPath, err)
+				return nil, configErr("container %q volumeMount %q: subPath %q: %v", c.Name, m.Name, subPath, err)
 			}
 			src = sub
 		}
 		opt := "rw"
-		if m.ReadOnly {
+		if m.ReadOnly || objectVolumeReadOnly(&v) {
 			opt = "ro"
 		}
 		out = append(out, specs.Mount{Destination: m.MountPath, Type: "bind", Source: src, Options: []string{"rbind", opt}})

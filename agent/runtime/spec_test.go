@@ -279,12 +279,12 @@ func TestSubPathEscapeRefused(t *testing.T) {
 	for _, sub := range []string{"../../etc", "/etc", "a/../../b"} {
 		c := &v1.Container{Name: "c", VolumeMounts: []v1.VolumeMount{{Name: "v", MountPath: "/x", SubPath: sub}}}
 		var ce *ConfigError
-		if _, err := volumeMounts(pod, sb, c); !errors.As(err, &ce) {
+		if _, err := (&Runtime{}).volumeMounts(pod, sb, c, nil); !errors.As(err, &ce) {
 			t.Errorf("subPath %q: err = %v, want a ConfigError", sub, err)
 		}
 	}
 	c := &v1.Container{Name: "c", VolumeMounts: []v1.VolumeMount{{Name: "v", MountPath: "/x", SubPath: "data"}}}
-	if m, err := volumeMounts(pod, sb, c); err != nil || len(m) != 1 {
+	if m, err := (&Runtime{}).volumeMounts(pod, sb, c, nil); err != nil || len(m) != 1 {
 		t.Errorf("subPath data: %v %v", m, err)
 	}
 }

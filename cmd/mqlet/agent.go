@@ -19,7 +19,6 @@ import (
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/hw"
 	"github.com/mqlet/mqlet/store"
-	"github.com/mqlet/mqlet/store/seal"
 	"github.com/mqlet/mqlet/sync/nodesync"
 	v1 "k8s.io/api/core/v1"
 )
@@ -75,13 +74,14 @@ func (c *AgentCmd) Run() error {
 		return err
 	}
 	defer rt.Close()
-	// Secrets from the control plane are sealed in the state store under the node key; a
-	// standalone node has none, so it needs no key.
+	if err := loadRegistryAuth(cfg, rt); err != nil { // wire_objects.go
+		return err
+	}
+	// Secrets (from the control plane or the manifest dir) are sealed in the state store under
+	// the node key (wire_objects.go).
 	var storeOpts store.Options
-	if cfg.MQTTBroker != "" {
-		if storeOpts.SecretKey, err = seal.LoadOrCreateKey(cfg.SecretKeyFile); err != nil {
-			return fmt.Errorf("node key (--secret-key-file): %w", err)
-		}
+	if storeOpts.SecretKey, err = nodeKey(cfg, log); err != nil {
+		return err
 	}
 	db, err := store.OpenWith(cfg.StatePath(), storeOpts)
 	if err != nil {
@@ -90,12 +90,14 @@ func (c *AgentCmd) Run() error {
 	defer db.Close()
 	state := m.Store(db)
 
-	sources := []source.Source{manifest.NewDir(cfg.ManifestDir)}
+	dir := manifest.NewDir(cfg.ManifestDir)
+	objs := newObjects(state, rt, dir, log) // wire_objects.go
+	sources := []source.Source{dir}
 	var channel *nodesync.Sync
 	var report agent.Reporter
 	var a *agent.Agent
 	if cfg.MQTTBroker != "" && !cfg.Once {
-		channel, err = newChannel(cfg, state, log, func() *agent.Agent { return a })
+		channel, err = newChannel(cfg, objs.Guard(state, source.MQTT), log, func() *agent.Agent { return a })
 		if err != nil {
 			return err
 		}
@@ -130,6 +132,7 @@ func (c *AgentCmd) Run() error {
 		Pressure:    func() []v1.NodeConditionType { return evictions.Pressure() },
 		Node:        func() *v1.Node { return nodeStatus.nodeOr(cfg) }, // wire_volumes.go
 	}, rt, state, sources...)
+	connectObjects(objs, a, report)
 
 	if cfg.Once {
 		pods, err := a.RunOnce(ctx, cfg.OnceTimeout.Duration)

@@ -115,6 +115,8 @@ func (h *harness) flags() []string {
 		"--containerd-address", h.env.ContainerdAddress, "--containerd-namespace", h.ns,
 		"--manifest-dir", h.manifests, "--api-socket", h.sock, "--image-preload-dir", filepath.Join(h.dir, "preload"),
 		"--relist-period", "2s", "--plain-http-registry", h.env.Registry, "--log-level", "debug",
+		// Every node makes its node key at first start: the test's, not /etc/mqlet's.
+		"--secret-key-file", filepath.Join(h.dir, "node.key"),
 		// containerd's root here is the test environment's; any existing dir serves as the imagefs.
 		"--image-fs-dir", h.dir}
 }

@@ -174,6 +174,7 @@ func (b *bench) agentArgs() []string {
 		"--api-socket", b.apiSocket(),
 		"--image-preload-dir", b.path("preload"),
 		"--relist-period", "10s",
+		"--secret-key-file", b.path("node.key"), // every node makes one; not /etc/mqlet's
 	}, b.agentExtra...)
 }
 

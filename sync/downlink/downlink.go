@@ -273,6 +273,13 @@ func (d *Downlink) desired(t protocol.Topic, m Message) {
 		}
 	}
 	if err := d.apply(obj, m.Topic); err != nil {
+		var verdict interface{ Refusal() }
+		if errors.As(err, &verdict) {
+			// The store refused the object itself (another source defines its name): report it
+			// like a bad payload rather than retrying what will be refused again.
+			d.refuse(m.Topic, t, obj.Generation, err)
+			return
+		}
 		// Not marked: the next delivery of this retained message tries again.
 		d.o.Log.Error("mqtt downlink: apply failed; will retry on the next delivery", "topic", m.Topic, "err", err)
 		return

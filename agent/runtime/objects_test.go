@@ -1,0 +1,141 @@
+package runtime
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// fakeObjects is an in-memory Objects keyed by "namespace/name".
+type fakeObjects struct {
+	cms     map[string]*v1.ConfigMap
+	secrets map[string]*v1.Secret
+}
+
+func (f fakeObjects) ConfigMap(ns, name string) (*v1.ConfigMap, error) {
+	if cm, ok := f.cms[ns+"/"+name]; ok {
+		return cm, nil
+	}
+	return nil, &NotFoundError{Kind: "ConfigMap", Namespace: ns, Name: name}
+}
+
+func (f fakeObjects) Secret(ns, name string) (*v1.Secret, error) {
+	if s, ok := f.secrets[ns+"/"+name]; ok {
+		return s, nil
+	}
+	return nil, &NotFoundError{Kind: "Secret", Namespace: ns, Name: name}
+}
+
+func testObjects() fakeObjects {
+	return fakeObjects{
+		cms: map[string]*v1.ConfigMap{"edge/settings": {
+			ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "settings"},
+			Data:       map[string]string{"level": "debug", "PORT": "8080", "bad-key!": "x", "1st": "y"},
+		}},
+		secrets: map[string]*v1.Secret{"edge/creds": {
+			ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "creds"},
+			Data:       map[string][]byte{"token": []byte("s3cr3t-value"), "user": []byte("admin")},
+			StringData: map[string]string{"extra": "from-string-data"},
+		}},
+	}
+}
+
+func tru() *bool { t := true; return &t }
+
+func cmKey(name, key string, optional *bool) *v1.EnvVarSource {
+	return &v1.EnvVarSource{ConfigMapKeyRef: &v1.ConfigMapKeySelector{LocalObjectReference: v1.LocalObjectReference{Name: name}, Key: key, Optional: optional}}
+}
+
+func secretKey(name, key string, optional *bool) *v1.EnvVarSource {
+	return &v1.EnvVarSource{SecretKeyRef: &v1.SecretKeySelector{LocalObjectReference: v1.LocalObjectReference{Name: name}, Key: key, Optional: optional}}
+}
+
+// lastWins is the env as the container sees it: a later definition of a name replaces an earlier.
+func lastWins(env []v1.EnvVar) map[string]string {
+	m := map[string]string{}
+	for _, e := range env {
+		m[e.Name] = e.Value
+	}
+	return m
+}
+
+func TestContainerEnvFromObjects(t *testing.T) {
+	c := &v1.Container{Name: "app",
+		EnvFrom: []v1.EnvFromSource{
+			{ConfigMapRef: &v1.ConfigMapEnvSource{LocalObjectReference: v1.LocalObjectReference{Name: "settings"}}},
+			{Prefix: "DB_", SecretRef: &v1.SecretEnvSource{LocalObjectReference: v1.LocalObjectReference{Name: "creds"}}},
+			{ConfigMapRef: &v1.ConfigMapEnvSource{LocalObjectReference: v1.LocalObjectReference{Name: "absent"}, Optional: tru()}},
+		},
+		Env: []v1.EnvVar{
+			{Name: "LEVEL", ValueFrom: cmKey("settings", "level", nil)},
+			{Name: "TOKEN", ValueFrom: secretKey("creds", "token", nil)},
+			{Name: "URL", Value: "http://$(DB_user):$(PORT)"},
+			{Name: "PORT", Value: "9090"}, // overrides envFrom's PORT
+			{Name: "MAYBE", ValueFrom: cmKey("absent", "x", tru())},
+			{Name: "MAYBEKEY", ValueFrom: secretKey("creds", "nope", tru())},
+		},
+	}
+	env, skipped, err := containerEnvWith(envPod(), c, testObjects())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := lastWins(env)
+	want := map[string]string{
+		"PORT": "9090", "level": "debug",
+		"DB_token": "s3cr3t-value", "DB_user": "admin", "DB_extra": "from-string-data",
+		"LEVEL": "debug", "TOKEN": "s3cr3t-value", "URL": "http://admin:8080",
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	for _, k := range []string{"MAYBE", "MAYBEKEY", "bad-key!", "1st"} {
+		if _, ok := got[k]; ok {
+			t.Errorf("%s is set; optional-missing and invalid names must be left out", k)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("env = %v, want exactly %v", got, want)
+	}
+	if strings.Join(skipped, ",") != "1st,bad-key!" {
+		t.Errorf("skipped = %v, want [1st bad-key!]", skipped)
+	}
+}
+
+func TestContainerEnvMissingObjects(t *testing.T) {
+	tests := []struct {
+		name    string
+		c       v1.Container
+		mention []string
+	}{
+		{"missing configMap", v1.Container{Name: "app", Env: []v1.EnvVar{{Name: "L", ValueFrom: cmKey("ghost", "level", nil)}}},
+			[]string{`"app"`, "env L", "ConfigMap edge/ghost not found"}},
+		{"missing key", v1.Container{Name: "app", Env: []v1.EnvVar{{Name: "L", ValueFrom: cmKey("settings", "nokey", nil)}}},
+			[]string{"couldn't find key nokey in ConfigMap edge/settings"}},
+		{"missing secret key", v1.Container{Name: "app", Env: []v1.EnvVar{{Name: "T", ValueFrom: secretKey("creds", "nokey", nil)}}},
+			[]string{"couldn't find key nokey in Secret edge/creds"}},
+		{"missing secret", v1.Container{Name: "app", EnvFrom: []v1.EnvFromSource{{SecretRef: &v1.SecretEnvSource{LocalObjectReference: v1.LocalObjectReference{Name: "ghost"}}}}},
+			[]string{"envFrom[0]", "Secret edge/ghost not found"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, _, err := containerEnvWith(envPod(), &tt.c, testObjects())
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("err = %v; want a *ConfigError", err)
+			}
+			for _, m := range tt.mention {
+				if !strings.Contains(err.Error(), m) {
+					t.Errorf("error %q does not mention %q", err, m)
+				}
+			}
+			if strings.Contains(err.Error(), "s3cr3t") {
+				t.Errorf("error %q quotes a secret value", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mqlet/mqlet/internal/mqtttest"
+	"github.com/mqlet/mqlet/store"
+	"github.com/mqlet/mqlet/sync/protocol"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// applyObjects publishes ConfigMaps and Secrets at the next revision, then the index.
+func (cp *controlPlane) applyObjects(objs ...any) {
+	cp.t.Helper()
+	cp.rev++
+	for _, o := range objs {
+		d, err := protocol.NewDesired(e2eNode, cp.rev, o)
+		if err != nil {
+			cp.t.Fatal(err)
+		}
+		cp.raw(topics.Desired(e2eNode, d.Kind, d.Namespace, d.Name), cp.encode(d), true)
+		cp.objects[d.Key()] = cp.rev
+	}
+	cp.publishIndex()
+}
+
+// ConfigMaps and Secrets from the control plane reach pods as the manifest dir's do: env, a volume
+// updated in place when the ConfigMap changes over MQTT; the Secret's value is nowhere in the state
+// dir (store, outbox) or the log; a manifest-dir ConfigMap of the same name is refused.
+func TestMQTTObjectsReachPodsAndSecretsStaySealed(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	h.unmountObjectVolumesAtCleanup()
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	cp := newControlPlane(t, b.Plain)
+	h.startMQTTAgent(b.Plain)
+
+	value := fmt.Sprintf("Mqtt-S3cret-%d", time.Now().UnixNano())
+	cm := func(v string) *v1.ConfigMap {
+		return &v1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mq-cm"}, Data: map[string]string{"greeting": v}}
+	}
+	cp.applyObjects(cm("v1"), &v1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mq-secret"}, Data: map[string][]byte{"pw": []byte(value)}})
+	cp.applyYAML(`apiVersion: v1
+kind: Pod
+metadata: {name: mqobj}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: mqlet.test/busybox:1
+    command: ["sh", "-c", "[ \"$PW\" = \"$(cat /etc/s/pw)\" ] && echo match; while true; do echo \"now=$(cat /etc/cfg/greeting)\"; sleep 0.2; done"]
+    env: [{name: PW, valueFrom: {secretKeyRef: {name: mq-secret, key: pw}}}]
+    volumeMounts: [{name: cfg, mountPath: /etc/cfg}, {name: s, mountPath: /etc/s}]
+  volumes:
+  - {name: cfg, configMap: {name: mq-cm}}
+  - {name: s, secret: {secretName: mq-secret}}
+`)
+	p := h.waitPod("mqobj", "running", allRunning)
+	h.waitContainerLog("mqobj", "c", "match")
+	h.waitContainerLog("mqobj", "c", "now=v1")
+	id := containerStatus(p, "c").ContainerID
+
+	cp.applyObjects(cm("v2"))
+	h.waitContainerLog("mqobj", "c", "now=v2")
+	if p, _ = h.getPod("mqobj"); containerStatus(p, "c").ContainerID != id {
+		t.Errorf("the container was replaced for a ConfigMap change")
+	}
+
+	h.writeManifest("clash.yaml", configMapYAML("mq-cm", map[string]string{"greeting": "from-file"}))
+	h.waitLog("the manifest ConfigMap refused", `msg="manifest object refused"`, "ConfigMap default/mq-cm is already defined by mqtt")
+
+	h.stopAgent() // the outbox and store are complete on disk now
+	db, err := store.Open(filepath.Join(h.state, "state.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, found, err := db.GetObject(store.KindConfigMap, "default", "mq-cm")
+	db.Close()
+	if err != nil || !found || r.Source.Kind != "mqtt" || r.ConfigMap.Data["greeting"] != "v2" {
+		t.Errorf("stored ConfigMap mq-cm: %+v found=%v err=%v; want the control plane's v2", r.Source, found, err)
+	}
+	err = filepath.Walk(h.state, func(path string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		if info.IsDir() {
+			if path != h.state && isTmpfs(path) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !info.Mode().IsRegular() || isNsfs(path) {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err == nil && strings.Contains(string(b), value) {
+			t.Errorf("the secret's value is in clear in %s", path)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(h.agentLog.String(), value) {
+		t.Errorf("the secret's value is in the agent's log")
+	}
+}
