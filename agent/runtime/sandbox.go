@@ -85,6 +85,7 @@ func (r *Runtime) sandboxHooks() []sandboxHook {
 		podDirHook{r},
 		logDirHook{r},
 		netnsHook{r},
+		cniHook{r}, // after the namespace it attaches; fills PodIPs for the hosts file
 		ipcHook{r},
 		cgroupHook{r},
 		pidnsHook{r}, // after the pod dir (its record) and the cgroup (where the holder goes)
