@@ -158,13 +158,16 @@ func (m *Manager) Setup(ctx context.Context, pod *v1.Pod, netns string) ([]strin
 	return m.add(ctx, pod, dir, netns, nsID, ports)
 }
 
-// adopt keeps an attachment this process did not make, after CHECKing it once. A CHECK that
-// finds the attachment broken (the bridge or the pod's interface gone) redoes it; one that cannot
-// run (a plugin binary is missing) keeps it as it is: the pod's traffic may well still flow.
+// adopt keeps an attachment this process did not make (the agent restarted), with its addresses,
+// after CHECKing it once. A failed CHECK is only reported: the pod's containers run in that
+// namespace with those addresses, and redoing the attachment would change them under a running
+// pod. (containerd's CRI does not CHECK at all; the plugins' own CHECK is not always right either:
+// portmap 1.1.1 fails it on a node without IPv6 NAT chains.)
 func (m *Manager) adopt(ctx context.Context, pod *v1.Pod, dir string, rec *record, netns string) ([]string, error) {
 	uid := string(pod.UID)
 	m.mu.Lock()
 	done := m.checked[uid]
+	m.checked[uid] = true
 	m.mu.Unlock()
 	if done {
 		return rec.IPs, nil
@@ -173,25 +176,10 @@ func (m *Manager) adopt(ctx context.Context, pod *v1.Pod, dir string, rec *recor
 	if err != nil {
 		return nil, fmt.Errorf("stored CNI configuration of network %q: %w", rec.Network, err)
 	}
-	err = m.config(dir).CheckNetworkList(ctx, list, rec.runtimeConf(uid, netns))
-	switch {
-	case err == nil || errors.Is(err, libcni.ErrorCheckNotSupp):
-	case isNotFound(err):
-		m.log.Warn("cannot CHECK the pod's network attachment; keeping it", "pod", podName(pod), "err", err)
-	default:
-		m.log.Warn("the pod's network attachment failed CHECK; attaching it again", "pod", podName(pod), "network", rec.Network, "err", err)
-		if err := m.del(ctx, dir, rec, netns); err != nil {
-			return nil, fmt.Errorf("release the broken attachment to CNI network %q: %w", rec.Network, err)
-		}
-		nsID, err := netnsID(netns)
-		if err != nil {
-			return nil, err
-		}
-		return m.add(ctx, pod, dir, netns, nsID, rec.Ports)
+	if err := m.config(dir).CheckNetworkList(ctx, list, rec.runtimeConf(uid, netns)); err != nil && !errors.Is(err, libcni.ErrorCheckNotSupp) {
+		m.log.Warn("the pod's network attachment failed CNI CHECK; keeping it", "pod", podName(pod), "network", rec.Network, "ips", rec.IPs, "err", err)
 	}
-	m.mu.Lock()
-	m.checked[uid] = true
-	m.mu.Unlock()
+	m.log.Debug("kept the pod's network attachment", "pod", podName(pod), "network", rec.Network, "ips", rec.IPs)
 	return rec.IPs, nil
 }
 
@@ -350,10 +338,6 @@ func netnsID(path string) (string, error) {
 		boot = []byte("-")
 	}
 	return fmt.Sprintf("%s/%d:%d", strings.TrimSpace(string(boot)), st.Dev, st.Ino), nil
-}
-
-func isNotFound(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "failed to find plugin")
 }
 
 func podName(pod *v1.Pod) string { return pod.Namespace + "/" + pod.Name }

@@ -231,16 +231,23 @@ func TestCNIAgentRestartAndKill9KeepPodIPs(t *testing.T) {
 	}{{"SIGTERM", h.stopAgent}, {"kill -9", h.kill9Agent}} {
 		restart.stop()
 		h.startAgent()
+		// The positive signal that the new agent has set up each pod's sandbox: its adoption of
+		// the attachment, with the addresses it keeps.
 		for _, want := range []*v1.Pod{web, client} {
+			line := fmt.Sprintf(`msg="kept the pod's network attachment" pod=default/%s network=%s ips=[%s]`, want.Name, n.Name, want.Status.PodIP)
+			waitFor(t, want.Name+" adopted with its address after "+restart.name, func() bool { return strings.Contains(h.agentLog.String(), line) })
 			got := h.waitPod(want.Name, "running", runningInNet(n))
 			if got.Status.PodIP != want.Status.PodIP {
 				t.Errorf("after %s: pod %s has %s, had %s", restart.name, want.Name, got.Status.PodIP, want.Status.PodIP)
 			}
 		}
+		if strings.Contains(h.agentLog.String(), "pod attached to CNI network") {
+			t.Errorf("after %s a pod was attached again:\n%s", restart.name, h.agentLog)
+		}
 		if now := h.tasks(); !maps.Equal(now, tasks) {
 			t.Errorf("after %s the containers changed: %v, were %v", restart.name, now, tasks)
 		}
-		if got := n.Allocated(t); len(got) != 2 {
+		if got := n.Allocated(t); len(got) != 2 || !slices.Contains(got, web.Status.PodIP) || !slices.Contains(got, client.Status.PodIP) {
 			t.Errorf("after %s host-local holds %v, want the two pods' addresses", restart.name, got)
 		}
 		before := countFetches(h, client)
