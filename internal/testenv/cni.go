@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/mqlet/mqlet/internal/netclean"
 )
 
 // CNIPlugins is where Debian's containernetworking-plugins installs the plugins the tests run.
@@ -117,14 +119,12 @@ func (n *CNINet) Rules(t testing.TB) []string {
 	t.Helper()
 	var out []string
 	for _, table := range []string{"nat", "filter"} {
-		b, err := exec.Command("iptables", "-w", "-t", table, "-S").CombinedOutput()
+		rules, err := netclean.Rules(table, n.Name)
 		if err != nil {
-			t.Fatalf("iptables -t %s -S: %v\n%s", table, err, b)
+			t.Fatal(err)
 		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.Contains(l, n.Name) {
-				out = append(out, table+": "+l)
-			}
+		for _, r := range rules {
+			out = append(out, table+": "+r)
 		}
 	}
 	return out
@@ -151,26 +151,8 @@ func (n *CNINet) cleanup(t testing.TB, sharedBefore []string) {
 // SimulateReboot removes what a reboot takes from the network: its bridge, and the iptables rules
 // naming it with the per-pod chains they jump to. (The caller replaces the pods' namespaces.)
 func (n *CNINet) SimulateReboot(t testing.TB) {
-	exec.Command("ip", "link", "delete", n.Bridge).Run()
-	var chains []string
-	for _, r := range n.Rules(t) {
-		table, rule, _ := strings.Cut(r, ": ")
-		if !strings.HasPrefix(rule, "-A ") {
-			continue
-		}
-		args := splitRule(strings.TrimPrefix(rule, "-A "))
-		if i := slices.Index(args, "-j"); i >= 0 && i+1 < len(args) && strings.HasPrefix(args[i+1], "CNI-") &&
-			!strings.HasPrefix(args[i+1], "CNI-HOSTPORT-") {
-			chains = append(chains, table+" "+args[i+1])
-		}
-		if out, err := exec.Command("iptables", append([]string{"-w", "-t", table, "-D"}, args...)...).CombinedOutput(); err != nil {
-			t.Logf("cleanup: iptables -t %s -D %v: %v %s", table, args, err, out)
-		}
-	}
-	for _, c := range chains {
-		table, chain, _ := strings.Cut(c, " ")
-		exec.Command("iptables", "-w", "-t", table, "-F", chain).Run()
-		exec.Command("iptables", "-w", "-t", table, "-X", chain).Run()
+	if err := netclean.Network(n.Bridge, n.Name); err != nil {
+		t.Logf("remove network %s: %v", n.Name, err)
 	}
 }
 
@@ -194,39 +176,10 @@ func dropJumps(t testing.TB, chain string) {
 	b, _ := exec.Command("iptables", "-w", "-t", "nat", "-S").CombinedOutput()
 	for _, l := range strings.Split(string(b), "\n") {
 		if strings.HasPrefix(l, "-A ") && strings.HasSuffix(l, "-j "+chain) {
-			args := append([]string{"-w", "-t", "nat", "-D"}, splitRule(strings.TrimPrefix(l, "-A "))...)
+			args := append([]string{"-w", "-t", "nat", "-D"}, netclean.SplitRule(strings.TrimPrefix(l, "-A "))...)
 			exec.Command("iptables", args...).Run()
 		}
 	}
-}
-
-// splitRule splits an `iptables -S` rule into arguments, keeping quoted comments whole.
-func splitRule(s string) []string {
-	var out []string
-	var cur strings.Builder
-	quoted, escaped := false, false
-	for _, r := range s {
-		switch {
-		case escaped:
-			cur.WriteRune(r)
-			escaped = false
-		case r == '\\':
-			escaped = true
-		case r == '"':
-			quoted = !quoted
-		case r == ' ' && !quoted:
-			if cur.Len() > 0 {
-				out = append(out, cur.String())
-				cur.Reset()
-			}
-		default:
-			cur.WriteRune(r)
-		}
-	}
-	if cur.Len() > 0 {
-		out = append(out, cur.String())
-	}
-	return out
 }
 
 // freeSubnet picks a /24 in 10.123.0.0/16 that no host address or route overlaps.
