@@ -174,6 +174,7 @@ func (b *bench) agentArgs() []string {
 		"--api-socket", b.apiSocket(),
 		"--image-preload-dir", b.path("preload"),
 		"--relist-period", "10s",
+		"--cni-conf-dir", b.cniConfDir(),
 	}, b.agentExtra...)
 }
 
