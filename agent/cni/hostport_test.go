@@ -125,7 +125,7 @@ func TestHostPortsTCPAndUDP(t *testing.T) {
 		v1.ContainerPort{ContainerPort: 81, HostPort: local, HostIP: "127.0.0.1"})
 	m := testManager(t, n, filepath.Join(state, "cni"))
 	ctx := context.Background()
-	ips, err := m.Setup(ctx, pod, ns)
+	ips, err := m.Setup(ctx, pod, ns, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -120,10 +120,11 @@ func writeRecord(dir string, r *record) error {
 // Setup attaches the pod's network namespace at netns (pinned by the runtime) and returns the pod's
 // addresses, primary first. It is idempotent: a namespace already attached (the agent restarted)
 // keeps its attachment and addresses, checked once per agent run with CHECK; a namespace that is new
-// while a record of an older attachment exists (the node rebooted, or the agent died in the middle
-// of an ADD, or the pod's host ports changed) has the old attachment released with DEL first, so
-// host-local gives back its address, and is then attached with ADD.
-func (m *Manager) Setup(ctx context.Context, pod *v1.Pod, netns string) ([]string, error) {
+// (fresh, or not the one recorded: the node rebooted) while a record of an older attachment
+// exists, or a record whose ADD never finished (the agent died in the middle) or whose host ports
+// differ from the pod's, has the old attachment released with DEL first, so host-local gives back
+// its address, and is then attached with ADD.
+func (m *Manager) Setup(ctx context.Context, pod *v1.Pod, netns string, fresh bool) ([]string, error) {
 	uid := string(pod.UID)
 	dir, err := m.podDir(uid)
 	if err != nil {
@@ -139,14 +140,14 @@ func (m *Manager) Setup(ctx context.Context, pod *v1.Pod, netns string) ([]strin
 		return nil, err
 	}
 	if rec != nil {
-		if rec.Result != nil && rec.NetNS == nsID && slices.Equal(rec.Ports, ports) {
+		if rec.Result != nil && !fresh && rec.NetNS == nsID && slices.Equal(rec.Ports, ports) {
 			return m.adopt(ctx, pod, dir, rec, netns)
 		}
 		why := "its network namespace is new (reboot)"
 		switch {
 		case rec.Result == nil:
 			why = "its last ADD did not finish"
-		case rec.NetNS == nsID:
+		case !fresh && rec.NetNS == nsID:
 			why = "its host ports changed"
 		}
 		m.log.Info("releasing the pod's earlier network attachment before attaching it again", "pod", podName(pod), "why", why)

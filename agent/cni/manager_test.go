@@ -94,7 +94,7 @@ func TestSetupTeardownRealPlugins(t *testing.T) {
 	for _, name := range []string{"a", "b"} {
 		ns := filepath.Join(state, "ns-"+name)
 		pinNetns(t, ns)
-		got, err := m.Setup(ctx, testPod(name), ns)
+		got, err := m.Setup(ctx, testPod(name), ns, true)
 		if err != nil {
 			t.Fatalf("Setup %s: %v", name, err)
 		}
@@ -151,12 +151,12 @@ func TestSetupAdoptsAndRedoesAfterReboot(t *testing.T) {
 	ns := filepath.Join(state, "ns")
 	pinNetns(t, ns)
 	pod := testPod("p")
-	first, err := testManager(t, n, filepath.Join(state, "cni")).Setup(ctx, pod, ns)
+	first, err := testManager(t, n, filepath.Join(state, "cni")).Setup(ctx, pod, ns, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	restarted := testManager(t, n, filepath.Join(state, "cni"))
-	again, err := restarted.Setup(ctx, pod, ns)
+	again, err := restarted.Setup(ctx, pod, ns, false)
 	if err != nil {
 		t.Fatalf("Setup after a restart: %v", err)
 	}
@@ -175,7 +175,7 @@ func TestSetupAdoptsAndRedoesAfterReboot(t *testing.T) {
 	n.SimulateReboot(t)
 	pinNetns(t, ns)
 	booted := testManager(t, n, filepath.Join(state, "cni"))
-	after, err := booted.Setup(ctx, pod, ns)
+	after, err := booted.Setup(ctx, pod, ns, true)
 	if err != nil {
 		t.Fatalf("Setup after a reboot: %v", err)
 	}
@@ -206,7 +206,7 @@ func TestMissingPluginNamedAndRecovered(t *testing.T) {
 	pinNetns(t, ns)
 	m := testManager(t, n, filepath.Join(state, "cni"))
 	n.RemovePlugin(t, "portmap")
-	for what, err := range map[string]error{"Ready": m.Ready(), "Setup": func() error { _, err := m.Setup(ctx, testPod("p"), ns); return err }()} {
+	for what, err := range map[string]error{"Ready": m.Ready(), "Setup": func() error { _, err := m.Setup(ctx, testPod("p"), ns, true); return err }()} {
 		if err == nil || !strings.Contains(err.Error(), `"portmap"`) || !strings.Contains(err.Error(), n.ConfDir) {
 			t.Errorf("%s with portmap missing: %v; want the plugin and the configuration file named", what, err)
 		}
@@ -218,7 +218,7 @@ func TestMissingPluginNamedAndRecovered(t *testing.T) {
 	if err := m.Ready(); err != nil {
 		t.Errorf("Ready after the plugin is back: %v", err)
 	}
-	ips, err := m.Setup(ctx, testPod("p"), ns)
+	ips, err := m.Setup(ctx, testPod("p"), ns, true)
 	if err != nil || len(ips) != 1 {
 		t.Fatalf("Setup after the plugin is back: %v %v", ips, err)
 	}
@@ -242,7 +242,7 @@ func TestFailedAddIsCleanedUp(t *testing.T) {
 	ns := filepath.Join(state, "ns")
 	pinNetns(t, ns)
 	m := testManager(t, n, filepath.Join(state, "cni"))
-	_, err := m.Setup(context.Background(), testPod("p"), ns)
+	_, err := m.Setup(context.Background(), testPod("p"), ns, true)
 	if err == nil || !strings.Contains(err.Error(), "tuning") {
 		t.Fatalf("Setup with a failing tuning plugin: %v", err)
 	}

@@ -11,8 +11,10 @@ import (
 type PodNetwork interface {
 	// Setup attaches the namespace pinned at netns and returns the pod's addresses, primary
 	// first. It is called again after agent restarts and spec changes, and must then keep what
-	// is attached (and its addresses) rather than attach it twice.
-	Setup(ctx context.Context, pod *v1.Pod, netns string) ([]string, error)
+	// is attached (and its addresses) rather than attach it twice. fresh says the namespace was
+	// made just now (a new pod, or its namespace was lost: a reboot), so any attachment recorded
+	// for the pod belongs to a namespace that is gone.
+	Setup(ctx context.Context, pod *v1.Pod, netns string, fresh bool) ([]string, error)
 	// Teardown releases the pod's attachment by UID alone; netns is "" when the namespace is
 	// gone. A pod never attached is no error.
 	Teardown(ctx context.Context, uid, netns string) error
@@ -37,7 +39,7 @@ func (h cniHook) Prerun(ctx context.Context, pod *v1.Pod, sb *Sandbox) error {
 		// the same pod): a no-op for a pod never attached.
 		return h.Destroy(ctx, sb.Ref)
 	}
-	ips, err := n.Setup(ctx, pod, sb.NetNS)
+	ips, err := n.Setup(ctx, pod, sb.NetNS, sb.netnsNew)
 	if err != nil {
 		return err
 	}

@@ -53,6 +53,7 @@ type Sandbox struct {
 	// different boot counts as a new sandbox too.
 	Created bool
 
+	netnsNew   bool               // the network namespace was made by this set-up (cniHook attaches it afresh)
 	Devices    devices.Allocation // host devices of the pod's containers (see devicesHook)
 	devicesErr error              // why the pod has no devices, for its containers that ask for some
 }
