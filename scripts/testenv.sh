@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up mqlet's real test environment on a Debian machine (run as root):
-#   - the Debian packages the tests use, mosquitto and iptables among them
+#   - the Debian packages the tests use, mosquitto, iptables and
+#     containernetworking-plugins (the CNI plugins) among them
 #     (MQTT tests start their own brokers; a system mosquitto is stopped)
 #   - a private containerd (own root, state, socket; the system one is never touched)
 #   - a local plain-HTTP registry (Debian's docker-registry) on 127.0.0.1:5000
@@ -72,8 +73,14 @@ install_packages() {
 	# A private dbus-daemon for the graceful-shutdown tests (agent/shutdown plays
 	# systemd-logind on it).
 	command -v dbus-daemon >/dev/null || missing+=(dbus)
-	# The benchmarks count bytes on the wire with iptables counters.
+	# The benchmarks count bytes on the wire with iptables counters; the CNI
+	# plugins' NAT (bridge ipMasq, portmap) needs it too.
 	command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || missing+=(iptables)
+	# Pod networking tests run Debian's CNI plugins from /usr/lib/cni (bridge,
+	# host-local, portmap, loopback), and nsenter/ip to look inside pods.
+	[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+	command -v nsenter >/dev/null || missing+=(util-linux)
+	command -v ip >/dev/null || missing+=(iproute2)
 	# The dynamic "busybox" package also provides /bin/busybox, but a dynamic
 	# binary cannot run in an image without libc.
 	dpkg -s busybox-static 2>/dev/null | grep -q '^Status: install ok installed' || missing+=(busybox-static)

@@ -94,6 +94,7 @@ type Worker struct {
 	sb         *runtime.Sandbox // loop-owned: the pod's sandbox, set up for sbPod
 	sbPod      *v1.Pod          // loop-owned: the spec sb was set up for; a new spec sets it up again
 	sbFailures int              // loop-owned: consecutive failed set-ups, for back-off
+	sbErr      string           // loop-owned: why the last set-up failed, shown while the pod waits
 
 	exitMsgs map[string]exitMessage // loop-owned: container name -> termination message of its last exit
 }
@@ -293,7 +294,7 @@ func (w *Worker) ensureSandbox(ctx context.Context, pod *v1.Pod, observed []runt
 		w.sbFailures++
 		return observed, err
 	}
-	w.sb, w.sbPod, w.sbFailures = sb, pod, 0
+	w.sb, w.sbPod, w.sbFailures, w.sbErr = sb, pod, 0, ""
 	for _, wn := range sb.Warnings { // kubelet's DNS warnings (MissingClusterDNS...)
 		w.emit(pod, event.Warning, wn.Reason, wn.Message)
 	}
@@ -361,7 +362,7 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 	}
 	if observed, err = w.ensureSandbox(ctx, pod, observed); err != nil {
 		w.env.Log.Error("pod sandbox", "err", err)
-		return max(backoffDelay(w.sbFailures), relistRetry)
+		return w.sandboxFailed(ctx, pod, observed, err)
 	}
 	wanted := map[string]bool{}
 	for _, c := range podspec.AllContainers(&pod.Spec) {
@@ -575,7 +576,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 		return 0 // the pod is going away: don't start what terminate would stop at once
 	}
 	r.attempt = attempt
-	started, err := w.env.Runtime.StartContainer(w.notifying(ctx, pod, c), withNodeStatus(pod, w.hostIP()), w.sb, c, attempt)
+	started, err := w.env.Runtime.StartContainer(w.notifying(ctx, pod, c), withNodeStatus(pod, w.hostIP(), w.podIPs()), w.sb, c, attempt)
 	if err != nil {
 		var se *runtime.StartError
 		if !errors.As(err, &se) {
@@ -624,11 +625,13 @@ func (w *Worker) isDeleting() bool {
 
 // withNodeStatus fills the status fields that env fieldRefs (status.hostIP, status.podIP) read,
 // on a copy: the desired pod carries no status.
-func withNodeStatus(pod *v1.Pod, hostIP string) *v1.Pod {
+func withNodeStatus(pod *v1.Pod, hostIP string, podIPs []string) *v1.Pod {
 	p := *pod
 	p.Status.HostIP = hostIP
 	if pod.Spec.HostNetwork {
 		p.Status.PodIP = hostIP
+	} else if len(podIPs) > 0 {
+		p.Status.PodIP = podIPs[0]
 	}
 	return &p
 }
@@ -682,6 +685,7 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*runtime.Container, now 
 	if pod.Spec.HostNetwork && st.HostIP != "" {
 		st.PodIP, st.PodIPs = st.HostIP, []v1.PodIP{{IP: st.HostIP}}
 	}
+	w.setPodIPs(&st)
 	if st.StartTime == nil {
 		t := metav1.NewTime(now)
 		st.StartTime = &t
@@ -773,7 +777,7 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *runtime.Cont
 	if len(pod.Spec.InitContainers) > 0 && !isInit(pod, c.Name) {
 		reason = "PodInitializing"
 	}
-	cs.State.Waiting = &v1.ContainerStateWaiting{Reason: reason}
+	cs.State.Waiting = &v1.ContainerStateWaiting{Reason: reason, Message: w.sbErr}
 	return cs
 }
 

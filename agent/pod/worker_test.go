@@ -41,6 +41,9 @@ type fakeRuntime struct {
 	// as after a reboot. Tests of an agent restart with the sandbox intact add the UID first.
 	sandboxes map[types.UID]bool
 	ensured   int // EnsureSandbox calls
+
+	sandboxErr error    // every EnsureSandbox fails so while set (a broken CNI)
+	podIPs     []string // the addresses EnsureSandbox gives pods (CNI)
 }
 
 func newFakeRuntime() *fakeRuntime {
@@ -63,9 +66,12 @@ func (f *fakeRuntime) EnsureSandbox(_ context.Context, pod *v1.Pod) (*runtime.Sa
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ensured++
+	if f.sandboxErr != nil {
+		return nil, f.sandboxErr
+	}
 	created := !f.sandboxes[pod.UID]
 	f.sandboxes[pod.UID] = true
-	return &runtime.Sandbox{Ref: runtime.RefOf(pod), Created: created}, nil
+	return &runtime.Sandbox{Ref: runtime.RefOf(pod), Created: created, PodIPs: f.podIPs}, nil
 }
 
 func (f *fakeRuntime) StartContainer(_ context.Context, pod *v1.Pod, sb *runtime.Sandbox, c *v1.Container, restarts int) (runtime.Container, error) {

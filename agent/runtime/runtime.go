@@ -52,6 +52,9 @@ type Options struct {
 	// container that asks for an extended resource. Each pod's allocation is recorded in its pod dir
 	// and given back to the Manager by New, before any new allocation.
 	Devices *devices.Manager
+	// Network attaches non-hostNetwork pods to the node's network (agent/cni); nil leaves them
+	// with loopback only.
+	Network PodNetwork
 	Log     *slog.Logger
 	// LogMaxSize and LogMaxFiles rotate container logs (containerLogMaxSize, containerLogMaxFiles);
 	// zero means DefaultLogMaxSize and DefaultLogMaxFiles.

@@ -56,6 +56,7 @@ type Sandbox struct {
 	// different boot counts as a new sandbox too.
 	Created bool
 
+	netnsNew   bool               // the network namespace was made by this set-up (cniHook attaches it afresh)
 	Devices    devices.Allocation // host devices of the pod's containers (see devicesHook)
 	Warnings   []SandboxWarning   // for the pod's events: what set-up did differently than asked (DNS)
 	devicesErr error              // why the pod has no devices, for its containers that ask for some
@@ -89,6 +90,7 @@ func (r *Runtime) sandboxHooks() []sandboxHook {
 		podDirHook{r},
 		logDirHook{r},
 		netnsHook{r},
+		cniHook{r}, // after the namespace it attaches; fills PodIPs for the hosts file
 		ipcHook{r},
 		cgroupHook{r},
 		pidnsHook{r}, // after the pod dir (its record) and the cgroup (where the holder goes)

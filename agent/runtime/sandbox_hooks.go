@@ -135,7 +135,7 @@ func (h netnsHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
 	if err != nil {
 		return err
 	}
-	sb.NetNS, sb.Created = path, sb.Created || created
+	sb.NetNS, sb.Created, sb.netnsNew = path, sb.Created || created, created
 	return nil
 }
 

@@ -55,7 +55,9 @@ func (c *AgentCmd) Run() error {
 	if err != nil {
 		return err
 	}
+	network := newPodNetwork(cfg, log) // wire_cni.go
 	rt, err := runtime.New(ctx, withLogRotation(cfg, runtime.Options{
+		Network:     network,
 		Devices:     devs,
 		Cgroups:     cgroups,
 		DNS:         podDNS(cfg), // wire_dns.go
@@ -152,7 +154,7 @@ func (c *AgentCmd) Run() error {
 	// Disk pressure reclaims unused images and dead containers before any pod is evicted.
 	// The node status shows the eviction manager's pressure, and is recomputed when it changes.
 	pressure := &pressureRef{}
-	nodeStatus = newNodeStatus(cfg, rt, db, log, a, channel, nodeInputs{pressure: pressure, devices: devs})
+	nodeStatus = newNodeStatus(cfg, rt, db, log, a, channel, nodeInputs{pressure: pressure, devices: devs, network: network.Ready})
 	evictions = startEviction(ctx, cfg, a, rt, report, gc.Manager, nodeStatus.m.Trigger, log)
 	defer evictions.Wait()
 	pressure.p = evictions.Manager

@@ -75,6 +75,10 @@ type harness struct {
 	agentLog  *syncBuffer
 	exited    chan error
 	client    *api.Client
+	// cniConfDir and cniBinDir are the agent's CNI settings. By default a private directory with a
+	// loopback-only network (pods get CNI but no bridge, address or rule to clean up); network
+	// tests point them at a testenv.CNINet (cni_e2e_test.go).
+	cniConfDir, cniBinDir string
 }
 
 func newHarness(t *testing.T) *harness {
@@ -91,6 +95,9 @@ func newHarness(t *testing.T) *harness {
 	h.state = filepath.Join(dir, "state")
 	h.sock = filepath.Join(dir, "api.sock")
 	os.MkdirAll(h.manifests, 0o755)
+	h.cniConfDir = filepath.Join(dir, "net.d")
+	os.MkdirAll(h.cniConfDir, 0o755)
+	os.WriteFile(filepath.Join(h.cniConfDir, "99-loopback.conflist"), []byte(loopbackNetwork), 0o644)
 	t.Cleanup(func() {
 		// Pod namespaces are bind mounts under the state dir and each pod's /dev/shm a tmpfs in
 		// its pod dir; unmount before removing.
@@ -111,15 +118,22 @@ func newHarness(t *testing.T) *harness {
 }
 
 func (h *harness) flags() []string {
-	return []string{"--node-name", "e2e-node", "--state-dir", h.state,
+	f := []string{"--node-name", "e2e-node", "--state-dir", h.state,
 		"--containerd-address", h.env.ContainerdAddress, "--containerd-namespace", h.ns,
 		"--manifest-dir", h.manifests, "--api-socket", h.sock, "--image-preload-dir", filepath.Join(h.dir, "preload"),
 		"--relist-period", "2s", "--plain-http-registry", h.env.Registry, "--log-level", "debug",
 		// Every node makes its node key at first start: the test's, not /etc/mqlet's.
 		"--secret-key-file", filepath.Join(h.dir, "node.key"),
 		// containerd's root here is the test environment's; any existing dir serves as the imagefs.
-		"--image-fs-dir", h.dir}
+		"--image-fs-dir", h.dir, "--cni-conf-dir", h.cniConfDir}
+	if h.cniBinDir != "" {
+		f = append(f, "--cni-bin-dir", h.cniBinDir)
+	}
+	return f
 }
+
+// loopbackNetwork is the e2e agents' default CNI network: the pod's lo only.
+const loopbackNetwork = `{"cniVersion": "1.0.0", "name": "mqlet-e2e-loopback", "plugins": [{"type": "loopback"}]}`
 
 // mqlet runs a CLI command against this harness's containerd namespace and returns its output.
 func (h *harness) mqlet(args ...string) string {

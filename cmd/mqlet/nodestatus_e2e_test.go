@@ -145,7 +145,8 @@ func TestNodeStatusStandalone(t *testing.T) {
 		t.Errorf("nodeInfo %+v, want this machine's %+v", info, sys)
 	}
 
-	// Conditions: all four, pressure ones False (nothing reports pressure yet), Ready last.
+	// Conditions: all five, pressure ones False (nothing reports pressure yet), NetworkUnavailable
+	// False (the harness's loopback CNI network is usable), Ready last.
 	var types []string
 	for _, c := range n.Status.Conditions {
 		types = append(types, string(c.Type))
@@ -153,10 +154,10 @@ func TestNodeStatusStandalone(t *testing.T) {
 			t.Errorf("condition %+v lacks times, reason or message", c)
 		}
 	}
-	if got := strings.Join(types, ","); got != "MemoryPressure,DiskPressure,PIDPressure,Ready" {
+	if got := strings.Join(types, ","); got != "MemoryPressure,DiskPressure,PIDPressure,NetworkUnavailable,Ready" {
 		t.Errorf("conditions %s", got)
 	}
-	for typ, reason := range map[v1.NodeConditionType]string{v1.NodeMemoryPressure: "KubeletHasSufficientMemory",
+	for typ, reason := range map[v1.NodeConditionType]string{v1.NodeNetworkUnavailable: "NetworkPluginReady", v1.NodeMemoryPressure: "KubeletHasSufficientMemory",
 		v1.NodeDiskPressure: "KubeletHasNoDiskPressure", v1.NodePIDPressure: "KubeletHasSufficientPID"} {
 		if c := nodeCondition(n, typ); c.Status != v1.ConditionFalse || c.Reason != reason {
 			t.Errorf("%s: %s %s", typ, c.Status, c.Reason)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/config"
@@ -21,6 +22,7 @@ import (
 type nodeInputs struct {
 	pressure nodestatus.Pressure
 	devices  *devices.Manager
+	network  func() error // why pods cannot get a network now, nil when they can (wire_cni.go)
 }
 
 // pressureRef hands the node status the eviction manager's conditions; p is set before the status
@@ -68,6 +70,10 @@ func newNodeStatus(cfg config.Config, rt *runtime.Runtime, db *store.DB, log *sl
 	c.Pressure = in.pressure
 	c.Extra = extra
 	c.ShuttingDown = a.ShuttingDown
+	if in.network != nil {
+		c.Conditions = append(c.Conditions, nodestatus.NetworkCondition(in.network, time.Now))
+		c.Ready = nodestatus.NetworkReady(c.Ready, in.network)
+	}
 	setters := nodestatus.DefaultSetters(c)
 	m := nodestatus.New(nodestatus.Options{
 		Name:    cfg.NodeName,

@@ -228,13 +228,15 @@ func (cp *controlPlane) clear(topic string) error {
 	return waitTok(cp.c.Publish(topic, 1, true, []byte{}), "clear "+topic)
 }
 
-// benchPod is podManifest as an object, for the control plane.
+// benchPod is podManifest as an object, for the control plane: hostNetwork too, which the agent's
+// MQTT policy then has to allow (--mqtt-allow-host-namespaces).
 func (b *bench) benchPod(name string) *v1.Pod {
 	grace := int64(0)
 	return &v1.Pod{
 		TypeMeta:   metav1.TypeMeta{Kind: "Pod", APIVersion: "v1"},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: podNamespace},
 		Spec: v1.PodSpec{
+			HostNetwork:                   true,
 			TerminationGracePeriodSeconds: &grace,
 			Containers: []v1.Container{{Name: "sleep", Image: b.cfg.image, ImagePullPolicy: v1.PullNever,
 				Command: []string{"sleep", "3600"}}},
@@ -345,7 +347,7 @@ func (b *bench) measureMQTT(ctx context.Context, r *results) error {
 	if err := b.stopAgent(); err != nil {
 		return err
 	}
-	b.agentExtra = []string{"--mqtt-broker", site.clientURL(), "--secret-key-file", b.path("node.key")}
+	b.agentExtra = []string{"--mqtt-broker", site.clientURL(), "--secret-key-file", b.path("node.key"), "--mqtt-allow-host-namespaces"}
 	if _, err := b.startAgent(false); err != nil {
 		return err
 	}

@@ -75,6 +75,7 @@ func (b *bench) steps() []step {
 		{"binaries", "binary sizes", b.measureBinaries},
 		{"idle", "idle memory", b.measureIdle},
 		{"start", "pod start vs ctr run", b.measurePodStart},
+		{"startcni", "pod start with CNI networking vs ctr run", b.measurePodStartCNI}, // cni.go
 		{"burst", "burst of 20", b.measureBurst},
 		{"pods25", "memory with 25 pods", b.measure25},
 		{"idlecpu", "idle CPU with 25 pods", b.measureIdleCPU},
@@ -95,6 +96,9 @@ func (b *bench) prepare(ctx context.Context) error {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
+	}
+	if err := b.writeCNIConf(); err != nil { // cni.go
+		return err
 	}
 	if err := b.startContainerd(ctx); err != nil {
 		return err
@@ -134,7 +138,7 @@ func (b *bench) cleanup() error {
 		syscall.Kill(pid, syscall.SIGKILL)
 		waitGone(pid, 10*time.Second)
 	}
-	errs = append(errs, b.stopMQTT())
+	errs = append(errs, b.stopMQTT(), cleanupCNI())
 	leftover := 0
 	if b.ctrd == nil {
 		if pid, ok := leftoverPid(b.runPath("containerd.pid"), filepath.Base(b.cfg.containerdBin)); ok {
@@ -297,7 +301,8 @@ func (b *bench) measureIdle(ctx context.Context, r *results) error {
 	return nil
 }
 
-// podManifest is the pod every figure uses: one busybox container sleeping, nothing to pull.
+// podManifest is the pod every figure uses: one busybox container sleeping, nothing to pull, on the
+// host's network (pod_start_cni_* measures the same pod attached to a CNI network: cni.go).
 // A grace period of 0 makes removal a SIGKILL: sleep as PID 1 ignores SIGTERM.
 func (b *bench) podManifest(name string) []byte { return b.podManifestCmd(name, "3600") }
 
@@ -309,6 +314,7 @@ metadata:
   name: %s
   namespace: %s
 spec:
+  hostNetwork: true
   terminationGracePeriodSeconds: 0
   containers:
   - name: sleep
@@ -348,8 +354,13 @@ func podNames(prefix string, from, to int) []string {
 // manifest dir (an atomic appearance, as a careful writer or an OTA updater does). It returns the
 // time just before the first rename: t0 of every start figure.
 func (b *bench) putManifests(names []string) (time.Time, error) {
+	return b.putManifestsOf(names, b.podManifest)
+}
+
+// putManifestsOf is putManifests with the manifests manifest makes.
+func (b *bench) putManifestsOf(names []string, manifest func(string) []byte) (time.Time, error) {
 	for _, n := range names {
-		if err := os.WriteFile(filepath.Join(b.stagingDir(), n+".yaml"), b.podManifest(n), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(b.stagingDir(), n+".yaml"), manifest(n), 0o644); err != nil {
 			return time.Time{}, err
 		}
 	}
@@ -493,8 +504,13 @@ type sample struct {
 }
 
 func (b *bench) agentSample(ctx context.Context, name string) (sample, error) {
+	return b.agentSampleOf(ctx, name, b.podManifest, nil)
+}
+
+// agentSampleOf is agentSample of the pod manifest makes, which must also satisfy ok once running.
+func (b *bench) agentSampleOf(ctx context.Context, name string, manifest func(string) []byte, ok func(v1.Pod) string) (sample, error) {
 	key := podKeys([]string{name})
-	t0, err := b.putManifests([]string{name})
+	t0, err := b.putManifestsOf([]string{name}, manifest)
 	if err != nil {
 		return sample{}, err
 	}
@@ -513,7 +529,7 @@ func (b *bench) agentSample(ctx context.Context, name string) (sample, error) {
 			s.events[e.Topic] = e
 		}
 	}
-	if _, err := b.waitRunning(ctx, []string{name}); err != nil {
+	if _, err := b.waitPods(ctx, []string{name}, ok); err != nil {
 		return sample{}, err
 	}
 	return s, b.removePods(ctx, []string{name})

@@ -175,6 +175,7 @@ func (b *bench) agentArgs() []string {
 		"--image-preload-dir", b.path("preload"),
 		"--relist-period", "10s",
 		"--secret-key-file", b.path("node.key"), // every node makes one; not /etc/mqlet's
+		"--cni-conf-dir", b.cniConfDir(),
 	}, b.agentExtra...)
 }
 
