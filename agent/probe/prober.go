@@ -1,0 +1,330 @@
+// Package probe runs what a pod spec asks the node to check or do inside a container: liveness,
+// readiness and startup probes (exec, httpGet, tcpSocket, grpc) and the postStart and preStop
+// lifecycle hooks (exec, httpGet, sleep), with kubelet's semantics. A Prober is shared by every pod
+// of the node (one HTTP transport); a Set runs the probes of one pod, each on a goroutine of its
+// own, so one pod's slow probe never delays another's.
+package probe
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mqlet/mqlet/agent/runtime"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Result of one probe attempt.
+type Result int8
+
+const (
+	Unknown Result = iota
+	Success
+	// Warning is a success with something to say: an HTTP redirect to another host was not followed.
+	Warning
+	Failure
+)
+
+func (r Result) String() string {
+	switch r {
+	case Success:
+		return "success"
+	case Warning:
+		return "warning"
+	case Failure:
+		return "failure"
+	}
+	return "unknown"
+}
+
+// maxBody bounds what is read of an HTTP probe's response (kubelet reads 10 KiB).
+const maxBody = 10 << 10
+
+// maxRedirects is how many redirects to the same host a probe follows, as net/http's default.
+const maxRedirects = 10
+
+// Execer runs a command in a running container (runtime.Runtime.Exec).
+type Execer interface {
+	Exec(ctx context.Context, containerID string, cmd []string, timeout time.Duration) (runtime.ExecResult, error)
+}
+
+// Target is the container a probe or hook acts on, and how to reach it.
+type Target struct {
+	Pod         *v1.Pod
+	Container   *v1.Container
+	ContainerID string
+	// NetNS is the pod's network namespace, which connections are made from; "" makes them from
+	// the agent's (hostNetwork pods).
+	NetNS string
+	// PodIP is the pod's primary address, the host a probe without one connects to. "" means
+	// loopback inside NetNS: a pod with no pod network yet.
+	PodIP string
+	Exec  Execer // nil: exec handlers fail with a clear error
+}
+
+// Prober holds what every probe of the node shares.
+type Prober struct {
+	transport *http.Transport
+	version   string // "1.34": the Kubernetes minor the node speaks, for User-Agent
+}
+
+// NewProber makes the node's Prober. Keep-alives are off as in kubelet: a probe is one request a
+// period apart, and an idle connection per probe would cost more than a new one each time. TLS
+// certificates are not checked, as kubelet does not.
+func NewProber() *Prober {
+	return &Prober{
+		transport: &http.Transport{
+			DialContext:         dialContext,
+			TLSClientConfig:     &tls.Config{InsecureSkipVerify: true},
+			DisableKeepAlives:   true,
+			DisableCompression:  true,
+			Proxy:               nil, // never through a proxy from the environment
+			TLSHandshakeTimeout: 10 * time.Second,
+		},
+		version: kubeVersion(),
+	}
+}
+
+// kubeVersion is "1.<minor>" from the k8s.io/api module built in (v0.34.x speaks Kubernetes 1.34).
+func kubeVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, m := range bi.Deps {
+			if m.Path == "k8s.io/api" {
+				parts := strings.Split(strings.TrimPrefix(m.Version, "v"), ".")
+				if len(parts) >= 2 && parts[0] == "0" {
+					return "1." + parts[1]
+				}
+			}
+		}
+	}
+	return "1"
+}
+
+func (p *Prober) userAgent(purpose string) string { return "kube-" + purpose + "/" + p.version }
+
+// Close releases the transport's resources.
+func (p *Prober) Close() { p.transport.CloseIdleConnections() }
+
+// Run runs one attempt of probe handler h against t, bounded by timeout. It returns the result
+// and its output (the command's output, the response body or what went wrong); err is a probe that
+// could not be run at all (a named port the container does not have), which kubelet does not count
+// as a failure.
+func (p *Prober) Run(ctx context.Context, t Target, h *v1.ProbeHandler, timeout time.Duration) (Result, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	switch {
+	case h.Exec != nil:
+		return p.exec(ctx, t, h.Exec.Command, timeout)
+	case h.HTTPGet != nil:
+		return p.httpGet(ctx, t, h.HTTPGet, "probe", timeout)
+	case h.TCPSocket != nil:
+		return p.tcp(ctx, t, h.TCPSocket)
+	case h.GRPC != nil:
+		return p.grpc(ctx, t, h.GRPC, timeout)
+	}
+	return Unknown, "", errors.New("probe has no handler (exec, httpGet, tcpSocket or grpc)")
+}
+
+func (p *Prober) exec(ctx context.Context, t Target, cmd []string, timeout time.Duration) (Result, string, error) {
+	if t.Exec == nil {
+		return Unknown, "", errors.New("exec: this runtime cannot run commands in containers")
+	}
+	res, err := t.Exec.Exec(ctx, t.ContainerID, cmd, timeout)
+	switch {
+	case errors.Is(err, runtime.ErrExecTimeout), errors.Is(err, context.DeadlineExceeded):
+		return Failure, fmt.Sprintf("command %q timed out after %s", strings.Join(cmd, " "), timeout), nil
+	case err != nil:
+		return Unknown, "", err
+	}
+	out := string(res.Output)
+	if res.ExitCode != 0 {
+		if out == "" {
+			out = fmt.Sprintf("command %q exited with %d", strings.Join(cmd, " "), res.ExitCode)
+		}
+		return Failure, out, nil
+	}
+	return Success, out, nil
+}
+
+// endpoint is where a handler connects: the host in the URL or address, and the route to it.
+// With no host given, that is the pod: its address (or loopback) from inside its network
+// namespace. A host given by name or address is reached from the agent's namespace, as kubelet
+// reaches it from the node.
+func endpoint(t Target, host string) (string, route) {
+	if host != "" {
+		return host, route{}
+	}
+	if t.PodIP != "" {
+		return t.PodIP, route{netns: t.NetNS}
+	}
+	return "127.0.0.1", route{netns: t.NetNS}
+}
+
+// port resolves a probe's port, given by number or by the name of one of the container's ports.
+func port(p intstr.IntOrString, c *v1.Container) (int, error) {
+	n := p.IntValue()
+	if p.Type == intstr.String {
+		var err error
+		if n, err = strconv.Atoi(p.StrVal); err != nil {
+			n = -1
+			for _, cp := range c.Ports {
+				if cp.Name == p.StrVal {
+					n = int(cp.ContainerPort)
+					break
+				}
+			}
+			if n < 0 {
+				return 0, fmt.Errorf("port %q: container %q has no port of that name", p.StrVal, c.Name)
+			}
+		}
+	}
+	if n <= 0 || n > 65535 {
+		return 0, fmt.Errorf("port %s: not a port number (1-65535)", p.String())
+	}
+	return n, nil
+}
+
+// request builds the GET of an httpGet action, with kubelet's User-Agent and Accept defaults.
+func (p *Prober) request(ctx context.Context, t Target, h *v1.HTTPGetAction, purpose string) (*http.Request, error) {
+	scheme := strings.ToLower(string(h.Scheme))
+	if scheme == "" {
+		scheme = "http"
+	}
+	if scheme != "http" && scheme != "https" {
+		return nil, fmt.Errorf("httpGet scheme %q: want HTTP or HTTPS", h.Scheme)
+	}
+	n, err := port(h.Port, t.Container)
+	if err != nil {
+		return nil, fmt.Errorf("httpGet %w", err)
+	}
+	host, r := endpoint(t, h.Host)
+	u, err := url.Parse(h.Path)
+	if err != nil {
+		u = &url.URL{Path: h.Path}
+	}
+	u.Scheme, u.Host = scheme, net.JoinHostPort(host, strconv.Itoa(n))
+	req, err := http.NewRequestWithContext(withRoute(ctx, r), http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, fmt.Errorf("httpGet %s: %w", u, err)
+	}
+	for _, hd := range h.HTTPHeaders {
+		req.Header.Add(hd.Name, hd.Value)
+	}
+	if _, ok := req.Header["User-Agent"]; !ok {
+		req.Header.Set("User-Agent", p.userAgent(purpose))
+	}
+	if _, ok := req.Header["Accept"]; !ok {
+		req.Header.Set("Accept", "*/*")
+	} else if req.Header.Get("Accept") == "" {
+		req.Header.Del("Accept") // set empty on purpose: send none
+	}
+	req.Host = req.Header.Get("Host")
+	return req, nil
+}
+
+// client follows redirects only to the same host, as kubelet's probes do; a redirect elsewhere ends
+// the request with the redirect as the response.
+func (p *Prober) client(timeout time.Duration) *http.Client {
+	return &http.Client{
+		Transport: p.transport,
+		Timeout:   timeout,
+		CheckRedirect: func(req *http.Request, via []*http.Request) error {
+			if req.URL.Hostname() != via[0].URL.Hostname() {
+				return http.ErrUseLastResponse
+			}
+			if len(via) >= maxRedirects {
+				return fmt.Errorf("stopped after %d redirects", maxRedirects)
+			}
+			return nil
+		},
+	}
+}
+
+func (p *Prober) httpGet(ctx context.Context, t Target, h *v1.HTTPGetAction, purpose string, timeout time.Duration) (Result, string, error) {
+	req, err := p.request(ctx, t, h, purpose)
+	if err != nil {
+		return Unknown, "", err
+	}
+	res, err := p.client(timeout).Do(req)
+	if err != nil {
+		return Failure, err.Error(), nil
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(res.Body, maxBody))
+	if err != nil {
+		return Failure, fmt.Sprintf("reading the response of %s: %v", req.URL, err), nil
+	}
+	switch {
+	case res.StatusCode >= 200 && res.StatusCode < 300:
+		return Success, string(b), nil
+	case res.StatusCode >= 300 && res.StatusCode < 400:
+		return Warning, fmt.Sprintf("probe did not follow the redirect to another host, response body: %s", b), nil
+	}
+	return Failure, fmt.Sprintf("HTTP probe failed with statuscode: %d", res.StatusCode), nil
+}
+
+func (p *Prober) tcp(ctx context.Context, t Target, h *v1.TCPSocketAction) (Result, string, error) {
+	n, err := port(h.Port, t.Container)
+	if err != nil {
+		return Unknown, "", fmt.Errorf("tcpSocket %w", err)
+	}
+	host, r := endpoint(t, h.Host)
+	c, err := dialContext(withRoute(ctx, r), "tcp", net.JoinHostPort(host, strconv.Itoa(n)))
+	if err != nil {
+		return Failure, err.Error(), nil
+	}
+	c.Close()
+	return Success, "", nil
+}
+
+func (p *Prober) grpc(ctx context.Context, t Target, h *v1.GRPCAction, timeout time.Duration) (Result, string, error) {
+	if h.Port <= 0 || h.Port > 65535 {
+		return Unknown, "", fmt.Errorf("grpc port %d: not a port number (1-65535)", h.Port)
+	}
+	host, r := endpoint(t, "")
+	addr := net.JoinHostPort(host, strconv.Itoa(int(h.Port)))
+	conn, err := grpc.NewClient("passthrough:///"+addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUserAgent(p.userAgent("probe")),
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+			return dialContext(withRoute(ctx, r), "tcp", a)
+		}))
+	if err != nil {
+		return Unknown, "", fmt.Errorf("grpc %s: %w", addr, err)
+	}
+	defer conn.Close()
+	service := ""
+	if h.Service != nil {
+		service = *h.Service
+	}
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		st, _ := status.FromError(err)
+		switch st.Code() {
+		case codes.Unimplemented:
+			return Failure, fmt.Sprintf("%s does not serve the gRPC health protocol (grpc.health.v1.Health): %s", addr, st.Message()), nil
+		case codes.DeadlineExceeded:
+			return Failure, fmt.Sprintf("gRPC health check of %s did not finish within %s", addr, timeout), nil
+		}
+		return Failure, fmt.Sprintf("gRPC health check of %s failed: %v", addr, err), nil
+	}
+	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		return Failure, fmt.Sprintf("service %q is unhealthy (responded %s)", service, resp.GetStatus()), nil
+	}
+	return Success, "", nil
+}
