@@ -31,11 +31,10 @@ func (w *Worker) startProbes(ctx context.Context) func() {
 		if warning {
 			typ = event.Warning
 		}
-		w.env.Log.Info("probe", "container", container, "reason", reason, "message", message)
 		w.mu.Lock()
 		pod := w.pod
 		w.mu.Unlock()
-		w.emit(pod, typ, reason, message)
+		w.report(pod, typ, reason, message, "container", container)
 	}, w.env.Log)
 	return w.probes.Stop
 }
@@ -103,8 +102,7 @@ func (w *Worker) killUnhealthy(ctx context.Context, pod *v1.Pod, c *v1.Container
 	if pod.Spec.RestartPolicy != v1.RestartPolicyNever {
 		msg += ", will be restarted"
 	}
-	w.env.Log.Info("killing container", "container", c.Name, "reason", msg)
-	w.emit(pod, event.Normal, "Killing", msg)
+	w.report(pod, event.Normal, "Killing", msg, "container", c.Name)
 	g := grace(pod)
 	if probeGrace != nil {
 		g = max(time.Duration(*probeGrace)*time.Second, MinGrace)
@@ -129,9 +127,8 @@ func (w *Worker) postStart(ctx context.Context, pod *v1.Pod, c *v1.Container, st
 	if err == nil || ctx.Err() != nil {
 		return
 	}
-	w.env.Log.Warn("postStart hook failed; killing the container", "container", c.Name, "err", err)
-	w.emit(pod, event.Warning, "FailedPostStartHook", err.Error())
-	w.emit(pod, event.Normal, "Killing", fmt.Sprintf("Container %s: FailedPostStartHook", c.Name))
+	w.report(pod, event.Warning, "FailedPostStartHook", err.Error(), "container", c.Name)
+	w.report(pod, event.Normal, "Killing", fmt.Sprintf("Container %s failed its postStart hook", c.Name), "container", c.Name)
 	if err := w.withPreStop(pod, started).kill(ctx, started.ID, grace(pod)); err != nil {
 		w.env.Log.Error("kill container after its postStart hook failed", "container", started.ID, "err", err)
 	}
@@ -186,8 +183,7 @@ func (h preStopRuntime) preStop(ctx context.Context, id string, grace time.Durat
 	err := h.w.env.Prober.RunHook(hctx, h.w.target(h.pod, h.sb, c, &cur), c.Lifecycle.PreStop)
 	cancel()
 	if err != nil && ctx.Err() == nil {
-		h.w.env.Log.Warn("preStop hook failed", "container", c.Name, "err", err)
-		h.w.emit(h.pod, event.Warning, "FailedPreStopHook", err.Error())
+		h.w.report(h.pod, event.Warning, "FailedPreStopHook", err.Error(), "container", c.Name)
 	}
 	return max(grace-time.Since(start), MinGrace)
 }
@@ -205,4 +201,10 @@ func containerSpec(pod *v1.Pod, name string) *v1.Container {
 		}
 	}
 	return nil
+}
+
+// report emits an event about the pod and logs it, so that a node with no uplink shows it too.
+func (w *Worker) report(pod *v1.Pod, typ event.Type, reason, message string, attrs ...any) {
+	w.env.Log.Info("event", append([]any{"type", string(typ), "reason", reason, "message", message}, attrs...)...)
+	w.emit(pod, typ, reason, message)
 }
