@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -96,24 +95,13 @@ func NewProber() *Prober {
 			Proxy:               nil, // never through a proxy from the environment
 			TLSHandshakeTimeout: 10 * time.Second,
 		},
-		version: kubeVersion(),
+		version: kubeVersion,
 	}
 }
 
-// kubeVersion is "1.<minor>" from the k8s.io/api module built in (v0.34.x speaks Kubernetes 1.34).
-func kubeVersion() string {
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, m := range bi.Deps {
-			if m.Path == "k8s.io/api" {
-				parts := strings.Split(strings.TrimPrefix(m.Version, "v"), ".")
-				if len(parts) >= 2 && parts[0] == "0" {
-					return "1." + parts[1]
-				}
-			}
-		}
-	}
-	return "1"
-}
+// kubeVersion is the Kubernetes release whose API the node speaks (k8s.io/api v0.37.x is 1.37),
+// for the User-Agent kubelet's probes send; a test keeps it in step with go.mod.
+const kubeVersion = "1.37"
 
 func (p *Prober) userAgent(purpose string) string { return "kube-" + purpose + "/" + p.version }
 

@@ -169,7 +169,7 @@ func TestGRPC(t *testing.T) {
 
 // testNetNS makes a network namespace with loopback up, pinned at a file under the test's temp
 // dir, and removes it at the end.
-func testNetNS(t *testing.T) string {
+func testNetNS(t testing.TB) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to make a network namespace")
@@ -209,7 +209,7 @@ func testNetNS(t *testing.T) string {
 }
 
 // listenIn opens a TCP listener on loopback inside the network namespace at path.
-func listenIn(t *testing.T, path string) net.Listener {
+func listenIn(t testing.TB, path string) net.Listener {
 	t.Helper()
 	type res struct {
 		l   net.Listener
