@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"strings"
 	"time"
 
@@ -46,27 +44,6 @@ func (p *Prober) execHook(ctx context.Context, t Target, cmd []string) error {
 // hookHTTPTimeout bounds an httpGet hook that has no deadline of its own (postStart): the pod's
 // worker waits for it.
 const hookHTTPTimeout = 30 * time.Second
-
-// httpHook sends the hook's GET. As in kubelet, only a request that gets no response fails; the
-// status code is the application's business.
-func (p *Prober) httpHook(ctx context.Context, t Target, h *v1.HTTPGetAction) error {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, hookHTTPTimeout)
-		defer cancel()
-	}
-	req, err := p.request(ctx, t, h, "lifecycle")
-	if err != nil {
-		return err
-	}
-	res, err := (&http.Client{Transport: p.transport}).Do(req)
-	if err != nil {
-		return fmt.Errorf("httpGet hook %s: %w", req.URL, err)
-	}
-	io.Copy(io.Discard, io.LimitReader(res.Body, maxBody))
-	res.Body.Close()
-	return nil
-}
 
 func sleepHook(ctx context.Context, seconds int64) error {
 	t := time.NewTimer(time.Duration(seconds) * time.Second)

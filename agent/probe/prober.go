@@ -7,15 +7,13 @@ package probe
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
-	"net/url"
+	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/runtime"
@@ -74,29 +72,23 @@ type Target struct {
 	// loopback inside NetNS: a pod with no pod network yet.
 	PodIP string
 	Exec  Execer // nil: exec handlers fail with a clear error
+
+	ns *os.File // NetNS opened by the probe that runs against this target, for its lifetime
 }
 
 // Prober holds what every probe of the node shares.
 type Prober struct {
-	transport *http.Transport
-	version   string // "1.34": the Kubernetes minor the node speaks, for User-Agent
+	home    *os.File // the agent's network namespace, held open to come back to after a socket is made in a pod's
+	version string   // "1.37": the Kubernetes release the node speaks, for User-Agent
+	readers sync.Pool
 }
 
-// NewProber makes the node's Prober. Keep-alives are off as in kubelet: a probe is one request a
-// period apart, and an idle connection per probe would cost more than a new one each time. TLS
-// certificates are not checked, as kubelet does not.
+// NewProber makes the node's Prober.
 func NewProber() *Prober {
-	return &Prober{
-		transport: &http.Transport{
-			DialContext:         dialContext,
-			TLSClientConfig:     &tls.Config{InsecureSkipVerify: true},
-			DisableKeepAlives:   true,
-			DisableCompression:  true,
-			Proxy:               nil, // never through a proxy from the environment
-			TLSHandshakeTimeout: 10 * time.Second,
-		},
-		version: kubeVersion,
-	}
+	// The main thread's: it never leaves the agent's namespace (agent/runtime's init keeps
+	// goroutines that switch namespaces off it).
+	home, _ := os.Open("/proc/self/ns/net")
+	return &Prober{home: home, version: kubeVersion}
 }
 
 // kubeVersion is the Kubernetes release whose API the node speaks (k8s.io/api v0.37.x is 1.37),
@@ -104,9 +96,6 @@ func NewProber() *Prober {
 const kubeVersion = "1.37"
 
 func (p *Prober) userAgent(purpose string) string { return "kube-" + purpose + "/" + p.version }
-
-// Close releases the transport's resources.
-func (p *Prober) Close() { p.transport.CloseIdleConnections() }
 
 // Run runs one attempt of probe handler h against t, bounded by timeout. It returns the result
 // and its output (the command's output, the response body or what went wrong); err is a probe that
@@ -119,7 +108,7 @@ func (p *Prober) Run(ctx context.Context, t Target, h *v1.ProbeHandler, timeout 
 	case h.Exec != nil:
 		return p.exec(ctx, t, h.Exec.Command, timeout)
 	case h.HTTPGet != nil:
-		return p.httpGet(ctx, t, h.HTTPGet, "probe", timeout)
+		return p.httpGet(ctx, t, h.HTTPGet, timeout)
 	case h.TCPSocket != nil:
 		return p.tcp(ctx, t, h.TCPSocket)
 	case h.GRPC != nil:
@@ -153,14 +142,18 @@ func (p *Prober) exec(ctx context.Context, t Target, cmd []string, timeout time.
 // With no host given, that is the pod: its address (or loopback) from inside its network
 // namespace. A host given by name or address is reached from the agent's namespace, as kubelet
 // reaches it from the node.
-func endpoint(t Target, host string) (string, route) {
+func (p *Prober) endpoint(t Target, host string) (string, route) {
 	if host != "" {
 		return host, route{}
 	}
-	if t.PodIP != "" {
-		return t.PodIP, route{netns: t.NetNS}
+	r := route{netns: t.NetNS, ns: t.ns, home: p.home}
+	if t.NetNS == "" {
+		r = route{}
 	}
-	return "127.0.0.1", route{netns: t.NetNS}
+	if t.PodIP != "" {
+		return t.PodIP, r
+	}
+	return "127.0.0.1", r
 }
 
 // port resolves a probe's port, given by number or by the name of one of the container's ports.
@@ -187,91 +180,12 @@ func port(p intstr.IntOrString, c *v1.Container) (int, error) {
 	return n, nil
 }
 
-// request builds the GET of an httpGet action, with kubelet's User-Agent and Accept defaults.
-func (p *Prober) request(ctx context.Context, t Target, h *v1.HTTPGetAction, purpose string) (*http.Request, error) {
-	scheme := strings.ToLower(string(h.Scheme))
-	if scheme == "" {
-		scheme = "http"
-	}
-	if scheme != "http" && scheme != "https" {
-		return nil, fmt.Errorf("httpGet scheme %q: want HTTP or HTTPS", h.Scheme)
-	}
-	n, err := port(h.Port, t.Container)
-	if err != nil {
-		return nil, fmt.Errorf("httpGet %w", err)
-	}
-	host, r := endpoint(t, h.Host)
-	u, err := url.Parse(h.Path)
-	if err != nil {
-		u = &url.URL{Path: h.Path}
-	}
-	u.Scheme, u.Host = scheme, net.JoinHostPort(host, strconv.Itoa(n))
-	req, err := http.NewRequestWithContext(withRoute(ctx, r), http.MethodGet, u.String(), nil)
-	if err != nil {
-		return nil, fmt.Errorf("httpGet %s: %w", u, err)
-	}
-	for _, hd := range h.HTTPHeaders {
-		req.Header.Add(hd.Name, hd.Value)
-	}
-	if _, ok := req.Header["User-Agent"]; !ok {
-		req.Header.Set("User-Agent", p.userAgent(purpose))
-	}
-	if _, ok := req.Header["Accept"]; !ok {
-		req.Header.Set("Accept", "*/*")
-	} else if req.Header.Get("Accept") == "" {
-		req.Header.Del("Accept") // set empty on purpose: send none
-	}
-	req.Host = req.Header.Get("Host")
-	return req, nil
-}
-
-// client follows redirects only to the same host, as kubelet's probes do; a redirect elsewhere ends
-// the request with the redirect as the response.
-func (p *Prober) client(timeout time.Duration) *http.Client {
-	return &http.Client{
-		Transport: p.transport,
-		Timeout:   timeout,
-		CheckRedirect: func(req *http.Request, via []*http.Request) error {
-			if req.URL.Hostname() != via[0].URL.Hostname() {
-				return http.ErrUseLastResponse
-			}
-			if len(via) >= maxRedirects {
-				return fmt.Errorf("stopped after %d redirects", maxRedirects)
-			}
-			return nil
-		},
-	}
-}
-
-func (p *Prober) httpGet(ctx context.Context, t Target, h *v1.HTTPGetAction, purpose string, timeout time.Duration) (Result, string, error) {
-	req, err := p.request(ctx, t, h, purpose)
-	if err != nil {
-		return Unknown, "", err
-	}
-	res, err := p.client(timeout).Do(req)
-	if err != nil {
-		return Failure, err.Error(), nil
-	}
-	defer res.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(res.Body, maxBody))
-	if err != nil {
-		return Failure, fmt.Sprintf("reading the response of %s: %v", req.URL, err), nil
-	}
-	switch {
-	case res.StatusCode >= 200 && res.StatusCode < 300:
-		return Success, string(b), nil
-	case res.StatusCode >= 300 && res.StatusCode < 400:
-		return Warning, fmt.Sprintf("probe did not follow the redirect to another host, response body: %s", b), nil
-	}
-	return Failure, fmt.Sprintf("HTTP probe failed with statuscode: %d", res.StatusCode), nil
-}
-
 func (p *Prober) tcp(ctx context.Context, t Target, h *v1.TCPSocketAction) (Result, string, error) {
 	n, err := port(h.Port, t.Container)
 	if err != nil {
 		return Unknown, "", fmt.Errorf("tcpSocket %w", err)
 	}
-	host, r := endpoint(t, h.Host)
+	host, r := p.endpoint(t, h.Host)
 	c, err := dialContext(withRoute(ctx, r), "tcp", net.JoinHostPort(host, strconv.Itoa(n)))
 	if err != nil {
 		return Failure, err.Error(), nil
@@ -284,7 +198,7 @@ func (p *Prober) grpc(ctx context.Context, t Target, h *v1.GRPCAction, timeout t
 	if h.Port <= 0 || h.Port > 65535 {
 		return Unknown, "", fmt.Errorf("grpc port %d: not a port number (1-65535)", h.Port)
 	}
-	host, r := endpoint(t, "")
+	host, r := p.endpoint(t, "")
 	addr := net.JoinHostPort(host, strconv.Itoa(int(h.Port)))
 	conn, err := grpc.NewClient("passthrough:///"+addr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),

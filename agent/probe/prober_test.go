@@ -99,7 +99,7 @@ func TestHTTPGetTimeout(t *testing.T) {
 	defer close(release)
 	tg := hostTarget()
 	res, out, err := NewProber().Run(context.Background(), tg, &v1.ProbeHandler{HTTPGet: &v1.HTTPGetAction{Port: intstr.FromInt32(int32(serverPort(t, srv.URL)))}}, 300*time.Millisecond)
-	if err != nil || res != Failure || !strings.Contains(out, "Timeout") && !strings.Contains(out, "deadline") {
+	if err != nil || res != Failure || !strings.Contains(out, "no response within 300ms") {
 		t.Errorf("slow server: %v %q %v, want a timeout failure", res, out, err)
 	}
 }
@@ -301,5 +301,28 @@ func TestKubeVersionMatchesGoMod(t *testing.T) {
 	minor := strings.TrimPrefix(kubeVersion, "1.")
 	if !strings.Contains(string(b), "\tk8s.io/api v0."+minor+".") {
 		t.Errorf("kubeVersion %s does not match k8s.io/api in go.mod", kubeVersion)
+	}
+}
+
+// Probes tick on multiples of their period, a period apart once aligned and never sooner than
+// half a period after the one before.
+func TestUntilTick(t *testing.T) {
+	base := time.Unix(1000, 0)
+	for _, c := range []struct {
+		now  time.Duration // after base
+		want time.Duration
+	}{
+		{0, time.Second},
+		{5 * time.Millisecond, 995 * time.Millisecond},
+		{400 * time.Millisecond, 600 * time.Millisecond},
+		{600 * time.Millisecond, 1400 * time.Millisecond},
+		{999 * time.Millisecond, 1001 * time.Millisecond},
+	} {
+		if got := untilTick(base.Add(c.now), time.Second); got != c.want {
+			t.Errorf("at +%v: next in %v, want %v", c.now, got, c.want)
+		}
+	}
+	if got := untilTick(time.Unix(1003, 0).Add(2*time.Second), 10*time.Second); got != 5*time.Second {
+		t.Errorf("period 10s at 1005: %v, want 5s", got)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -232,6 +233,21 @@ func threshold(v, def int32) int {
 	return int(v)
 }
 
+// untilTick is how long from now to the next probe: a multiple of period (since the Unix epoch),
+// at least half a period away. Probes run on these ticks rather than each on its own phase: all
+// probes of the node with the same period then wake the agent together, once per period, instead
+// of each waking it on its own, and waking an idle process is much of what a cheap probe costs.
+// Once on the ticks, probes are a period apart; the first (at the end of the initial delay) is
+// followed by the next within half a period to a period and a half, so thresholds keep their
+// meaning (kubelet, too, shifts a probe's phase by up to a period when it restarts).
+func untilTick(now time.Time, period time.Duration) time.Duration {
+	d := period - time.Duration(now.UnixNano()%int64(period))
+	if d < period/2 {
+		d += period
+	}
+	return d
+}
+
 // run probes every period until ctx ends. A liveness or startup failure, and a startup success,
 // are final for the attempt (kubelet holds them until the container is replaced), so the goroutine
 // ends there.
@@ -242,6 +258,14 @@ func (s *Set) run(ctx context.Context, w *worker) {
 	failure := threshold(w.spec.FailureThreshold, 3)
 	if w.kind != Readiness {
 		success = 1 // the API allows nothing else for liveness and startup
+	}
+	target := w.target
+	if target.NetNS != "" {
+		// Held open while the probe runs, so each attempt does not look the namespace up again.
+		if f, err := os.Open(target.NetNS); err == nil {
+			target.ns = f
+			defer f.Close()
+		}
 	}
 	first := time.Until(w.startedAt.Add(time.Duration(w.spec.InitialDelaySeconds) * time.Second))
 	timer := time.NewTimer(max(first, 0))
@@ -254,13 +278,12 @@ func (s *Set) run(ctx context.Context, w *worker) {
 			return
 		case <-timer.C:
 		}
-		began := time.Now()
-		next := func() { timer.Reset(max(period-time.Since(began), 0)) }
+		next := func() { timer.Reset(untilTick(time.Now(), period)) }
 		if w.kind != Startup && !s.started(w.container, w.id) {
 			next()
 			continue
 		}
-		res, out, err := s.p.Run(ctx, w.target, &w.spec.ProbeHandler, timeout)
+		res, out, err := s.p.Run(ctx, target, &w.spec.ProbeHandler, timeout)
 		if ctx.Err() != nil {
 			return // stopped mid-attempt: that is no result
 		}
