@@ -23,6 +23,7 @@ import (
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/pod"
 	"github.com/mqlet/mqlet/agent/podspec"
+	"github.com/mqlet/mqlet/agent/probe"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/agent/sysctl"
@@ -165,6 +166,8 @@ type Agent struct {
 
 	trimMu sync.Mutex
 	trim   *time.Timer
+
+	prober *probe.Prober // shared by every pod's probes and hooks (one HTTP transport)
 }
 
 // New wires an agent from an open store, a connected runtime and its sources; it owns none of them.
@@ -193,6 +196,7 @@ func New(opts Options, rt Runtime, st store.State, sources ...source.Source) *Ag
 		synced:   map[source.Kind]bool{},
 		cleaning: map[types.UID]chan struct{}{},
 		relist:   make(chan struct{}, 1),
+		prober:   probe.NewProber(),
 	}
 }
 
@@ -312,6 +316,7 @@ func (a *Agent) startWorker(d store.DesiredPod, prev *v1.PodStatus, refused *pod
 		OnGone:   a.onGone,
 		Emit:     a.report.Emit,
 		OnSync:   a.opts.OnSync,
+		Prober:   a.prober,
 	})
 	if refused != nil {
 		w.Refuse(*refused)

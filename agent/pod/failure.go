@@ -106,7 +106,7 @@ func (w *Worker) syncFailed(ctx context.Context, pod *v1.Pod, f *Failure) time.D
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := w.env.Runtime.StopContainer(ctx, c.ID, g)
+			err := w.withPreStop(pod, *c).StopContainer(ctx, c.ID, g)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

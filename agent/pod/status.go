@@ -64,7 +64,8 @@ func Phase(spec *v1.PodSpec, init []v1.ContainerStatus, ctrs []v1.ContainerStatu
 	return v1.PodPending
 }
 
-// Conditions are kubelet's pod conditions; readiness is "running" until probes exist.
+// Conditions are kubelet's pod conditions; Ready and ContainersReady follow the containers' ready
+// (running, started, and passing their readiness probes).
 func Conditions(spec *v1.PodSpec, phase v1.PodPhase, init, ctrs []v1.ContainerStatus, prev []v1.PodCondition, now metav1.Time) []v1.PodCondition {
 	initialized := true
 	for _, s := range init {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/podspec"
+	"github.com/mqlet/mqlet/agent/probe"
 	"log/slog"
 	"sort"
 	"sync"
@@ -53,6 +54,8 @@ type Env struct {
 	// OnSync, when set, is told how long each sync (or teardown attempt) took: the metrics' sync
 	// latency. It must be cheap: it runs on the worker's goroutine.
 	OnSync func(took time.Duration)
+	// Prober runs probes and lifecycle hooks; the node shares one. nil: the worker makes its own.
+	Prober *probe.Prober
 }
 
 // record is what the worker remembers about one container name across attempts: containerd forgets
@@ -97,6 +100,7 @@ type Worker struct {
 	sbErr      string           // loop-owned: why the last set-up failed, shown while the pod waits
 
 	exitMsgs map[string]exitMessage // loop-owned: container name -> termination message of its last exit
+	probes   *probe.Set             // the pod's probes, for the span of Run (probes.go)
 }
 
 // NewWorker starts nothing; call Run. prev is the status stored before an agent restart, if any,
@@ -105,6 +109,9 @@ func NewWorker(pod *v1.Pod, prev *v1.PodStatus, env Env) *Worker {
 	w := &Worker{env: env, nudge: make(chan struct{}, 1), pod: pod, recs: map[string]*record{}, objects: true}
 	if env.Log == nil {
 		w.env.Log = slog.Default()
+	}
+	if env.Prober == nil {
+		w.env.Prober = probe.NewProber()
 	}
 	w.env.Log = w.env.Log.With("pod", pod.Namespace+"/"+pod.Name)
 	if prev != nil {
@@ -196,6 +203,7 @@ func (w *Worker) Pod() v1.Pod {
 // Run syncs on every nudge and on its own timers until the pod is deleted or ctx ends. Ending by
 // ctx (agent shutdown) leaves containers running, as kubelet does.
 func (w *Worker) Run(ctx context.Context) {
+	defer w.startProbes(ctx)()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -267,7 +275,8 @@ func (w *Worker) terminate(ctx context.Context, pod *v1.Pod) bool {
 	}
 	g := grace(pod)
 	w.killing(pod, ctrs...)
-	if err := Teardown(ctx, w.env.Runtime, runtime.RefOf(pod), ctrs, &g, w.env.Log); err != nil {
+	w.probes.Sync(nil) // a pod on its way out is probed no more
+	if err := Teardown(ctx, w.withPreStop(pod, ctrs...), runtime.RefOf(pod), ctrs, &g, w.env.Log); err != nil {
 		if !errors.Is(err, ErrSandboxLeft) {
 			w.env.Log.Error("terminate", "err", err)
 			return false
@@ -444,6 +453,7 @@ func (w *Worker) finishSync(pod *v1.Pod, observed []runtime.Container, newest ma
 	w.mu.Lock()
 	w.seen = runtime.Fingerprint(observed)
 	w.mu.Unlock()
+	w.syncProbes(pod, newest)
 	w.publish(pod, newest, now)
 	w.syncs.Add(1)
 }
@@ -454,7 +464,7 @@ func (w *Worker) finishSync(pod *v1.Pod, observed []runtime.Container, newest ma
 func (w *Worker) stopAndRemove(ctx context.Context, pod *v1.Pod, c *runtime.Container) bool {
 	w.killing(pod, *c)
 	w.mutations++
-	if err := w.env.Runtime.StopContainer(ctx, c.ID, grace(pod)); err != nil {
+	if err := w.withPreStop(pod, *c).StopContainer(ctx, c.ID, grace(pod)); err != nil {
 		w.env.Log.Error("stop container; not starting its replacement until it is stopped", "container", c.ID, "err", err)
 		return false
 	}
@@ -514,6 +524,9 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 			}
 			r.crashes, r.retryAt, r.failure = 0, time.Time{}, nil
 		case cur.State == runtime.StateRunning:
+			if killed, next := w.killUnhealthy(ctx, pod, c, cur); killed {
+				return next
+			}
 			w.reportOOM(pod, c, cur)
 			r.failure, r.terminated = nil, nil
 			if r.startedID != cur.ID {
@@ -598,6 +611,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 	r.failure, r.terminated, r.retryAt = nil, nil, time.Time{}
 	r.startedID, r.startedAt = started.ID, time.Now()
 	w.env.Log.Info("container started", "container", c.Name, "id", started.ID, "restarts", attempt)
+	w.postStart(ctx, pod, c, started)
 	return 0
 }
 
@@ -744,8 +758,7 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *runtime.Cont
 			if r.startedID != cur.ID || started.IsZero() {
 				started = cur.CreatedAt
 			}
-			t := true
-			cs.Started, cs.Ready = &t, true
+			cs.Started, cs.Ready = w.probeStatus(c, cur.ID)
 			cs.State.Running = &v1.ContainerStateRunning{StartedAt: metav1.NewTime(started)}
 			return cs
 		case runtime.StateExited:

@@ -225,6 +225,8 @@ type results struct {
 	BridgeRSSMiB               *float64 `json:"bridge_rss_mib"`
 	// Issue 10: see BENCHMARKS.md.
 	EvictionMs         float64 `json:"eviction_ms"`
+	ProbeCPUPct25Pods  float64 `json:"probe_cpu_pct_25_pods"` // issue 11, percent of one core: see BENCHMARKS.md
+	ProbeAnonDeltaMiB  float64 `json:"probe_anon_delta_mib"`  // issue 11
 	breakdown          []breakdownRow
 	ctrEventP50Ms      float64
 	podStartSamples    int
@@ -245,6 +247,8 @@ type results struct {
 		samples     int
 	}
 	ran []string // keys of the steps that ran
+
+	probes struct{ base, probed probeRun } // issue 11's two runs
 }
 
 // burstRatio is the burst target as a share of containerd's own burst: the burst is bound by
@@ -364,6 +368,13 @@ func printResults(w io.Writer, r results) {
 		row("eviction_ms", r.EvictionMs, "ms", "<= 2000", r.EvictionMs <= 2000)
 		fmt.Fprintf(tw, "  memory-pressure crossing -> /tasks/exit\tmedian of %d, slowest %.1f ms\tthe agent decided at %.1f ms (median)\t\n",
 			r.eviction.samples, r.eviction.max, r.eviction.decide)
+	}
+	if ran("probes") {
+		p := r.probes
+		row("probe_cpu_pct_25_pods", r.ProbeCPUPct25Pods, "% of a core", fmt.Sprintf("< %.1f (agent CPU %.0f ms in %.1f s; without probes %.2f %%)", probeCPUTarget, p.probed.cpuMs, p.probed.wallS, p.base.cpuPct),
+			r.ProbeCPUPct25Pods < probeCPUTarget)
+		row("probe_anon_delta_mib", r.ProbeAnonDeltaMiB, "MiB", fmt.Sprintf("< %.1f (anon %.1f MiB with probes, %.1f without)", probeAnonTarget, p.probed.anonMiB, p.base.anonMiB),
+			r.ProbeAnonDeltaMiB < probeAnonTarget)
 	}
 	tw.Flush()
 

@@ -83,6 +83,7 @@ func (b *bench) steps() []step {
 		{"recovery", "recovery of 10 pods", b.measureRecovery},
 		{"mqtt", "the MQTT link (apply, idle link, reconnect)", b.measureMQTT},
 		{"eviction", "eviction after a memory-pressure crossing", b.measureEviction},
+		{"probes", "25 pods with an httpGet readiness probe every second", b.measureProbes},
 	}
 }
 

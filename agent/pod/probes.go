@@ -1,0 +1,210 @@
+package pod
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/agent/probe"
+	"github.com/mqlet/mqlet/agent/runtime"
+	v1 "k8s.io/api/core/v1"
+)
+
+// What the worker does for probes and lifecycle hooks. The probes themselves run in a probe.Set,
+// one goroutine per probe; the worker only starts and stops them (syncProbes), reads their results
+// (status, and killUnhealthy for a failed liveness or startup probe) and runs the hooks, which
+// belong to a container's start and stop.
+
+// killer is the runtime's KillContainer: a stop that keeps the exit visible, so the kill is
+// handled as an exit under the pod's restart policy. Runtimes without it fall back to StopContainer.
+type killer interface {
+	KillContainer(ctx context.Context, id string, grace time.Duration) error
+}
+
+// startProbes makes the pod's probe set for the worker's run; the returned func stops its probes
+// and waits for their goroutines.
+func (w *Worker) startProbes(ctx context.Context) func() {
+	w.probes = w.env.Prober.NewSet(ctx, w.Nudge, func(container string, warning bool, reason, message string) {
+		typ := event.Normal
+		if warning {
+			typ = event.Warning
+		}
+		w.mu.Lock()
+		pod := w.pod
+		w.mu.Unlock()
+		w.report(pod, typ, reason, message, "container", container)
+	}, w.env.Log)
+	return w.probes.Stop
+}
+
+// target is how a probe or hook reaches container c's attempt cur. sb is the pod's sandbox when the
+// worker has set it up; without it (a pod deleted before its first sync after an agent restart)
+// the container's own process names the network namespace.
+func (w *Worker) target(pod *v1.Pod, sb *runtime.Sandbox, c *v1.Container, cur *runtime.Container) probe.Target {
+	t := probe.Target{Pod: pod, Container: c, ContainerID: cur.ID}
+	t.Exec, _ = w.env.Runtime.(probe.Execer)
+	if pod.Spec.HostNetwork {
+		t.PodIP = w.hostIP()
+		return t
+	}
+	if sb != nil && sb.Ref.UID == pod.UID {
+		t.NetNS = sb.NetNS
+		if len(sb.PodIPs) > 0 {
+			t.PodIP = sb.PodIPs[0]
+		}
+	}
+	if t.NetNS == "" && cur.Pid != 0 {
+		t.NetNS = fmt.Sprintf("/proc/%d/ns/net", cur.Pid)
+	}
+	return t
+}
+
+// syncProbes runs the probes of the pod's running app containers and stops the others.
+func (w *Worker) syncProbes(pod *v1.Pod, newest map[string]*runtime.Container) {
+	if w.probes == nil {
+		return
+	}
+	var running []probe.Running
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		cur := newest[c.Name]
+		if cur == nil || cur.State != runtime.StateRunning || (c.LivenessProbe == nil && c.ReadinessProbe == nil && c.StartupProbe == nil) {
+			continue
+		}
+		r := w.rec(c.Name)
+		started := r.startedAt
+		if r.startedID != cur.ID || started.IsZero() {
+			started = cur.CreatedAt
+		}
+		running = append(running, probe.Running{Target: w.target(pod, w.sb, c, cur), StartedAt: started})
+	}
+	w.probes.Sync(running)
+}
+
+// probeStatus is containerStatus' started and ready for a running attempt.
+func (w *Worker) probeStatus(c *v1.Container, id string) (*bool, bool) {
+	started, ready := w.probes.Status(c, id)
+	return &started, ready
+}
+
+// killUnhealthy kills a running container whose liveness or startup probe failed, as kubelet does:
+// a Killing event, its preStop hook, then the stop signal with the probe's grace period if it sets
+// one. The exit then goes the way of any exit: restart policy and back-off. It reports whether the
+// container was (or is being) killed and when to look again.
+func (w *Worker) killUnhealthy(ctx context.Context, pod *v1.Pod, c *v1.Container, cur *runtime.Container) (bool, time.Duration) {
+	k, _, probeGrace, failed := w.probes.Failed(c.Name, cur.ID)
+	if !failed {
+		return false, 0
+	}
+	msg := fmt.Sprintf("Container %s failed %s probe", c.Name, strings.ToLower(k.String()))
+	if pod.Spec.RestartPolicy != v1.RestartPolicyNever {
+		msg += ", will be restarted"
+	}
+	w.report(pod, event.Normal, "Killing", msg, "container", c.Name)
+	g := grace(pod)
+	if probeGrace != nil {
+		g = max(time.Duration(*probeGrace)*time.Second, MinGrace)
+	}
+	w.mutations++
+	if err := w.withPreStop(pod, *cur).kill(ctx, cur.ID, g); err != nil {
+		w.env.Log.Error("kill unhealthy container", "container", cur.ID, "err", err)
+		return true, relistRetry
+	}
+	w.Nudge() // restart (or not) at once, on the exit the next sync sees
+	return true, 0
+}
+
+// postStart runs the container's postStart hook right after its start; the pod's status waits for
+// it, as kubelet's start does. A hook that fails gets a FailedPostStartHook event and its container
+// is killed; that exit then goes the way of the pod's restart policy.
+func (w *Worker) postStart(ctx context.Context, pod *v1.Pod, c *v1.Container, started runtime.Container) {
+	if c.Lifecycle == nil || c.Lifecycle.PostStart == nil {
+		return
+	}
+	err := w.env.Prober.RunHook(ctx, w.target(pod, w.sb, c, &started), c.Lifecycle.PostStart)
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	w.report(pod, event.Warning, "FailedPostStartHook", err.Error(), "container", c.Name)
+	w.report(pod, event.Normal, "Killing", fmt.Sprintf("Container %s failed its postStart hook", c.Name), "container", c.Name)
+	if err := w.withPreStop(pod, started).kill(ctx, started.ID, grace(pod)); err != nil {
+		w.env.Log.Error("kill container after its postStart hook failed", "container", started.ID, "err", err)
+	}
+	w.Nudge()
+}
+
+// preStopRuntime is the worker's Runtime with each running container's preStop hook run before its
+// stop signal, inside the same grace period, as kubelet's kill does.
+type preStopRuntime struct {
+	Runtime
+	w    *Worker
+	pod  *v1.Pod
+	sb   *runtime.Sandbox
+	ctrs map[string]runtime.Container // the attempts it may stop, by id
+}
+
+// withPreStop wraps the runtime for stopping ctrs of pod.
+func (w *Worker) withPreStop(pod *v1.Pod, ctrs ...runtime.Container) preStopRuntime {
+	h := preStopRuntime{Runtime: w.env.Runtime, w: w, pod: pod, sb: w.sb, ctrs: make(map[string]runtime.Container, len(ctrs))}
+	for _, c := range ctrs {
+		h.ctrs[c.ID] = c
+	}
+	return h
+}
+
+func (h preStopRuntime) StopContainer(ctx context.Context, id string, grace time.Duration) error {
+	return h.Runtime.StopContainer(ctx, id, h.preStop(ctx, id, grace))
+}
+
+// kill is StopContainer that keeps the exit visible (see killer).
+func (h preStopRuntime) kill(ctx context.Context, id string, grace time.Duration) error {
+	left := h.preStop(ctx, id, grace)
+	if k, ok := h.Runtime.(killer); ok {
+		return k.KillContainer(ctx, id, left)
+	}
+	return h.Runtime.StopContainer(ctx, id, left)
+}
+
+// preStop runs the preStop hook of attempt id, if it runs and has one, for at most grace. It
+// returns what is left of grace for the stop signal, never under kubelet's minimum.
+func (h preStopRuntime) preStop(ctx context.Context, id string, grace time.Duration) time.Duration {
+	cur, ok := h.ctrs[id]
+	if !ok || cur.State != runtime.StateRunning {
+		return grace
+	}
+	c := containerSpec(h.pod, cur.Name)
+	if c == nil || c.Lifecycle == nil || c.Lifecycle.PreStop == nil {
+		return grace
+	}
+	start := time.Now()
+	hctx, cancel := context.WithTimeout(ctx, grace)
+	err := h.w.env.Prober.RunHook(hctx, h.w.target(h.pod, h.sb, c, &cur), c.Lifecycle.PreStop)
+	cancel()
+	if err != nil && ctx.Err() == nil {
+		h.w.report(h.pod, event.Warning, "FailedPreStopHook", err.Error(), "container", c.Name)
+	}
+	return max(grace-time.Since(start), MinGrace)
+}
+
+// containerSpec is the pod's container (app or init) named name, or nil.
+func containerSpec(pod *v1.Pod, name string) *v1.Container {
+	for i := range pod.Spec.Containers {
+		if pod.Spec.Containers[i].Name == name {
+			return &pod.Spec.Containers[i]
+		}
+	}
+	for i := range pod.Spec.InitContainers {
+		if pod.Spec.InitContainers[i].Name == name {
+			return &pod.Spec.InitContainers[i]
+		}
+	}
+	return nil
+}
+
+// report emits an event about the pod and logs it, so that a node with no uplink shows it too.
+func (w *Worker) report(pod *v1.Pod, typ event.Type, reason, message string, attrs ...any) {
+	w.env.Log.Info("event", append([]any{"type", string(typ), "reason", reason, "message", message}, attrs...)...)
+	w.emit(pod, typ, reason, message)
+}
