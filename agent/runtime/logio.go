@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -241,7 +242,7 @@ func copyFIFO(f *os.File, s *logs.Stream, l *logCopiers) error {
 			l.bufs.Put(buf)
 		}
 		switch {
-		case errors.Is(err, os.ErrClosed):
+		case errors.Is(err, os.ErrClosed) || isFileClosing(err):
 			return werr // the agent stops, or the container was removed
 		case err != nil:
 			return errors.Join(werr, err)
@@ -367,4 +368,11 @@ func (r *Runtime) closeLogs() {
 		}
 	}
 	r.logIO.wg.Wait()
+}
+
+// isFileClosing reports the error a raw read gets from a file closed under it: os.File's
+// SyscallConn hands back internal/poll's ErrFileClosing unwrapped, not os.ErrClosed, and it is not
+// exported, so its text is all there is to match.
+func isFileClosing(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "use of closed file")
 }
