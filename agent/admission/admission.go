@@ -267,7 +267,7 @@ func validatePod(pod *v1.Pod) field.ErrorList {
 		errs = append(errs, validateContainer(&pod.Spec.Containers[i], spec.Child("containers").Index(i), names)...)
 	}
 	errs = append(errs, validateObjectVolumes(&pod.Spec, spec)...) // objvolumes.go
-	return append(errs, checkFields(&pod.Spec, errs)...)          // fields.go: no field silently ignored
+	return append(errs, checkFields(&pod.Spec, errs)...)           // fields.go: no field silently ignored
 }
 
 func validateContainer(c *v1.Container, path *field.Path, names map[string]*field.Path) field.ErrorList {

@@ -10,8 +10,9 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
-// ReasonFailedMount is kubelet's event reason for a volume that could not be set up.
-const ReasonFailedMount = "FailedMount"
+// ReasonFailedMount is kubelet's event reason for a volume that could not be set up; the runtime
+// uses it as the waiting reason too.
+const ReasonFailedMount = runtime.ReasonFailedMount
 
 // VolumeRefresher is a runtime whose configMap, secret, downwardAPI and projected volumes follow
 // their sources while containers run (*runtime.Runtime). RefreshVolumes rewrites the pod's

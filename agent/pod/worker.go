@@ -642,9 +642,15 @@ func (w *Worker) isDeleting() bool {
 func withNodeStatus(pod *v1.Pod, hostIP string, podIPs []string) *v1.Pod {
 	p := *pod
 	p.Status.HostIP = hostIP
+	p.Status.HostIPs = []v1.HostIP{{IP: hostIP}}
 	if pod.Spec.HostNetwork {
-		p.Status.PodIP = hostIP
-	} else if len(podIPs) > 0 {
+		podIPs = []string{hostIP}
+	}
+	p.Status.PodIPs = nil
+	for _, ip := range podIPs {
+		p.Status.PodIPs = append(p.Status.PodIPs, v1.PodIP{IP: ip})
+	}
+	if len(podIPs) > 0 {
 		p.Status.PodIP = podIPs[0]
 	}
 	return &p

@@ -128,6 +128,10 @@ func podField(pod *v1.Pod, path string) (string, error) {
 		return pod.Status.PodIP, nil
 	case "status.hostIP":
 		return pod.Status.HostIP, nil
+	case "status.podIPs": // comma-joined, as kubelet gives them
+		return joinIPs(pod.Status.PodIPs, func(ip v1.PodIP) string { return ip.IP }), nil
+	case "status.hostIPs":
+		return joinIPs(pod.Status.HostIPs, func(ip v1.HostIP) string { return ip.IP }), nil
 	}
 	for _, m := range []struct {
 		prefix string
@@ -186,4 +190,12 @@ func expand(s string, vars map[string]string) string {
 		}
 	}
 	return b.String()
+}
+
+func joinIPs[T any](ips []T, ip func(T) string) string {
+	out := make([]string, len(ips))
+	for i, x := range ips {
+		out[i] = ip(x)
+	}
+	return strings.Join(out, ",")
 }

@@ -55,7 +55,8 @@ func envPod() *v1.Pod {
 				},
 			}, {Name: "side"}},
 		},
-		Status: v1.PodStatus{PodIP: "10.88.0.5", HostIP: "192.0.2.10"},
+		Status: v1.PodStatus{PodIP: "10.88.0.5", HostIP: "192.0.2.10",
+			PodIPs: []v1.PodIP{{IP: "10.88.0.5"}, {IP: "fd00::5"}}, HostIPs: []v1.HostIP{{IP: "192.0.2.10"}}},
 	}
 }
 
@@ -118,6 +119,8 @@ func TestContainerEnvFieldRefs(t *testing.T) {
 		fieldEnv("SA", "spec.serviceAccountName"),
 		fieldEnv("POD_IP", "status.podIP"),
 		fieldEnv("HOST_IP", "status.hostIP"),
+		fieldEnv("POD_IPS", "status.podIPs"),
+		fieldEnv("HOST_IPS", "status.hostIPs"),
 		fieldEnv("APP", "metadata.labels['app']"),
 		fieldEnv("MISSING_LABEL", "metadata.labels['nope']"),
 		fieldEnv("NOTE", "metadata.annotations['note']"),
@@ -131,7 +134,7 @@ func TestContainerEnvFieldRefs(t *testing.T) {
 	want := map[string]string{
 		"NAME": "web", "NS": "edge", "UID": "0b0e2c9e-5d1f-4a7b-9c3d-2e1f0a9b8c7d", "NODE": "gw-1", "SA": "default",
 		"POD_IP": "10.88.0.5", "HOST_IP": "192.0.2.10", "APP": "web", "MISSING_LABEL": "", "NOTE": "hello",
-		"URL": "http://10.88.0.5:8080/web",
+		"URL": "http://10.88.0.5:8080/web", "POD_IPS": "10.88.0.5,fd00::5", "HOST_IPS": "192.0.2.10",
 	}
 	for k, w := range want {
 		if got[k] != w {
