@@ -512,12 +512,11 @@ func shouldRestart(policy v1.RestartPolicy, exit int32) bool {
 // reconcile brings one container towards its spec and returns when to look again.
 func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cur *runtime.Container, now time.Time) time.Duration {
 	r := w.rec(c.Name)
-	hash := runtime.SpecHash(pod, c)
 	attempt := r.attempt // nothing in containerd: retry the attempt that failed to start, if any
 	if cur != nil {
 		attempt = cur.RestartCount + 1
 		switch {
-		case cur.Hash != hash:
+		case !runtime.SpecHashMatches(cur.Hash, pod, c):
 			w.env.Log.Info("container spec changed; recreating", "container", c.Name)
 			if !w.stopAndRemove(ctx, pod, cur) {
 				return relistRetry

@@ -22,9 +22,35 @@ import (
 )
 
 // SpecHash identifies what a running container was made from. A pod edit that leaves a container's
-// hash unchanged leaves that container alone. Pod fields that shape every container (host network,
-// pod security context, volumes) are folded in, so changing them recreates the containers.
+// hash unchanged leaves that container alone, so it covers only what needs a new container: the
+// container's fields except those read while it runs (probes, lifecycle hooks, which the worker
+// takes from the current spec), and the pod fields that shape it (host network, hostname, pod
+// security context, the volumes it mounts). ConfigMap and Secret contents are not in it: their
+// volumes change in place.
 func SpecHash(pod *v1.Pod, c *v1.Container) string {
+	cc := *c
+	cc.LivenessProbe, cc.ReadinessProbe, cc.StartupProbe, cc.Lifecycle = nil, nil, nil, nil
+	mounted := map[string]bool{}
+	for _, m := range c.VolumeMounts {
+		mounted[m.Name] = true
+	}
+	var vols []v1.Volume
+	for _, v := range pod.Spec.Volumes {
+		if mounted[v.Name] {
+			vols = append(vols, v)
+		}
+	}
+	return specHash(pod, &cc, vols)
+}
+
+// SpecHashMatches reports whether a container labelled with hash was made from c's current spec:
+// by SpecHash, or by the hash an older mqlet wrote (the whole container and every pod volume), so
+// an upgrade restarts nothing.
+func SpecHashMatches(hash string, pod *v1.Pod, c *v1.Container) bool {
+	return hash == SpecHash(pod, c) || hash == specHash(pod, c, pod.Spec.Volumes)
+}
+
+func specHash(pod *v1.Pod, c *v1.Container, vols []v1.Volume) string {
 	h := sha256.New()
 	enc := json.NewEncoder(h)
 	enc.Encode(c)
@@ -33,7 +59,7 @@ func SpecHash(pod *v1.Pod, c *v1.Container) string {
 		Hostname    string
 		Security    *v1.PodSecurityContext
 		Volumes     []v1.Volume
-	}{pod.Spec.HostNetwork, pod.Spec.Hostname, pod.Spec.SecurityContext, pod.Spec.Volumes})
+	}{pod.Spec.HostNetwork, pod.Spec.Hostname, pod.Spec.SecurityContext, vols})
 	// Encoded only when set, so the hash of every container made before these fields were honoured
 	// stays the same and an upgrade restarts nothing.
 	if pod.Spec.HostPID || pod.Spec.HostIPC || pod.Spec.ShareProcessNamespace != nil {
