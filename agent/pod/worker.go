@@ -83,6 +83,7 @@ type Worker struct {
 	mu       sync.Mutex
 	pod      *v1.Pod
 	deleting bool
+	deleted  chan struct{} // closed by the first Delete: cuts short a postStart hook in progress
 	failure  *Failure // the node's verdict (evicted, rejected, shut down); see Fail
 	status   v1.PodStatus
 	ooms     []string
@@ -106,7 +107,7 @@ type Worker struct {
 // NewWorker starts nothing; call Run. prev is the status stored before an agent restart, if any,
 // so start times and last states survive the restart.
 func NewWorker(pod *v1.Pod, prev *v1.PodStatus, env Env) *Worker {
-	w := &Worker{env: env, nudge: make(chan struct{}, 1), pod: pod, recs: map[string]*record{}, objects: true}
+	w := &Worker{env: env, nudge: make(chan struct{}, 1), pod: pod, recs: map[string]*record{}, objects: true, deleted: make(chan struct{})}
 	if env.Log == nil {
 		w.env.Log = slog.Default()
 	}
@@ -158,6 +159,9 @@ func (w *Worker) Update(pod *v1.Pod) {
 // Delete asks the worker to stop the pod gracefully and remove it.
 func (w *Worker) Delete() {
 	w.mu.Lock()
+	if !w.deleting {
+		close(w.deleted)
+	}
 	w.deleting = true
 	w.mu.Unlock()
 	w.Nudge()

@@ -293,3 +293,39 @@ spec:
 		t.Errorf("no FailedPostStartHook with the hook's exit and output:\n%s", h.agentLog)
 	}
 }
+
+// A postStart hook that never returns does not hold off the pod's deletion: the hook is given up
+// when the pod goes, as kubelet gives it up when it kills the pod.
+func TestHangingPostStartDoesNotBlockDeletion(t *testing.T) {
+	h := newHarness(t)
+	out := filepath.Join(h.dir, "out")
+	os.MkdirAll(out, 0o777)
+	h.writeManifest("hang.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: hang}
+spec:
+  terminationGracePeriodSeconds: 1
+  volumes:
+  - {name: out, hostPath: {path: "`+out+`"}}
+  containers:
+  - name: app
+    image: mqlet.test/busybox:1
+    command: ["sleep", "3600"]
+    volumeMounts: [{name: out, mountPath: /out}]
+    lifecycle:
+      postStart:
+        exec: {command: ["sh", "-c", "touch /out/hook-running; sleep 3600"]}
+`)
+	h.startAgent()
+	waitFor(t, "the postStart hook running", func() bool {
+		_, err := os.Stat(filepath.Join(out, "hook-running"))
+		return err == nil
+	})
+	if err := os.Remove(filepath.Join(h.manifests, "hang.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "pod hang and its container gone while its postStart hook hung", func() bool {
+		_, err := h.getPod("hang")
+		return err != nil && len(h.tasks()) == 0
+	})
+}
