@@ -40,6 +40,7 @@ func benchProbe(b *testing.B, inNS bool, handler func(port int) *v1.ProbeHandler
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
 	time.Sleep(300 * time.Millisecond)
+	tg.cache = &cache{}
 	h := handler(port)
 	p := NewProber()
 	var r0, r1 syscall.Rusage

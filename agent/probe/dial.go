@@ -10,6 +10,7 @@ import (
 	goruntime "runtime"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -30,19 +31,12 @@ type route struct {
 	home  *os.File // the agent's own network namespace, to come back to
 }
 
-type routeKey struct{}
-
-func withRoute(ctx context.Context, r route) context.Context {
-	return context.WithValue(ctx, routeKey{}, r)
-}
-
-// dialContext is the one dialer of every probe and hook connection (HTTP, gRPC, tcpSocket). The
-// route comes with ctx; the connection ends by ctx's deadline.
-func dialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	r, _ := ctx.Value(routeKey{}).(route)
+// dial is the one dialer of every probe and hook connection (HTTP, gRPC, tcpSocket): a TCP
+// connection to addr by route r, bounded by ctx's deadline.
+func dial(ctx context.Context, r route, addr string) (net.Conn, error) {
 	if r.netns == "" {
 		d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error { return control(c, lingerShort) }}
-		return d.DialContext(ctx, network, addr)
+		return d.DialContext(ctx, "tcp", addr)
 	}
 	return dialInNetNS(ctx, r, addr)
 }
@@ -131,10 +125,9 @@ func connect(ctx context.Context, c net.Conn, sa unix.Sockaddr) error {
 			cerr = os.NewSyscallError("connect", unix.Errno(v))
 			return true
 		}
-		if _, err := unix.Getpeername(int(fd)); errors.Is(err, unix.ENOTCONN) {
-			return false // still connecting: wait until the socket is writable
-		}
-		return true
+		// The poller may say writable before the connect ends (a socket registered before its
+		// connect reads as writable): only a peer address says it is connected.
+		return connected(int(fd))
 	})
 	if werr != nil {
 		if errors.Is(werr, os.ErrDeadlineExceeded) {
@@ -194,3 +187,29 @@ func socketOnThread(target, self, family int) (fd int, err error, restored bool)
 	}
 	return fd, nil, true
 }
+
+// connected reports whether the socket has a peer (getpeername succeeds), without the allocations
+// of unix.Getpeername.
+func connected(fd int) bool {
+	var sa unix.RawSockaddrAny
+	n := uint32(unix.SizeofSockaddrAny)
+	_, _, e := unix.Syscall(unix.SYS_GETPEERNAME, uintptr(fd), uintptr(unsafe.Pointer(&sa)), uintptr(unsafe.Pointer(&n)))
+	return e != unix.ENOTCONN
+}
+
+// deadlineCtx is ctx with a deadline but no timer of its own: for connections, whose sockets
+// enforce the deadline (the dialers and roundTrip set it on them). It saves the timer and context
+// that context.WithTimeout would make for every probe attempt.
+type deadlineCtx struct {
+	context.Context
+	at time.Time
+}
+
+func withDeadline(ctx context.Context, at time.Time) context.Context {
+	if d, ok := ctx.Deadline(); ok && d.Before(at) {
+		return ctx
+	}
+	return deadlineCtx{ctx, at}
+}
+
+func (d deadlineCtx) Deadline() (time.Time, bool) { return d.at, true }

@@ -73,7 +73,8 @@ type Target struct {
 	PodIP string
 	Exec  Execer // nil: exec handlers fail with a clear error
 
-	ns *os.File // NetNS opened by the probe that runs against this target, for its lifetime
+	ns    *os.File // NetNS opened by the probe that runs against this target, for its lifetime
+	cache *cache   // what that probe keeps between attempts
 }
 
 // Prober holds what every probe of the node shares.
@@ -102,15 +103,17 @@ func (p *Prober) userAgent(purpose string) string { return "kube-" + purpose + "
 // could not be run at all (a named port the container does not have), which kubelet does not count
 // as a failure.
 func (p *Prober) Run(ctx context.Context, t Target, h *v1.ProbeHandler, timeout time.Duration) (Result, string, error) {
+	switch {
+	case h.HTTPGet != nil:
+		return p.httpGet(withDeadline(ctx, time.Now().Add(timeout)), t, h.HTTPGet, timeout)
+	case h.TCPSocket != nil:
+		return p.tcp(withDeadline(ctx, time.Now().Add(timeout)), t, h.TCPSocket)
+	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	switch {
 	case h.Exec != nil:
 		return p.exec(ctx, t, h.Exec.Command, timeout)
-	case h.HTTPGet != nil:
-		return p.httpGet(ctx, t, h.HTTPGet, timeout)
-	case h.TCPSocket != nil:
-		return p.tcp(ctx, t, h.TCPSocket)
 	case h.GRPC != nil:
 		return p.grpc(ctx, t, h.GRPC, timeout)
 	}
@@ -186,7 +189,7 @@ func (p *Prober) tcp(ctx context.Context, t Target, h *v1.TCPSocketAction) (Resu
 		return Unknown, "", fmt.Errorf("tcpSocket %w", err)
 	}
 	host, r := p.endpoint(t, h.Host)
-	c, err := dialContext(withRoute(ctx, r), "tcp", net.JoinHostPort(host, strconv.Itoa(n)))
+	c, err := dial(ctx, r, net.JoinHostPort(host, strconv.Itoa(n)))
 	if err != nil {
 		return Failure, err.Error(), nil
 	}
@@ -204,7 +207,7 @@ func (p *Prober) grpc(ctx context.Context, t Target, h *v1.GRPCAction, timeout t
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithUserAgent(p.userAgent("probe")),
 		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
-			return dialContext(withRoute(ctx, r), "tcp", a)
+			return dial(ctx, r, a)
 		}))
 	if err != nil {
 		return Unknown, "", fmt.Errorf("grpc %s: %w", addr, err)

@@ -260,6 +260,7 @@ func (s *Set) run(ctx context.Context, w *worker) {
 		success = 1 // the API allows nothing else for liveness and startup
 	}
 	target := w.target
+	target.cache = &cache{}
 	if target.NetNS != "" {
 		// Held open while the probe runs, so each attempt does not look the namespace up again.
 		if f, err := os.Open(target.NetNS); err == nil {

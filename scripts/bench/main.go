@@ -373,7 +373,8 @@ func printResults(w io.Writer, r results) {
 		p := r.probes
 		row("probe_cpu_pct_25_pods", r.ProbeCPUPct25Pods, "% of a core", fmt.Sprintf("< %.1f (agent CPU %.0f ms in %.1f s; without probes %.2f %%)", probeCPUTarget, p.probed.cpuMs, p.probed.wallS, p.base.cpuPct),
 			r.ProbeCPUPct25Pods < probeCPUTarget)
-		row("probe_anon_delta_mib", r.ProbeAnonDeltaMiB, "MiB", fmt.Sprintf("< %.1f (anon %.1f MiB with probes, %.1f without)", probeAnonTarget, p.probed.anonMiB, p.base.anonMiB),
+		row("probe_anon_delta_mib", r.ProbeAnonDeltaMiB, "MiB", fmt.Sprintf("< %.1f (mean anon over %d s: %.1f MiB with probes, %.1f without; at the end %.1f and %.1f)",
+			probeAnonTarget, p.probed.samples, p.probed.anonMiB, p.base.anonMiB, p.probed.anonEnd, p.base.anonEnd),
 			r.ProbeAnonDeltaMiB < probeAnonTarget)
 	}
 	tw.Flush()

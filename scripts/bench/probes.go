@@ -27,15 +27,23 @@ type probeRun struct {
 	cpuPct  float64
 	cpuMs   float64
 	wallS   float64
-	anonMiB float64
+	anonMiB float64 // mean of the samples taken through the window
+	anonEnd float64 // at the window's end
+	samples int
 }
+
+// anonSample is how often the agent's anon memory is read in the window. One reading would catch
+// the Go heap at a random point of its collection cycle (a few MiB apart from one point to
+// another); the mean over the window does not depend on that. Reading /proc does not disturb the
+// agent.
+const anonSample = time.Second
 
 // measureProbes runs the 25 pods twice, without and then with a readiness probe, each time under a
 // freshly started agent that adopts them already running, so both figures come from an agent
 // process of the same age that did the same work except probing. For each: wait until no status
-// changes, read the agent's CPU time over idleCPUWindow (no container may start or exit in it),
-// then its anon memory. probe_cpu_pct_25_pods is the probed agent's CPU; probe_anon_delta_mib the
-// difference of the two anon figures. It removes its pods and leaves the agent stopped.
+// changes, read the agent's CPU time over idleCPUWindow (no container may start or exit in it) and
+// its anon memory every anonSample through the window. probe_cpu_pct_25_pods is the probed
+// agent's CPU; probe_anon_delta_mib the difference of the two runs' mean anon memory. It removes its pods and leaves the agent stopped.
 func (b *bench) measureProbes(ctx context.Context, r *results) error {
 	if b.agent == nil {
 		if _, err := b.startAgent(false); err != nil {
@@ -127,10 +135,26 @@ func (b *bench) probeRun(ctx context.Context, names []string, probes bool) (prob
 		return probeRun{}, err
 	}
 	t0 := time.Now()
-	select {
-	case <-time.After(idleCPUWindow):
-	case <-ctx.Done():
-		return probeRun{}, ctx.Err()
+	var anonSum int64
+	samples := 0
+	tick := time.NewTicker(anonSample)
+	defer tick.Stop()
+	end := time.After(idleCPUWindow)
+window:
+	for {
+		select {
+		case <-tick.C:
+			m, err := readMemory(pid)
+			if err != nil {
+				return probeRun{}, errors.Join(err, b.agentAlive())
+			}
+			anonSum += m.AnonKiB
+			samples++
+		case <-end:
+			break window
+		case <-ctx.Done():
+			return probeRun{}, ctx.Err()
+		}
 	}
 	cpu1, err := cpuTime(pid, false)
 	t1 := time.Now()
@@ -161,7 +185,8 @@ func (b *bench) probeRun(ctx context.Context, names []string, probes bool) (prob
 		return probeRun{}, err
 	}
 	used, wall := cpu1-cpu0, t1.Sub(t0)
-	return probeRun{cpuPct: round2(100 * used.Seconds() / wall.Seconds()), cpuMs: ms(used), wallS: round1(wall.Seconds()), anonMiB: m.anonMiB()}, nil
+	return probeRun{cpuPct: round2(100 * used.Seconds() / wall.Seconds()), cpuMs: ms(used), wallS: round1(wall.Seconds()),
+		anonMiB: round1(float64(anonSum) / float64(samples) / 1024), anonEnd: m.anonMiB(), samples: samples}, nil
 }
 
 // probedSpec reports whether the pod listed is the version with the readiness probe.
