@@ -166,7 +166,9 @@ func (s *Set) start(kk key, spec *v1.Probe, r Running) {
 	s.workers[kk] = w
 	s.wg.Add(1)
 	first := time.Until(w.startedAt.Add(time.Duration(w.spec.InitialDelaySeconds) * time.Second))
+	w.mu.Lock() // the timer may fire before it is stored; its attempt takes w.mu first
 	w.timer = time.AfterFunc(max(first, 0), func() { s.attempt(w) })
+	w.mu.Unlock()
 }
 
 // stop ends a probe: at once if it is between attempts, else when its attempt returns (the attempt's
