@@ -331,3 +331,35 @@ func TestUntilTick(t *testing.T) {
 		t.Errorf("period 10s at 1005: %v, want 5s", got)
 	}
 }
+
+// An httpGet hook fails only when it gets no response (kubelet ignores the status); sleep waits
+// or ends with its context.
+func TestHooks(t *testing.T) {
+	var ua string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ua = r.Header.Get("User-Agent")
+		w.WriteHeader(http.StatusInternalServerError)
+	}))
+	port := serverPort(t, srv.URL)
+	p := NewProber()
+	hook := &v1.LifecycleHandler{HTTPGet: &v1.HTTPGetAction{Path: "/stop", Port: intstr.FromInt32(int32(port))}}
+	if err := p.RunHook(context.Background(), hostTarget(), hook); err != nil {
+		t.Errorf("httpGet hook answered 500: %v, want no error", err)
+	}
+	if !strings.HasPrefix(ua, "kube-lifecycle/") {
+		t.Errorf("hook User-Agent %q", ua)
+	}
+	srv.Close()
+	if err := p.RunHook(context.Background(), hostTarget(), hook); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Errorf("httpGet hook with nothing listening: %v, want connection refused", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := p.RunHook(ctx, hostTarget(), &v1.LifecycleHandler{Sleep: &v1.SleepAction{Seconds: 30}}); err == nil {
+		t.Error("a sleep hook cut short by its deadline reported success")
+	}
+	if err := p.RunHook(context.Background(), hostTarget(), &v1.LifecycleHandler{Exec: &v1.ExecAction{Command: []string{"true"}}}); err == nil || !strings.Contains(err.Error(), "cannot run commands") {
+		t.Errorf("exec hook without an Execer: %v", err)
+	}
+}

@@ -55,9 +55,11 @@ type Running struct {
 // events). It must not block.
 type Events func(container string, warning bool, reason, message string)
 
-// Set runs the probes of one pod: one goroutine per probe of each running container, ended when
-// that container attempt is no longer running, when the pod goes, or when the agent stops. Results
-// are read by the pod's worker; a change nudges it (onChange must not block).
+// Set runs the probes of one pod, each on a timer of its own: between attempts a probe holds no
+// goroutine (nor its stack); an attempt runs on the goroutine its timer starts, so a probe has at
+// most one, and one pod's slow probe never delays another's. A probe ends when its container
+// attempt is no longer running, when the pod goes, or on Stop (the pod worker stops them when the
+// agent stops). Results are read by the pod's worker; a change nudges it (onChange must not block).
 type Set struct {
 	p        *Prober
 	ctx      context.Context
@@ -75,17 +77,29 @@ type key struct {
 	kind      Kind
 }
 
-// worker is one probe of one container attempt. Its result fields are guarded by Set.mu.
+// worker is one probe of one container attempt.
 type worker struct {
 	key
 	id        string
 	spec      *v1.Probe
-	target    Target
 	startedAt time.Time
+	ctx       context.Context
 	cancel    context.CancelFunc
+	timer     *time.Timer
 
+	// guarded by Set.mu
 	result Result // kubelet's initial values: liveness success, readiness failure, startup unknown
 	output string
+
+	mu      sync.Mutex // guards the three below; never held over an attempt
+	running bool       // an attempt is under way
+	stopped bool
+	done    bool // finished: counted out of Set.wg, namespace file closed
+
+	// owned by the attempt under way (one at a time)
+	target Target
+	last   Result
+	run    int // consecutive attempts with result last
 }
 
 // NewSet makes the probe set of one pod; its probes end when ctx does or on Stop.
@@ -104,8 +118,14 @@ func (s *Set) Sync(running []Running) {
 		return
 	}
 	want := map[key]bool{}
+	var stop []*worker
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer func() {
+		s.mu.Unlock()
+		for _, w := range stop {
+			s.stop(w)
+		}
+	}()
 	for _, r := range running {
 		c := r.Target.Container
 		for _, k := range kinds {
@@ -119,14 +139,14 @@ func (s *Set) Sync(running []Running) {
 				if w.id == r.Target.ContainerID && equality.Semantic.DeepEqual(w.spec, spec) {
 					continue
 				}
-				w.cancel()
+				stop = append(stop, w)
 			}
 			s.start(kk, spec, r)
 		}
 	}
 	for kk, w := range s.workers {
 		if !want[kk] {
-			w.cancel()
+			stop = append(stop, w)
 			delete(s.workers, kk)
 		}
 	}
@@ -135,7 +155,8 @@ func (s *Set) Sync(running []Running) {
 // start runs a new probe worker (s.mu held).
 func (s *Set) start(kk key, spec *v1.Probe, r Running) {
 	ctx, cancel := context.WithCancel(s.ctx)
-	w := &worker{key: kk, id: r.Target.ContainerID, spec: spec.DeepCopy(), target: r.Target, startedAt: r.StartedAt, cancel: cancel}
+	w := &worker{key: kk, id: r.Target.ContainerID, spec: spec.DeepCopy(), target: r.Target, startedAt: r.StartedAt, ctx: ctx, cancel: cancel}
+	w.target.cache = &cache{}
 	switch kk.kind {
 	case Liveness:
 		w.result = Success
@@ -144,13 +165,38 @@ func (s *Set) start(kk key, spec *v1.Probe, r Running) {
 	}
 	s.workers[kk] = w
 	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		s.run(ctx, w)
-	}()
+	first := time.Until(w.startedAt.Add(time.Duration(w.spec.InitialDelaySeconds) * time.Second))
+	w.mu.Lock() // the timer may fire before it is stored; its attempt takes w.mu first
+	w.timer = time.AfterFunc(max(first, 0), func() { s.attempt(w) })
+	w.mu.Unlock()
 }
 
-// Stop ends every probe of the pod and waits for their goroutines.
+// stop ends a probe: at once if it is between attempts, else when its attempt returns (the attempt's
+// context is cancelled; a connection waits at most for its timeout).
+func (s *Set) stop(w *worker) {
+	w.cancel()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	// A timer that already fired has an attempt on its way, which will see stopped.
+	if !w.running && !w.done && w.timer.Stop() {
+		s.finish(w)
+	}
+}
+
+// finish counts the probe out (w.mu held); once only.
+func (s *Set) finish(w *worker) {
+	if w.done {
+		return
+	}
+	w.done = true
+	if w.target.ns != nil {
+		w.target.ns.Close()
+	}
+	s.wg.Done()
+}
+
+// Stop ends every probe of the pod and waits for attempts under way.
 func (s *Set) Stop() {
 	if s == nil {
 		return
@@ -248,70 +294,72 @@ func untilTick(now time.Time, period time.Duration) time.Duration {
 	return d
 }
 
-// run probes every period until ctx ends. A liveness or startup failure, and a startup success,
-// are final for the attempt (kubelet holds them until the container is replaced), so the goroutine
-// ends there.
-func (s *Set) run(ctx context.Context, w *worker) {
-	period := seconds(w.spec.PeriodSeconds, 10)
-	timeout := seconds(w.spec.TimeoutSeconds, 1)
+// attempt runs one attempt of probe w, records it, and sets the timer for the next. A liveness or
+// startup failure, and a startup success, are final for the container attempt (kubelet holds them
+// until the container is replaced): no next attempt then.
+func (s *Set) attempt(w *worker) {
+	w.mu.Lock()
+	if w.stopped || w.ctx.Err() != nil {
+		s.finish(w)
+		w.mu.Unlock()
+		return
+	}
+	w.running = true
+	w.mu.Unlock()
+
+	again := s.probe(w)
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.running = false
+	if w.stopped || !again || w.ctx.Err() != nil {
+		s.finish(w)
+		return
+	}
+	w.timer.Reset(untilTick(time.Now(), seconds(w.spec.PeriodSeconds, 10)))
+}
+
+// probe runs the probe once, unless it waits for the startup probe, and reports whether to go on.
+func (s *Set) probe(w *worker) bool {
+	if w.kind != Startup && !s.started(w.container, w.id) {
+		return true
+	}
+	if w.target.NetNS != "" && w.target.ns == nil {
+		// Held open while the probe lives, so each attempt does not look the namespace up again.
+		if f, err := os.Open(w.target.NetNS); err == nil {
+			w.target.ns = f
+		}
+	}
+	res, out, err := s.p.Run(w.ctx, w.target, &w.spec.ProbeHandler, seconds(w.spec.TimeoutSeconds, 1))
+	if w.ctx.Err() != nil {
+		return false // stopped mid-attempt: that is no result
+	}
+	if err != nil {
+		// A probe that cannot be run says nothing about the container; kubelet does not count it.
+		s.events(w.container, true, "Unhealthy", fmt.Sprintf("%s probe errored: %v", w.kind, err))
+		return true
+	}
+	switch res {
+	case Warning:
+		s.events(w.container, true, "ProbeWarning", fmt.Sprintf("%s probe warning: %s", w.kind, out))
+		res = Success
+	case Failure:
+		s.events(w.container, true, "Unhealthy", fmt.Sprintf("%s probe failed: %s", w.kind, out))
+	}
+	if res == w.last {
+		w.run++
+	} else {
+		w.last, w.run = res, 1
+	}
 	success := threshold(w.spec.SuccessThreshold, 1)
-	failure := threshold(w.spec.FailureThreshold, 3)
 	if w.kind != Readiness {
 		success = 1 // the API allows nothing else for liveness and startup
 	}
-	target := w.target
-	target.cache = &cache{}
-	if target.NetNS != "" {
-		// Held open while the probe runs, so each attempt does not look the namespace up again.
-		if f, err := os.Open(target.NetNS); err == nil {
-			target.ns = f
-			defer f.Close()
+	if res == Failure && w.run >= threshold(w.spec.FailureThreshold, 3) || res == Success && w.run >= success {
+		s.set(w, res, out)
+		if w.kind == Startup && res == Success || w.kind != Readiness && res == Failure {
+			return false
 		}
 	}
-	first := time.Until(w.startedAt.Add(time.Duration(w.spec.InitialDelaySeconds) * time.Second))
-	timer := time.NewTimer(max(first, 0))
-	defer timer.Stop()
-	var last Result
-	run := 0
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		}
-		next := func() { timer.Reset(untilTick(time.Now(), period)) }
-		if w.kind != Startup && !s.started(w.container, w.id) {
-			next()
-			continue
-		}
-		res, out, err := s.p.Run(ctx, target, &w.spec.ProbeHandler, timeout)
-		if ctx.Err() != nil {
-			return // stopped mid-attempt: that is no result
-		}
-		if err != nil {
-			// A probe that cannot be run says nothing about the container; kubelet does not count it.
-			s.events(w.container, true, "Unhealthy", fmt.Sprintf("%s probe errored: %v", w.kind, err))
-			next()
-			continue
-		}
-		switch res {
-		case Warning:
-			s.events(w.container, true, "ProbeWarning", fmt.Sprintf("%s probe warning: %s", w.kind, out))
-			res = Success
-		case Failure:
-			s.events(w.container, true, "Unhealthy", fmt.Sprintf("%s probe failed: %s", w.kind, out))
-		}
-		if res == last {
-			run++
-		} else {
-			last, run = res, 1
-		}
-		if res == Failure && run >= failure || res == Success && run >= success {
-			s.set(w, res, out)
-			if w.kind == Startup && res == Success || w.kind != Readiness && res == Failure {
-				return
-			}
-		}
-		next()
-	}
+	return true
 }
