@@ -84,7 +84,7 @@ type Worker struct {
 	pod      *v1.Pod
 	deleting bool
 	deleted  chan struct{} // closed by the first Delete: cuts short a postStart hook in progress
-	failure  *Failure // the node's verdict (evicted, rejected, shut down); see Fail
+	failure  *Failure      // the node's verdict (evicted, rejected, shut down); see Fail
 	status   v1.PodStatus
 	ooms     []string
 	objects  bool // a ConfigMap or Secret the pod uses changed (ObjectsChanged); true at first for a restarted agent
