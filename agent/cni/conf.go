@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mqlet/mqlet/internal/atomicfile"
 	"os"
 	"path/filepath"
 	"slices"
@@ -196,13 +197,9 @@ func WriteDefault(dir string, d DefaultNetwork) (bool, error) {
 		return false, fmt.Errorf("CNI configuration directory: %w", err)
 	}
 	path := filepath.Join(dir, DefaultConfFile)
-	// Written aside and renamed in: a reader never sees half of it.
-	tmp := filepath.Join(dir, ".mqlet-default.tmp")
-	if err := os.WriteFile(tmp, append(data, '\n'), 0o644); err != nil {
-		return false, fmt.Errorf("write default CNI network: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+	// Written aside and renamed in: a reader never sees half of it. The temporary name ends in
+	// ".tmp", which libcni's extension filter never loads.
+	if err := atomicfile.Write(path, append(data, '\n'), 0o644); err != nil {
 		return false, fmt.Errorf("write default CNI network: %w", err)
 	}
 	return true, nil

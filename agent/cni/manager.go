@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mqlet/mqlet/internal/atomicfile"
 	"log/slog"
 	"net"
 	"os"
@@ -110,11 +111,7 @@ func writeRecord(dir string, r *record) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, recordFile+".tmp")
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(dir, recordFile))
+	return atomicfile.Write(filepath.Join(dir, recordFile), data, 0o600)
 }
 
 // Setup attaches the pod's network namespace at netns (pinned by the runtime) and returns the pod's

@@ -645,7 +645,10 @@ func (w *Worker) isDeleting() bool {
 func withNodeStatus(pod *v1.Pod, hostIP string, podIPs []string) *v1.Pod {
 	p := *pod
 	p.Status.HostIP = hostIP
-	p.Status.HostIPs = []v1.HostIP{{IP: hostIP}}
+	p.Status.HostIPs = nil
+	if hostIP != "" {
+		p.Status.HostIPs = []v1.HostIP{{IP: hostIP}}
+	}
 	if pod.Spec.HostNetwork {
 		podIPs = []string{hostIP}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mqlet/mqlet/internal/atomicfile"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -315,12 +316,7 @@ func (h pidnsHook) List() ([]PodRef, error) {
 	return uidRefs(names), err
 }
 
-// writeFileAtomic writes path through a temporary file and a rename, so a crash leaves the old
-// content or the new, never half of it.
+// writeFileAtomic writes path so that a crash leaves the old content or the new.
 func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, perm); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(path, data, perm)
 }
