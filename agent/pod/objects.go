@@ -34,9 +34,12 @@ func (w *Worker) ObjectsChanged() {
 
 // objectsChanged runs on the worker's goroutine before a sync (loop-owned records).
 func (w *Worker) objectsChanged(ctx context.Context, pod *v1.Pod) {
-	for _, r := range w.recs {
+	for name, r := range w.recs {
 		// A changed imagePullSecret may be what a failing pull was missing.
 		if r.failure != nil && (r.failure.Reason == "CreateContainerConfigError" || r.failure.Reason == "ErrImagePull") {
+			if !r.retryAt.IsZero() {
+				w.env.Log.Debug("an object the pod uses changed; retrying the container at once", "container", name, "reason", r.failure.Reason)
+			}
 			r.retryAt = time.Time{}
 		}
 	}
