@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Builds the real Kubernetes control plane the bridge's end-to-end tests and `make bench-fleet` run
+# against: kube-apiserver, kube-controller-manager and kube-scheduler, from the Go module proxy
+# (k8s.io/kubernetes cannot be required directly: its go.mod points each staging module at
+# ./staging, so a throwaway module requires it and replaces every staging module with its v0.Y.Z
+# release). The binaries are cached under $KUBE_DIR keyed by version, so a rerun costs nothing.
+#
+# Usage: scripts/kubebins.sh [version]   (default: the k8s.io/api version in go.mod, v0.Y.Z -> v1.Y.Z)
+# Prints the bin directory on stdout.
+set -euo pipefail
+export PATH=/usr/local/go/bin:$PATH
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+API=$(awk '$1=="k8s.io/api"{print $2; exit}' "$REPO_ROOT/go.mod")
+VERSION=${1:-v1.${API#v0.}}
+MINOR=v0.${VERSION#v1.}
+KUBE_DIR=${KUBE_DIR:-/var/lib/mqlet-test/kube}
+BIN=$KUBE_DIR/$VERSION/bin
+CMDS="kube-apiserver kube-controller-manager kube-scheduler"
+
+have_all() {
+	for c in $CMDS; do [ -x "$BIN/$c" ] || return 1; done
+}
+if have_all; then
+	echo "$BIN"
+	exit 0
+fi
+
+log() { echo "kubebins: $*" >&2; }
+mkdir -p "$BIN"
+WORK=$(mktemp -d "$KUBE_DIR/build.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+STAGING="api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
+cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api
+cri-client csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms
+kube-aggregator kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics
+mount-utils pod-security-admission sample-apiserver sample-cli-plugin sample-controller"
+
+cd "$WORK"
+{
+	echo "module mqlet.local/kubebins"
+	echo
+	echo "go 1.26"
+	echo
+	echo "require k8s.io/kubernetes $VERSION"
+	echo
+	echo "replace ("
+	for m in $STAGING; do echo "	k8s.io/$m => k8s.io/$m $MINOR"; done
+	echo ")"
+} >go.mod
+{
+	echo "//go:build tools"
+	echo "package tools"
+	echo "import ("
+	for c in $CMDS; do echo "	_ \"k8s.io/kubernetes/cmd/$c\""; done
+	echo ")"
+} >tools.go
+
+log "resolving k8s.io/kubernetes $VERSION (staging modules at $MINOR)"
+# A staging module the release does not publish at $MINOR makes `go mod tidy` fail naming it;
+# drop such replace lines and retry once.
+if ! go mod tidy >tidy.log 2>&1; then
+	bad=$(grep -o 'k8s.io/[a-z-]*@'"$MINOR"': [^"]*' tidy.log | sed 's/@.*//' | sort -u || true)
+	if [ -n "$bad" ]; then
+		for b in $bad; do sed -i "\#^	$b => #d" go.mod; done
+		go mod tidy >tidy.log 2>&1 || { cat tidy.log >&2; exit 1; }
+	else
+		cat tidy.log >&2
+		exit 1
+	fi
+fi
+for c in $CMDS; do
+	log "building $c $VERSION"
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$WORK/$c" "k8s.io/kubernetes/cmd/$c"
+done
+for c in $CMDS; do mv "$WORK/$c" "$BIN/$c"; done
+log "built into $BIN"
+echo "$BIN"
