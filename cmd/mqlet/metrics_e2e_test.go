@@ -105,8 +105,15 @@ spec:
 `)
 	h.startAgent("--metrics-address", addr)
 	h.waitPod("metered", "running", allRunning)
-
-	local := scrape(t, unixHTTP(h.sock), "http://mqlet/metrics")
+	// The API shows the Running status as the worker publishes it, before the worker's sync has
+	// ended (and been timed) and before the status's store write has: wait for both figures.
+	var local map[string]*dto.MetricFamily
+	waitFor(t, "the pod's sync and status write counted", func() bool {
+		local = scrape(t, unixHTTP(h.sock), "http://mqlet/metrics")
+		syncs, _ := sampleOf(local, "mqlet_pod_sync_duration_seconds", nil)
+		writes, _ := sampleOf(local, "mqlet_store_write_duration_seconds", map[string]string{"operation": "put_status"})
+		return syncs >= 1 && writes >= 1
+	})
 	want := func(fams map[string]*dto.MetricFamily, where, name string, labels map[string]string, ok func(float64) bool, what string) {
 		t.Helper()
 		v, found := sampleOf(fams, name, labels)
