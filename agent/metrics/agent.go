@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/event"
@@ -8,8 +10,10 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
-// Event reasons with a counter of their own. Evicted is pod.ReasonEvicted (kubelet's); OOMKilled is
-// the reason kubelet gives a container the kernel killed for its memory limit.
+// Event reasons with a counter of their own: OOMKilled is the reason kubelet gives a container the
+// kernel killed for its memory limit. Evicted (pod.ReasonEvicted) has none: admission gives it to a
+// pod it refuses under node pressure too, as kubelet does, and that evicts nothing; evictions are
+// counted by the eviction manager (Agent.Evictions).
 const (
 	ReasonOOMKilled = "OOMKilled"
 	ReasonEvicted   = "Evicted"
@@ -34,7 +38,6 @@ type Agent struct {
 
 	events      *CounterVec
 	ooms        *Counter
-	evictions   *Counter
 	syncs       *Histogram
 	storeWrites *HistogramVec
 	storeErrors *CounterVec
@@ -52,8 +55,6 @@ func NewAgent(reg *Registry, version, commit string) *Agent {
 			"Events the node emitted, by type and reason.", "type", "reason"),
 		ooms: reg.Counter("mqlet_container_oom_kills_total",
 			"Containers killed by the kernel for their memory limit (OOMKilled events)."),
-		evictions: reg.Counter("mqlet_pod_evictions_total",
-			"Pods the eviction manager evicted (Evicted events)."),
 		syncs: reg.Histogram("mqlet_pod_sync_duration_seconds",
 			"Time a pod worker took for one sync of its pod (including image pulls and container starts), in seconds.", syncBuckets),
 		storeWrites: reg.HistogramVec("mqlet_store_write_duration_seconds",
@@ -94,11 +95,8 @@ type eventCounter struct {
 
 func (c eventCounter) Emit(e event.Event) {
 	c.a.events.With(string(e.Type), e.Reason).Inc()
-	switch e.Reason {
-	case ReasonOOMKilled:
+	if e.Reason == ReasonOOMKilled {
 		c.a.ooms.Inc()
-	case ReasonEvicted:
-		c.a.evictions.Inc()
 	}
 	if c.next != nil {
 		c.next.Emit(e)
@@ -169,6 +167,27 @@ func allStatuses(st *v1.PodStatus) []v1.ContainerStatus {
 	out = append(out, st.InitContainerStatuses...)
 	out = append(out, st.ContainerStatuses...)
 	return append(out, st.EphemeralContainerStatuses...)
+}
+
+// Evictions registers mqlet_pod_evictions_total{eviction_signal}, read at every scrape from counts
+// (eviction.Manager.Evictions): the pods the eviction manager evicted since the agent started, by
+// the signal whose threshold they were evicted for, as kubelet's kubelet_evictions counts them. An
+// admission refusal under pressure is not one, although its reason is Evicted too. Each of signals
+// (those with a threshold) is listed from 0, so the first eviction is a change rate() sees.
+func (a *Agent) Evictions(signals []string, counts func() map[string]int64) {
+	a.reg.Func("mqlet_pod_evictions_total", "Pods the eviction manager evicted, by eviction signal.", CounterType,
+		[]string{"eviction_signal"},
+		func(emit Emit) {
+			n := counts()
+			for _, s := range signals {
+				if _, ok := n[s]; !ok {
+					emit(0, s)
+				}
+			}
+			for _, s := range slices.Sorted(maps.Keys(n)) {
+				emit(float64(n[s]), s)
+			}
+		})
 }
 
 // MQTT registers the channel's figures, read at every scrape: whether the link to the broker is up,

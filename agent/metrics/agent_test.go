@@ -84,10 +84,39 @@ func TestEventsCountedAndPassedOn(t *testing.T) {
 	a.Events(nil).Emit(event.Event{Type: event.Normal, Reason: "Quiet"}) // nobody listening: still counted
 	fams := parseText(t, writeText(t, r))
 	mustValue(t, fams, "mqlet_container_oom_kills_total", nil, 2)
-	mustValue(t, fams, "mqlet_pod_evictions_total", nil, 1)
+	// An Evicted event is also what admission emits for a pod it refuses under node pressure: it
+	// is counted as an event, not as an eviction (Agent.Evictions counts those).
+	if f := fams["mqlet_pod_evictions_total"]; f != nil {
+		t.Errorf("an Evicted event made mqlet_pod_evictions_total: %v", f)
+	}
+	mustValue(t, fams, "mqlet_events_total", map[string]string{"type": "Warning", "reason": "Evicted"}, 1)
 	mustValue(t, fams, "mqlet_events_total", map[string]string{"type": "Warning", "reason": "Rejected"}, 1)
 	mustValue(t, fams, "mqlet_events_total", map[string]string{"type": "Normal", "reason": "Quiet"}, 1)
 	mustValue(t, fams, "mqlet_build_info", map[string]string{"version": "v1.2.3", "commit": "abc"}, 1)
+}
+
+// Evictions are the eviction manager's count by signal, read at each scrape; the signals with a
+// threshold are listed at 0 before their first eviction, and a signal without one (an emptyDir
+// over its sizeLimit) appears once it has evicted.
+func TestEvictionsBySignal(t *testing.T) {
+	r := NewRegistry()
+	a := NewAgent(r, "dev", "x")
+	counts := map[string]int64{}
+	a.Evictions([]string{"memory.available", "nodefs.available"}, func() map[string]int64 { return counts })
+	fams := parseText(t, writeText(t, r))
+	mustValue(t, fams, "mqlet_pod_evictions_total", map[string]string{"eviction_signal": "memory.available"}, 0)
+	mustValue(t, fams, "mqlet_pod_evictions_total", map[string]string{"eviction_signal": "nodefs.available"}, 0)
+	if n := len(fams["mqlet_pod_evictions_total"].Metric); n != 2 {
+		t.Errorf("%d eviction series before any eviction, want 2", n)
+	}
+	counts = map[string]int64{"memory.available": 2, "emptydirfs.limit": 1}
+	fams = parseText(t, writeText(t, r))
+	mustValue(t, fams, "mqlet_pod_evictions_total", map[string]string{"eviction_signal": "memory.available"}, 2)
+	mustValue(t, fams, "mqlet_pod_evictions_total", map[string]string{"eviction_signal": "nodefs.available"}, 0)
+	mustValue(t, fams, "mqlet_pod_evictions_total", map[string]string{"eviction_signal": "emptydirfs.limit"}, 1)
+	if n := len(fams["mqlet_pod_evictions_total"].Metric); n != 3 {
+		t.Errorf("%d eviction series, want 3", n)
+	}
 }
 
 func TestSyncsAndPulls(t *testing.T) {

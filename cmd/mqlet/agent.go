@@ -164,7 +164,7 @@ func (c *AgentCmd) Run() error {
 	defer stop()
 	srv := api.NewServer(nodeStatus.api(a), log)
 	events.serve(srv)
-	stopMetrics, err := m.serve(ctx, cfg, a, channel, db, srv, log)
+	stopMetrics, err := m.serve(ctx, cfg, a, evictions.Manager, channel, db, srv, log)
 	if err != nil {
 		return err
 	}

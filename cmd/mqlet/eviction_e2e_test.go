@@ -193,6 +193,21 @@ spec:
 			t.Errorf("%s disturbed: %s, tasks %v -> %v", name, podSummaryForTest(p), want, h.podTasks(p))
 		}
 	}
+	// /metrics counts the one eviction, by its signal.
+	fams := scrape(t, unixHTTP(h.sock), "http://mqlet/metrics")
+	if n, ok := sampleOf(fams, "mqlet_pod_evictions_total", map[string]string{"eviction_signal": "memory.available"}); !ok || n != 1 {
+		t.Errorf("mqlet_pod_evictions_total{eviction_signal=\"memory.available\"} = %v (found %v), want 1", n, ok)
+	}
+	if f := fams["mqlet_pod_evictions_total"]; f != nil {
+		sum := 0.0
+		for _, m := range f.Metric {
+			sum += m.GetCounter().GetValue()
+		}
+		if sum != 1 {
+			t.Errorf("mqlet_pod_evictions_total sums to %v over its signals, want 1: %v", sum, f)
+		}
+	}
+
 	// Not restarted, also not by a new agent: restart it and wait until every pod's worker has
 	// synced at least once (the sync histogram counts 3), then the hog still runs nothing, is still
 	// Evicted and has no restart.

@@ -136,6 +136,8 @@ spec:
 		want(fams, where, "mqlet_pod_sync_duration_seconds", nil, atLeast(1), "at least one sync")
 		want(fams, where, "mqlet_store_write_duration_seconds", map[string]string{"operation": "update_desired"}, atLeast(1), "the pod stored")
 		want(fams, where, "mqlet_store_write_duration_seconds", map[string]string{"operation": "put_status"}, atLeast(1), "its status stored")
+		want(fams, where, "mqlet_pod_evictions_total", map[string]string{"eviction_signal": "memory.available"}, eq(0),
+			"0 (kubelet's default threshold is set; nothing was evicted)")
 		want(fams, where, "process_resident_memory_bytes", nil, atLeast(1<<20), "over 1 MiB")
 		want(fams, where, "process_cpu_seconds_total", nil, func(v float64) bool { return v > 0 }, "> 0")
 		want(fams, where, "go_goroutines", nil, atLeast(1), ">= 1")

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/api"
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/agent/metrics"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/nodesync"
@@ -52,13 +54,14 @@ func (standaloneReporter) PodStatus(store.DesiredPod, v1.PodStatus) {}
 func (standaloneReporter) PodGone(store.DesiredPod)                 {}
 func (standaloneReporter) Emit(event.Event)                         {}
 
-// serve registers the figures read at scrape time (the agent's pods; the MQTT link and outbox when
-// there is a channel), adds /metrics to the local API, and with --metrics-address serves /metrics,
-// /healthz and /readyz on TCP until ctx ends. A TCP address that cannot be listened on is an error
+// serve registers the figures read at scrape time (the agent's pods, the eviction manager's count;
+// the MQTT link and outbox when there is a channel), adds /metrics to the local API, and with
+// --metrics-address serves /metrics, /healthz and /readyz on TCP until ctx ends. A TCP address that cannot be listened on is an error
 // at start, naming the address. The returned func stops the TCP endpoint and waits for it.
-func (m *agentMetrics) serve(ctx context.Context, cfg config.Config, a *agent.Agent, ch *nodesync.Sync, db *store.DB,
+func (m *agentMetrics) serve(ctx context.Context, cfg config.Config, a *agent.Agent, ev *eviction.Manager, ch *nodesync.Sync, db *store.DB,
 	srv *api.Server, log *slog.Logger) (stop func(), err error) {
 	m.Pods(a.Pods)
+	m.evictions(cfg, ev)
 	if ch != nil {
 		m.MQTT(ch.Connected, db.OutboxStats)
 	}
@@ -81,4 +84,22 @@ func (m *agentMetrics) serve(ctx context.Context, cfg config.Config, a *agent.Ag
 		}
 	}()
 	return func() { cancel(); wg.Wait() }, nil
+}
+
+// evictions registers the eviction manager's count of evicted pods by signal, each signal with a
+// threshold listed from 0.
+func (m *agentMetrics) evictions(cfg config.Config, ev *eviction.Manager) {
+	var signals []string
+	for _, t := range cfg.Thresholds() {
+		if s := string(t.Signal); !slices.Contains(signals, s) {
+			signals = append(signals, s)
+		}
+	}
+	m.Evictions(signals, func() map[string]int64 {
+		out := map[string]int64{}
+		for s, n := range ev.Evictions() {
+			out[string(s)] = n
+		}
+		return out
+	})
 }
