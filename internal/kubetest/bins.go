@@ -78,19 +78,37 @@ func findBinaries(opts Options) (binaries, error) {
 	return b, nil
 }
 
-// kubeVersion maps the client-go this binary links (v0.Y.Z) to the Kubernetes release built by
-// kubebins.sh by default (v1.Y.Z).
+// kubeVersion maps the client-go this program links (v0.Y.Z) to the Kubernetes release that
+// kubebins.sh builds by default (v1.Y.Z). Test binaries carry no dependency list, so then the
+// version comes from the go.mod of the module around the working directory.
 func kubeVersion() string {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return ""
-	}
-	for _, d := range info.Deps {
-		if d.Path == "k8s.io/client-go" && strings.HasPrefix(d.Version, "v0.") {
-			return "v1." + strings.TrimPrefix(d.Version, "v0.")
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, d := range info.Deps {
+			if d.Path == "k8s.io/client-go" && strings.HasPrefix(d.Version, "v0.") {
+				return "v1." + strings.TrimPrefix(d.Version, "v0.")
+			}
 		}
 	}
-	return ""
+	dir, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	for {
+		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil {
+			for _, line := range strings.Split(string(data), "\n") {
+				f := strings.Fields(line)
+				if len(f) >= 2 && f[0] == "k8s.io/client-go" && strings.HasPrefix(f[1], "v0.") {
+					return "v1." + strings.TrimPrefix(f[1], "v0.")
+				}
+			}
+			return ""
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return ""
+		}
+		dir = parent
+	}
 }
 
 // envFileValue returns key's value from a KEY=value file (blank lines, # comments, `export` and

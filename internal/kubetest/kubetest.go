@@ -203,6 +203,7 @@ func (c *Cluster) start(ctx context.Context, bins binaries) error {
 			c.etcdDir = d
 		}
 	}
+	began := time.Now()
 	// Ports are free when picked but another process may take one before our component binds
 	// it: a start that lost that race is retried with new ports.
 	var err error
@@ -217,9 +218,10 @@ func (c *Cluster) start(ctx context.Context, bins binaries) error {
 	if err != nil {
 		return err
 	}
-	cs, err := kubernetes.NewForConfig(c.admin)
+	c.opts.Logf("kubetest: etcd and kube-apiserver ready after %s", time.Since(began).Round(time.Millisecond))
+	cs, err := c.pollClient()
 	if err != nil {
-		return fmt.Errorf("admin client: %w", err)
+		return err
 	}
 	if err := c.startControllers(bins); err != nil {
 		return err
@@ -348,6 +350,9 @@ func (c *Cluster) startStorageAndAPI(ctx context.Context, bins binaries) error {
 		"--etcd-servers=" + c.etcdURL,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
+		// The lease reconciler refuses a loopback address for the kubernetes Service's
+		// endpoints; nothing here reaches the apiserver through that Service.
+		"--endpoint-reconciler-type=none",
 		"--secure-port=" + strconv.Itoa(apiPort),
 		"--cert-dir=" + c.path("apiserver-certs"),
 		"--tls-cert-file=" + c.path("apiserver.crt"),
@@ -364,9 +369,9 @@ func (c *Cluster) startStorageAndAPI(ctx context.Context, bins binaries) error {
 	if err != nil {
 		return err
 	}
-	cs, err := kubernetes.NewForConfig(c.admin)
+	cs, err := c.pollClient()
 	if err != nil {
-		return fmt.Errorf("admin client: %w", err)
+		return err
 	}
 	return waitFor(ctx, "kube-apiserver /readyz", api, func(ctx context.Context) error {
 		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
@@ -375,6 +380,18 @@ func (c *Cluster) startStorageAndAPI(ctx context.Context, bins binaries) error {
 		}
 		return nil
 	})
+}
+
+// pollClient is the admin's client for the readiness checks, without client-side rate limit:
+// polling five times a second would otherwise wait on client-go's default 5 QPS.
+func (c *Cluster) pollClient() (*kubernetes.Clientset, error) {
+	cfg := rest.CopyConfig(c.admin)
+	cfg.QPS = -1
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("admin client: %w", err)
+	}
+	return cs, nil
 }
 
 func (c *Cluster) startControllers(bins binaries) error {
@@ -462,15 +479,19 @@ func (c *Cluster) proc(name string) *process {
 // waitFor polls check until it succeeds, p exits, or ctx ends; the errors of the last two carry
 // the last check error and p's log tail.
 func waitFor(ctx context.Context, what string, p *process, check func(context.Context) error) error {
-	tick := time.NewTicker(100 * time.Millisecond)
+	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	var last error
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		last = check(cctx)
+		err := check(cctx)
 		cancel()
-		if last == nil {
+		if err == nil {
 			return nil
+		}
+		// The check that ran into the deadline says only that; the one before says why.
+		if last == nil || ctx.Err() == nil {
+			last = err
 		}
 		if err := p.running(); err != nil {
 			return fmt.Errorf("waiting for %s: %w; log tail (%s):\n%s", what, err, p.logPath, p.tail(30))
