@@ -6,6 +6,9 @@
 #   - a private containerd (own root, state, socket; the system one is never touched)
 #   - a local plain-HTTP registry (Debian's docker-registry) on 127.0.0.1:5000
 #   - test images built from busybox-static by scripts/mkimage
+#   - etcd (Debian's etcd-server; tests start their own, a system etcd is stopped)
+#     and kube-apiserver, kube-controller-manager and kube-scheduler built by
+#     scripts/kubebins.sh (minutes on a clean machine, cached after that)
 #   - /run/mqlet-test/env, read by internal/testenv and by `source`
 # Idempotent: on a machine where everything is already up it only checks and
 # prints the environment. Stop it with scripts/testenv-down.sh.
@@ -37,7 +40,7 @@ for arg in "$@"; do
 	case $arg in
 	--check) CHECK=1 ;;
 	-h | --help)
-		sed -n '2,14p' "$0"
+		sed -n '2,17p' "$0"
 		exit 0
 		;;
 	*)
@@ -81,6 +84,9 @@ install_packages() {
 	[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 	command -v nsenter >/dev/null || missing+=(util-linux)
 	command -v ip >/dev/null || missing+=(iproute2)
+	# The bridge's tests and the fleet bench run a real control plane
+	# (internal/kubetest starts its own etcd on free ports).
+	command -v etcd >/dev/null || missing+=(etcd-server)
 	# The dynamic "busybox" package also provides /bin/busybox, but a dynamic
 	# binary cannot run in an image without libc.
 	dpkg -s busybox-static 2>/dev/null | grep -q '^Status: install ok installed' || missing+=(busybox-static)
@@ -124,6 +130,40 @@ stop_system_mosquitto() {
 		log "stopping the system mosquitto service (tests start their own brokers)"
 		timeout 60 service mosquitto stop >/dev/null 2>&1 || true
 	fi
+}
+
+# stop_system_etcd: Debian's etcd-server runs a system etcd on 127.0.0.1:2379
+# from its service where an init system starts it. internal/kubetest starts its
+# own etcd per cluster on free ports; the system one is stopped and disabled so
+# no stray etcd keeps running beside them (or comes back at boot).
+stop_system_etcd() {
+	if [ -d /run/systemd/system ]; then
+		if timeout 10 systemctl is-enabled --quiet etcd 2>/dev/null; then
+			timeout 60 systemctl disable etcd >/dev/null 2>&1 || true
+		fi
+		if timeout 10 systemctl is-active --quiet etcd 2>/dev/null; then
+			log "stopping the system etcd service (tests start their own)"
+			timeout 60 systemctl stop etcd || true
+		fi
+	elif [ -x /etc/init.d/etcd ]; then
+		if ls /etc/rc[2-5].d/S*etcd >/dev/null 2>&1; then
+			update-rc.d etcd disable >/dev/null 2>&1 || true
+		fi
+		if timeout 10 service etcd status >/dev/null 2>&1; then
+			log "stopping the system etcd service (tests start their own)"
+			timeout 60 service etcd stop >/dev/null 2>&1 || true
+		fi
+	fi
+	# An etcd started some other way is not ours to stop; say so.
+	local held
+	held=$(ss -Hltnp 'sport = :2379' 2>/dev/null || true)
+	[ -z "$held" ] || log "WARNING: something still listens on port 2379 (not the etcd service): $held"
+}
+
+# ensure_kube_bins: the kube binaries for internal/kubetest, built once per
+# version by scripts/kubebins.sh (it prints its own progress).
+ensure_kube_bins() {
+	KUBE_BIN=$(bash "$REPO_ROOT/scripts/kubebins.sh") || die "scripts/kubebins.sh failed"
 }
 
 # --- helpers ----------------------------------------------------------------
@@ -340,6 +380,7 @@ smoke_check() {
 
 install_packages
 stop_system_mosquitto
+stop_system_etcd
 mkdir -p "$RUN_DIR" "$LIB_DIR" "$IMAGES"
 ensure_containerd
 ensure_registry
@@ -347,10 +388,12 @@ ensure_images
 push busybox.tar mqlet/busybox:1
 push busybox-2.tar mqlet/busybox:2
 [ $CHECK = 1 ] && smoke_check
+ensure_kube_bins
 
 write_if_changed "$ENV_FILE" <<EOF || true
 MQLET_TEST_CONTAINERD=$SOCK
 MQLET_TEST_REGISTRY=$REG_ADDR
 MQLET_TEST_IMAGES=$IMAGES
+MQLET_KUBE_BIN=$KUBE_BIN
 EOF
 cat "$ENV_FILE"
