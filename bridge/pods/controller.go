@@ -114,6 +114,9 @@ type Controller struct {
 	pending  map[string]statusMsg       // status topic -> latest status payload not yet written
 	summary  map[string]statusSummary   // status topic -> what the latest status said
 	refusals map[string]refusal         // status topic -> the node refused the pod's current generation
+
+	// synced, when set (tests), is called after each sync of a queue's key with its outcome.
+	synced func(queue, key string, err error)
 }
 
 type statusMsg struct {
@@ -489,10 +492,10 @@ func (c *Controller) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	for range c.o.NodeWorkers {
-		wg.Go(func() { work(ctx, nodeQ, c.syncNode, c.log, "node") })
+		wg.Go(func() { c.work(ctx, nodeQ, c.syncNode, "node") })
 	}
 	for range c.o.StatusWorkers {
-		wg.Go(func() { work(ctx, statusQ, c.syncStatus, c.log, "pod status") })
+		wg.Go(func() { c.work(ctx, statusQ, c.syncStatus, "status") })
 	}
 	wg.Go(func() { c.runEvents(ctx) })
 	<-ctx.Done()
@@ -506,20 +509,23 @@ func (c *Controller) Run(ctx context.Context) error {
 }
 
 // work takes keys from q until it shuts down; a failed key is retried with back-off.
-func work(ctx context.Context, q workqueue.TypedRateLimitingInterface[string], sync func(context.Context, string) error, log *slog.Logger, what string) {
+func (c *Controller) work(ctx context.Context, q workqueue.TypedRateLimitingInterface[string], sync func(context.Context, string) error, what string) {
 	for {
 		key, quit := q.Get()
 		if quit {
 			return
 		}
 		err := sync(ctx, key)
+		if c.synced != nil {
+			c.synced(what, key, err)
+		}
 		switch {
 		case err == nil:
 			q.Forget(key)
 		case ctx.Err() != nil:
 			q.Forget(key)
 		default:
-			log.Warn("sync failed; retrying", "what", what, "key", key, "retries", q.NumRequeues(key), "err", err)
+			c.log.Warn("sync failed; retrying", "what", what, "key", key, "retries", q.NumRequeues(key), "err", err)
 			q.AddRateLimited(key)
 		}
 		q.Done(key)
