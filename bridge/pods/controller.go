@@ -108,6 +108,7 @@ type Controller struct {
 	running  bool
 	nodeQ    workqueue.TypedRateLimitingInterface[string]
 	statusQ  workqueue.TypedRateLimitingInterface[string]
+	known    map[string]bool            // every node queued so far: Run and Reconnected queue them again
 	nodes    map[string]*nodeState      // nil entry or absent: read the retained state first
 	acks     map[string][]byte          // node -> latest acks payload
 	resync   map[string]map[string]bool // node -> keys a resync request named
@@ -196,6 +197,7 @@ func New(o Options) (*Controller, error) {
 		pending:    map[string]statusMsg{},
 		summary:    map[string]statusSummary{},
 		refusals:   map[string]refusal{},
+		known:      map[string]bool{},
 	}
 	// Only pods bound to a node matter; the field selector keeps the scheduler's backlog of
 	// pending pods out of the bridge's memory.
@@ -334,6 +336,7 @@ func meta(obj any) (metav1.Object, error) {
 // queueNode schedules a sync of node after the debounce delay; changes arriving meanwhile join it.
 func (c *Controller) queueNode(node string) {
 	c.mu.Lock()
+	c.known[node] = true // Run queues it if it is not running yet
 	q := c.nodeQ
 	c.mu.Unlock()
 	if q != nil {
@@ -364,11 +367,11 @@ func (c *Controller) NodeServed(node string) {
 // may have written meanwhile, or the broker may have lost state.
 func (c *Controller) Reconnected() {
 	c.mu.Lock()
-	nodes := make([]string, 0, len(c.nodes))
-	for n := range c.nodes {
+	nodes := make([]string, 0, len(c.known))
+	for n := range c.known {
 		nodes = append(nodes, n)
-		c.nodes[n] = nil
 	}
+	clear(c.nodes)
 	c.mu.Unlock()
 	for _, n := range nodes {
 		c.queueNode(n)
@@ -469,10 +472,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.nodeQ, c.statusQ = nodeQ, statusQ
 	clear(c.nodes) // what an earlier leadership knew may be stale
 	nodes := map[string]bool{}
-	for n := range c.acks {
-		nodes[n] = true
-	}
-	for n := range c.resync {
+	for n := range c.known {
 		nodes[n] = true
 	}
 	var topics []string

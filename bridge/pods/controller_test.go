@@ -202,7 +202,9 @@ func TestStatusIsolationAndMerge(t *testing.T) {
 		ContainerStatuses: []v1.ContainerStatus{{Name: "httpd", Ready: true, Image: "127.0.0.1:5000/busybox:1.36",
 			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: ts}}, ContainerID: "containerd://abc"}},
 	}
-	refused := func(reason string) float64 { return h.c.m.refused.With(string(protocol.ClassPodStatus), reason).Value() }
+	refused := func(reason string) float64 {
+		return h.c.m.refused.With(string(protocol.ClassPodStatus), reason).Value()
+	}
 
 	// edge-b speaks for a pod bound to edge-a.
 	h.after("status", topics.PodStatus("edge-b", "default", "web-1"), func() {
