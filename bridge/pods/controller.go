@@ -294,6 +294,14 @@ func (c *Controller) podChanged(oldObj, newObj any) {
 			c.queueNode(p.Spec.NodeName)
 		}
 	}
+	if old != nil && cur == nil && old.Spec.NodeName != "" {
+		// The pod left the API: what its node said about it is no longer needed.
+		topic := c.o.Topics.PodStatus(old.Spec.NodeName, old.Namespace, old.Name)
+		c.mu.Lock()
+		delete(c.summary, topic)
+		delete(c.refusals, topic)
+		c.mu.Unlock()
+	}
 }
 
 // refChanged queues the nodes of the pods that reference a changed configMap or secret.
@@ -438,7 +446,13 @@ func (c *Controller) Handle(t protocol.Topic, payload []byte) {
 // could quote a secret-derived env value.
 func (c *Controller) refuse(t protocol.Topic, reason string, err error) {
 	c.m.refused.With(string(t.Class), reason).Inc()
-	c.log.Warn("refused a message from a node", "node", t.Node, "class", t.Class,
+	level := slog.LevelWarn
+	if reason == "uid" {
+		// The retained status of an earlier pod of the same name (a recreated pod): expected
+		// until the node reports the new one.
+		level = slog.LevelDebug
+	}
+	c.log.Log(context.Background(), level, "refused a message from a node", "node", t.Node, "class", t.Class,
 		"namespace", t.Namespace, "name", t.Name, "reason", reason, "err", err)
 }
 

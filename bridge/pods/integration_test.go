@@ -251,8 +251,15 @@ func TestAgainstARealBroker(t *testing.T) {
 		tomb = desiredOf(t, got[topics.Desired(nodeA, protocol.KindPod, "default", "web-1")], nodeA, protocol.KindPod, "default", "web-1")
 		return tomb.Deleted
 	})
-	if idx := indexOf(nodeA); idx.Objects["pods/default/web-1"] != 0 || idx.Objects["secrets/default/web-secret"] != 0 {
-		t.Errorf("index %+v still lists web-1 or the secret only it used", idx)
+	// Objects go before the index: wait for the index too.
+	waitFor(t, "an index without web-1 and the secret only it used", func() bool {
+		idx := indexOf(nodeA)
+		_, pod := idx.Objects["pods/default/web-1"]
+		_, sec := idx.Objects["secrets/default/web-secret"]
+		return idx.Revision >= tomb.Generation && !pod && !sec
+	})
+	if idx := indexOf(nodeA); idx.Objects["pods/default/web-2"] == 0 || idx.Objects["configmaps/default/web-config"] == 0 {
+		t.Errorf("index %+v lost objects that are still wanted", idx)
 	}
 	if _, err := kube.CoreV1().Pods("default").Get(ctx, "web-1", metav1.GetOptions{}); err != nil {
 		t.Fatalf("web-1 left the API before its node confirmed: %v", err)
