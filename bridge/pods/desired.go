@@ -1,0 +1,327 @@
+package pods
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/mqlet/mqlet/sync/protocol"
+	v1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// syncNode brings one node's retained desired state in line with the API: read the retained state
+// if this bridge does not know it yet, publish what changed (objects, tombstones, then the index),
+// then act on what the node's acks say (refusals, confirmed deletions).
+func (c *Controller) syncNode(ctx context.Context, node string) error {
+	if !c.o.Served(node) {
+		c.mu.Lock()
+		delete(c.nodes, node)
+		c.mu.Unlock()
+		return nil
+	}
+	st, err := c.nodeState(ctx, node)
+	if err != nil {
+		return err
+	}
+	acks := c.nodeAcks(node)
+	if acks != nil {
+		st.counter = max64(st.counter, acksTop(acks))
+	}
+	want, terminating, err := c.wanted(node, st)
+	if err != nil {
+		return err
+	}
+	tomb := make(map[string]bool, len(terminating))
+	for _, p := range terminating {
+		tomb[protocol.ObjectKey(protocol.KindPod, p.Namespace, p.Name)] = true
+	}
+	c.mu.Lock()
+	resend := c.resync[node]
+	delete(c.resync, node)
+	c.mu.Unlock()
+	pl := st.plan(node, want, tomb, resend, resend != nil)
+	if !pl.empty() {
+		if err := c.publish(ctx, node, pl); err != nil {
+			c.mu.Lock()
+			if len(resend) > 0 && c.resync[node] == nil {
+				c.resync[node] = resend
+			}
+			if c.nodes[node] == st {
+				c.nodes[node] = nil // some messages may be out: read the retained state again
+			}
+			c.mu.Unlock()
+			return fmt.Errorf("node %s: %w", node, err)
+		}
+		st.commit(pl)
+	}
+	c.checkRefusals(node, st, acks)
+	return c.finishDeletions(ctx, node, st, terminating, acks)
+}
+
+// nodeState returns the node's state, reading its retained index, acks and desired objects first
+// when the bridge does not know them (start, reconnect, a resync request, a failed write).
+func (c *Controller) nodeState(ctx context.Context, node string) (*nodeState, error) {
+	c.mu.Lock()
+	st := c.nodes[node]
+	c.mu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	snap, err := c.o.Broker.Snapshot(ctx, c.o.Topics.Index(node), c.o.Topics.Acks(node), c.o.Topics.DesiredFilter(node))
+	if err != nil {
+		return nil, fmt.Errorf("node %s: read the retained desired state: %w", node, err)
+	}
+	st, problems := newNodeState(node, c.o.Topics, snap, c.o.MaxPayload)
+	for _, p := range problems {
+		c.log.Warn("retained state of a node is unreadable; it will be rewritten", "node", node, "err", p)
+	}
+	c.mu.Lock()
+	c.nodes[node] = st
+	c.mu.Unlock()
+	return st, nil
+}
+
+// nodeAcks decodes the node's latest acks (nil when none or unreadable).
+func (c *Controller) nodeAcks(node string) *protocol.Acks {
+	c.mu.Lock()
+	payload := c.acks[node]
+	c.mu.Unlock()
+	if payload == nil {
+		return nil
+	}
+	a, err := protocol.DecodeAcks(payload, c.o.MaxPayload)
+	if err == nil && a.Node != node {
+		err = fmt.Errorf("payload is for node %q", a.Node)
+	}
+	if err != nil {
+		c.refuse(protocol.Topic{Class: protocol.ClassAcks, Node: node}, "invalid", err)
+		c.mu.Lock()
+		if string(c.acks[node]) == string(payload) {
+			delete(c.acks, node)
+		}
+		c.mu.Unlock()
+		return nil
+	}
+	return a
+}
+
+// wanted is the node's desired set from the informers' caches: every pod bound to it that is not
+// being deleted, and the configMaps and secrets those pods reference. Pods being deleted are
+// returned apart: they get tombstones. A referenced object that does not exist is not sent (the
+// node waits for it, as kubelet does); so secrets reach only nodes whose pods reference them.
+func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*v1.Pod, error) {
+	objs, err := c.pods.GetIndexer().ByIndex(byNode, node)
+	if err != nil {
+		return nil, nil, fmt.Errorf("node %s: list pods: %w", node, err)
+	}
+	want := map[string]*object{}
+	var terminating []*v1.Pod
+	add := func(o *object, err error) {
+		if err != nil {
+			c.log.Error("cannot encode a desired object", "node", node, "err", err)
+			return
+		}
+		// The envelope adds a few hundred bytes to the object.
+		if len(o.Raw)+1024 > c.o.MaxPayload {
+			c.m.oversize.Inc()
+			c.log.Error("a desired object is too large for the node's payload limit; the node keeps the version it has",
+				"node", node, "kind", o.Kind, "namespace", o.Namespace, "name", o.Name, "bytes", len(o.Raw), "limit", c.o.MaxPayload)
+			o.Stuck = true
+		}
+		want[o.key()] = o
+	}
+	for _, x := range objs {
+		p := podOf(x)
+		if p == nil || p.Spec.NodeName != node {
+			continue
+		}
+		if p.DeletionTimestamp != nil {
+			terminating = append(terminating, p)
+			continue
+		}
+		sp := SanitizePod(p)
+		add(encodeObject(protocol.KindPod, p.Namespace, p.Name, sp))
+		for _, r := range References(&sp.Spec) {
+			switch r.Kind {
+			case "ConfigMap":
+				key := protocol.ObjectKey(protocol.KindConfigMap, p.Namespace, r.Name)
+				if want[key] != nil {
+					continue
+				}
+				cm, err := c.cmLister.ConfigMaps(p.Namespace).Get(r.Name)
+				if err != nil {
+					continue // missing: the node reports the pod waiting for it
+				}
+				add(encodeObject(protocol.KindConfigMap, cm.Namespace, cm.Name, SanitizeConfigMap(cm)))
+			case "Secret":
+				key := protocol.ObjectKey(protocol.KindSecret, p.Namespace, r.Name)
+				if want[key] != nil {
+					continue
+				}
+				s, err := c.secLister.Secrets(p.Namespace).Get(r.Name)
+				if err != nil {
+					continue
+				}
+				add(encodeObject(protocol.KindSecret, s.Namespace, s.Name, SanitizeSecret(s)))
+			}
+		}
+	}
+	return want, terminating, nil
+}
+
+// publish sends a plan: every object and tombstone (at most PublishBurst waiting for their PUBACK
+// at once), and only when all are acknowledged, the index.
+func (c *Controller) publish(ctx context.Context, node string, pl plan) error {
+	type out struct {
+		topic   string
+		payload []byte
+		kind    string
+	}
+	msgs := make([]out, 0, len(pl.Writes))
+	for _, w := range pl.Writes {
+		payload, err := protocol.Encode(w.Msg)
+		if err != nil {
+			return err
+		}
+		kind := string(w.Msg.Kind)
+		if w.Msg.Deleted {
+			kind = "tombstone"
+		}
+		msgs = append(msgs, out{c.o.Topics.Desired(node, w.Msg.Kind, w.Msg.Namespace, w.Msg.Name), payload, kind})
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+		sem      = make(chan struct{}, c.o.PublishBurst)
+	)
+	for _, m := range msgs {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			err := c.o.Broker.Publish(ctx, m.topic, m.payload, true)
+			if err != nil {
+				mu.Lock()
+				if firstErr == nil {
+					firstErr = fmt.Errorf("publish %s: %w", m.topic, err)
+				}
+				mu.Unlock()
+				return
+			}
+			c.m.published.With(m.kind).Inc()
+		})
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	if pl.Index == nil {
+		return nil
+	}
+	payload, err := protocol.Encode(pl.Index)
+	if err != nil {
+		return err
+	}
+	if len(payload) > c.o.MaxPayload {
+		return fmt.Errorf("the index would be %d bytes, more than the %d a node accepts", len(payload), c.o.MaxPayload)
+	}
+	if err := c.o.Broker.Publish(ctx, c.o.Topics.Index(node), payload, true); err != nil {
+		return fmt.Errorf("publish %s: %w", c.o.Topics.Index(node), err)
+	}
+	c.m.indexWrites.Inc()
+	return nil
+}
+
+// checkRefusals notes the pods whose current generation the node refused, so their status
+// becomes Failed (kubelet fails pods its admission rejects), and forgets refusals of older
+// generations.
+func (c *Controller) checkRefusals(node string, st *nodeState, acks *protocol.Acks) {
+	var queue []string
+	c.mu.Lock()
+	for topic, r := range c.refusals {
+		if t, err := c.o.Topics.Parse(topic); err == nil && t.Node == node {
+			e := st.entries[protocol.ObjectKey(protocol.KindPod, t.Namespace, t.Name)]
+			if e.Deleted || e.Gen != r.gen {
+				delete(c.refusals, topic)
+			}
+		}
+	}
+	c.mu.Unlock()
+	if acks == nil {
+		return
+	}
+	for key, r := range acks.Refused {
+		kind, ns, name, err := protocol.ParseObjectKey(key)
+		if err != nil || kind != protocol.KindPod {
+			continue
+		}
+		e, ok := st.entries[key]
+		if !ok || e.Deleted || e.Gen != r.Generation {
+			continue
+		}
+		p, err := c.podLister.Pods(ns).Get(name)
+		if err != nil || p.Spec.NodeName != node {
+			continue
+		}
+		topic := c.o.Topics.PodStatus(node, ns, name)
+		c.mu.Lock()
+		if old, ok := c.refusals[topic]; !ok || old.gen != r.Generation || old.uid != string(p.UID) {
+			c.refusals[topic] = refusal{uid: string(p.UID), gen: r.Generation, reason: r.Reason}
+			queue = append(queue, topic)
+		}
+		c.mu.Unlock()
+	}
+	for _, t := range queue {
+		c.queueStatus(t)
+	}
+}
+
+// finishDeletions deletes, with grace period 0 and a UID precondition, the API pods being deleted
+// whose node confirmed the tombstone: its acks show the key deleted at or above the tombstone's
+// generation, and the node does not report the pod still there (the agent stops a pod within its
+// grace period and then reports it gone; a pod it never ran is confirmed by the acks alone). A
+// node that is offline confirms nothing: the pod stays Terminating, as with kubelet.
+func (c *Controller) finishDeletions(ctx context.Context, node string, st *nodeState, terminating []*v1.Pod, acks *protocol.Acks) error {
+	for _, p := range terminating {
+		key := protocol.ObjectKey(protocol.KindPod, p.Namespace, p.Name)
+		e, ok := st.entries[key]
+		if !ok || !e.Deleted {
+			continue
+		}
+		topic := c.o.Topics.PodStatus(node, p.Namespace, p.Name)
+		c.mu.Lock()
+		s, reported := c.summary[topic]
+		c.mu.Unlock()
+		goneReported := reported && s.uid == string(p.UID) && s.deleted
+		stillThere := reported && s.uid == string(p.UID) && !s.deleted
+		ackedDeleted := acks != nil && acks.Deleted[key] >= e.Gen
+		if goneReported || ackedDeleted && !stillThere {
+			if err := c.deletePod(ctx, p.Namespace, p.Name, p.UID); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// deletePod removes an API pod the node confirmed gone. Already gone, or replaced by a pod of
+// another UID: nothing to do.
+func (c *Controller) deletePod(ctx context.Context, namespace, name string, uid types.UID) error {
+	zero := int64(0)
+	err := c.o.Kube.CoreV1().Pods(namespace).Delete(ctx, name, metav1.DeleteOptions{
+		GracePeriodSeconds: &zero,
+		Preconditions:      &metav1.Preconditions{UID: &uid},
+	})
+	switch {
+	case err == nil:
+		c.m.deletions.Inc()
+		c.log.Info("deleted a pod its node confirmed gone", "namespace", namespace, "name", name, "uid", uid)
+		return nil
+	case apierrors.IsNotFound(err), apierrors.IsConflict(err):
+		return nil
+	}
+	return fmt.Errorf("delete pod %s/%s (uid %s): %w", namespace, name, uid, err)
+}

@@ -1,0 +1,320 @@
+package pods
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mqlet/mqlet/agent/metrics"
+	"github.com/mqlet/mqlet/internal/mqtttest"
+	"github.com/mqlet/mqlet/sync/ctlclient"
+	"github.com/mqlet/mqlet/sync/protocol"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+// mqttBroker is the controller's Broker over a real broker: paho for publishes (PUBACK awaited),
+// ctlclient's marker-based Snapshot for retained state. bridge/mq.Conn plays this part in the
+// bridge.
+type mqttBroker struct {
+	mc  mqtt.Client
+	ctl *ctlclient.Client
+}
+
+func (b *mqttBroker) Publish(ctx context.Context, topic string, payload []byte, retained bool) error {
+	tok := b.mc.Publish(topic, 1, retained, payload)
+	select {
+	case <-tok.Done():
+		return tok.Error()
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (b *mqttBroker) Snapshot(ctx context.Context, filters ...string) (map[string][]byte, error) {
+	return b.ctl.Snapshot(ctx, filters...)
+}
+
+func connectPaho(t *testing.T, url, id string, onMsg mqtt.MessageHandler, filters ...string) mqtt.Client {
+	t.Helper()
+	o := mqtt.NewClientOptions().AddBroker(url).SetClientID(id).SetCleanSession(true).SetAutoReconnect(false).SetOrderMatters(true)
+	mc := mqtt.NewClient(o)
+	if tok := mc.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("connect %s: %v", url, tok.Error())
+	}
+	t.Cleanup(func() { mc.Disconnect(100) })
+	for _, f := range filters {
+		if tok := mc.Subscribe(f, 1, onMsg); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+			t.Fatalf("subscribe %s: %v", f, tok.Error())
+		}
+	}
+	return mc
+}
+
+// recorder keeps every message seen live on a subscription.
+type recorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (r *recorder) handle(_ mqtt.Client, m mqtt.Message) {
+	if m.Retained() {
+		return // replays of the retained state at subscribe time are not writes
+	}
+	r.mu.Lock()
+	r.msgs = append(r.msgs, m.Topic())
+	r.mu.Unlock()
+}
+
+func (r *recorder) since(n int) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.msgs[n:]...)
+}
+
+func (r *recorder) len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.msgs)
+}
+
+// TestAgainstARealBroker runs the controller against mosquitto: the desired set of a node
+// reaches only that node's subtree and decodes as the node decodes it; a configMap change is one
+// object and one index; a deletion waits for the node's acks; a restarted controller over the
+// same retained state writes nothing.
+func TestAgainstARealBroker(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ctl, err := ctlclient.Connect(ctx, ctlclient.Options{Broker: b.Plain, ClientID: "bridge-snap"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+
+	web1 := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
+	web2 := apiPod("default", "web-2", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000002")
+	web2.Spec.Containers[0].Env = nil // references the configMap only
+	elsewhere := apiPod("default", "web-3", "edge-c", "6f1c2d3e-aaaa-4bbb-8ccc-000000000003")
+	kube := fake.NewClientset(web1, web2, elsewhere,
+		configMap("default", "web-config", map[string]string{"index.html": "v1"}),
+		secret("default", "web-secret", map[string][]byte{"token": []byte("s3cr3t")}),
+		secret("default", "unused", map[string][]byte{"x": []byte("y")}))
+	served := map[string]bool{nodeA: true, "edge-b": true} // edge-c belongs to someone else
+
+	var current atomic.Pointer[Controller]
+	route := func(_ mqtt.Client, m mqtt.Message) {
+		tp, err := topics.Parse(m.Topic())
+		if err != nil {
+			t.Errorf("uplink topic %s: %v", m.Topic(), err)
+			return
+		}
+		if c := current.Load(); c != nil {
+			c.Handle(tp, m.Payload())
+		}
+	}
+	mc := connectPaho(t, b.Plain, "bridge", route, topics.AllNodes(protocol.ClassPodStatus), topics.AllNodes(protocol.ClassAcks),
+		topics.AllNodes(protocol.ClassEvents), topics.AllNodes(protocol.ClassResync))
+	broker := &mqttBroker{mc: mc, ctl: ctl}
+	var live recorder
+	connectPaho(t, b.Plain, "watcher", live.handle, topics.Node(nodeA)+"/#", topics.Node("edge-b")+"/#", topics.Node("edge-c")+"/#")
+
+	var syncMu sync.Mutex
+	syncs := map[string]int{}
+	startController := func() (*Controller, func()) {
+		factory := informers.NewSharedInformerFactory(kube, 0)
+		c, err := New(Options{Kube: kube, Factory: factory, Broker: broker, Topics: topics, Served: func(n string) bool { return served[n] },
+			Metrics: metrics.NewRegistry(), Log: quietLog(), Debounce: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.synced = func(queue, key string, err error) {
+			if err == nil {
+				syncMu.Lock()
+				syncs[queue+"/"+key]++
+				syncMu.Unlock()
+			}
+		}
+		current.Store(c)
+		cctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- c.Run(cctx) }()
+		return c, func() {
+			stop()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+			factory.Shutdown()
+		}
+	}
+	nodeSyncs := func(node string) int {
+		syncMu.Lock()
+		defer syncMu.Unlock()
+		return syncs["node/"+node]
+	}
+	indexOf := func(node string) *protocol.Index {
+		idx, err := ctl.Index(ctx, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return idx
+	}
+
+	c1, stop1 := startController()
+	c1.NodeServed("edge-b")
+	waitFor(t, "edge-a's index with 4 objects", func() bool { return len(indexOf(nodeA).Objects) == 4 })
+	waitFor(t, "edge-b synced", func() bool { return nodeSyncs("edge-b") > 0 })
+
+	// Node A's subtree: the pods and exactly what they reference, decoded as the node decodes.
+	snapA, err := ctl.Snapshot(ctx, topics.DesiredFilter(nodeA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"pods/default/web-1": true, "pods/default/web-2": true, "configmaps/default/web-config": true, "secrets/default/web-secret": true}
+	if len(snapA) != len(want) {
+		t.Errorf("edge-a holds %d desired topics, want %d: %v", len(snapA), len(want), keys(snapA))
+	}
+	for topic, payload := range snapA {
+		tp, err := topics.Parse(topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := protocol.DecodeDesired(tp, payload, protocol.DefaultMaxPayload)
+		if err != nil {
+			t.Fatalf("the node's decoder refuses %s: %v", topic, err)
+		}
+		if !want[d.Key()] {
+			t.Errorf("edge-a got %s, which none of its pods references", d.Key())
+		}
+		if d.Pod != nil {
+			if _, warnings, err := admitAsNode(t, nodeA, d.Pod); err != nil || len(warnings) > 0 {
+				t.Errorf("the node's admission: %v, warnings %q", err, warnings)
+			}
+		}
+		if d.Secret != nil && string(d.Secret.Data["token"]) != "s3cr3t" {
+			t.Errorf("secret data %q", d.Secret.Data)
+		}
+	}
+	for _, n := range []string{"edge-b", "edge-c"} {
+		got, err := ctl.Snapshot(ctx, topics.Node(n)+"/#")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != 0 {
+			t.Errorf("node %s got %v; it runs none of these pods", n, keys(got))
+		}
+	}
+
+	// A configMap change: one object at the next generation, then the index.
+	before := indexOf(nodeA)
+	mark := live.len()
+	cm, _ := kube.CoreV1().ConfigMaps("default").Get(ctx, "web-config", metav1.GetOptions{})
+	cm.Data["index.html"] = "v2"
+	cm.ResourceVersion = "2"
+	if _, err := kube.CoreV1().ConfigMaps("default").Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a new index", func() bool { return indexOf(nodeA).Revision > before.Revision })
+	after := indexOf(nodeA)
+	msgs := live.since(mark)
+	if len(msgs) != 2 || msgs[0] != topics.Desired(nodeA, protocol.KindConfigMap, "default", "web-config") || msgs[1] != topics.Index(nodeA) {
+		t.Errorf("a configMap change published %v, want the configMap and then the index", msgs)
+	}
+	for k, g := range before.Objects {
+		if k != "configmaps/default/web-config" && after.Objects[k] != g {
+			t.Errorf("%s moved from generation %d to %d though it did not change", k, g, after.Objects[k])
+		}
+	}
+	if after.Objects["configmaps/default/web-config"] != after.Revision {
+		t.Errorf("index %+v: the configMap should be at the new revision", after)
+	}
+
+	// Deletion: a tombstone; the API pod stays until the node confirms, then goes with grace 0.
+	p, _ := kube.CoreV1().Pods("default").Get(ctx, "web-1", metav1.GetOptions{})
+	now := metav1.Now()
+	p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &now, ptr(int64(30))
+	if _, err := kube.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var tomb *protocol.DesiredObject
+	waitFor(t, "web-1's tombstone", func() bool {
+		got, err := ctl.Snapshot(ctx, topics.Desired(nodeA, protocol.KindPod, "default", "web-1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tomb = desiredOf(t, got[topics.Desired(nodeA, protocol.KindPod, "default", "web-1")], nodeA, protocol.KindPod, "default", "web-1")
+		return tomb.Deleted
+	})
+	// Objects go before the index: wait for the index too.
+	waitFor(t, "an index without web-1 and the secret only it used", func() bool {
+		idx := indexOf(nodeA)
+		_, pod := idx.Objects["pods/default/web-1"]
+		_, sec := idx.Objects["secrets/default/web-secret"]
+		return idx.Revision >= tomb.Generation && !pod && !sec
+	})
+	if idx := indexOf(nodeA); idx.Objects["pods/default/web-2"] == 0 || idx.Objects["configmaps/default/web-config"] == 0 {
+		t.Errorf("index %+v lost objects that are still wanted", idx)
+	}
+	if _, err := kube.CoreV1().Pods("default").Get(ctx, "web-1", metav1.GetOptions{}); err != nil {
+		t.Fatalf("web-1 left the API before its node confirmed: %v", err)
+	}
+	// The node takes the tombstone in and says so in its retained acks.
+	acks := mustEncode(t, &protocol.Acks{Node: nodeA, Session: 3, IndexRevision: tomb.Generation,
+		Applied: map[string]int64{"pods/default/web-2": after.Objects["pods/default/web-2"]},
+		Deleted: map[string]int64{"pods/default/web-1": tomb.Generation}})
+	if tok := mc.Publish(topics.Acks(nodeA), 1, true, acks); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatal(tok.Error())
+	}
+	waitFor(t, "web-1 deleted from the API", func() bool {
+		_, err := kube.CoreV1().Pods("default").Get(ctx, "web-1", metav1.GetOptions{})
+		return err != nil
+	})
+	var graceZero bool
+	for _, a := range kube.Actions() {
+		if d, ok := a.(interface {
+			GetName() string
+			GetDeleteOptions() metav1.DeleteOptions
+		}); ok && a.GetVerb() == "delete" && d.GetName() == "web-1" {
+			o := d.GetDeleteOptions()
+			graceZero = o.GracePeriodSeconds != nil && *o.GracePeriodSeconds == 0 && o.Preconditions != nil && *o.Preconditions.UID == web1.UID
+		}
+	}
+	if !graceZero {
+		t.Errorf("web-1 was not deleted with grace period 0 and its uid as precondition")
+	}
+	stop1()
+
+	// A restarted bridge over the same retained state writes nothing.
+	mark = live.len()
+	nA, nB := nodeSyncs(nodeA), nodeSyncs("edge-b")
+	c2, stop2 := startController()
+	c2.NodeServed("edge-b")
+	waitFor(t, "the new controller's first syncs", func() bool { return nodeSyncs(nodeA) > nA && nodeSyncs("edge-b") > nB })
+	if n := c2.m.indexWrites.Value(); n != 0 {
+		t.Errorf("the restarted controller wrote %v indexes", n)
+	}
+	// The watcher sees the controller's own messages in order; a marker read by ctl after the
+	// syncs has gone through the same broker, so anything written is in by now.
+	if _, err := ctl.Snapshot(ctx, topics.Index(nodeA)); err != nil {
+		t.Fatal(err)
+	}
+	if msgs := live.since(mark); len(msgs) != 0 {
+		t.Errorf("the restarted controller published %v", msgs)
+	}
+	stop2()
+	_ = v1.PodRunning
+}
+
+func keys(m map[string][]byte) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

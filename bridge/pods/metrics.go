@@ -1,0 +1,49 @@
+package pods
+
+import (
+	"github.com/mqlet/mqlet/agent/metrics"
+)
+
+type ctlMetrics struct {
+	published       *metrics.CounterVec
+	indexWrites     *metrics.Counter
+	oversize        *metrics.Counter
+	statusWrites    *metrics.Counter
+	statusConflicts *metrics.Counter
+	refused         *metrics.CounterVec
+	deletions       *metrics.Counter
+	eventsWritten   *metrics.Counter
+	eventsDropped   *metrics.Counter
+}
+
+func newMetrics(r *metrics.Registry, c *Controller) *ctlMetrics {
+	m := &ctlMetrics{
+		published: r.CounterVec("mqlet_bridge_desired_published_total",
+			"Retained desired messages published, by kind (Pod, ConfigMap, Secret, tombstone).", "kind"),
+		indexWrites: r.Counter("mqlet_bridge_index_writes_total", "Node indexes published."),
+		oversize: r.Counter("mqlet_bridge_desired_oversize_total",
+			"Desired objects not sent because they exceed the payload limit."),
+		statusWrites:    r.Counter("mqlet_bridge_pod_status_writes_total", "Pod status writes to the API."),
+		statusConflicts: r.Counter("mqlet_bridge_pod_status_conflicts_total", "Pod status writes retried after a conflict."),
+		refused: r.CounterVec("mqlet_bridge_refused_messages_total",
+			"Node messages refused (invalid, too large, about a pod not bound to the node, another uid), by class and reason.",
+			"class", "reason"),
+		deletions:     r.Counter("mqlet_bridge_pod_deletions_total", "API pods deleted after their node confirmed them gone."),
+		eventsWritten: r.Counter("mqlet_bridge_events_written_total", "Events written to the API from node events."),
+		eventsDropped: r.Counter("mqlet_bridge_events_dropped_total", "Node events dropped because the event queue was full."),
+	}
+	r.Func("mqlet_bridge_queue_depth", "Work waiting in the pod controller's queues.", metrics.GaugeType,
+		[]string{"queue"}, func(emit metrics.Emit) {
+			c.mu.Lock()
+			nq, sq := c.nodeQ, c.statusQ
+			c.mu.Unlock()
+			if nq != nil {
+				emit(float64(nq.Len()), "nodes")
+			}
+			if sq != nil {
+				emit(float64(sq.Len()), "status")
+			}
+			emit(float64(len(c.events)), "events")
+		})
+	return m
+}

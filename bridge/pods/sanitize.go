@@ -1,0 +1,112 @@
+package pods
+
+import (
+	"strings"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// tokenVolumePrefix names the projected volume the ServiceAccount admission plugin injects
+// (kube-api-access-<random>), holding an API token, the cluster's CA and the namespace.
+const tokenVolumePrefix = "kube-api-access-"
+
+// SanitizePod returns the pod as it is sent to a node: the API's object minus what the node
+// cannot or must not take. The input is not modified.
+//
+//   - metadata.managedFields, resourceVersion and the deletion fields: bookkeeping of the API
+//     server. resourceVersion changes with every status write, so keeping it would make each
+//     status write look like a new desired pod and republish it.
+//   - the injected kube-api-access-* volume and its mounts: an edge node gets no API token (the
+//     node has no API server to renew it against, and a token on a device is a credential
+//     outside the cluster). A projected serviceAccountToken volume the user wrote is kept, so
+//     the node refuses the pod with a message naming the field instead of running it without.
+//   - spec.serviceAccount (the deprecated alias the API copies from serviceAccountName) and
+//     enableServiceLinks (the API defaults it to true): the node warns about both on every pod,
+//     and neither has an effect there (no Services exist on a node).
+//   - status: desired state only; the node reports its own.
+//
+// metadata.uid and metadata.generation stay: the node keeps the uid (its status is matched to the
+// API pod by it) and reports the generation it runs back as status.observedGeneration.
+func SanitizePod(in *v1.Pod) *v1.Pod {
+	p := in.DeepCopy()
+	p.TypeMeta = metav1.TypeMeta{}
+	stripMeta(&p.ObjectMeta)
+	p.Status = v1.PodStatus{}
+	p.Spec.DeprecatedServiceAccount = ""
+	p.Spec.EnableServiceLinks = nil
+
+	drop := map[string]bool{}
+	vols := p.Spec.Volumes[:0]
+	for _, v := range p.Spec.Volumes {
+		if isInjectedTokenVolume(&v) {
+			drop[v.Name] = true
+			continue
+		}
+		vols = append(vols, v)
+	}
+	if len(vols) == 0 {
+		vols = nil
+	}
+	p.Spec.Volumes = vols
+	if len(drop) > 0 {
+		for i := range p.Spec.InitContainers {
+			dropMounts(&p.Spec.InitContainers[i], drop)
+		}
+		for i := range p.Spec.Containers {
+			dropMounts(&p.Spec.Containers[i], drop)
+		}
+	}
+	return p
+}
+
+// isInjectedTokenVolume: the ServiceAccount admission plugin's volume, recognised by both its
+// name and its token source, so that a user's own volume of that name is left alone.
+func isInjectedTokenVolume(v *v1.Volume) bool {
+	if !strings.HasPrefix(v.Name, tokenVolumePrefix) || v.Projected == nil {
+		return false
+	}
+	for _, s := range v.Projected.Sources {
+		if s.ServiceAccountToken != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func dropMounts(c *v1.Container, drop map[string]bool) {
+	ms := c.VolumeMounts[:0]
+	for _, m := range c.VolumeMounts {
+		if !drop[m.Name] {
+			ms = append(ms, m)
+		}
+	}
+	if len(ms) == 0 {
+		ms = nil
+	}
+	c.VolumeMounts = ms
+}
+
+// SanitizeConfigMap returns the configMap as it is sent to a node.
+func SanitizeConfigMap(in *v1.ConfigMap) *v1.ConfigMap {
+	c := in.DeepCopy()
+	c.TypeMeta = metav1.TypeMeta{}
+	stripMeta(&c.ObjectMeta)
+	return c
+}
+
+// SanitizeSecret returns the secret as it is sent to a node.
+func SanitizeSecret(in *v1.Secret) *v1.Secret {
+	s := in.DeepCopy()
+	s.TypeMeta = metav1.TypeMeta{}
+	stripMeta(&s.ObjectMeta)
+	return s
+}
+
+func stripMeta(m *metav1.ObjectMeta) {
+	m.ManagedFields = nil
+	m.ResourceVersion = ""
+	m.DeletionTimestamp = nil
+	m.DeletionGracePeriodSeconds = nil
+	m.SelfLink = ""
+}

@@ -1,0 +1,205 @@
+package pods
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/mqlet/mqlet/sync/protocol"
+	v1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+)
+
+// syncStatus writes the latest status a node reported for one pod (the work queue's key is the
+// status topic, so each node's report of a name is its own entry and one node cannot displace
+// another's) or, without a report, the node's refusal of the pod.
+func (c *Controller) syncStatus(ctx context.Context, topic string) error {
+	c.mu.Lock()
+	msg, havePending := c.pending[topic]
+	delete(c.pending, topic)
+	ref, refused := c.refusals[topic]
+	c.mu.Unlock()
+	t, err := c.o.Topics.Parse(topic)
+	if err != nil {
+		return nil
+	}
+	var reported *protocol.PodStatus
+	if havePending {
+		reported, err = c.checkStatus(msg)
+		if err != nil || reported == nil {
+			return nil
+		}
+	}
+	pod, err := c.podLister.Pods(t.Namespace).Get(t.Name)
+	if apierrors.IsNotFound(err) {
+		return nil // the API pod is gone: nothing to write
+	}
+	if err != nil {
+		return err
+	}
+	if reported != nil {
+		// Isolation: a node reports only the pods bound to it, and only the incarnation (uid) the
+		// API has. A status of an earlier pod of the same name is also refused here.
+		switch {
+		case pod.Spec.NodeName != t.Node:
+			c.refuse(t, "not-bound", fmt.Errorf("pod %s/%s is bound to node %q", t.Namespace, t.Name, pod.Spec.NodeName))
+			return nil
+		case string(reported.UID) != string(pod.UID):
+			c.refuse(t, "uid", fmt.Errorf("status is of pod uid %q, the API pod has %q", reported.UID, pod.UID))
+			return nil
+		}
+		c.mu.Lock()
+		c.summary[topic] = statusSummary{uid: string(reported.UID), deleted: reported.Deleted}
+		c.mu.Unlock()
+		if reported.Deleted {
+			if pod.DeletionTimestamp != nil {
+				return c.deletePod(ctx, pod.Namespace, pod.Name, pod.UID)
+			}
+			c.queueNode(t.Node) // the node dropped a wanted pod: make sure it has the current set
+			return nil
+		}
+		if reported.Object == nil {
+			c.refuse(t, "invalid", fmt.Errorf("a status without the pod"))
+			return nil
+		}
+		return c.writeStatus(ctx, pod, func(cur *v1.PodStatus) v1.PodStatus {
+			return MergeStatus(cur, &reported.Object.Status, reported.Object.Generation)
+		})
+	}
+	if !refused || ref.uid != string(pod.UID) || pod.Spec.NodeName != t.Node {
+		return nil
+	}
+	c.mu.Lock()
+	s, ok := c.summary[topic]
+	c.mu.Unlock()
+	if ok && s.uid == ref.uid && !s.deleted {
+		return nil // the node runs the pod (an earlier generation): its own status is the truth
+	}
+	return c.writeStatus(ctx, pod, func(cur *v1.PodStatus) v1.PodStatus {
+		return RefusedStatus(cur, ref.reason)
+	})
+}
+
+// checkStatus decodes a reported status and checks it is about the topic it came on. A manifest
+// pod of the node (source file) has no API object: nil, no error.
+func (c *Controller) checkStatus(m statusMsg) (*protocol.PodStatus, error) {
+	t := protocol.Topic{Class: protocol.ClassPodStatus, Node: m.node, Namespace: m.namespace, Name: m.name}
+	s, err := protocol.DecodePodStatus(m.payload, c.o.MaxPayload)
+	if err == nil {
+		switch {
+		case s.Node != m.node:
+			err = fmt.Errorf("payload is for node %q", s.Node)
+		case s.Namespace != m.namespace || s.Name != m.name:
+			err = fmt.Errorf("payload names pod %s/%s", s.Namespace, s.Name)
+		case s.Object != nil && (s.Object.Name != m.name || s.Object.Namespace != m.namespace || s.Object.UID != s.UID):
+			err = fmt.Errorf("the pod in the payload is %s/%s uid %q", s.Object.Namespace, s.Object.Name, s.Object.UID)
+		}
+	}
+	if err != nil {
+		c.refuse(t, "invalid", err)
+		return nil, err
+	}
+	if s.Source == "file" {
+		return nil, nil
+	}
+	return s, nil
+}
+
+// writeStatus writes the status compute makes of the pod's current one, with UpdateStatus: the
+// resourceVersion makes it a compare-and-swap, so a condition another controller adds meanwhile
+// (DisruptionTarget) is never overwritten; a conflict reads the pod again and recomputes. The
+// first attempt uses the informer's copy and most need no read. Nothing is written when the
+// status would not change.
+func (c *Controller) writeStatus(ctx context.Context, cached *v1.Pod, compute func(*v1.PodStatus) v1.PodStatus) error {
+	pod := cached
+	first := true
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if !first {
+			c.m.statusConflicts.Inc()
+			fresh, err := c.o.Kube.CoreV1().Pods(cached.Namespace).Get(ctx, cached.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if fresh.UID != cached.UID {
+				return nil // replaced meanwhile: this status is not about the new pod
+			}
+			pod = fresh
+		}
+		first = false
+		next := compute(&pod.Status)
+		if apiequality.Semantic.DeepEqual(next, pod.Status) {
+			return nil
+		}
+		up := pod.DeepCopy()
+		up.Status = next
+		_, err := c.o.Kube.CoreV1().Pods(up.Namespace).UpdateStatus(ctx, up, metav1.UpdateOptions{})
+		if err == nil {
+			c.m.statusWrites.Inc()
+		}
+		return err
+	})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("write status of pod %s/%s: %w", cached.Namespace, cached.Name, err)
+	}
+	return nil
+}
+
+// MergeStatus is the API pod's status updated with what the node reports: the node owns phase,
+// reason, message, addresses, start time, container statuses, QoS class and every condition type
+// it reports, except PodScheduled (the scheduler's). Conditions of other types (set by controllers,
+// DisruptionTarget, readiness gates) stay as the API has them, as kubelet's status manager keeps
+// them. observedGeneration is the API generation the node's pod carries.
+func MergeStatus(api, node *v1.PodStatus, observedGeneration int64) v1.PodStatus {
+	out := *api.DeepCopy()
+	n := node.DeepCopy()
+	out.Phase = n.Phase
+	out.Reason = n.Reason
+	out.Message = n.Message
+	out.PodIP, out.PodIPs = n.PodIP, n.PodIPs
+	out.HostIP, out.HostIPs = n.HostIP, n.HostIPs
+	out.StartTime = n.StartTime
+	out.ContainerStatuses = n.ContainerStatuses
+	out.InitContainerStatuses = n.InitContainerStatuses
+	out.EphemeralContainerStatuses = n.EphemeralContainerStatuses
+	if n.QOSClass != "" {
+		out.QOSClass = n.QOSClass
+	}
+	if observedGeneration > 0 {
+		out.ObservedGeneration = observedGeneration
+	}
+	for _, nc := range n.Conditions {
+		if nc.Type == v1.PodScheduled {
+			continue
+		}
+		found := false
+		for i := range out.Conditions {
+			if out.Conditions[i].Type == nc.Type {
+				out.Conditions[i] = nc
+				found = true
+				break
+			}
+		}
+		if !found {
+			out.Conditions = append(out.Conditions, nc)
+		}
+	}
+	return out
+}
+
+// RefusedStatus is the status of a pod its node refused: Failed, as kubelet fails a pod its
+// admission rejects, with the node's reason as the message.
+func RefusedStatus(api *v1.PodStatus, reason string) v1.PodStatus {
+	out := *api.DeepCopy()
+	if out.Phase == v1.PodFailed && out.Reason == ReasonNodeRefused && out.Message == reason {
+		return out
+	}
+	out.Phase = v1.PodFailed
+	out.Reason = ReasonNodeRefused
+	out.Message = reason
+	return out
+}
