@@ -13,6 +13,7 @@ TESTENV := /run/mqlet-test/env
 
 build:
 	$(GOBUILD) -o bin/mqlet ./cmd/mqlet
+	$(GOBUILD) -o bin/mqlet-bridge ./cmd/mqlet-bridge
 
 cross:
 	GOOS=linux GOARCH=amd64 $(GOBUILD) -o bin/mqlet-linux-amd64 ./cmd/mqlet

@@ -1,0 +1,180 @@
+// Command mqlet-bridge makes mqlet nodes Nodes of a Kubernetes cluster: it talks to the
+// Kubernetes API on one side and to the nodes' MQTT broker on the other (docs/protocol.md).
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/mqlet/mqlet/bridge"
+	"github.com/mqlet/mqlet/bridge/mq"
+	"github.com/mqlet/mqlet/bridge/nodes"
+
+	"github.com/alecthomas/kong"
+)
+
+// Stamped by the Makefile with -ldflags "-X main.version=... -X main.commit=...".
+var (
+	version = "dev"
+	commit  = "unknown"
+)
+
+type cli struct {
+	Run     RunCmd     `cmd:"" default:"withargs" help:"Run the bridge (the default command)."`
+	Version VersionCmd `cmd:"" help:"Print the version."`
+}
+
+// RunCmd holds the bridge's flags.
+type RunCmd struct {
+	Kubeconfig   string  `placeholder:"FILE" type:"existingfile" help:"kubeconfig file; without it the in-cluster config (the pod's service account) is used."`
+	KubeAPIQPS   float32 `name:"kube-api-qps" default:"200" help:"Queries per second to the Kubernetes API (a 1,000-node fleet renews ~100 node Leases a second)."`
+	KubeAPIBurst int     `name:"kube-api-burst" default:"400" help:"Burst of queries to the Kubernetes API."`
+
+	LeaderElect          bool          `default:"true" negatable:"" help:"Elect a leader through the coordination Lease ${lease} (only the leader connects to MQTT and writes). --no-leader-elect for a single replica."`
+	LeaderElectNamespace string        `placeholder:"NS" help:"Namespace of the leader Lease (default: the pod's namespace, else kube-system)."`
+	LeaderElectIdentity  string        `placeholder:"ID" help:"This replica's identity in the leader Lease (default: hostname_random)."`
+	LeaderElectLease     time.Duration `name:"leader-elect-lease-duration" default:"15s" help:"How long a standby waits after the leader's last renewal before taking over."`
+	LeaderElectRenew     time.Duration `name:"leader-elect-renew-deadline" default:"10s" help:"How long the leader keeps trying to renew before it gives up (and exits)."`
+	LeaderElectRetry     time.Duration `name:"leader-elect-retry-period" default:"2s" help:"How often candidates try to acquire or renew the leader Lease."`
+
+	NodeSelector              string        `default:"${roleLabel}" help:"Label selector of the Nodes this bridge serves; a node whose labels would not match it is not registered."`
+	NodeRoleLabel             string        `default:"${roleLabel}" help:"Label (value empty) added to every Node the bridge registers; \"\" adds none."`
+	NodeLeaseRenewInterval    time.Duration `default:"10s" help:"How often an online node's Lease in kube-node-lease is renewed (kubelet: 10s)."`
+	NodeLeaseDuration         time.Duration `default:"40s" help:"leaseDurationSeconds of node Leases (kubelet: 40s)."`
+	NodeStatusReportFrequency time.Duration `default:"5m" help:"An online node's status is posted again (fresh heartbeat) this long after the last post, even unchanged (kubelet's nodeStatusReportFrequency)."`
+
+	MQTTBroker       string        `name:"mqtt-broker" required:"" placeholder:"URL" help:"Broker URL: tcp://, ssl://, tls://, ws://, wss://, mqtt:// or mqtts:// (no credentials in it)."`
+	MQTTCAFile       string        `name:"mqtt-ca-file" type:"existingfile" placeholder:"FILE" help:"CA (PEM) that verifies the broker; default the system's roots."`
+	MQTTCertFile     string        `name:"mqtt-cert-file" type:"existingfile" placeholder:"FILE" help:"Client certificate (PEM); its CN is the bridge's identity on brokers that use it as the username."`
+	MQTTKeyFile      string        `name:"mqtt-key-file" type:"existingfile" placeholder:"FILE" help:"Client key (PEM)."`
+	MQTTUsername     string        `name:"mqtt-username" placeholder:"USER" help:"MQTT username."`
+	MQTTPasswordFile string        `name:"mqtt-password-file" type:"existingfile" placeholder:"FILE" help:"File holding the MQTT password, readable by its owner only (chmod 600); never logged."`
+	MQTTClientID     string        `name:"mqtt-client-id" placeholder:"ID" help:"MQTT client id (default mqlet-bridge-<hostname>-<random>)."`
+	MQTTTimeout      time.Duration `name:"mqtt-timeout" default:"10s" help:"Bound of the MQTT connect, subscribes and retained-state reads."`
+	TopicPrefix      string        `default:"mqlet/v1" help:"Topic prefix of the mqlet tree."`
+
+	MetricsAddr string `default:"127.0.0.1:10360" help:"Address of /metrics, /healthz and /readyz (in a pod use :10360 so the kubelet's probes reach it); \"-\" serves nothing."`
+	LogLevel    string `default:"info" enum:"debug,info,warn,error" help:"Log level: debug, info, warn or error."`
+}
+
+// VersionCmd prints the build's version and commit.
+type VersionCmd struct{}
+
+// Run prints "mqlet-bridge VERSION (commit COMMIT)".
+func (VersionCmd) Run() error {
+	fmt.Printf("mqlet-bridge %s (commit %s)\n", version, commit)
+	return nil
+}
+
+// options turns the flags into bridge options.
+func (r *RunCmd) options(log *slog.Logger) bridge.Options {
+	return bridge.Options{
+		Kubeconfig:           r.Kubeconfig,
+		KubeAPIQPS:           r.KubeAPIQPS,
+		KubeAPIBurst:         r.KubeAPIBurst,
+		LeaderElect:          r.LeaderElect,
+		LeaderElectNamespace: r.LeaderElectNamespace,
+		Identity:             r.LeaderElectIdentity,
+		LeaseDuration:        r.LeaderElectLease,
+		RenewDeadline:        r.LeaderElectRenew,
+		RetryPeriod:          r.LeaderElectRetry,
+		MQTT: mq.Options{
+			Broker:       r.MQTTBroker,
+			CAFile:       r.MQTTCAFile,
+			CertFile:     r.MQTTCertFile,
+			KeyFile:      r.MQTTKeyFile,
+			Username:     r.MQTTUsername,
+			PasswordFile: r.MQTTPasswordFile,
+			ClientID:     r.MQTTClientID,
+			TopicPrefix:  r.TopicPrefix,
+			Timeout:      r.MQTTTimeout,
+		},
+		NodeSelector:              r.NodeSelector,
+		RoleLabel:                 r.NodeRoleLabel,
+		NoRoleLabel:               r.NodeRoleLabel == "",
+		NodeLeaseRenewInterval:    r.NodeLeaseRenewInterval,
+		NodeLeaseDuration:         r.NodeLeaseDuration,
+		NodeStatusReportFrequency: r.NodeStatusReportFrequency,
+		MetricsAddr:               r.MetricsAddr,
+		Version:                   version,
+		Log:                       log,
+		Pods:                      podsPart, // see pods.go
+	}
+}
+
+// validate checks what kong cannot: relations between flags.
+func (r *RunCmd) validate() error {
+	switch {
+	case r.KubeAPIQPS <= 0:
+		return fmt.Errorf("--kube-api-qps %v: must be positive", r.KubeAPIQPS)
+	case r.KubeAPIBurst <= 0:
+		return fmt.Errorf("--kube-api-burst %d: must be positive", r.KubeAPIBurst)
+	case r.NodeLeaseRenewInterval <= 0 || r.NodeLeaseDuration <= 0 || r.NodeStatusReportFrequency <= 0:
+		return fmt.Errorf("--node-lease-renew-interval, --node-lease-duration and --node-status-report-frequency must be positive")
+	case r.NodeLeaseRenewInterval >= r.NodeLeaseDuration:
+		return fmt.Errorf("--node-lease-renew-interval %s must be shorter than --node-lease-duration %s", r.NodeLeaseRenewInterval, r.NodeLeaseDuration)
+	case r.NodeLeaseDuration%time.Second != 0:
+		return fmt.Errorf("--node-lease-duration %s: a Lease counts whole seconds", r.NodeLeaseDuration)
+	case r.LeaderElect && !(r.LeaderElectLease > r.LeaderElectRenew && r.LeaderElectRenew > r.LeaderElectRetry && r.LeaderElectRetry > 0):
+		return fmt.Errorf("leader election wants lease duration (%s) > renew deadline (%s) > retry period (%s) > 0",
+			r.LeaderElectLease, r.LeaderElectRenew, r.LeaderElectRetry)
+	case (r.MQTTCertFile == "") != (r.MQTTKeyFile == ""):
+		return fmt.Errorf("--mqtt-cert-file and --mqtt-key-file go together: give both or neither")
+	case r.MQTTPasswordFile != "" && r.MQTTUsername == "":
+		return fmt.Errorf("--mqtt-password-file needs --mqtt-username")
+	}
+	return nil
+}
+
+// Run runs the bridge until SIGINT or SIGTERM.
+func (r *RunCmd) Run(env *runEnv) error {
+	if err := r.validate(); err != nil {
+		return err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(r.LogLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: %w", r.LogLevel, err)
+	}
+	log := slog.New(slog.NewTextHandler(env.stderr, &slog.HandlerOptions{Level: level}))
+	b, err := bridge.New(r.options(log))
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(env.ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log.Info("mqlet-bridge starting", "version", version, "commit", commit, "broker", r.MQTTBroker, "node_selector", r.NodeSelector)
+	return b.Run(ctx)
+}
+
+type runEnv struct {
+	ctx    context.Context
+	stderr *os.File
+}
+
+func parser(c *cli, opts ...kong.Option) (*kong.Kong, error) {
+	return kong.New(c, append([]kong.Option{
+		kong.Name("mqlet-bridge"),
+		kong.Description("mqlet-bridge makes mqlet edge nodes Nodes of a Kubernetes cluster, over MQTT."),
+		kong.UsageOnError(),
+		kong.Vars{"roleLabel": nodes.DefaultRoleLabel, "lease": bridge.LeaderLeaseName},
+	}, opts...)...)
+}
+
+func main() {
+	var c cli
+	p, err := parser(&c)
+	if err != nil {
+		panic(err) // the CLI's own tags are wrong: a bug, caught by the tests
+	}
+	kctx, err := p.Parse(os.Args[1:])
+	p.FatalIfErrorf(err)
+	if err := kctx.Run(&runEnv{ctx: context.Background(), stderr: os.Stderr}); err != nil {
+		fmt.Fprintln(os.Stderr, "mqlet-bridge:", err)
+		os.Exit(1)
+	}
+}

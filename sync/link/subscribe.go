@@ -1,0 +1,57 @@
+package link
+
+import (
+	"fmt"
+	"slices"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
+)
+
+// Subscribe subscribes filters on the current connection only, with h receiving the messages that
+// match them instead of Inbox: for short reads such as a marker snapshot of retained state
+// (docs/protocol.md, "Reading retained state"), made by a long-lived client that must not open a
+// second connection (with use_username_as_clientid two connections of one identity disconnect
+// each other). h runs on paho's goroutine, in arrival order, and must not block.
+//
+// A message that matches both these filters and Options.Subscriptions goes to h only (paho hands
+// a message to the default handler only when no subscription of its own matches), so filters
+// should not overlap the link's subscriptions.
+//
+// The subscription ends with the returned unsubscribe (bounded by ConnectTimeout) or with the
+// connection; lost is closed when the connection it was made on is over, so a reader waiting for
+// a message can stop waiting.
+func (l *Link) Subscribe(filters []string, h func(Message)) (unsubscribe func() error, lost <-chan struct{}, err error) {
+	if len(filters) == 0 {
+		return nil, nil, fmt.Errorf("mqtt subscribe: no topic filter")
+	}
+	for _, f := range filters {
+		if err := validFilter(f); err != nil {
+			return nil, nil, fmt.Errorf("mqtt subscribe: %w", err)
+		}
+	}
+	c := l.current()
+	if c == nil {
+		return nil, nil, fmt.Errorf("mqtt subscribe %q: %w", filters, ErrNotConnected)
+	}
+	subs := make(map[string]byte, len(filters))
+	for _, f := range filters {
+		subs[f] = 1
+	}
+	tok := c.client.SubscribeMultiple(subs, func(_ mqtt.Client, m mqtt.Message) {
+		h(Message{Topic: m.Topic(), Payload: m.Payload(), Retained: m.Retained(), Duplicate: m.Duplicate(), Session: c.session})
+	})
+	err = c.await(tok)
+	if err == nil {
+		err = subackError(tok)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("mqtt subscribe %q: %w", filters, err)
+	}
+	filters = slices.Clone(filters)
+	return func() error {
+		if err := c.await(c.client.Unsubscribe(filters...)); err != nil {
+			return fmt.Errorf("mqtt unsubscribe %q: %w", filters, err)
+		}
+		return nil
+	}, c.lost, nil
+}
