@@ -288,6 +288,14 @@ func TestAgainstARealBroker(t *testing.T) {
 	if !graceZero {
 		t.Errorf("web-1 was not deleted with grace period 0 and its uid as precondition")
 	}
+	// The node took the tombstone in: it is cleared from the broker.
+	waitFor(t, "web-1's tombstone cleared", func() bool {
+		got, err := ctl.Snapshot(ctx, topics.Desired(nodeA, protocol.KindPod, "default", "web-1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(got) == 0
+	})
 	stop1()
 
 	// A restarted bridge over the same retained state writes nothing.
