@@ -13,7 +13,6 @@ import (
 	"github.com/mqlet/mqlet/sync/protocol"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
-	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
@@ -316,7 +315,6 @@ func TestAgainstARealBroker(t *testing.T) {
 		t.Errorf("the restarted controller published %v", msgs)
 	}
 	stop2()
-	_ = v1.PodRunning
 }
 
 func keys(m map[string][]byte) []string {
