@@ -58,7 +58,37 @@ func (c *Controller) syncNode(ctx context.Context, node string) error {
 		st.commit(pl)
 	}
 	c.checkRefusals(node, st, acks)
-	return c.finishDeletions(ctx, node, st, terminating, acks)
+	if err := c.finishDeletions(ctx, node, st, terminating, acks); err != nil {
+		return err
+	}
+	return c.clearTombstones(ctx, node, st, acks, tomb)
+}
+
+// clearTombstones removes the retained tombstones the node has taken in (its acks show the key
+// deleted at or above the tombstone's generation), as protocol section 4.3 allows: otherwise every
+// pod ever deleted would stay on the broker and in every restart's snapshot. The index keeps the
+// deletion safe. A pod still Terminating in the API keeps its tombstone: it is what its deletion
+// waits on.
+func (c *Controller) clearTombstones(ctx context.Context, node string, st *nodeState, acks *protocol.Acks, terminating map[string]bool) error {
+	if acks == nil {
+		return nil
+	}
+	for key, e := range st.entries {
+		if !e.Deleted || terminating[key] || acks.Deleted[key] < e.Gen {
+			continue
+		}
+		kind, ns, name, err := protocol.ParseObjectKey(key)
+		if err != nil {
+			continue
+		}
+		topic := c.o.Topics.Desired(node, kind, ns, name)
+		if err := c.o.Broker.Publish(ctx, topic, nil, true); err != nil {
+			return fmt.Errorf("node %s: clear the tombstone %s: %w", node, topic, err)
+		}
+		st.forget(key)
+		c.m.tombstonesCleared.Inc()
+	}
+	return nil
 }
 
 // nodeState returns the node's state, reading its retained index, acks and desired objects first

@@ -2,7 +2,6 @@ package pods
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -182,5 +181,3 @@ func desiredOf(t *testing.T, b []byte, node string, kind protocol.ObjectKind, ns
 	}
 	return d
 }
-
-var _ = fmt.Sprintf

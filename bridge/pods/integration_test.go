@@ -13,7 +13,6 @@ import (
 	"github.com/mqlet/mqlet/sync/protocol"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
-	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes/fake"
@@ -288,6 +287,14 @@ func TestAgainstARealBroker(t *testing.T) {
 	if !graceZero {
 		t.Errorf("web-1 was not deleted with grace period 0 and its uid as precondition")
 	}
+	// The node took the tombstone in: it is cleared from the broker.
+	waitFor(t, "web-1's tombstone cleared", func() bool {
+		got, err := ctl.Snapshot(ctx, topics.Desired(nodeA, protocol.KindPod, "default", "web-1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(got) == 0
+	})
 	stop1()
 
 	// A restarted bridge over the same retained state writes nothing.
@@ -308,7 +315,6 @@ func TestAgainstARealBroker(t *testing.T) {
 		t.Errorf("the restarted controller published %v", msgs)
 	}
 	stop2()
-	_ = v1.PodRunning
 }
 
 func keys(m map[string][]byte) []string {

@@ -5,15 +5,16 @@ import (
 )
 
 type ctlMetrics struct {
-	published       *metrics.CounterVec
-	indexWrites     *metrics.Counter
-	oversize        *metrics.Counter
-	statusWrites    *metrics.Counter
-	statusConflicts *metrics.Counter
-	refused         *metrics.CounterVec
-	deletions       *metrics.Counter
-	eventsWritten   *metrics.Counter
-	eventsDropped   *metrics.Counter
+	published         *metrics.CounterVec
+	indexWrites       *metrics.Counter
+	oversize          *metrics.Counter
+	statusWrites      *metrics.Counter
+	statusConflicts   *metrics.Counter
+	refused           *metrics.CounterVec
+	deletions         *metrics.Counter
+	tombstonesCleared *metrics.Counter
+	eventsWritten     *metrics.Counter
+	eventsDropped     *metrics.Counter
 }
 
 func newMetrics(r *metrics.Registry, c *Controller) *ctlMetrics {
@@ -28,6 +29,8 @@ func newMetrics(r *metrics.Registry, c *Controller) *ctlMetrics {
 		refused: r.CounterVec("mqlet_bridge_refused_messages_total",
 			"Node messages refused (invalid, too large, about a pod not bound to the node, another uid), by class and reason.",
 			"class", "reason"),
+		tombstonesCleared: r.Counter("mqlet_bridge_tombstones_cleared_total",
+			"Retained tombstones cleared after the node's acks showed the deletion taken in."),
 		deletions:     r.Counter("mqlet_bridge_pod_deletions_total", "API pods deleted after their node confirmed them gone."),
 		eventsWritten: r.Counter("mqlet_bridge_events_written_total", "Events written to the API from node events."),
 		eventsDropped: r.Counter("mqlet_bridge_events_dropped_total", "Node events dropped because the event queue was full."),
