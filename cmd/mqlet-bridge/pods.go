@@ -1,15 +1,66 @@
 package main
 
-import "github.com/mqlet/mqlet/bridge"
+import (
+	"context"
+	"time"
+
+	"github.com/mqlet/mqlet/bridge"
+	"github.com/mqlet/mqlet/bridge/pods"
+)
 
 // podsPart builds the pods part of the bridge (bridge/pods): desired pods, configMaps and secrets
-// per node, pod status and events. nil until bridge/pods is wired in here; the lead plugs it in as
-//
-//	func podsPart(d bridge.Deps) (*bridge.Part, error) {
-//		c, err := pods.New(pods.Options{Kube: d.Kube, Informers: d.Informers, Broker: d.Conn, Served: d.Nodes.Served, ...})
-//		if err != nil {
-//			return nil, err
-//		}
-//		return &bridge.Part{PodHandler: c.Handle, OnServed: c.NodeServed, Run: c.Run}, nil
-//	}
-var podsPart func(bridge.Deps) (*bridge.Part, error)
+// per node, pod status and events.
+func podsPart(d bridge.Deps) (*bridge.Part, error) {
+	c, err := pods.New(pods.Options{
+		Kube:    d.Kube,
+		Factory: d.Informers,
+		Broker:  d.Conn,
+		Topics:  d.Topics,
+		Served:  d.Nodes.Served,
+		Metrics: d.Metrics,
+		Log:     d.Log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	run := func(ctx context.Context) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			watchReconnects(ctx, d, c.Reconnected)
+		}()
+		err := c.Run(ctx)
+		cancel()
+		<-done
+		return err
+	}
+	return &bridge.Part{PodHandler: c.Handle, OnServed: c.NodeServed, Run: run}, nil
+}
+
+// watchReconnects calls reconnected after every new broker connection but the first: the retained
+// state may have changed while the bridge was away (a broker restart without persistence, another
+// writer), so the pods part reads it again before its next write. The connection's session number
+// tells one connection from the next; a second's delay is harmless because every write of the pods
+// part goes through the node's counter, which only moves up.
+func watchReconnects(ctx context.Context, d bridge.Deps, reconnected func()) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	var last int64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s, ok := d.Conn.Connected()
+		if !ok || s == last {
+			continue
+		}
+		if last != 0 {
+			reconnected()
+		}
+		last = s
+	}
+}
