@@ -120,15 +120,7 @@ type Cluster struct {
 // test, or fails it when MQLET_TEST_REQUIRE=1.
 func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs a real Kubernetes control plane; skipped with -short (make unit)")
-	}
-	if _, err := findBinaries(opts); err != nil {
-		if os.Getenv(VarRequire) == "1" {
-			t.Fatalf("kubetest: %v (%s=1 makes this a failure rather than a skip)", err, VarRequire)
-		}
-		t.Skipf("kubetest: %v", err)
-	}
+	Require(t, opts)
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir() // before the Cleanup below, so it is removed after the logs are read
 	}
@@ -151,6 +143,21 @@ func Start(t testing.TB, opts Options) *Cluster {
 		}
 	})
 	return c
+}
+
+// Require skips the test when the binaries a cluster needs are missing or with -short, or fails
+// it when MQLET_TEST_REQUIRE=1; Start calls it. It is for tests that call StartCluster.
+func Require(t testing.TB, opts Options) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs a real Kubernetes control plane; skipped with -short (make unit)")
+	}
+	if _, err := findBinaries(opts); err != nil {
+		if os.Getenv(VarRequire) == "1" {
+			t.Fatalf("kubetest: %v (%s=1 makes this a failure rather than a skip)", err, VarRequire)
+		}
+		t.Skipf("kubetest: %v", err)
+	}
 }
 
 // StartCluster starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler and

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -274,5 +276,40 @@ func waitUntil(t *testing.T, limit time.Duration, what string, cond func() (bool
 			t.Fatalf("%s: not after %s (last: %s)", what, limit, why)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestStartFailureReportsLog: a component that cannot start makes StartCluster fail at once with
+// the component's own complaint, and stops what had already started (etcd here).
+func TestStartFailureReportsLog(t *testing.T) {
+	kubetest.Require(t, kubetest.Options{})
+	dir := t.TempDir()
+	var started []string
+	_, err := kubetest.StartCluster(context.Background(), kubetest.Options{
+		Dir:            dir,
+		EtcdOnDisk:     true, // every component's command line names dir: see the scan below
+		APIServerFlags: []string{"--no-such-flag=1"},
+		Logf: func(format string, args ...any) {
+			if s := fmt.Sprintf(format, args...); strings.HasPrefix(s, "kubetest: starting ") {
+				started = append(started, strings.TrimPrefix(s, "kubetest: starting "))
+			}
+		},
+	})
+	if err == nil {
+		t.Fatal("StartCluster with an unknown kube-apiserver flag succeeded")
+	}
+	for _, want := range []string{"kube-apiserver exited", "unknown flag: --no-such-flag"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not contain %q:\n%v", want, err)
+		}
+	}
+	if !slices.Equal(started, []string{kubetest.Etcd, kubetest.APIServer}) {
+		t.Fatalf("started %v; want etcd, then kube-apiserver", started)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), dir) {
+			t.Errorf("a process is left running after the failed start: %s: %s", p, strings.ReplaceAll(string(b), "\x00", " "))
+		}
 	}
 }
