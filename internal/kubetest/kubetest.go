@@ -107,6 +107,7 @@ type Cluster struct {
 	host       string
 	etcdURL    string
 
+	spawn *spawner
 	mu    sync.Mutex
 	procs []*process // in start order; Stop ends them in reverse
 	users int        // kubeconfigs written so far, for unique file names
@@ -179,9 +180,10 @@ func StartCluster(ctx context.Context, opts Options) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
 	defer cancel()
 
-	c := &Cluster{opts: opts, dir: opts.Dir}
+	c := &Cluster{opts: opts, dir: opts.Dir, spawn: newSpawner()}
 	if c.dir == "" {
 		if c.dir, err = os.MkdirTemp("", "kubetest-"); err != nil {
+			c.spawn.close()
 			return nil, fmt.Errorf("make cluster dir: %w", err)
 		}
 		c.ownDir = true
@@ -462,7 +464,7 @@ func (c *Cluster) startControllers(bins binaries) error {
 
 func (c *Cluster) launch(name, bin string, args, env []string) (*process, error) {
 	c.opts.Logf("kubetest: starting %s", name)
-	p, err := startProcess(c.dir, name, bin, args, env)
+	p, err := c.spawn.start(c.dir, name, bin, args, env)
 	if err != nil {
 		return nil, err
 	}
@@ -517,6 +519,7 @@ func waitFor(ctx context.Context, what string, p *process, check func(context.Co
 func (c *Cluster) Stop() error {
 	c.stopOnce.Do(func() {
 		c.stopErr = c.stopAll()
+		c.spawn.close()
 		if c.etcdDir != "" {
 			if err := os.RemoveAll(c.etcdDir); err != nil {
 				c.stopErr = errors.Join(c.stopErr, fmt.Errorf("remove etcd data %s: %w", c.etcdDir, err))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -311,5 +312,32 @@ func TestStartFailureReportsLog(t *testing.T) {
 		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), dir) {
 			t.Errorf("a process is left running after the failed start: %s: %s", p, strings.ReplaceAll(string(b), "\x00", " "))
 		}
+	}
+}
+
+// TestSurvivesDiscardedThreads: goroutines that end while locked to their OS thread make the Go
+// runtime discard the thread (the agent's namespace code does this on purpose). Children that
+// were forked by such a thread would die with it (Pdeathsig); kubetest forks from a thread of its
+// own, so the control plane must outlive any number of discarded threads.
+func TestSurvivesDiscardedThreads(t *testing.T) {
+	c := kubetest.Start(t, kubetest.Options{})
+	pids := c.PIDs()
+	for range 300 {
+		done := make(chan struct{})
+		go func() {
+			runtime.LockOSThread()
+			close(done) // ends locked: the thread exits with the goroutine
+		}()
+		<-done
+	}
+	time.Sleep(time.Second) // threads exit after their goroutine; give the signals time to land
+	for name, pid := range pids {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Contains(string(b), ") Z ") {
+			t.Errorf("%s (pid %d) died when goroutine threads were discarded", name, pid)
+		}
+	}
+	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
+	if _, err := cs.CoreV1().Namespaces().Get(context.Background(), "default", metav1.GetOptions{}); err != nil {
+		t.Fatalf("apiserver after discarded threads: %v", err)
 	}
 }
