@@ -107,6 +107,7 @@ type Cluster struct {
 	host       string
 	etcdURL    string
 
+	spawn *spawner
 	mu    sync.Mutex
 	procs []*process // in start order; Stop ends them in reverse
 	users int        // kubeconfigs written so far, for unique file names
@@ -120,15 +121,7 @@ type Cluster struct {
 // test, or fails it when MQLET_TEST_REQUIRE=1.
 func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs a real Kubernetes control plane; skipped with -short (make unit)")
-	}
-	if _, err := findBinaries(opts); err != nil {
-		if os.Getenv(VarRequire) == "1" {
-			t.Fatalf("kubetest: %v (%s=1 makes this a failure rather than a skip)", err, VarRequire)
-		}
-		t.Skipf("kubetest: %v", err)
-	}
+	Require(t, opts)
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir() // before the Cleanup below, so it is removed after the logs are read
 	}
@@ -153,6 +146,21 @@ func Start(t testing.TB, opts Options) *Cluster {
 	return c
 }
 
+// Require skips the test when the binaries a cluster needs are missing or with -short, or fails
+// it when MQLET_TEST_REQUIRE=1; Start calls it. It is for tests that call StartCluster.
+func Require(t testing.TB, opts Options) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs a real Kubernetes control plane; skipped with -short (make unit)")
+	}
+	if _, err := findBinaries(opts); err != nil {
+		if os.Getenv(VarRequire) == "1" {
+			t.Fatalf("kubetest: %v (%s=1 makes this a failure rather than a skip)", err, VarRequire)
+		}
+		t.Skipf("kubetest: %v", err)
+	}
+}
+
 // StartCluster starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler and
 // returns when the cluster is ready to use: the apiserver's /readyz answers ok to the admin, the
 // default namespace and its default ServiceAccount exist (the controller-manager's work), and
@@ -172,9 +180,10 @@ func StartCluster(ctx context.Context, opts Options) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
 	defer cancel()
 
-	c := &Cluster{opts: opts, dir: opts.Dir}
+	c := &Cluster{opts: opts, dir: opts.Dir, spawn: newSpawner()}
 	if c.dir == "" {
 		if c.dir, err = os.MkdirTemp("", "kubetest-"); err != nil {
+			c.spawn.close()
 			return nil, fmt.Errorf("make cluster dir: %w", err)
 		}
 		c.ownDir = true
@@ -455,7 +464,7 @@ func (c *Cluster) startControllers(bins binaries) error {
 
 func (c *Cluster) launch(name, bin string, args, env []string) (*process, error) {
 	c.opts.Logf("kubetest: starting %s", name)
-	p, err := startProcess(c.dir, name, bin, args, env)
+	p, err := c.spawn.start(c.dir, name, bin, args, env)
 	if err != nil {
 		return nil, err
 	}
@@ -510,6 +519,7 @@ func waitFor(ctx context.Context, what string, p *process, check func(context.Co
 func (c *Cluster) Stop() error {
 	c.stopOnce.Do(func() {
 		c.stopErr = c.stopAll()
+		c.spawn.close()
 		if c.etcdDir != "" {
 			if err := os.RemoveAll(c.etcdDir); err != nil {
 				c.stopErr = errors.Join(c.stopErr, fmt.Errorf("remove etcd data %s: %w", c.etcdDir, err))

@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
+	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,18 +22,29 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 )
 
 // TestCluster runs the whole control plane and checks each component does its part: the
 // apiserver stores a pod bound to a node, the scheduler places a pod by nodeSelector on the Ready
 // node that matches, the node lifecycle controller (with kubetest's fast timing) marks a node
 // whose Lease stops being renewed Unknown while a node still renewed stays Ready, RBAC confines a
-// limited user, and Stop leaves no process behind.
+// limited user, the components survive discarded goroutine threads, and Stop leaves no process
+// behind.
 func TestCluster(t *testing.T) {
 	c := kubetest.Start(t, kubetest.Options{})
 	cs := kubernetes.NewForConfigOrDie(c.RESTConfig())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+
+	started := c.PIDs()
+	discardThreads(5, 200)
+	time.Sleep(time.Second) // a discarded thread exits after its goroutine; let any signal land
+	for name, pid := range started {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Contains(string(b), ") Z ") {
+			t.Errorf("%s (pid %d) died when goroutine threads were discarded", name, pid)
+		}
+	}
 
 	// The admin kubeconfig file works on its own too (what a bridge started with --kubeconfig sees).
 	fromFile, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig())
@@ -183,22 +197,31 @@ func registerReadyNode(t *testing.T, ctx context.Context, cs kubernetes.Interfac
 		labels["node-role.kubernetes.io/edge"] = ""
 	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
-	created, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
-	if err != nil {
+	if _, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create node %s: %v", name, err)
 	}
-	now := metav1.Now()
 	res := corev1.ResourceList{
 		corev1.ResourceCPU:    resource.MustParse("4"),
 		corev1.ResourceMemory: resource.MustParse("4Gi"),
 		corev1.ResourcePods:   resource.MustParse("110"),
 	}
-	created.Status.Capacity, created.Status.Allocatable = res, res
-	created.Status.Conditions = []corev1.NodeCondition{{
-		Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-		LastHeartbeatTime: now, LastTransitionTime: now,
-	}}
-	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+	// The node lifecycle controller writes the new node too (taints, its own status): a
+	// conflict means read again and retry.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		now := metav1.Now()
+		n.Status.Capacity, n.Status.Allocatable = res, res
+		n.Status.Conditions = []corev1.NodeCondition{{
+			Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			LastHeartbeatTime: now, LastTransitionTime: now,
+		}}
+		_, err = cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		t.Fatalf("post Ready status of node %s: %v", name, err)
 	}
 }
@@ -275,4 +298,73 @@ func waitUntil(t *testing.T, limit time.Duration, what string, cond func() (bool
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// TestStartFailureReportsLog: a component that cannot start makes StartCluster fail at once with
+// the component's own complaint, and stops what had already started (etcd here).
+func TestStartFailureReportsLog(t *testing.T) {
+	kubetest.Require(t, kubetest.Options{})
+	dir := t.TempDir()
+	var started []string
+	_, err := kubetest.StartCluster(context.Background(), kubetest.Options{
+		Dir:            dir,
+		EtcdOnDisk:     true, // every component's command line names dir: see the scan below
+		APIServerFlags: []string{"--no-such-flag=1"},
+		Logf: func(format string, args ...any) {
+			if s := fmt.Sprintf(format, args...); strings.HasPrefix(s, "kubetest: starting ") {
+				started = append(started, strings.TrimPrefix(s, "kubetest: starting "))
+			}
+		},
+	})
+	if err == nil {
+		t.Fatal("StartCluster with an unknown kube-apiserver flag succeeded")
+	}
+	for _, want := range []string{"kube-apiserver exited", "unknown flag: --no-such-flag"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not contain %q:\n%v", want, err)
+		}
+	}
+	if !slices.Equal(started, []string{kubetest.Etcd, kubetest.APIServer}) {
+		t.Fatalf("started %v; want etcd, then kube-apiserver", started)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), dir) {
+			t.Errorf("a process is left running after the failed start: %s: %s", p, strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+}
+
+// discardThreads ends n goroutines while they are locked to their OS threads, which makes the Go
+// runtime discard those threads (the agent's namespace code does this on purpose). A child
+// forked by such a thread dies with it (Pdeathsig); kubetest forks from a thread of its own, so
+// the control plane must outlive this.
+func discardThreads(rounds, n int) {
+	for range rounds {
+		discardRound(n)
+		time.Sleep(100 * time.Millisecond) // the threads left idle meanwhile are the next round's
+	}
+}
+
+func discardRound(n int) {
+	// One at a time from here (a new goroutine often runs on this goroutine's thread), then
+	// many at once (they spread over the idle threads).
+	for range n {
+		done := make(chan struct{})
+		go func() {
+			runtime.LockOSThread()
+			close(done) // ends locked: the thread exits with the goroutine
+		}()
+		<-done
+	}
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread()
+			time.Sleep(time.Millisecond)
+		}()
+	}
+	wg.Wait()
 }

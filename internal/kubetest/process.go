@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -24,9 +25,50 @@ type process struct {
 	err     error
 }
 
+// spawner starts processes from one OS thread that it holds locked until close. Pdeathsig is
+// tied to the thread that forked the child, not to the process: a thread the Go runtime throws
+// away (the agent's namespace code ends goroutines still locked, on purpose) would take with it
+// every component it had forked, in a test that runs the agent and a cluster in one process.
+type spawner struct {
+	jobs chan func()
+	done chan struct{}
+}
+
+func newSpawner() *spawner {
+	s := &spawner{jobs: make(chan func()), done: make(chan struct{})}
+	go func() {
+		runtime.LockOSThread()
+		for job := range s.jobs {
+			job()
+		}
+		// Every child is gone by now (close is called after Stop ended them): the thread may
+		// be reused.
+		runtime.UnlockOSThread()
+		close(s.done)
+	}()
+	return s
+}
+
+func (s *spawner) start(dir, name, bin string, args, env []string) (*process, error) {
+	var p *process
+	var err error
+	ran := make(chan struct{})
+	s.jobs <- func() {
+		p, err = startProcess(dir, name, bin, args, env)
+		close(ran)
+	}
+	<-ran
+	return p, err
+}
+
+func (s *spawner) close() {
+	close(s.jobs)
+	<-s.done
+}
+
 // startProcess runs bin with args, stdout and stderr going to dir/<name>.log. The child gets
-// SIGKILL if the thread that started it dies, so a test binary killed by `go test -timeout`
-// leaves no control plane behind.
+// SIGKILL when the thread that started it dies (see spawner), so a test binary killed by
+// `go test -timeout` leaves no control plane behind.
 func startProcess(dir, name, bin string, args, env []string) (*process, error) {
 	logPath := filepath.Join(dir, name+".log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
