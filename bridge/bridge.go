@@ -284,9 +284,11 @@ func (b *Bridge) Identity() string                           { return b.identity
 // replica loses the leadership or its work fails (an error: the process must exit non-zero).
 func (b *Bridge) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() {
+		cancel() // stops the endpoint: before the wait for it
+		wg.Wait()
+	}()
 	if b.o.MetricsAddr != "-" {
 		ln, err := metrics.Listen(b.o.MetricsAddr)
 		if err != nil {

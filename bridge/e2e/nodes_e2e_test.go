@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"testing"
@@ -296,9 +297,117 @@ func get(t *testing.T, url string) string {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
+		return fmt.Sprintf("GET %s: %v", url, err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
 }
+
+// Two replicas: one leads (connects to MQTT, ready as leader), the other stands by (ready as
+// standby, not connected); when the leader stops, the standby takes over; a leader whose Lease is
+// taken from it stops with an error (the process exits non-zero and is restarted).
+func TestTwoReplicasOneLeader(t *testing.T) {
+	cluster := kubetest.Start(t, kubetest.Options{})
+	broker := mqtttest.Start(t, mqtttest.Options{})
+	admin, err := kubernetes.NewForConfig(cluster.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyRBAC(t, admin)
+	kc := cluster.ServiceAccountKubeconfig("mqlet-system", "mqlet-bridge")
+	a := runReplica(t, kc, broker, "replica-a")
+	waitFor(t, 30*time.Second, "replica-a leads", func() bool { return strings.Contains(get(t, a.url), "ready: leader") })
+	b := runReplica(t, kc, broker, "replica-b")
+	waitFor(t, 30*time.Second, "replica-b stands by", func() bool { return strings.Contains(get(t, b.url), "ready: standby") })
+	if _, ok := b.b.Conn().Connected(); ok {
+		t.Error("the standby is connected to MQTT: only the leader may be")
+	}
+	time.Sleep(2 * time.Second) // several retry periods: the standby must stay a standby
+	if body := get(t, b.url); !strings.Contains(body, "standby") || !strings.Contains(body, "replica-a") {
+		t.Errorf("standby /readyz %q, want standby naming the leader replica-a", body)
+	}
+
+	// The leader stops (SIGTERM): it gives the Lease up and the standby takes over.
+	a.cancel()
+	<-a.done
+	if a.err != nil {
+		t.Errorf("stopped leader's Run: %v, want nil", a.err)
+	}
+	waitFor(t, 30*time.Second, "replica-b leads", func() bool { return strings.Contains(get(t, b.url), "ready: leader") })
+
+	// The Lease is taken from the leader (e.g. it could not reach the API long enough): it stops
+	// with an error instead of writing on as a second leader.
+	ctx := context.Background()
+	l, err := admin.CoordinationV1().Leases("mqlet-system").Get(ctx, bridge.LeaderLeaseName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	thief := "thief"
+	l.Spec.HolderIdentity = &thief
+	l.Spec.LeaseDurationSeconds = ptrTo(int32(3600))
+	now := metav1.NewMicroTime(time.Now())
+	l.Spec.RenewTime, l.Spec.AcquireTime = &now, &now
+	if _, err := admin.CoordinationV1().Leases("mqlet-system").Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.done:
+		if b.err == nil || !strings.Contains(b.err.Error(), "lost the leader lease") {
+			t.Errorf("Run after losing the Lease: %v, want an error saying so", b.err)
+		}
+	case <-time.After(30 * time.Second):
+		var buf strings.Builder
+		pprof.Lookup("goroutine").WriteTo(&buf, 1)
+		t.Fatalf("the leader kept running 30s after its Lease was taken; goroutines:\n%s", buf.String())
+	}
+	if _, ok := b.b.Conn().Connected(); ok {
+		t.Error("still connected to MQTT after losing the leadership")
+	}
+}
+
+type replica struct {
+	b      *bridge.Bridge
+	url    string
+	cancel context.CancelFunc
+	done   chan struct{} // closed when Run returned, with its error in err
+	err    error
+}
+
+func runReplica(t *testing.T, kubeconfig string, broker *mqtttest.Broker, id string) *replica {
+	t.Helper()
+	ports, err := loopback.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	b, err := bridge.New(bridge.Options{
+		Kubeconfig:           kubeconfig,
+		LeaderElect:          true,
+		LeaderElectNamespace: "mqlet-system",
+		Identity:             id,
+		LeaseDuration:        4 * time.Second,
+		RenewDeadline:        3 * time.Second,
+		RetryPeriod:          500 * time.Millisecond,
+		MQTT:                 mq.Options{Broker: broker.Plain, ClientID: "bridge-" + id},
+		MetricsAddr:          addr,
+		Log:                  slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})).With("replica", id),
+	})
+	if err != nil {
+		t.Fatalf("bridge.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &replica{b: b, url: "http://" + addr + "/readyz", cancel: cancel, done: make(chan struct{})}
+	go func() { r.err = b.Run(ctx); close(r.done) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-r.done:
+		case <-time.After(30 * time.Second):
+			t.Errorf("replica %s did not stop within 30s", id)
+		}
+	})
+	return r
+}
+
+func ptrTo[T any](v T) *T { return &v }
