@@ -58,7 +58,9 @@ const (
 type Options struct {
 	// Kubeconfig is a kubeconfig file; empty means the in-cluster config (the pod's service
 	// account).
-	Kubeconfig   string
+	Kubeconfig string
+	// Kube, when set, is the client to use instead of one made from Kubeconfig (tests).
+	Kube         kubernetes.Interface
 	KubeAPIQPS   float32
 	KubeAPIBurst int
 
@@ -176,18 +178,20 @@ func New(o Options) (*Bridge, error) {
 	b := &Bridge{o: o, log: o.Log, reg: metrics.NewRegistry()}
 	b.leader.Store("")
 
-	cfg, err := restConfig(o.Kubeconfig)
-	if err != nil {
-		return nil, err
-	}
-	cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
-	cfg.UserAgent = "mqlet-bridge/" + o.Version
-	// Protobuf for the built-in types the bridge reads and writes: cheaper to encode and decode
-	// than JSON at 100 Lease updates a second.
-	cfg.ContentType = "application/vnd.kubernetes.protobuf"
-	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	if b.kube, err = kubernetes.NewForConfig(cfg); err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
+	if b.kube = o.Kube; b.kube == nil {
+		cfg, err := restConfig(o.Kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		cfg.QPS, cfg.Burst = o.KubeAPIQPS, o.KubeAPIBurst
+		cfg.UserAgent = "mqlet-bridge/" + o.Version
+		// Protobuf for the built-in types the bridge reads and writes: cheaper to encode and
+		// decode than JSON at 100 Lease updates a second.
+		cfg.ContentType = "application/vnd.kubernetes.protobuf"
+		cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+		if b.kube, err = kubernetes.NewForConfig(cfg); err != nil {
+			return nil, fmt.Errorf("kubernetes client: %w", err)
+		}
 	}
 	b.informers = informers.NewSharedInformerFactory(b.kube, 0)
 
@@ -284,9 +288,11 @@ func (b *Bridge) Identity() string                           { return b.identity
 // replica loses the leadership or its work fails (an error: the process must exit non-zero).
 func (b *Bridge) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() {
+		cancel() // stops the endpoint: before the wait for it
+		wg.Wait()
+	}()
 	if b.o.MetricsAddr != "-" {
 		ln, err := metrics.Listen(b.o.MetricsAddr)
 		if err != nil {

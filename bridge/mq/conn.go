@@ -15,6 +15,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -97,6 +98,9 @@ type Conn struct {
 	markerN atomic.Uint64
 
 	resync chan struct{} // 1-buffered: a full resend is due
+	// stray holds live uplink messages that arrived on a Snapshot's subscription (paho gives a
+	// message to the default handler only when no subscription of its own matches).
+	stray chan link.Message
 
 	messages   *metrics.CounterVec
 	refused    *metrics.CounterVec
@@ -153,7 +157,7 @@ func New(o Options) (*Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mqtt: %w", err)
 	}
-	c := &Conn{o: o, topics: topics, marker: topics.Marker(id), resync: make(chan struct{}, 1)}
+	c := &Conn{o: o, topics: topics, marker: topics.Marker(id), resync: make(chan struct{}, 1), stray: make(chan link.Message, 256)}
 	for _, cl := range uplink {
 		c.filter = append(c.filter, topics.AllNodes(cl))
 	}
@@ -257,6 +261,7 @@ func (c *Conn) dispatch(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case m = <-in:
+		case m = <-c.stray:
 		}
 		t, err := c.topics.Parse(m.Topic)
 		if err != nil {
@@ -375,8 +380,8 @@ func (c *Conn) Publish(ctx context.Context, topic string, payload []byte, retain
 // publish a fresh random value to the marker, and everything that arrived before it came back is
 // the retained state. Reaching Options.Timeout (or ctx's end, or losing the connection) is an
 // error, never a partial result. A live message to a topic already read replaces its value (an
-// empty one removes it). The filters must not overlap the uplink subscriptions (see
-// link.Subscribe): read index and desired topics with it, not status.
+// empty one removes it). Filters may overlap the uplink subscriptions (e.g. a node's acks): live
+// uplink messages that arrive on the snapshot's subscription are still routed to Handler.
 func (c *Conn) Snapshot(ctx context.Context, filters ...string) (map[string][]byte, error) {
 	what := "snapshot of " + strings.Join(filters, ", ")
 	if len(filters) == 0 {
@@ -399,6 +404,15 @@ func (c *Conn) Snapshot(ctx context.Context, filters ...string) (map[string][]by
 				once.Do(func() { close(arrived) })
 			}
 			return
+		}
+		if !m.Retained && c.isUplink(m.Topic) {
+			// A live uplink message that the snapshot's subscription took from the normal path:
+			// route it as that would have.
+			select {
+			case c.stray <- m:
+			default:
+				c.askResync()
+			}
 		}
 		mu.Lock()
 		defer mu.Unlock()
@@ -442,6 +456,12 @@ func (c *Conn) Snapshot(ctx context.Context, filters ...string) (map[string][]by
 	defer mu.Unlock()
 	closed = true
 	return got, nil
+}
+
+// isUplink reports whether topic is one the uplink subscriptions match.
+func (c *Conn) isUplink(topic string) bool {
+	t, err := c.topics.Parse(topic)
+	return err == nil && slices.Contains(uplink, t.Class)
 }
 
 // ReadPasswordFile reads an MQTT password file, refusing one that is not a regular file or that

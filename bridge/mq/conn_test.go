@@ -321,3 +321,62 @@ func TestPasswordFile(t *testing.T) {
 		t.Fatal("TLS files with a tcp:// broker were accepted")
 	}
 }
+
+// A snapshot whose filter overlaps an uplink subscription (a node's acks) must not take live
+// uplink messages away from the handler.
+func TestSnapshotOverlappingUplinkKeepsRouting(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	c := start(t, Options{Broker: b.Plain, Handler: func(m Message) {
+		mu.Lock()
+		seen[string(m.Payload)] = true
+		mu.Unlock()
+	}})
+	p := publisher(t, b.Plain)
+	topic := c.Topics().Acks("n1")
+	stop := make(chan struct{})
+	snaps := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { snaps <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := c.Snapshot(context.Background(), topic); err != nil {
+				t.Errorf("Snapshot: %v", err)
+				return
+			}
+			n++
+		}
+	}()
+	const n = 200
+	for i := range n {
+		pub(t, p, topic, strings.Repeat("a", i+1), true)
+	}
+	close(stop)
+	if got := <-snaps; got < 10 {
+		t.Fatalf("only %d snapshots ran while publishing: the test did not overlap them", got)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		mu.Lock()
+		missing := 0
+		for i := range n {
+			if !seen[strings.Repeat("a", i+1)] {
+				missing++
+			}
+		}
+		mu.Unlock()
+		if missing == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d live acks never reached the handler while snapshots of the same topic ran", missing, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -172,12 +172,12 @@ func TestBridgeManifests(t *testing.T) {
 
 	// RBAC: what the bridge's code calls.
 	need := map[string][]string{
-		"/nodes":                {"get", "list", "watch", "create", "patch", "update"},
-		"/nodes/status":         {"patch", "update"},
-		"/pods":                 {"get", "list", "watch", "delete"},
-		"/pods/status":          {"patch", "update"},
-		"/configmaps":           {"get", "list", "watch"},
-		"/secrets":              {"get", "list", "watch"},
+		"/nodes":               {"get", "list", "watch", "create", "patch", "update"},
+		"/nodes/status":        {"patch", "update"},
+		"/pods":                {"get", "list", "watch", "delete"},
+		"/pods/status":         {"patch", "update"},
+		"/configmaps":          {"get", "list", "watch"},
+		"/secrets":             {"get", "list", "watch"},
 		"events.k8s.io/events": {"create", "patch"},
 	}
 	for res, verbs := range need {
