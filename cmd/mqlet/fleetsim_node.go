@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/netip"
 	"time"
 
 	"github.com/mqlet/mqlet/agent"
@@ -36,6 +37,11 @@ type simNode struct {
 	status  *nodestatus.Manager
 	events  *podEvents
 }
+
+// simPodCIDR is where every simulated node's pod addresses come from (each node has the whole
+// range, as each real node has its own pod network): RFC 2544's benchmarking range, which no real
+// host uses, so an httpGet or tcpSocket probe of a simulated pod reaches no real pod of this machine.
+var simPodCIDR = netip.MustParsePrefix("198.18.0.0/15")
 
 // simStore is the in-memory state with session numbers that start at the fleet's start time: a
 // restarted simulator's nodes must not reuse their previous run's sessions.
@@ -67,7 +73,7 @@ func newSimNode(ctx context.Context, f *fleet, i int) (*simNode, error) {
 
 	objs := objects.New(st, log)
 	var status *nodestatus.Manager // set below; the runtime's callback only runs once pods start
-	rt := simruntime.New(simruntime.Options{Objects: objs, OnNewImage: func() { status.Trigger() }})
+	rt := simruntime.New(simruntime.Options{Objects: objs, PodCIDR: simPodCIDR, OnNewImage: func() { status.Trigger() }})
 
 	var a *agent.Agent
 	agentOf := func() *agent.Agent { return a }

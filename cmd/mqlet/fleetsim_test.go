@@ -250,7 +250,8 @@ func TestFleetSim(t *testing.T) {
 		left, paho := simGoroutines()
 		return len(left) == 0 && paho <= pahoBefore, fmt.Sprintf("%d paho goroutines (%d before), and:\n%s",
 			paho, pahoBefore, strings.Join(left, "\n\n"))
-	})}
+	})
+}
 
 // simGoroutines returns the stacks of running goroutines in the agent's and the sync's code (the
 // control plane client's and the tests' own aside), and how many goroutines run in paho.
