@@ -55,23 +55,6 @@ func (s simStore) NextSession() (int64, error) {
 	return s.base + n, err
 }
 
-// readyTrigger has the node status recomputed after the source delivered a full set, which is
-// what makes the agent Ready: with the simulator's long status period, a node whose broker was
-// away for longer than the start-up grace would otherwise report Ready minutes late.
-type readyTrigger struct {
-	source.Source
-	trigger func()
-}
-
-func (r readyTrigger) Run(ctx context.Context, deliver func(source.Change)) error {
-	return r.Source.Run(ctx, func(c source.Change) {
-		deliver(c) // the agent applies it before this returns
-		if c.Op == source.Resync {
-			r.trigger()
-		}
-	})
-}
-
 // simLogs answers `mqlet ctl logs` for a simulated node: its containers write nothing.
 type simLogs struct{}
 
@@ -143,7 +126,7 @@ func newSimNode(ctx context.Context, f *fleet, i int) (*simNode, error) {
 			nodestatus.Taints(cfg.Taints())(context.Background(), n)
 			return n
 		},
-	}, rt, st, readyTrigger{channel.Source(), func() { status.Trigger() }})
+	}, rt, st, channel.Source())
 	connectObjects(objs, a, report) // wire_objects.go
 
 	info := nodestatus.Info{
