@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	goruntime "runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -258,7 +259,8 @@ func (f *fleet) waitConnected(ctx context.Context, nodes []*simNode, start time.
 			}
 		}
 		if up == len(nodes) {
-			f.log.Info("all simulated nodes connected", "nodes", up, "took", time.Since(start).Round(time.Millisecond))
+			f.log.Info("all simulated nodes connected", "nodes", up, "took", time.Since(start).Round(time.Millisecond),
+				"goroutines", goruntime.NumGoroutine())
 			return
 		}
 		select {
