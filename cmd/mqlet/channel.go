@@ -8,6 +8,7 @@ import (
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/link"
+	"github.com/mqlet/mqlet/sync/logserve"
 	"github.com/mqlet/mqlet/sync/nodesync"
 	"github.com/mqlet/mqlet/sync/protocol"
 )
@@ -16,15 +17,25 @@ import (
 // because the agent needs the channel's source and reporter to be built first. The node status
 // reaches it from the node status manager (wire_nodestatus.go), on real changes only.
 func newChannel(cfg config.Config, db store.State, log *slog.Logger, agentOf func() *agent.Agent) (*nodesync.Sync, error) {
-	topics, err := protocol.NewTopics(cfg.MQTTTopicPrefix)
-	if err != nil {
-		return nil, fmt.Errorf("--mqtt-topic-prefix: %w", err)
-	}
-	password, err := cfg.MQTTPassword()
+	o, err := channelOptions(cfg, db, log, lazyLogs(agentOf))
 	if err != nil {
 		return nil, err
 	}
-	return nodesync.New(nodesync.Options{
+	return nodesync.New(o)
+}
+
+// channelOptions are the MQTT channel's options from the validated config; the agent and the
+// fleet simulator (which finds logs its own way) share them.
+func channelOptions(cfg config.Config, db store.State, log *slog.Logger, logs logserve.LogFinder) (nodesync.Options, error) {
+	topics, err := protocol.NewTopics(cfg.MQTTTopicPrefix)
+	if err != nil {
+		return nodesync.Options{}, fmt.Errorf("--mqtt-topic-prefix: %w", err)
+	}
+	password, err := cfg.MQTTPassword()
+	if err != nil {
+		return nodesync.Options{}, err
+	}
+	return nodesync.Options{
 		Node:   cfg.NodeName,
 		Topics: topics,
 		Link: link.Options{
@@ -35,10 +46,10 @@ func newChannel(cfg config.Config, db store.State, log *slog.Logger, agentOf fun
 		Store:      db,
 		MaxPayload: int(cfg.MQTTMaxPayload),
 		Outbox:     store.OutboxLimits{MaxBytes: cfg.OutboxMaxBytes},
-		Logs:       lazyLogs(agentOf),
+		Logs:       logs,
 		Version:    version,
 		Log:        log,
-	})
+	}, nil
 }
 
 // lazyLogs finds logs through the agent once it exists (the channel is built before it).

@@ -28,6 +28,7 @@ type cli struct {
 	Image    ImageCmd    `cmd:"" help:"Import and list images in containerd (works without the agent)."`
 	Version  VersionCmd  `cmd:"" help:"Print the version."`
 	Ctl      CtlCmd      `cmd:"" help:"Control plane over MQTT: apply to, read from and stream logs of nodes through the broker."`
+	FleetSim FleetSimCmd `cmd:"" name:"fleet-sim" help:"Run many simulated nodes (the real agent over an in-memory runtime) against a broker, for scale tests of a control plane."`
 
 	SandboxPause SandboxPauseCmd `cmd:"" name:"sandbox-pause" hidden:"" help:"PID 1 of a pod's shared PID namespace (started by the agent)."`
 }
