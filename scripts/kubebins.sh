@@ -3,7 +3,8 @@
 # against: kube-apiserver, kube-controller-manager and kube-scheduler, from the Go module proxy
 # (k8s.io/kubernetes cannot be required directly: its go.mod points each staging module at
 # ./staging, so a throwaway module requires it and replaces every staging module with its v0.Y.Z
-# release). The binaries are cached under $KUBE_DIR keyed by version, so a rerun costs nothing.
+# release). The binaries are cached under $KUBE_DIR keyed by version (and rebuilt when this
+# script's build recipe changes), so a rerun costs nothing.
 #
 # Usage: scripts/kubebins.sh [version]   (default: the k8s.io/api version in go.mod, v0.Y.Z -> v1.Y.Z)
 # Prints the bin directory on stdout.
@@ -17,9 +18,24 @@ MINOR=v0.${VERSION#v1.}
 KUBE_DIR=${KUBE_DIR:-/var/lib/mqlet-test/kube}
 BIN=$KUBE_DIR/$VERSION/bin
 CMDS="kube-apiserver kube-controller-manager kube-scheduler"
+# The release's own version in the binaries, as Kubernetes' release build stamps it
+# (hack/lib/version.sh): without it they call themselves v0.0.0-master and /version says so.
+VERSION_LDFLAGS=
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+	MAJ=${VERSION#v}
+	MAJ=${MAJ%%.*}
+	MIN=${VERSION#v*.}
+	MIN=${MIN%%.*}
+	VERSION_LDFLAGS+=" -X $pkg.gitVersion=$VERSION -X $pkg.gitMajor=$MAJ -X $pkg.gitMinor=$MIN -X $pkg.gitTreeState=clean"
+done
+GOFLAGS_BUILD=(-trimpath -gcflags=all=-dwarf=false -ldflags "-s -w$VERSION_LDFLAGS")
+# Binaries built another way (an older version of this script) are rebuilt: the recipe is kept
+# beside them.
+RECIPE="go build ${GOFLAGS_BUILD[*]}"
 
 have_all() {
 	for c in $CMDS; do [ -x "$BIN/$c" ] || return 1; done
+	[ "$(cat "$BIN/.recipe" 2>/dev/null)" = "$RECIPE" ]
 }
 if have_all; then
 	echo "$BIN"
@@ -103,11 +119,12 @@ log "building $CMDS $VERSION (several minutes on a clean machine; progress every
 
 PROGRESS_PID=$!
 mkdir -p "$WORK/out"
-if ! CGO_ENABLED=0 go build -v -trimpath -gcflags=all=-dwarf=false -ldflags "-s -w" \
-	-o "$WORK/out/" "${pkgs[@]}" 2>"$WORK/build.log"; then
+if ! CGO_ENABLED=0 go build -v "${GOFLAGS_BUILD[@]}" -o "$WORK/out/" "${pkgs[@]}" 2>"$WORK/build.log"; then
 	tail -n 40 "$WORK/build.log" >&2
 	exit 1
 fi
+# mv replaces each binary at once: a cluster running the old one keeps running.
 for c in $CMDS; do mv "$WORK/out/$c" "$BIN/$c"; done
+echo "$RECIPE" >"$BIN/.recipe"
 log "built into $BIN in $((SECONDS - START))s"
 echo "$BIN"
