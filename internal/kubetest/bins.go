@@ -13,7 +13,7 @@ import (
 const (
 	// VarKubeBin names the directory holding kube-apiserver, kube-controller-manager and
 	// kube-scheduler; scripts/testenv.sh writes it to EnvFile (from scripts/kubebins.sh).
-	VarKubeBin = "MQLET_KUBE_BIN"
+	VarKubeBin = "MQLET_TEST_KUBE_BIN"
 	// VarRequire set to "1" makes a missing binary fail the test instead of skipping it (the
 	// same variable internal/testenv reads).
 	VarRequire = "MQLET_TEST_REQUIRE"
@@ -30,7 +30,7 @@ type binaries struct {
 	etcd, apiserver, controllerManager, scheduler string
 }
 
-// findBinaries resolves the kube bin dir (opts, then $MQLET_KUBE_BIN, then EnvFile, then the
+// findBinaries resolves the kube bin dir (opts, then $MQLET_TEST_KUBE_BIN, then EnvFile, then the
 // kubebins.sh cache for the client-go version this program was built with) and etcd (opts, then
 // PATH, then /usr/bin where Debian's etcd-server puts it). The error says how to get what is
 // missing.

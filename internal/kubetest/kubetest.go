@@ -59,7 +59,7 @@ const serviceCIDR = "10.0.0.0/24"
 // as findBinaries describes, files in a fresh temporary directory.
 type Options struct {
 	// BinDir holds kube-apiserver, kube-controller-manager and kube-scheduler. Empty: the
-	// MQLET_KUBE_BIN variable, then MQLET_KUBE_BIN in /run/mqlet-test/env, then
+	// MQLET_TEST_KUBE_BIN variable, then MQLET_TEST_KUBE_BIN in /run/mqlet-test/env, then
 	// /var/lib/mqlet-test/kube/<v1.Y.Z of the linked client-go>/bin.
 	BinDir string
 	// EtcdPath is the etcd binary; empty: etcd on PATH (Debian's etcd-server).
