@@ -46,13 +46,15 @@ fuzz:
 unit:
 	go test -count=1 -short ./...
 
-demo: build testenv
+demo: build
+	bash scripts/testenv.sh --no-kube
 	bash scripts/demo.sh
 
 demo-down:
 	bash scripts/demo.sh down
 
-bench: testenv
+bench:
+	bash scripts/testenv.sh --no-kube
 	bash scripts/bench.sh
 
 vet:

@@ -6,11 +6,18 @@
 # release). The binaries are cached under $KUBE_DIR keyed by version (and rebuilt when this
 # script's build recipe changes), so a rerun costs nothing.
 #
-# Usage: scripts/kubebins.sh [version]   (default: the k8s.io/api version in go.mod, v0.Y.Z -> v1.Y.Z)
+# Usage: scripts/kubebins.sh [--cached-only] [version]
+#   version        default: the k8s.io/api version in go.mod, v0.Y.Z -> v1.Y.Z
+#   --cached-only  build nothing: print the bin directory if it is complete, else fail
 # Prints the bin directory on stdout.
 set -euo pipefail
 export PATH=/usr/local/go/bin:$PATH
 
+CACHED_ONLY=0
+if [ "${1:-}" = --cached-only ]; then
+	CACHED_ONLY=1
+	shift
+fi
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 API=$(awk '$1=="k8s.io/api"{print $2; exit}' "$REPO_ROOT/go.mod")
 VERSION=${1:-v1.${API#v0.}}
@@ -41,6 +48,7 @@ if have_all; then
 	echo "$BIN"
 	exit 0
 fi
+[ $CACHED_ONLY = 0 ] || exit 1
 
 log() { echo "kubebins: $*" >&2; }
 mkdir -p "$BIN"

@@ -13,9 +13,11 @@
 # Idempotent: on a machine where everything is already up it only checks and
 # prints the environment. Stop it with scripts/testenv-down.sh.
 #
-# Usage: scripts/testenv.sh [--check]
-#   --check  also import busybox into a scratch namespace and run a container
-#            on the private containerd (a smoke test of runc + overlayfs).
+# Usage: scripts/testenv.sh [--check] [--no-kube]
+#   --check    also import busybox into a scratch namespace and run a container
+#              on the private containerd (a smoke test of runc + overlayfs).
+#   --no-kube  do not build the kube binaries (the demo and `make bench` need
+#              none); binaries already built are still named in the env file.
 set -euo pipefail
 
 RUN_DIR=/run/mqlet-test
@@ -36,9 +38,11 @@ WAIT_SECONDS=30
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 CHECK=0
+NO_KUBE=0
 for arg in "$@"; do
 	case $arg in
 	--check) CHECK=1 ;;
+	--no-kube) NO_KUBE=1 ;;
 	-h | --help)
 		sed -n '2,17p' "$0"
 		exit 0
@@ -163,6 +167,11 @@ stop_system_etcd() {
 # ensure_kube_bins: the kube binaries for internal/kubetest, built once per
 # version by scripts/kubebins.sh (it prints its own progress).
 ensure_kube_bins() {
+	if [ $NO_KUBE = 1 ]; then
+		# A build already cached is still worth naming; none is started.
+		KUBE_BIN=$(bash "$REPO_ROOT/scripts/kubebins.sh" --cached-only 2>/dev/null) || KUBE_BIN=
+		return 0
+	fi
 	KUBE_BIN=$(bash "$REPO_ROOT/scripts/kubebins.sh") || die "scripts/kubebins.sh failed"
 }
 
@@ -394,6 +403,6 @@ write_if_changed "$ENV_FILE" <<EOF || true
 MQLET_TEST_CONTAINERD=$SOCK
 MQLET_TEST_REGISTRY=$REG_ADDR
 MQLET_TEST_IMAGES=$IMAGES
-MQLET_TEST_KUBE_BIN=$KUBE_BIN
+${KUBE_BIN:+MQLET_TEST_KUBE_BIN=$KUBE_BIN}
 EOF
 cat "$ENV_FILE"
