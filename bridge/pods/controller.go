@@ -99,6 +99,7 @@ type Controller struct {
 	pods       cache.SharedIndexInformer
 	podLister  corelisters.PodLister
 	cmLister   corelisters.ConfigMapLister
+	nodeLister corelisters.NodeLister // the API's Nodes: labels the node itself does not know
 	secLister  corelisters.SecretLister
 	hasSynced  []cache.InformerSynced
 	eventLimit flowcontrol.RateLimiter
@@ -217,7 +218,9 @@ func New(o Options) (*Controller, error) {
 	cms := o.Factory.Core().V1().ConfigMaps()
 	secs := o.Factory.Core().V1().Secrets()
 	c.cmLister, c.secLister = cms.Lister(), secs.Lister()
-	c.hasSynced = []cache.InformerSynced{c.pods.HasSynced, cms.Informer().HasSynced, secs.Informer().HasSynced}
+	nodes := o.Factory.Core().V1().Nodes()
+	c.nodeLister = nodes.Lister()
+	c.hasSynced = []cache.InformerSynced{c.pods.HasSynced, cms.Informer().HasSynced, secs.Informer().HasSynced, nodes.Informer().HasSynced}
 
 	if _, err := c.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.podChanged(nil, obj) },

@@ -173,6 +173,9 @@ func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*
 			continue
 		}
 		sp := SanitizePod(p)
+		if n, err := c.nodeLister.Get(node); err == nil {
+			DropMatchedNodeSelection(sp, n)
+		}
 		add(encodeObject(protocol.KindPod, p.Namespace, p.Name, sp))
 		for _, r := range References(&sp.Spec) {
 			switch r.Kind {
