@@ -22,6 +22,15 @@ func (c *Controller) syncNode(ctx context.Context, node string) error {
 		c.mu.Unlock()
 		return nil
 	}
+	c.mu.Lock()
+	restatus := c.restatus[node]
+	delete(c.restatus, node)
+	c.mu.Unlock()
+	if restatus {
+		if err := c.rereadStatuses(ctx, node); err != nil {
+			return err
+		}
+	}
 	st, err := c.nodeState(ctx, node)
 	if err != nil {
 		return err
