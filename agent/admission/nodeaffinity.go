@@ -21,6 +21,16 @@ const (
 	taintTolerationMessage = "Predicate TaintToleration failed: node(s) had untolerated taint {%s: %s}"
 )
 
+// NodeAffinityMatches says whether the node, named nodeName with labels, matches the pod's
+// nodeSelector and required node affinity: the check admission makes, for a control plane that
+// judges a pod against labels the node itself does not know (mqlet-bridge, with the API's Node).
+func NodeAffinityMatches(pod *v1.Pod, nodeName string, labels map[string]string) bool {
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	return checkNodeAffinity(pod, nodeName, labels) == nil
+}
+
 // checkNodeAffinity refuses pod when the node, named nodeName with labels, does not match its
 // nodeSelector or its required node affinity. nil labels are a node not known yet (a node always
 // has its hostname, os and arch labels): nothing is refused for them.

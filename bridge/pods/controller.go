@@ -99,6 +99,7 @@ type Controller struct {
 	pods       cache.SharedIndexInformer
 	podLister  corelisters.PodLister
 	cmLister   corelisters.ConfigMapLister
+	nodeLister corelisters.NodeLister // the API's Nodes: labels the node itself does not know
 	secLister  corelisters.SecretLister
 	hasSynced  []cache.InformerSynced
 	eventLimit flowcontrol.RateLimiter
@@ -115,6 +116,12 @@ type Controller struct {
 	pending  map[string]statusMsg       // status topic -> latest status payload not yet written
 	summary  map[string]statusSummary   // status topic -> what the latest status said
 	refusals map[string]refusal         // status topic -> the node refused the pod's current generation
+
+	// restatus holds nodes whose retained pod statuses are read again at their next sync (their
+	// API Node turned Ready again); statusSeq counts each node's status messages, so such a read
+	// is known to be no older than what arrived meanwhile. Guarded by mu.
+	restatus  map[string]bool
+	statusSeq map[string]uint64
 
 	// synced, when set (tests), is called after each sync of a queue's key with its outcome.
 	synced func(queue, key string, err error)
@@ -198,6 +205,8 @@ func New(o Options) (*Controller, error) {
 		summary:    map[string]statusSummary{},
 		refusals:   map[string]refusal{},
 		known:      map[string]bool{},
+		restatus:   map[string]bool{},
+		statusSeq:  map[string]uint64{},
 	}
 	// Only pods bound to a node matter; the field selector keeps the scheduler's backlog of
 	// pending pods out of the bridge's memory.
@@ -217,7 +226,12 @@ func New(o Options) (*Controller, error) {
 	cms := o.Factory.Core().V1().ConfigMaps()
 	secs := o.Factory.Core().V1().Secrets()
 	c.cmLister, c.secLister = cms.Lister(), secs.Lister()
-	c.hasSynced = []cache.InformerSynced{c.pods.HasSynced, cms.Informer().HasSynced, secs.Informer().HasSynced}
+	nodes := o.Factory.Core().V1().Nodes()
+	c.nodeLister = nodes.Lister()
+	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{UpdateFunc: c.nodeChanged}); err != nil {
+		return nil, fmt.Errorf("pods controller: node handler: %w", err)
+	}
+	c.hasSynced = []cache.InformerSynced{c.pods.HasSynced, cms.Informer().HasSynced, secs.Informer().HasSynced, nodes.Informer().HasSynced}
 
 	if _, err := c.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.podChanged(nil, obj) },
@@ -302,6 +316,65 @@ func (c *Controller) podChanged(oldObj, newObj any) {
 		delete(c.refusals, topic)
 		c.mu.Unlock()
 	}
+}
+
+// nodeChanged catches a served Node whose Ready condition turns True again: the node is back. While
+// it was away the node lifecycle controller marked its pods not Ready in the API, and the node,
+// whose pods kept running unchanged, has no new status to send (statuses go out when they change),
+// so the API would keep them not Ready. kubelet's status manager mends such drift by comparing its
+// statuses with the API's; the bridge writes the node's retained statuses again, and writeStatus
+// writes only those that differ from the API's.
+func (c *Controller) nodeChanged(oldObj, newObj any) {
+	old, okOld := oldObj.(*v1.Node)
+	cur, okCur := newObj.(*v1.Node)
+	if !okOld || !okCur || nodeReady(old) || !nodeReady(cur) || !c.o.Served(cur.Name) {
+		return
+	}
+	c.mu.Lock()
+	c.restatus[cur.Name] = true
+	c.mu.Unlock()
+	c.queueNode(cur.Name)
+}
+
+func nodeReady(n *v1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == v1.NodeReady {
+			return c.Status == v1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// rereadStatuses reads the node's retained pod statuses from the broker and handles them as if
+// they had just arrived. When a status of the node arrived while the broker was read, the read may
+// be older than it: the node is marked again for its next sync.
+func (c *Controller) rereadStatuses(ctx context.Context, node string) error {
+	c.mu.Lock()
+	seq := c.statusSeq[node]
+	c.mu.Unlock()
+	msgs, err := c.o.Broker.Snapshot(ctx, c.o.Topics.PodStatusFilter(node))
+	if err != nil {
+		c.mu.Lock()
+		c.restatus[node] = true
+		c.mu.Unlock()
+		return fmt.Errorf("node %s: read retained pod statuses: %w", node, err)
+	}
+	c.mu.Lock()
+	if c.statusSeq[node] != seq {
+		c.restatus[node] = true
+		c.mu.Unlock()
+		c.queueNode(node)
+		return nil
+	}
+	c.mu.Unlock()
+	for topic, payload := range msgs {
+		t, err := c.o.Topics.Parse(topic)
+		if err != nil || t.Class != protocol.ClassPodStatus || t.Node != node {
+			continue
+		}
+		c.Handle(t, payload)
+	}
+	return nil
 }
 
 // refChanged queues the nodes of the pods that reference a changed configMap or secret.
@@ -402,6 +475,7 @@ func (c *Controller) Handle(t protocol.Topic, payload []byte) {
 		topic := c.o.Topics.PodStatus(t.Node, t.Namespace, t.Name)
 		c.mu.Lock()
 		c.pending[topic] = statusMsg{node: t.Node, namespace: t.Namespace, name: t.Name, payload: payload}
+		c.statusSeq[t.Node]++
 		c.mu.Unlock()
 		c.queueStatus(topic)
 	case protocol.ClassAcks:

@@ -293,3 +293,76 @@ func TestEventsBecomeAPIEvents(t *testing.T) {
 		t.Errorf("event %+v", e)
 	}
 }
+
+// A node that comes back (its Node turns Ready again) has its retained pod statuses written
+// again: while it was away the node lifecycle controller marked its pods not Ready, and the node,
+// whose pods ran on unchanged, has nothing new to report.
+func TestNodeBackRewritesRetainedStatuses(t *testing.T) {
+	pod := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeA},
+		Status: v1.NodeStatus{Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}}}
+	h := start(t, []string{nodeA}, pod, node)
+	h.desired(nodeA, protocol.KindPod, "default", "web-1")
+	ts := metav1.NewTime(time.Date(2026, 3, 14, 9, 26, 53, 0, time.UTC))
+	running := v1.PodStatus{Phase: v1.PodRunning, PodIP: "10.88.0.7",
+		Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue, LastTransitionTime: ts}},
+		ContainerStatuses: []v1.ContainerStatus{{Name: "httpd", Ready: true,
+			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: ts}}, ContainerID: "containerd://abc"}}}
+	payload := statusPayload(t, nodeA, pod, running, false)
+	h.broker.Publish(context.Background(), topics.PodStatus(nodeA, "default", "web-1"), payload, true)
+	h.after("status", topics.PodStatus(nodeA, "default", "web-1"), func() { h.c.Handle(statusTopic(nodeA, pod), payload) })
+
+	ctx := context.Background()
+	podReady := func() v1.ConditionStatus {
+		p, err := h.kube.CoreV1().Pods("default").Get(ctx, "web-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == v1.PodReady {
+				return c.Status
+			}
+		}
+		return ""
+	}
+	setNodeReady := func(s v1.ConditionStatus) {
+		n, err := h.kube.CoreV1().Nodes().Get(ctx, nodeA, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Status.Conditions[0].Status = s
+		if _, err := h.kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The node goes away: Unknown, and its pod marked not Ready as the node lifecycle controller does.
+	setNodeReady(v1.ConditionUnknown)
+	p, _ := h.kube.CoreV1().Pods("default").Get(ctx, "web-1", metav1.GetOptions{})
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == v1.PodReady {
+			p.Status.Conditions[i].Status = v1.ConditionFalse
+		}
+	}
+	if _, err := h.kube.CoreV1().Pods("default").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the informer sees the pod not Ready", func() bool {
+		q, err := h.c.podLister.Pods("default").Get("web-1")
+		return err == nil && !podConditionIs(q, v1.PodReady, v1.ConditionTrue)
+	})
+	if podReady() != v1.ConditionFalse {
+		t.Fatal("pod Ready should be False while the node is away")
+	}
+	// Back: Ready True. No new message from the node; the retained status is written again.
+	setNodeReady(v1.ConditionTrue)
+	waitFor(t, "pod Ready again from the node's retained status", func() bool { return podReady() == v1.ConditionTrue })
+}
+
+func podConditionIs(p *v1.Pod, typ v1.PodConditionType, s v1.ConditionStatus) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == typ {
+			return c.Status == s
+		}
+	}
+	return false
+}

@@ -22,6 +22,15 @@ func (c *Controller) syncNode(ctx context.Context, node string) error {
 		c.mu.Unlock()
 		return nil
 	}
+	c.mu.Lock()
+	restatus := c.restatus[node]
+	delete(c.restatus, node)
+	c.mu.Unlock()
+	if restatus {
+		if err := c.rereadStatuses(ctx, node); err != nil {
+			return err
+		}
+	}
 	st, err := c.nodeState(ctx, node)
 	if err != nil {
 		return err
@@ -173,6 +182,9 @@ func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*
 			continue
 		}
 		sp := SanitizePod(p)
+		if n, err := c.nodeLister.Get(node); err == nil {
+			DropMatchedNodeSelection(sp, n)
+		}
 		add(encodeObject(protocol.KindPod, p.Namespace, p.Name, sp))
 		for _, r := range References(&sp.Spec) {
 			switch r.Kind {

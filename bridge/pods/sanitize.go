@@ -3,6 +3,8 @@ package pods
 import (
 	"strings"
 
+	"github.com/mqlet/mqlet/agent/admission"
+
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -58,6 +60,33 @@ func SanitizePod(in *v1.Pod) *v1.Pod {
 		}
 	}
 	return p
+}
+
+// DropMatchedNodeSelection removes the pod's nodeSelector and required node affinity when node,
+// the API's Node the pod is bound to, satisfies them. The node re-checks both at admission, as
+// kubelet does, but only against the labels it knows: its own. The labels the bridge (the role
+// label) or an administrator (kubectl label) put on the API's Node are not among them, so a pod
+// the scheduler placed by such a label would be refused by the very node it was placed on. kubelet
+// makes this check against the API's Node; the bridge makes it for the node, with the same code
+// (agent/admission), and sends the pod without what the node cannot judge. A pod the Node does not
+// satisfy (bound by hand through spec.nodeName) keeps both, and the node refuses it with kubelet's
+// NodeAffinity reason. p is modified.
+func DropMatchedNodeSelection(p *v1.Pod, node *v1.Node) {
+	if node == nil || !admission.NodeAffinityMatches(p, node.Name, node.Labels) {
+		return
+	}
+	p.Spec.NodeSelector = nil
+	a := p.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil {
+		return
+	}
+	a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution = nil
+	if len(a.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution) == 0 {
+		a.NodeAffinity = nil
+	}
+	if a.NodeAffinity == nil && a.PodAffinity == nil && a.PodAntiAffinity == nil {
+		p.Spec.Affinity = nil
+	}
 }
 
 // isInjectedTokenVolume: the ServiceAccount admission plugin's volume, recognised by both its
