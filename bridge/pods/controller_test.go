@@ -366,3 +366,42 @@ func podConditionIs(p *v1.Pod, typ v1.PodConditionType, s v1.ConditionStatus) bo
 	}
 	return false
 }
+
+// A bridge that has not handled a pod's status yet (just started; statuses are read apart from the
+// acks) must not take the node's acks of the tombstone for confirmation while the broker still
+// holds a live status of that pod: the node takes the tombstone in before the pod has stopped.
+func TestDeletionWithoutStatusInMemoryReadsTheRetainedStatus(t *testing.T) {
+	pod := apiPod("default", "web-3", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000003")
+	h := start(t, []string{nodeA}, pod)
+	h.desired(nodeA, protocol.KindPod, "default", "web-3")
+	// The node's live status sits in the broker only: the controller never handled it.
+	statusTopicName := topics.PodStatus(nodeA, "default", "web-3")
+	if err := h.broker.Publish(context.Background(), statusTopicName,
+		statusPayload(t, nodeA, pod, v1.PodStatus{Phase: v1.PodRunning}, false), true); err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.Now()
+	p := pod.DeepCopy()
+	p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &now, ptr(int64(30))
+	if _, err := h.kube.CoreV1().Pods("default").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var tomb *protocol.DesiredObject
+	waitFor(t, "tombstone", func() bool {
+		tomb = desiredOf(t, h.broker.get(topics.Desired(nodeA, protocol.KindPod, "default", "web-3")), nodeA, protocol.KindPod, "default", "web-3")
+		return tomb.Deleted
+	})
+	acks := mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: tomb.Generation,
+		Deleted: map[string]int64{"pods/default/web-3": tomb.Generation}})
+	h.after("node", nodeA, func() { h.c.Handle(protocol.Topic{Class: protocol.ClassAcks, Node: nodeA}, acks) })
+	if d := h.deletes(); len(d) != 0 {
+		t.Fatalf("deleted on the acks while the retained status says the pod still runs: %+v", d)
+	}
+	// Once the retained status says gone, the same acks confirm it.
+	if err := h.broker.Publish(context.Background(), statusTopicName,
+		statusPayload(t, nodeA, pod, v1.PodStatus{}, true), true); err != nil {
+		t.Fatal(err)
+	}
+	h.after("node", nodeA, func() { h.c.NodeServed(nodeA) })
+	waitFor(t, "web-3 deleted", func() bool { return len(h.deletes()) == 1 })
+}

@@ -337,9 +337,22 @@ func (c *Controller) finishDeletions(ctx context.Context, node string, st *nodeS
 		c.mu.Lock()
 		s, reported := c.summary[topic]
 		c.mu.Unlock()
+		ackedDeleted := acks != nil && acks.Deleted[key] >= e.Gen
+		if ackedDeleted && (!reported || s.uid != string(p.UID)) {
+			// The node writes acks.deleted when it takes the tombstone in, before the pod has
+			// stopped. With no status of this pod in memory (a bridge that just started, its
+			// statuses still being read), only the retained status can tell "never ran" from
+			// "still stopping".
+			rs, ok, err := c.retainedStatus(ctx, topic)
+			if err != nil {
+				return err
+			}
+			if ok {
+				s, reported = rs, true
+			}
+		}
 		goneReported := reported && s.uid == string(p.UID) && s.deleted
 		stillThere := reported && s.uid == string(p.UID) && !s.deleted
-		ackedDeleted := acks != nil && acks.Deleted[key] >= e.Gen
 		if goneReported || ackedDeleted && !stillThere {
 			if err := c.deletePod(ctx, p.Namespace, p.Name, p.UID); err != nil {
 				return err
@@ -347,6 +360,24 @@ func (c *Controller) finishDeletions(ctx context.Context, node string, st *nodeS
 		}
 	}
 	return nil
+}
+
+// retainedStatus reads one pod's retained status from the broker: ok is false when the broker
+// holds none (or an unreadable one, which says nothing about the pod either).
+func (c *Controller) retainedStatus(ctx context.Context, topic string) (statusSummary, bool, error) {
+	msgs, err := c.o.Broker.Snapshot(ctx, topic)
+	if err != nil {
+		return statusSummary{}, false, fmt.Errorf("read retained status %s: %w", topic, err)
+	}
+	payload, ok := msgs[topic]
+	if !ok || len(payload) == 0 {
+		return statusSummary{}, false, nil
+	}
+	ps, err := protocol.DecodePodStatus(payload, c.o.MaxPayload)
+	if err != nil {
+		return statusSummary{}, false, nil
+	}
+	return statusSummary{uid: string(ps.UID), deleted: ps.Deleted}, true, nil
 }
 
 // deletePod removes an API pod the node confirmed gone. Already gone, or replaced by a pod of
