@@ -552,9 +552,12 @@ func (c *Controller) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), c.hasSynced...) {
 		return fmt.Errorf("pods controller: informers did not sync: %w", ctx.Err())
 	}
-	nodeQ := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+	// Per-item back-off only: client-go's default limiter adds one bucket shared by every key
+	// (10/s after a burst of 100), so a fleet whose first syncs failed together (the broker not
+	// yet connected) would be retried at 10 nodes a second, one node's failures delaying all.
+	nodeQ := workqueue.NewTypedRateLimitingQueueWithConfig(retryLimiter(),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "bridge-pods-nodes"})
-	statusQ := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+	statusQ := workqueue.NewTypedRateLimitingQueueWithConfig(retryLimiter(),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "bridge-pods-status"})
 	c.mu.Lock()
 	c.nodeQ, c.statusQ = nodeQ, statusQ
@@ -568,9 +571,13 @@ func (c *Controller) Run(ctx context.Context) error {
 		topics = append(topics, t)
 	}
 	c.mu.Unlock()
-	for _, n := range c.pods.GetIndexer().ListIndexFuncValues(byNode) {
+	bound := c.pods.GetIndexer().ListIndexFuncValues(byNode)
+	c.mu.Lock()
+	for _, n := range bound {
 		nodes[n] = true
+		c.known[n] = true // so that Reconnected queues it again too
 	}
+	c.mu.Unlock()
 	for n := range nodes {
 		nodeQ.Add(n)
 	}
@@ -618,4 +625,9 @@ func (c *Controller) work(ctx context.Context, q workqueue.TypedRateLimitingInte
 		}
 		q.Done(key)
 	}
+}
+
+// retryLimiter backs a failing key off on its own: 100 ms doubling to 30 s.
+func retryLimiter() workqueue.TypedRateLimiter[string] {
+	return workqueue.NewTypedItemExponentialFailureRateLimiter[string](100*time.Millisecond, 30*time.Second)
 }

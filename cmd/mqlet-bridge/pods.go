@@ -26,10 +26,16 @@ func podsPart(d bridge.Deps) (*bridge.Part, error) {
 	run := func(ctx context.Context) error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
+		// Every node's first sync reads the broker's retained state: started before the
+		// connection is up, each would fail and wait out a back-off.
+		first, ok := waitConnected(ctx, d)
+		if !ok {
+			return nil // stopped before the broker answered
+		}
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			watchReconnects(ctx, d, c.Reconnected)
+			watchReconnects(ctx, d, first, c.Reconnected)
 		}()
 		err := c.Run(ctx)
 		cancel()
@@ -44,10 +50,9 @@ func podsPart(d bridge.Deps) (*bridge.Part, error) {
 // writer), so the pods part reads it again before its next write. The connection's session number
 // tells one connection from the next; a second's delay is harmless because every write of the pods
 // part goes through the node's counter, which only moves up.
-func watchReconnects(ctx context.Context, d bridge.Deps, reconnected func()) {
+func watchReconnects(ctx context.Context, d bridge.Deps, last int64, reconnected func()) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	var last int64
 	for {
 		select {
 		case <-ctx.Done():
@@ -58,9 +63,24 @@ func watchReconnects(ctx context.Context, d bridge.Deps, reconnected func()) {
 		if !ok || s == last {
 			continue
 		}
-		if last != 0 {
-			reconnected()
-		}
+		reconnected()
 		last = s
+	}
+}
+
+// waitConnected waits for the bridge's first broker connection and returns its session; ok is
+// false when ctx ended first.
+func waitConnected(ctx context.Context, d bridge.Deps) (int64, bool) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if s, ok := d.Conn.Connected(); ok {
+			return s, true
+		}
+		select {
+		case <-ctx.Done():
+			return 0, false
+		case <-t.C:
+		}
 	}
 }
