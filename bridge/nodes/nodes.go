@@ -386,7 +386,8 @@ func (c *Controller) nodeChanged(oldObj, newObj any) {
 	// set it Unknown, e.g. because the bridge was away) while the bridge vouches for it: post again.
 	c.mu.Lock()
 	s := c.nodes[n.Name]
-	mismatch := s != nil && s.status != nil && c.vouched(s) && readyStatus(n) != readyStatus(s.status)
+	// An agent status without a Ready condition would never match: no post for it (a loop).
+	mismatch := s != nil && s.status != nil && c.vouched(s) && readyStatus(s.status) != "" && readyStatus(n) != readyStatus(s.status)
 	if mismatch {
 		s.repost = true
 	}

@@ -160,7 +160,10 @@ func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*
 	var terminating []*v1.Pod
 	add := func(o *object, err error) {
 		if err != nil {
-			c.log.Error("cannot encode a desired object", "node", node, "err", err)
+			c.log.Error("cannot encode a desired object; the node keeps the version it has", "node", node, "err", err)
+			if o != nil {
+				want[o.key()] = o
+			}
 			return
 		}
 		// The envelope adds a few hundred bytes to the object.

@@ -37,7 +37,7 @@ type object struct {
 	Name      string
 	Raw       []byte // the object's JSON, as it goes into Desired.Object
 	Hash      string
-	// Stuck objects cannot be sent (too large): the retained version, if any, stays listed.
+	// Stuck objects cannot be sent (too large, or not encodable): the retained version, if any, stays listed.
 	Stuck bool
 }
 
@@ -52,7 +52,9 @@ func hashRaw(raw []byte) string {
 func encodeObject(kind protocol.ObjectKind, namespace, name string, obj any) (*object, error) {
 	raw, err := json.Marshal(obj)
 	if err != nil {
-		return nil, fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
+		// Still wanted: Stuck keeps whatever version the broker holds listed, rather than
+		// tombstoning an object the API wants because this copy cannot be encoded.
+		return &object{Kind: kind, Namespace: namespace, Name: name, Stuck: true}, fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
 	}
 	return &object{Kind: kind, Namespace: namespace, Name: name, Raw: raw, Hash: hashRaw(raw)}, nil
 }

@@ -157,6 +157,11 @@ func (c *Controller) writeStatus(ctx context.Context, cached *v1.Pod, compute fu
 func MergeStatus(api, node *v1.PodStatus, observedGeneration int64) v1.PodStatus {
 	out := *api.DeepCopy()
 	n := node.DeepCopy()
+	if terminal(api.Phase) && !terminal(n.Phase) {
+		// A pod that ended (or that the bridge marked Failed for a node refusal) never runs
+		// again under the same UID: kubelet never moves a pod out of a terminal phase.
+		return out
+	}
 	out.Phase = n.Phase
 	out.Reason = n.Reason
 	out.Message = n.Message
@@ -203,3 +208,5 @@ func RefusedStatus(api *v1.PodStatus, reason string) v1.PodStatus {
 	out.Message = reason
 	return out
 }
+
+func terminal(p v1.PodPhase) bool { return p == v1.PodSucceeded || p == v1.PodFailed }
