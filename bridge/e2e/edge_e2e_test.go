@@ -50,9 +50,9 @@ type edgeSuite struct {
 func TestEdgeNode(t *testing.T) {
 	w := newEdgeWorld(t)
 	w.startCloudNode("cloud-e2e")
-	w.startBridge("bridge-a")
-	w.startBridge("bridge-b")
-	w.startAgent()
+	w.startBridge(t, "bridge-a")
+	w.startBridge(t, "bridge-b")
+	w.startAgent(t)
 	s := &edgeSuite{w: w}
 
 	steps := []struct {
@@ -373,7 +373,7 @@ func (s *edgeSuite) nodeOfflineAndBack(t *testing.T) {
 	tolPid := w.tasks(t)[tolID]
 
 	// The agent stops (SIGTERM: it publishes offline); its containers keep running.
-	w.stopAgent()
+	w.stopAgent(t)
 	stoppedAt := time.Now()
 	var n *v1.Node
 	within(t, unknownBound, "node Ready Unknown and tainted unreachable after the agent stopped", func() (bool, string) {
@@ -419,7 +419,7 @@ func (s *edgeSuite) nodeOfflineAndBack(t *testing.T) {
 			tolID, tasks[tolID], tolPid, evID, tasks[evID])
 	}
 
-	w.startAgent()
+	w.startAgent(t)
 	within(t, readyBound, "node Ready again after the agent returned", func() (bool, string) {
 		n, err := w.kube.CoreV1().Nodes().Get(ctx, edgeNode, metav1.GetOptions{})
 		if err != nil {
@@ -459,7 +459,9 @@ func (s *edgeSuite) nodeOfflineAndBack(t *testing.T) {
 func (s *edgeSuite) twoBridgesDoNotFight(t *testing.T) {
 	w := s.w
 	ctx := context.Background()
-	lead := w.leader()
+	// Both replicas have run through every step so far.
+	s.checkRetained(t)
+	lead := w.leader(t)
 	var standby *bridgeProc
 	w.mu.Lock()
 	for id, b := range w.bridges {
@@ -527,7 +529,7 @@ func (s *edgeSuite) twoBridgesDoNotFight(t *testing.T) {
 	delete(w.bridges, lead.identity) // its exit is wanted: checkProcs must not count it
 	w.mu.Unlock()
 	killedAt := time.Now()
-	next := w.leader()
+	next := w.leader(t)
 	if next.identity != standby.identity {
 		t.Fatalf("leader after killing %s: %s, want %s", lead.identity, next.identity, standby.identity)
 	}

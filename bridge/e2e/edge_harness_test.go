@@ -321,8 +321,8 @@ func (w *edgeWorld) mqletCLI(args ...string) (string, error) {
 // startAgent runs `mqlet agent` as an edge node of the cluster: MQTT over TLS with the node's own
 // certificate (the broker's ACL confines it to its subtree), a label and a taint of its own, the
 // test's CNI network.
-func (w *edgeWorld) startAgent() {
-	w.t.Helper()
+func (w *edgeWorld) startAgent(t *testing.T) {
+	t.Helper()
 	cert, key := w.broker.ClientCert(edgeNode)
 	args := []string{"agent",
 		"--node-name", edgeNode, "--state-dir", filepath.Join(w.dir, "state"),
@@ -342,14 +342,14 @@ func (w *edgeWorld) startAgent() {
 		"--node-taint", "mqlet.io/edge=true:PreferNoSchedule",
 	}
 	os.MkdirAll(filepath.Join(w.dir, "manifests"), 0o755)
-	p := startProc(w.t, w.dir, "agent", w.mqletBin, nil, args...)
+	p := startProc(t, w.dir, "agent", w.mqletBin, nil, args...)
 	w.mu.Lock()
 	w.agent = p
 	w.procs = append(w.procs, p)
 	w.mu.Unlock()
-	within(w.t, 30*time.Second, "the agent's local API answers", func() (bool, string) {
+	within(t, 30*time.Second, "the agent's local API answers", func() (bool, string) {
 		if !p.running() {
-			w.t.Fatalf("agent exited at start: %v\n%s", p.err, p.tail(40))
+			t.Fatalf("agent exited at start: %v\n%s", p.err, p.tail(40))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -360,8 +360,8 @@ func (w *edgeWorld) startAgent() {
 
 // stopAgent stops the agent as its service manager would (SIGTERM): it publishes its offline
 // message and leaves its containers running.
-func (w *edgeWorld) stopAgent() {
-	w.t.Helper()
+func (w *edgeWorld) stopAgent(t *testing.T) {
+	t.Helper()
 	w.mu.Lock()
 	p := w.agent
 	w.agent = nil
@@ -370,21 +370,21 @@ func (w *edgeWorld) stopAgent() {
 		return
 	}
 	if err := p.stop(syscall.SIGTERM, 30*time.Second); err != nil {
-		w.t.Error(err)
+		t.Error(err)
 	}
 }
 
 // startBridge runs one mqlet-bridge replica as the Deployment does: leader election on, the
 // ServiceAccount's token, POD_NAMESPACE for the Lease's namespace, the admin MQTT identity.
-func (w *edgeWorld) startBridge(identity string) *bridgeProc {
-	w.t.Helper()
+func (w *edgeWorld) startBridge(t *testing.T, identity string) *bridgeProc {
+	t.Helper()
 	ports, err := loopback.FreePorts(1)
 	if err != nil {
-		w.t.Fatal(err)
+		t.Fatal(err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
 	cert, key := w.broker.ClientCert(mqtttest.Admin)
-	p := startProc(w.t, w.dir, "bridge-"+identity, w.bridgeBin, []string{"POD_NAMESPACE=" + bridgeNamespace},
+	p := startProc(t, w.dir, "bridge-"+identity, w.bridgeBin, []string{"POD_NAMESPACE=" + bridgeNamespace},
 		"--kubeconfig", w.bridgeKubeconfig,
 		"--mqtt-broker", w.broker.TLS, "--mqtt-ca-file", w.broker.CAFile,
 		"--mqtt-cert-file", cert, "--mqtt-key-file", key,
@@ -399,9 +399,9 @@ func (w *edgeWorld) startBridge(identity string) *bridgeProc {
 	w.bridges[identity] = b
 	w.procs = append(w.procs, p)
 	w.mu.Unlock()
-	within(w.t, 30*time.Second, "bridge "+identity+" serves /healthz", func() (bool, string) {
+	within(t, 30*time.Second, "bridge "+identity+" serves /healthz", func() (bool, string) {
 		if !p.running() {
-			w.t.Fatalf("bridge %s exited at start: %v\n%s", identity, p.err, p.tail(40))
+			t.Fatalf("bridge %s exited at start: %v\n%s", identity, p.err, p.tail(40))
 		}
 		body, err := httpGet("http://" + addr + "/healthz")
 		return err == nil && strings.TrimSpace(body) == "ok", fmt.Sprint(body, err)
@@ -411,10 +411,10 @@ func (w *edgeWorld) startBridge(identity string) *bridgeProc {
 
 // leader waits until one running bridge holds the leader Lease and says so on /readyz, and
 // returns it.
-func (w *edgeWorld) leader() *bridgeProc {
-	w.t.Helper()
+func (w *edgeWorld) leader(t *testing.T) *bridgeProc {
+	t.Helper()
 	var found *bridgeProc
-	within(w.t, 2*leaderLease+10*time.Second, "a bridge leads (Lease holder, /readyz ready: leader)", func() (bool, string) {
+	within(t, 2*leaderLease+10*time.Second, "a bridge leads (Lease holder, /readyz ready: leader)", func() (bool, string) {
 		l, err := w.kube.CoordinationV1().Leases(bridgeNamespace).Get(context.Background(), "mqlet-bridge", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
