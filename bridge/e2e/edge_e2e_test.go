@@ -256,6 +256,11 @@ func (s *edgeSuite) configMapChangeReachesMountedFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	within(t, 90*time.Second, "the changed configMap value in the container's mounted file", logHas("greeting=hello-2"))
+	// kubectl logs does not reach edge pods; `mqlet ctl logs` over the same broker does (README).
+	within(t, 30*time.Second, "`mqlet ctl logs` over MQTT shows the new value", func() (bool, string) {
+		out, err := w.mqletCLI("ctl", "--broker", w.broker.Plain, "logs", s.depPod.Name, "--node", edgeNode, "--tail", "3")
+		return err == nil && strings.Contains(out, "greeting=hello-2"), fmt.Sprint(out, err)
+	})
 	// The file changed under the running container: no restart.
 	p, err := w.kube.CoreV1().Pods(testNS).Get(ctx, s.depPod.Name, metav1.GetOptions{})
 	if err != nil {
