@@ -513,18 +513,42 @@ func (s *edgeSuite) twoBridgesDoNotFight(t *testing.T) {
 	if _, err := w.kube.CoreV1().Pods(testNS).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var gens []int64 // the pod's generation in each index message that lists it
-	within(t, 30*time.Second, "the index lists the relabelled pod at a new generation", func() (bool, string) {
-		gens = gens[:0]
-		for _, x := range w.watch.indexes() {
-			if g, ok := x.Objects[key(p.Name)]; ok && (len(gens) == 0 || gens[len(gens)-1] != g) {
-				gens = append(gens, g)
+	// The relabelled pod's generation, then what the node was sent up to it: two desired messages
+	// and two index revisions that list the pod, one per change.
+	var relabelled int64
+	within(t, 30*time.Second, "the relabelled pod in the node's desired state", func() (bool, string) {
+		msgs := w.watch.podMessages(key(p.Name))
+		for _, m := range msgs {
+			if m.labels["changed"] == "yes" {
+				relabelled = m.generation
+				return true, ""
 			}
 		}
-		return len(gens) >= 2, fmt.Sprintf("generations %v", gens)
+		return false, fmt.Sprintf("desired messages %+v", msgs)
 	})
-	if len(gens) != 2 {
-		t.Errorf("pod %s went through generations %v in the index: want one for the create and one for the label change", p.Name, gens)
+	var gens []int64 // the pod's generation in each index message that lists it, up to relabelled
+	within(t, 30*time.Second, "an index listing the relabelled pod", func() (bool, string) {
+		gens = gens[:0]
+		for _, x := range w.watch.indexes() {
+			g, ok := x.Objects[key(p.Name)]
+			if ok && (len(gens) == 0 || gens[len(gens)-1] != g) {
+				gens = append(gens, g)
+			}
+			if g == relabelled {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("generations %v", gens)
+	})
+	var sent []int64
+	for _, m := range w.watch.podMessages(key(p.Name)) {
+		if m.generation <= relabelled && !slices.Contains(sent, m.generation) {
+			sent = append(sent, m.generation)
+		}
+	}
+	if len(gens) != 2 || len(sent) != 2 {
+		t.Errorf("pod %s was sent at generations %v and listed at %v by the index up to its relabelling: want one of each for the create and one for the label change",
+			p.Name, sent, gens)
 	}
 	s.checkRetained(t)
 

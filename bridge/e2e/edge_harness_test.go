@@ -589,18 +589,27 @@ func (w *edgeWorld) containerLog(namespace, pod, container string) (string, erro
 
 // --- the retained state, watched from the broker's side -----------------------------------------
 
-// retainedWatch records every index and acks message of one node, as a subscriber sees them.
+// desiredPod is one desired pod message as the watcher saw it.
+type desiredPod struct {
+	generation int64
+	deleted    bool
+	labels     map[string]string
+}
+
+// retainedWatch records every index, acks and desired pod message of one node, as a subscriber
+// sees them.
 type retainedWatch struct {
 	mu      sync.Mutex
-	index   []protocol.Index // in arrival order
-	acks    *protocol.Acks   // the latest
+	index   []protocol.Index        // in arrival order
+	pods    map[string][]desiredPod // desired pod messages by object key, in arrival order
+	acks    *protocol.Acks          // the latest
 	refused map[string]protocol.Refusal
 	bad     []string // payloads that did not decode
 }
 
 func watchRetained(t *testing.T, broker, node string) *retainedWatch {
 	t.Helper()
-	w := &retainedWatch{refused: map[string]protocol.Refusal{}}
+	w := &retainedWatch{refused: map[string]protocol.Refusal{}, pods: map[string][]desiredPod{}}
 	id := make([]byte, 4)
 	rand.Read(id)
 	c := mqtt.NewClient(mqtt.NewClientOptions().AddBroker(broker).SetClientID("e2e-watch-" + hex.EncodeToString(id)).
@@ -621,15 +630,26 @@ func watchRetained(t *testing.T, broker, node string) *retainedWatch {
 			w.bad = append(w.bad, fmt.Sprintf("%s: %v", m.Topic(), err))
 			return
 		}
-		switch m.Topic() {
-		case indexTopic:
+		switch {
+		case tp.Class == protocol.ClassDesired && tp.Kind == protocol.KindPod:
+			x, err := protocol.DecodeDesired(tp, m.Payload(), protocol.DefaultMaxPayload)
+			if err != nil {
+				w.bad = append(w.bad, fmt.Sprintf("%s: %v", m.Topic(), err))
+				return
+			}
+			d := desiredPod{generation: x.Generation, deleted: x.Deleted}
+			if x.Pod != nil {
+				d.labels = x.Pod.Labels
+			}
+			w.pods[x.Key()] = append(w.pods[x.Key()], d)
+		case m.Topic() == indexTopic:
 			x, err := protocol.DecodeIndex(tp, m.Payload(), protocol.DefaultMaxPayload)
 			if err != nil {
 				w.bad = append(w.bad, fmt.Sprintf("%s: %v", m.Topic(), err))
 				return
 			}
 			w.index = append(w.index, *x)
-		case acksTopic:
+		case m.Topic() == acksTopic:
 			x, err := protocol.DecodeAcks(m.Payload(), protocol.DefaultMaxPayload)
 			if err != nil {
 				w.bad = append(w.bad, fmt.Sprintf("%s: %v", m.Topic(), err))
@@ -641,7 +661,8 @@ func watchRetained(t *testing.T, broker, node string) *retainedWatch {
 			}
 		}
 	}
-	tok := c.SubscribeMultiple(map[string]byte{indexTopic: 1, acksTopic: 1}, handler)
+	podsFilter := edgeTopics.Node(node) + "/desired/pods/#"
+	tok := c.SubscribeMultiple(map[string]byte{indexTopic: 1, acksTopic: 1, podsFilter: 1}, handler)
 	if !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		t.Fatalf("watcher: subscribe: %v", tok.Error())
 	}
@@ -653,6 +674,13 @@ func (r *retainedWatch) indexes() []protocol.Index {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.index)
+}
+
+// podMessages returns a copy of the desired messages seen for a pod's object key.
+func (r *retainedWatch) podMessages(key string) []desiredPod {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.pods[key])
 }
 
 func (r *retainedWatch) latestAcks() *protocol.Acks {
