@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/internal/testenv"
 	"github.com/mqlet/mqlet/sync/protocol"
 	appsv1 "k8s.io/api/apps/v1"
@@ -50,9 +51,9 @@ type edgeSuite struct {
 func TestEdgeNode(t *testing.T) {
 	w := newEdgeWorld(t)
 	w.startCloudNode("cloud-e2e")
-	w.startBridge("bridge-a")
-	w.startBridge("bridge-b")
-	w.startAgent()
+	w.startBridge(t, "bridge-a")
+	w.startBridge(t, "bridge-b")
+	w.startAgent(t)
 	s := &edgeSuite{w: w}
 
 	steps := []struct {
@@ -256,6 +257,11 @@ func (s *edgeSuite) configMapChangeReachesMountedFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	within(t, 90*time.Second, "the changed configMap value in the container's mounted file", logHas("greeting=hello-2"))
+	// kubectl logs does not reach edge pods; `mqlet ctl logs` over the same broker does (README).
+	within(t, 30*time.Second, "`mqlet ctl logs` over MQTT shows the new value", func() (bool, string) {
+		out, err := w.mqletCLI("ctl", "--broker", w.broker.Plain, "logs", s.depPod.Name, "--node", edgeNode, "--tail", "3")
+		return err == nil && strings.Contains(out, "greeting=hello-2"), fmt.Sprint(out, err)
+	})
 	// The file changed under the running container: no restart.
 	p, err := w.kube.CoreV1().Pods(testNS).Get(ctx, s.depPod.Name, metav1.GetOptions{})
 	if err != nil {
@@ -373,7 +379,7 @@ func (s *edgeSuite) nodeOfflineAndBack(t *testing.T) {
 	tolPid := w.tasks(t)[tolID]
 
 	// The agent stops (SIGTERM: it publishes offline); its containers keep running.
-	w.stopAgent()
+	w.stopAgent(t)
 	stoppedAt := time.Now()
 	var n *v1.Node
 	within(t, unknownBound, "node Ready Unknown and tainted unreachable after the agent stopped", func() (bool, string) {
@@ -387,6 +393,7 @@ func (s *edgeSuite) nodeOfflineAndBack(t *testing.T) {
 		})
 		return nodeReady(n) == v1.ConditionUnknown && tainted, fmt.Sprintf("Ready=%s taints=%v", nodeReady(n), n.Spec.Taints)
 	})
+	t.Logf("node Unknown and tainted unreachable %s after the agent stopped", time.Since(stoppedAt).Round(time.Second))
 	if l, err := w.kube.CoordinationV1().Leases("kube-node-lease").Get(ctx, edgeNode, metav1.GetOptions{}); err != nil {
 		t.Error(err)
 	} else if l.Spec.RenewTime.After(stoppedAt.Add(2 * time.Second)) {
@@ -419,7 +426,7 @@ func (s *edgeSuite) nodeOfflineAndBack(t *testing.T) {
 			tolID, tasks[tolID], tolPid, evID, tasks[evID])
 	}
 
-	w.startAgent()
+	w.startAgent(t)
 	within(t, readyBound, "node Ready again after the agent returned", func() (bool, string) {
 		n, err := w.kube.CoreV1().Nodes().Get(ctx, edgeNode, metav1.GetOptions{})
 		if err != nil {
@@ -459,7 +466,9 @@ func (s *edgeSuite) nodeOfflineAndBack(t *testing.T) {
 func (s *edgeSuite) twoBridgesDoNotFight(t *testing.T) {
 	w := s.w
 	ctx := context.Background()
-	lead := w.leader()
+	// Both replicas have run through every step so far.
+	s.checkRetained(t)
+	lead := w.leader(t)
 	var standby *bridgeProc
 	w.mu.Lock()
 	for id, b := range w.bridges {
@@ -504,18 +513,42 @@ func (s *edgeSuite) twoBridgesDoNotFight(t *testing.T) {
 	if _, err := w.kube.CoreV1().Pods(testNS).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var gens []int64 // the pod's generation in each index message that lists it
-	within(t, 30*time.Second, "the index lists the relabelled pod at a new generation", func() (bool, string) {
-		gens = gens[:0]
-		for _, x := range w.watch.indexes() {
-			if g, ok := x.Objects[key(p.Name)]; ok && (len(gens) == 0 || gens[len(gens)-1] != g) {
-				gens = append(gens, g)
+	// The relabelled pod's generation, then what the node was sent up to it: two desired messages
+	// and two index revisions that list the pod, one per change.
+	var relabelled int64
+	within(t, 30*time.Second, "the relabelled pod in the node's desired state", func() (bool, string) {
+		msgs := w.watch.podMessages(key(p.Name))
+		for _, m := range msgs {
+			if m.labels["changed"] == "yes" {
+				relabelled = m.generation
+				return true, ""
 			}
 		}
-		return len(gens) >= 2, fmt.Sprintf("generations %v", gens)
+		return false, fmt.Sprintf("desired messages %+v", msgs)
 	})
-	if len(gens) != 2 {
-		t.Errorf("pod %s went through generations %v in the index: want one for the create and one for the label change", p.Name, gens)
+	var gens []int64 // the pod's generation in each index message that lists it, up to relabelled
+	within(t, 30*time.Second, "an index listing the relabelled pod", func() (bool, string) {
+		gens = gens[:0]
+		for _, x := range w.watch.indexes() {
+			g, ok := x.Objects[key(p.Name)]
+			if ok && (len(gens) == 0 || gens[len(gens)-1] != g) {
+				gens = append(gens, g)
+			}
+			if g == relabelled {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("generations %v", gens)
+	})
+	var sent []int64
+	for _, m := range w.watch.podMessages(key(p.Name)) {
+		if m.generation <= relabelled && !slices.Contains(sent, m.generation) {
+			sent = append(sent, m.generation)
+		}
+	}
+	if len(gens) != 2 || len(sent) != 2 {
+		t.Errorf("pod %s was sent at generations %v and listed at %v by the index up to its relabelling: want one of each for the create and one for the label change",
+			p.Name, sent, gens)
 	}
 	s.checkRetained(t)
 
@@ -527,7 +560,7 @@ func (s *edgeSuite) twoBridgesDoNotFight(t *testing.T) {
 	delete(w.bridges, lead.identity) // its exit is wanted: checkProcs must not count it
 	w.mu.Unlock()
 	killedAt := time.Now()
-	next := w.leader()
+	next := w.leader(t)
 	if next.identity != standby.identity {
 		t.Fatalf("leader after killing %s: %s, want %s", lead.identity, next.identity, standby.identity)
 	}
@@ -563,6 +596,12 @@ func (s *edgeSuite) checkRetained(t *testing.T) {
 			t.Errorf("index went from revision %d %v to %d %v", a.Revision, a.Objects, b.Revision, b.Objects)
 		}
 	}
+	// The node's acks catch up with the last index: it took in everything written.
+	last := idx[len(idx)-1].Revision
+	within(t, 30*time.Second, fmt.Sprintf("the node's acks at index revision %d", last), func() (bool, string) {
+		a := w.watch.latestAcks()
+		return a != nil && a.IndexRevision >= last, fmt.Sprintf("acks %+v", a)
+	})
 	w.watch.mu.Lock()
 	refused, bad := maps.Clone(w.watch.refused), slices.Clone(w.watch.bad)
 	w.watch.mu.Unlock()
@@ -572,12 +611,10 @@ func (s *edgeSuite) checkRetained(t *testing.T) {
 	if len(bad) > 0 {
 		t.Errorf("undecodable retained messages: %v", bad)
 	}
-	if a := w.watch.latestAcks(); a == nil || a.IndexRevision != idx[len(idx)-1].Revision {
-		// The node catches up quickly; a lag here is only worth a line.
-		t.Logf("acks %+v, last index revision %d", a, idx[len(idx)-1].Revision)
-	}
-	if log := tailFile(w.broker.LogFile, 100000); strings.Contains(log, "already connected, closing old connection") {
-		t.Errorf("two clients with one identity were connected at once (the bridges fought over the broker):\n%s", grepLines(log, "already connected"))
+	// Both replicas have the admin identity, which the broker makes their client id.
+	const fight = "Client " + mqtttest.Admin + " already connected, closing old connection"
+	if log := tailFile(w.broker.LogFile, 100000); strings.Contains(log, fight) {
+		t.Errorf("two bridges were connected to the broker at once (they fought over it):\n%s", grepLines(log, fight))
 	}
 }
 

@@ -321,8 +321,8 @@ func (w *edgeWorld) mqletCLI(args ...string) (string, error) {
 // startAgent runs `mqlet agent` as an edge node of the cluster: MQTT over TLS with the node's own
 // certificate (the broker's ACL confines it to its subtree), a label and a taint of its own, the
 // test's CNI network.
-func (w *edgeWorld) startAgent() {
-	w.t.Helper()
+func (w *edgeWorld) startAgent(t *testing.T) {
+	t.Helper()
 	cert, key := w.broker.ClientCert(edgeNode)
 	args := []string{"agent",
 		"--node-name", edgeNode, "--state-dir", filepath.Join(w.dir, "state"),
@@ -342,14 +342,14 @@ func (w *edgeWorld) startAgent() {
 		"--node-taint", "mqlet.io/edge=true:PreferNoSchedule",
 	}
 	os.MkdirAll(filepath.Join(w.dir, "manifests"), 0o755)
-	p := startProc(w.t, w.dir, "agent", w.mqletBin, nil, args...)
+	p := startProc(t, w.dir, "agent", w.mqletBin, nil, args...)
 	w.mu.Lock()
 	w.agent = p
 	w.procs = append(w.procs, p)
 	w.mu.Unlock()
-	within(w.t, 30*time.Second, "the agent's local API answers", func() (bool, string) {
+	within(t, 30*time.Second, "the agent's local API answers", func() (bool, string) {
 		if !p.running() {
-			w.t.Fatalf("agent exited at start: %v\n%s", p.err, p.tail(40))
+			t.Fatalf("agent exited at start: %v\n%s", p.err, p.tail(40))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -360,8 +360,8 @@ func (w *edgeWorld) startAgent() {
 
 // stopAgent stops the agent as its service manager would (SIGTERM): it publishes its offline
 // message and leaves its containers running.
-func (w *edgeWorld) stopAgent() {
-	w.t.Helper()
+func (w *edgeWorld) stopAgent(t *testing.T) {
+	t.Helper()
 	w.mu.Lock()
 	p := w.agent
 	w.agent = nil
@@ -370,21 +370,21 @@ func (w *edgeWorld) stopAgent() {
 		return
 	}
 	if err := p.stop(syscall.SIGTERM, 30*time.Second); err != nil {
-		w.t.Error(err)
+		t.Error(err)
 	}
 }
 
 // startBridge runs one mqlet-bridge replica as the Deployment does: leader election on, the
 // ServiceAccount's token, POD_NAMESPACE for the Lease's namespace, the admin MQTT identity.
-func (w *edgeWorld) startBridge(identity string) *bridgeProc {
-	w.t.Helper()
+func (w *edgeWorld) startBridge(t *testing.T, identity string) *bridgeProc {
+	t.Helper()
 	ports, err := loopback.FreePorts(1)
 	if err != nil {
-		w.t.Fatal(err)
+		t.Fatal(err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
 	cert, key := w.broker.ClientCert(mqtttest.Admin)
-	p := startProc(w.t, w.dir, "bridge-"+identity, w.bridgeBin, []string{"POD_NAMESPACE=" + bridgeNamespace},
+	p := startProc(t, w.dir, "bridge-"+identity, w.bridgeBin, []string{"POD_NAMESPACE=" + bridgeNamespace},
 		"--kubeconfig", w.bridgeKubeconfig,
 		"--mqtt-broker", w.broker.TLS, "--mqtt-ca-file", w.broker.CAFile,
 		"--mqtt-cert-file", cert, "--mqtt-key-file", key,
@@ -399,9 +399,9 @@ func (w *edgeWorld) startBridge(identity string) *bridgeProc {
 	w.bridges[identity] = b
 	w.procs = append(w.procs, p)
 	w.mu.Unlock()
-	within(w.t, 30*time.Second, "bridge "+identity+" serves /healthz", func() (bool, string) {
+	within(t, 30*time.Second, "bridge "+identity+" serves /healthz", func() (bool, string) {
 		if !p.running() {
-			w.t.Fatalf("bridge %s exited at start: %v\n%s", identity, p.err, p.tail(40))
+			t.Fatalf("bridge %s exited at start: %v\n%s", identity, p.err, p.tail(40))
 		}
 		body, err := httpGet("http://" + addr + "/healthz")
 		return err == nil && strings.TrimSpace(body) == "ok", fmt.Sprint(body, err)
@@ -411,10 +411,10 @@ func (w *edgeWorld) startBridge(identity string) *bridgeProc {
 
 // leader waits until one running bridge holds the leader Lease and says so on /readyz, and
 // returns it.
-func (w *edgeWorld) leader() *bridgeProc {
-	w.t.Helper()
+func (w *edgeWorld) leader(t *testing.T) *bridgeProc {
+	t.Helper()
 	var found *bridgeProc
-	within(w.t, 2*leaderLease+10*time.Second, "a bridge leads (Lease holder, /readyz ready: leader)", func() (bool, string) {
+	within(t, 2*leaderLease+10*time.Second, "a bridge leads (Lease holder, /readyz ready: leader)", func() (bool, string) {
 		l, err := w.kube.CoordinationV1().Leases(bridgeNamespace).Get(context.Background(), "mqlet-bridge", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
@@ -589,18 +589,27 @@ func (w *edgeWorld) containerLog(namespace, pod, container string) (string, erro
 
 // --- the retained state, watched from the broker's side -----------------------------------------
 
-// retainedWatch records every index and acks message of one node, as a subscriber sees them.
+// desiredPod is one desired pod message as the watcher saw it.
+type desiredPod struct {
+	generation int64
+	deleted    bool
+	labels     map[string]string
+}
+
+// retainedWatch records every index, acks and desired pod message of one node, as a subscriber
+// sees them.
 type retainedWatch struct {
 	mu      sync.Mutex
-	index   []protocol.Index // in arrival order
-	acks    *protocol.Acks   // the latest
+	index   []protocol.Index        // in arrival order
+	pods    map[string][]desiredPod // desired pod messages by object key, in arrival order
+	acks    *protocol.Acks          // the latest
 	refused map[string]protocol.Refusal
 	bad     []string // payloads that did not decode
 }
 
 func watchRetained(t *testing.T, broker, node string) *retainedWatch {
 	t.Helper()
-	w := &retainedWatch{refused: map[string]protocol.Refusal{}}
+	w := &retainedWatch{refused: map[string]protocol.Refusal{}, pods: map[string][]desiredPod{}}
 	id := make([]byte, 4)
 	rand.Read(id)
 	c := mqtt.NewClient(mqtt.NewClientOptions().AddBroker(broker).SetClientID("e2e-watch-" + hex.EncodeToString(id)).
@@ -621,15 +630,26 @@ func watchRetained(t *testing.T, broker, node string) *retainedWatch {
 			w.bad = append(w.bad, fmt.Sprintf("%s: %v", m.Topic(), err))
 			return
 		}
-		switch m.Topic() {
-		case indexTopic:
+		switch {
+		case tp.Class == protocol.ClassDesired && tp.Kind == protocol.KindPod:
+			x, err := protocol.DecodeDesired(tp, m.Payload(), protocol.DefaultMaxPayload)
+			if err != nil {
+				w.bad = append(w.bad, fmt.Sprintf("%s: %v", m.Topic(), err))
+				return
+			}
+			d := desiredPod{generation: x.Generation, deleted: x.Deleted}
+			if x.Pod != nil {
+				d.labels = x.Pod.Labels
+			}
+			w.pods[x.Key()] = append(w.pods[x.Key()], d)
+		case m.Topic() == indexTopic:
 			x, err := protocol.DecodeIndex(tp, m.Payload(), protocol.DefaultMaxPayload)
 			if err != nil {
 				w.bad = append(w.bad, fmt.Sprintf("%s: %v", m.Topic(), err))
 				return
 			}
 			w.index = append(w.index, *x)
-		case acksTopic:
+		case m.Topic() == acksTopic:
 			x, err := protocol.DecodeAcks(m.Payload(), protocol.DefaultMaxPayload)
 			if err != nil {
 				w.bad = append(w.bad, fmt.Sprintf("%s: %v", m.Topic(), err))
@@ -641,7 +661,8 @@ func watchRetained(t *testing.T, broker, node string) *retainedWatch {
 			}
 		}
 	}
-	tok := c.SubscribeMultiple(map[string]byte{indexTopic: 1, acksTopic: 1}, handler)
+	podsFilter := edgeTopics.Node(node) + "/desired/pods/#"
+	tok := c.SubscribeMultiple(map[string]byte{indexTopic: 1, acksTopic: 1, podsFilter: 1}, handler)
 	if !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		t.Fatalf("watcher: subscribe: %v", tok.Error())
 	}
@@ -653,6 +674,13 @@ func (r *retainedWatch) indexes() []protocol.Index {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.index)
+}
+
+// podMessages returns a copy of the desired messages seen for a pod's object key.
+func (r *retainedWatch) podMessages(key string) []desiredPod {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.pods[key])
 }
 
 func (r *retainedWatch) latestAcks() *protocol.Acks {

@@ -405,3 +405,43 @@ func TestDeletionWithoutStatusInMemoryReadsTheRetainedStatus(t *testing.T) {
 	h.after("node", nodeA, func() { h.c.NodeServed(nodeA) })
 	waitFor(t, "web-3 deleted", func() bool { return len(h.deletes()) == 1 })
 }
+
+// A pod the API's Node satisfies goes to its node without its node selection (the node cannot
+// judge the Node's labels), one it does not satisfy keeps it, and the form sent first stays when
+// the Node's labels change later.
+func TestNodeSelectionJudgedAgainstTheAPINode(t *testing.T) {
+	sel := apiPod("default", "sel", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000011")
+	sel.Spec.NodeSelector = map[string]string{"node-role.kubernetes.io/edge": ""}
+	miss := apiPod("default", "miss", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000012")
+	miss.Spec.NodeSelector = map[string]string{"site": "elsewhere"}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeA, Labels: map[string]string{"node-role.kubernetes.io/edge": ""}}}
+	h := start(t, []string{nodeA}, sel, miss, node)
+
+	d := h.desired(nodeA, protocol.KindPod, "default", "sel")
+	if d.Pod.Spec.NodeSelector != nil {
+		t.Errorf("pod the Node satisfies: sent with nodeSelector %v", d.Pod.Spec.NodeSelector)
+	}
+	if m := h.desired(nodeA, protocol.KindPod, "default", "miss"); m.Pod.Spec.NodeSelector["site"] != "elsewhere" {
+		t.Errorf("pod the Node does not satisfy: sent with nodeSelector %v, want it kept", m.Pod.Spec.NodeSelector)
+	}
+
+	// The Node loses the label; the next sync of the node must not change what it has.
+	ctx := context.Background()
+	n, err := h.kube.CoreV1().Nodes().Get(ctx, nodeA, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Labels = nil
+	if _, err := h.kube.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the informer sees the Node relabelled", func() bool {
+		x, err := h.c.nodeLister.Get(nodeA)
+		return err == nil && len(x.Labels) == 0
+	})
+	h.after("node", nodeA, func() { h.c.NodeServed(nodeA) })
+	if again := h.desired(nodeA, protocol.KindPod, "default", "sel"); again.Generation != d.Generation || again.Pod.Spec.NodeSelector != nil {
+		t.Errorf("after the Node's labels changed: generation %d -> %d, nodeSelector %v; want the pod unchanged",
+			d.Generation, again.Generation, again.Pod.Spec.NodeSelector)
+	}
+}

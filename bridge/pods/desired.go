@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/sync/protocol"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -184,11 +185,11 @@ func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*
 			terminating = append(terminating, p)
 			continue
 		}
-		sp := SanitizePod(p)
-		if n, err := c.nodeLister.Get(node); err == nil {
-			DropMatchedNodeSelection(sp, n)
+		o, sp, err := c.podObject(node, st, p)
+		add(o, err)
+		if err != nil {
+			continue
 		}
-		add(encodeObject(protocol.KindPod, p.Namespace, p.Name, sp))
 		for _, r := range References(&sp.Spec) {
 			switch r.Kind {
 			case "ConfigMap":
@@ -215,6 +216,40 @@ func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*
 		}
 	}
 	return want, terminating, nil
+}
+
+// podObject is the pod as its node gets it, and its sanitized spec. The node re-checks nodeSelector
+// and required node affinity at admission, as kubelet does, but only against the labels it knows:
+// its own. The role label the bridge puts on the API's Node, and any label an administrator adds,
+// are not among them, so a pod the scheduler placed by such a label would be refused by the very
+// node it was placed on. kubelet makes this check against the API's Node; the bridge makes it for
+// the node, with the agent's own code, and sends a pod the Node satisfies without its node
+// selection. A pod the Node does not satisfy (bound by hand through spec.nodeName) keeps it, and
+// the node refuses it with kubelet's NodeAffinity reason. Whichever form the node already holds
+// stays: a later change of the Node's labels must not hand the node a changed pod
+// (IgnoredDuringExecution).
+func (c *Controller) podObject(node string, st *nodeState, p *v1.Pod) (*object, *v1.Pod, error) {
+	sp := SanitizePod(p)
+	full, err := encodeObject(protocol.KindPod, p.Namespace, p.Name, sp)
+	if err != nil || !HasNodeSelection(sp) {
+		return full, sp, err
+	}
+	bare := sp.DeepCopy()
+	DropNodeSelection(bare)
+	lean, err := encodeObject(protocol.KindPod, p.Namespace, p.Name, bare)
+	if err != nil {
+		return nil, nil, err
+	}
+	switch sent, ok := st.entries[protocol.ObjectKey(protocol.KindPod, p.Namespace, p.Name)]; {
+	case ok && !sent.Deleted && sent.Hash == full.Hash:
+		return full, sp, nil
+	case ok && !sent.Deleted && sent.Hash == lean.Hash:
+		return lean, bare, nil
+	}
+	if n, err := c.nodeLister.Get(node); err == nil && admission.NodeAffinityMatches(sp, node, n.Labels) {
+		return lean, bare, nil
+	}
+	return full, sp, nil
 }
 
 // publish sends a plan: every object and tombstone (at most PublishBurst waiting for their PUBACK

@@ -3,8 +3,6 @@ package pods
 import (
 	"strings"
 
-	"github.com/mqlet/mqlet/agent/admission"
-
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -62,19 +60,16 @@ func SanitizePod(in *v1.Pod) *v1.Pod {
 	return p
 }
 
-// DropMatchedNodeSelection removes the pod's nodeSelector and required node affinity when node,
-// the API's Node the pod is bound to, satisfies them. The node re-checks both at admission, as
-// kubelet does, but only against the labels it knows: its own. The labels the bridge (the role
-// label) or an administrator (kubectl label) put on the API's Node are not among them, so a pod
-// the scheduler placed by such a label would be refused by the very node it was placed on. kubelet
-// makes this check against the API's Node; the bridge makes it for the node, with the same code
-// (agent/admission), and sends the pod without what the node cannot judge. A pod the Node does not
-// satisfy (bound by hand through spec.nodeName) keeps both, and the node refuses it with kubelet's
-// NodeAffinity reason. p is modified.
-func DropMatchedNodeSelection(p *v1.Pod, node *v1.Node) {
-	if node == nil || !admission.NodeAffinityMatches(p, node.Name, node.Labels) {
-		return
-	}
+// HasNodeSelection says whether the pod has a nodeSelector or required node affinity.
+func HasNodeSelection(p *v1.Pod) bool {
+	a := p.Spec.Affinity
+	return len(p.Spec.NodeSelector) > 0 ||
+		a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil
+}
+
+// DropNodeSelection removes the pod's nodeSelector and required node affinity (the preferred
+// terms, which the node only warns about, stay).
+func DropNodeSelection(p *v1.Pod) {
 	p.Spec.NodeSelector = nil
 	a := p.Spec.Affinity
 	if a == nil || a.NodeAffinity == nil {

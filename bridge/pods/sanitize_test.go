@@ -133,58 +133,41 @@ func TestReferences(t *testing.T) {
 	}
 }
 
-// A pod placed by a label only the API's Node carries (the bridge's role label) reaches its node
-// without that selection, since the node would refuse it against its own labels; a pod the Node
-// does not satisfy keeps it, so the node refuses it as kubelet would.
-func TestDropMatchedNodeSelection(t *testing.T) {
-	pod := func() *v1.Pod {
-		return &v1.Pod{Spec: v1.PodSpec{
-			NodeName:     "edge-1",
-			Containers:   []v1.Container{{Name: "main", Image: "busybox:1"}},
-			NodeSelector: map[string]string{"node-role.kubernetes.io/edge": ""},
-			Affinity: &v1.Affinity{NodeAffinity: &v1.NodeAffinity{
-				RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
-					MatchExpressions: []v1.NodeSelectorRequirement{{Key: "site", Operator: v1.NodeSelectorOpIn, Values: []string{"plant-7"}}}}}},
-				PreferredDuringSchedulingIgnoredDuringExecution: []v1.PreferredSchedulingTerm{{Weight: 1, Preference: v1.NodeSelectorTerm{
-					MatchExpressions: []v1.NodeSelectorRequirement{{Key: "fast", Operator: v1.NodeSelectorOpExists}}}}},
-			}},
-		}}
-	}
-	node := &v1.Node{}
-	node.Name = "edge-1"
-	node.Labels = map[string]string{"node-role.kubernetes.io/edge": "", "site": "plant-7"}
+// selectedPod is bound to edge-1 and selects it by the bridge's role label and a site label.
+func selectedPod() *v1.Pod {
+	return &v1.Pod{Spec: v1.PodSpec{
+		NodeName:     "edge-1",
+		Containers:   []v1.Container{{Name: "main", Image: "busybox:1"}},
+		NodeSelector: map[string]string{"node-role.kubernetes.io/edge": ""},
+		Affinity: &v1.Affinity{NodeAffinity: &v1.NodeAffinity{
+			RequiredDuringSchedulingIgnoredDuringExecution: &v1.NodeSelector{NodeSelectorTerms: []v1.NodeSelectorTerm{{
+				MatchExpressions: []v1.NodeSelectorRequirement{{Key: "site", Operator: v1.NodeSelectorOpIn, Values: []string{"plant-7"}}}}}},
+			PreferredDuringSchedulingIgnoredDuringExecution: []v1.PreferredSchedulingTerm{{Weight: 1, Preference: v1.NodeSelectorTerm{
+				MatchExpressions: []v1.NodeSelectorRequirement{{Key: "fast", Operator: v1.NodeSelectorOpExists}}}}},
+		}},
+	}}
+}
 
-	p := pod()
-	DropMatchedNodeSelection(p, node)
-	if p.Spec.NodeSelector != nil || p.Spec.Affinity == nil || p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil ||
-		len(p.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {
-		t.Errorf("matching Node: spec %+v, want the selector and required affinity gone, the preferred kept", p.Spec)
+func TestDropNodeSelection(t *testing.T) {
+	p := selectedPod()
+	if !HasNodeSelection(p) {
+		t.Fatal("HasNodeSelection: false for a pod with a nodeSelector")
 	}
-	p = pod()
+	DropNodeSelection(p)
+	if HasNodeSelection(p) || p.Spec.Affinity == nil || len(p.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {
+		t.Errorf("spec %+v: want the selector and required affinity gone, the preferred kept", p.Spec)
+	}
+	p = selectedPod()
 	p.Spec.Affinity.NodeAffinity.PreferredDuringSchedulingIgnoredDuringExecution = nil
-	DropMatchedNodeSelection(p, node)
+	DropNodeSelection(p)
 	if p.Spec.Affinity != nil {
 		t.Errorf("an affinity left empty should go: %+v", p.Spec.Affinity)
 	}
-	// What the node makes of it: admitted although its own labels lack the role label.
-	if _, _, err := admitAsNode(t, "edge-1", func() *v1.Pod {
-		q := pod()
-		q.Name, q.Namespace = "web", "default"
-		DropMatchedNodeSelection(q, node)
-		return q
-	}()); err != nil {
-		t.Errorf("the node refuses the pod after the bridge checked it: %v", err)
-	}
-
-	other := node.DeepCopy()
-	other.Labels = map[string]string{"node-role.kubernetes.io/edge": "", "site": "plant-8"}
-	p = pod()
-	DropMatchedNodeSelection(p, other)
-	if p.Spec.NodeSelector == nil || p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
-		t.Errorf("Node not matching: the selection must stay for the node to refuse the pod: %+v", p.Spec)
-	}
-	DropMatchedNodeSelection(p, nil)
-	if p.Spec.NodeSelector == nil {
-		t.Error("no Node known: the selection must stay")
+	// What the node makes of it: admitted (the node's own labels are checked in the e2e test).
+	p = selectedPod()
+	p.Name, p.Namespace = "web", "default"
+	DropNodeSelection(p)
+	if _, _, err := admitAsNode(t, "edge-1", p); err != nil {
+		t.Errorf("the node refuses the pod without its node selection: %v", err)
 	}
 }
