@@ -578,6 +578,18 @@ func (s *edgeSuite) twoBridgesDoNotFight(t *testing.T) {
 		}
 	}
 	s.checkRetained(t)
+
+	// configs/bridge's RBAC was enough for everything the bridges did.
+	w.mu.Lock()
+	procs := slices.Clone(w.procs)
+	w.mu.Unlock()
+	for _, p := range procs {
+		if strings.HasPrefix(p.name, "bridge-") {
+			if lines := grepLines(p.log(), "forbidden"); lines != "" {
+				t.Errorf("%s was refused by the API (RBAC):\n%s", p.name, lines)
+			}
+		}
+	}
 }
 
 // checkRetained checks what the watcher saw of the node's retained state over the whole run: the
