@@ -739,4 +739,3 @@ func (r *results) print(w io.Writer) {
 		fmt.Fprintf(w, "  apiserver (by total time; 429s %.0f): %s\n", p.APIServer4, strings.Join(p.APIServer, "; "))
 	}
 }
-
