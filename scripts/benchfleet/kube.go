@@ -25,6 +25,8 @@ import (
 // informer's goroutine, so a waiter's wake-up latency is not part of a figure.
 type tracker struct {
 	ok func(obj any) bool
+	// updates counts update events (a new resourceVersion): writes to the objects by anyone.
+	updates atomic.Int64
 
 	mu      sync.Mutex
 	state   map[string]bool // name -> ok
@@ -41,7 +43,14 @@ func newTracker(ok func(obj any) bool) *tracker {
 func (t *tracker) handlers() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { t.set(obj, false) },
-		UpdateFunc: func(_, obj any) { t.set(obj, false) },
+		UpdateFunc: func(old, obj any) {
+			if o, err1 := metav1Object(old); err1 == nil {
+				if n, err2 := metav1Object(obj); err2 == nil && o.GetResourceVersion() != n.GetResourceVersion() {
+					t.updates.Add(1)
+				}
+			}
+			t.set(obj, false)
+		},
 		DeleteFunc: func(obj any) {
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj

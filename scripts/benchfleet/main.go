@@ -169,6 +169,11 @@ type results struct {
 	LoadAvg           struct {
 		Start, Ready, Running, End string
 	} `json:"load_avg"`
+	// NodeWriters: the managedFields of one Node at the end (who writes Nodes), and the Node
+	// and pod updates the watches saw during the idle window.
+	NodeWriters     []string `json:"node_writers"`
+	IdleNodeUpdates int64    `json:"idle_node_updates"`
+	IdlePodUpdates  int64    `json:"idle_pod_updates"`
 	// Where the time went, per phase: CPU seconds of each process, the bridge's API writes and
 	// the apiserver's costliest requests.
 	Phases []phase `json:"phases"`
@@ -391,6 +396,7 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 		return nil, err
 	}
 	ph = b.beginPhase(ctx, "idle window")
+	nodeUpd, podUpd := ready.updates.Load(), running.updates.Load()
 	if err := sleep(ctx, c.idle); err != nil {
 		return nil, err
 	}
@@ -403,7 +409,20 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 	if n := running.count(); n != r.FleetPods {
 		return nil, fmt.Errorf("idle window: %d of %d pods Running at its end", n, r.FleetPods)
 	}
+	r.IdleNodeUpdates, r.IdlePodUpdates = ready.updates.Load()-nodeUpd, running.updates.Load()-podUpd
 	idle := b.endPhase(ctx, ph, queueMax)
+	if n, err := admin.CoreV1().Nodes().Get(ctx, nodeNames[0], metav1.GetOptions{}); err == nil {
+		for _, m := range n.ManagedFields {
+			w := m.Manager + " " + string(m.Operation)
+			if m.Subresource != "" {
+				w += " " + m.Subresource
+			}
+			if m.Time != nil {
+				w += " at " + m.Time.UTC().Format("15:04:05")
+			}
+			r.NodeWriters = append(r.NodeWriters, w)
+		}
+	}
 	r.Phases = append(r.Phases, idle)
 	r.IdleWindowS = round1(idle.WallS)
 	pct := func(name string) float64 { return round2(100 * idle.CPUS[name] / idle.WallS) }
@@ -731,6 +750,8 @@ func (r *results) print(w io.Writer) {
 	fmt.Fprintf(tw, "| `kube_scheduler_cpu_pct`\t| %.2f\t|\t|\n", r.SchedulerCPUPct)
 	fmt.Fprintf(tw, "| `fleetsim_cpu_pct`, `_rss_mib`\t| %.2f, %.1f\t|\t|\n", r.FleetSimCPUPct, r.FleetSimRSSMiB)
 	tw.Flush()
+	fmt.Fprintf(w, "\nin the idle window the watches saw %d Node updates and %d pod updates; writers of one Node: %s\n",
+		r.IdleNodeUpdates, r.IdlePodUpdates, strings.Join(r.NodeWriters, "; "))
 	fmt.Fprintf(w, "\nload average (1, 5, 15 min): start %s, all Ready %s, all Running %s, end %s\n", r.LoadAvg.Start, r.LoadAvg.Ready, r.LoadAvg.Running, r.LoadAvg.End)
 	for _, p := range r.Phases {
 		fmt.Fprintf(w, "\nphase %s (%.1f s): CPU seconds %v\n", p.Name, p.WallS, p.CPUS)
