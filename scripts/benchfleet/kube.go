@@ -42,7 +42,7 @@ func newTracker(ok func(obj any) bool) *tracker {
 
 func (t *tracker) handlers() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { t.set(obj, false) },
+		AddFunc: func(obj any) { t.set(obj, false) },
 		UpdateFunc: func(old, obj any) {
 			if o, err1 := metav1Object(old); err1 == nil {
 				if n, err2 := metav1Object(obj); err2 == nil && o.GetResourceVersion() != n.GetResourceVersion() {
