@@ -174,6 +174,8 @@ type results struct {
 	NodeWriters     []string `json:"node_writers"`
 	IdleNodeUpdates int64    `json:"idle_node_updates"`
 	IdlePodUpdates  int64    `json:"idle_pod_updates"`
+	// IdleEvents counts the Events written in the idle window by source and reason.
+	IdleEvents map[string]int `json:"idle_events"`
 	// Where the time went, per phase: CPU seconds of each process, the bridge's API writes and
 	// the apiserver's costliest requests.
 	Phases []phase `json:"phases"`
@@ -411,7 +413,11 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 	}
 	r.IdleNodeUpdates, r.IdlePodUpdates = ready.updates.Load()-nodeUpd, running.updates.Load()-podUpd
 	idle := b.endPhase(ctx, ph, queueMax)
+	r.IdleEvents = b.eventsSince(ctx, ph.at)
 	if n, err := admin.CoreV1().Nodes().Get(ctx, nodeNames[0], metav1.GetOptions{}); err == nil {
+		if data, err := json.MarshalIndent(n, "", "  "); err == nil {
+			_ = os.WriteFile(b.path("node-"+n.Name+".json"), data, 0o644)
+		}
 		for _, m := range n.ManagedFields {
 			w := m.Manager + " " + string(m.Operation)
 			if m.Subresource != "" {
@@ -630,6 +636,31 @@ func (b *bench) endPhase(ctx context.Context, s phaseStart, queueMax map[string]
 	return p
 }
 
+// eventsSince counts the Events (all namespaces) last seen at or after t, by source and reason.
+func (b *bench) eventsSince(ctx context.Context, t time.Time) map[string]int {
+	out := map[string]int{}
+	evs, err := b.admin.CoreV1().Events("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		out["list error: "+err.Error()]++
+		return out
+	}
+	for _, e := range evs.Items {
+		last := e.LastTimestamp.Time
+		if e.EventTime.After(last) {
+			last = e.EventTime.Time
+		}
+		if last.Before(t.Truncate(time.Second)) {
+			continue
+		}
+		src := e.Source.Component
+		if src == "" {
+			src = e.ReportingController
+		}
+		out[src+" "+e.InvolvedObject.Kind+" "+e.Reason] += int(max(e.Count, 1))
+	}
+	return out
+}
+
 // cleanup stops every process the run started, by pid, in reverse order, and removes the
 // temporary directory.
 func (b *bench) cleanup() error {
@@ -752,6 +783,7 @@ func (r *results) print(w io.Writer) {
 	tw.Flush()
 	fmt.Fprintf(w, "\nin the idle window the watches saw %d Node updates and %d pod updates; writers of one Node: %s\n",
 		r.IdleNodeUpdates, r.IdlePodUpdates, strings.Join(r.NodeWriters, "; "))
+	fmt.Fprintf(w, "Events written in the idle window, by source and reason: %v\n", r.IdleEvents)
 	fmt.Fprintf(w, "\nload average (1, 5, 15 min): start %s, all Ready %s, all Running %s, end %s\n", r.LoadAvg.Start, r.LoadAvg.Ready, r.LoadAvg.Running, r.LoadAvg.End)
 	for _, p := range r.Phases {
 		fmt.Fprintf(w, "\nphase %s (%.1f s): CPU seconds %v\n", p.Name, p.WallS, p.CPUS)
