@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"regexp"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +29,8 @@ type tracker struct {
 	ok func(obj any) bool
 	// updates counts update events (a new resourceVersion): writes to the objects by anyone.
 	updates atomic.Int64
+	// onUpdate, when set, sees every update (what changed in the idle window).
+	onUpdate atomic.Pointer[func(old, obj any)]
 
 	mu      sync.Mutex
 	state   map[string]bool // name -> ok
@@ -47,6 +51,9 @@ func (t *tracker) handlers() cache.ResourceEventHandler {
 			if o, err1 := metav1Object(old); err1 == nil {
 				if n, err2 := metav1Object(obj); err2 == nil && o.GetResourceVersion() != n.GetResourceVersion() {
 					t.updates.Add(1)
+					if f := t.onUpdate.Load(); f != nil {
+						(*f)(old, obj)
+					}
 				}
 			}
 			t.set(obj, false)
@@ -322,4 +329,43 @@ func createOne(ctx context.Context, cs kubernetes.Interface, p *corev1.Pod, retr
 			return fmt.Errorf("create pod %s/%s on node %s: %w", p.Namespace, p.Name, p.Spec.NodeName, err)
 		}
 	}
+}
+
+// changedParts names the parts of two versions of an object that differ: metadata fields
+// (managedFields apart), spec, and each status field, with the managers of the newer version.
+func changedParts(old, obj any) string {
+	parts := func(x any) map[string]string {
+		out := map[string]string{}
+		data, err := json.Marshal(x)
+		if err != nil {
+			return out
+		}
+		var m map[string]map[string]json.RawMessage
+		if err := json.Unmarshal(data, &m); err != nil {
+			return out
+		}
+		for section, fields := range m {
+			for k, v := range fields {
+				if k != "managedFields" && k != "resourceVersion" {
+					out[section+"."+k] = string(v)
+				}
+			}
+		}
+		return out
+	}
+	a, b := parts(old), parts(obj)
+	var diff []string
+	for k, v := range b {
+		if a[k] != v {
+			diff = append(diff, k)
+		}
+	}
+	for k := range a {
+		if _, ok := b[k]; !ok {
+			diff = append(diff, k+" (removed)")
+		}
+	}
+	sort.Strings(diff)
+	name, _ := metaName(obj)
+	return fmt.Sprintf("%s: %s", name, strings.Join(diff, ", "))
 }

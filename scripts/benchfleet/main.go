@@ -22,6 +22,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -30,6 +31,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -174,6 +176,8 @@ type results struct {
 	NodeWriters     []string `json:"node_writers"`
 	IdleNodeUpdates int64    `json:"idle_node_updates"`
 	IdlePodUpdates  int64    `json:"idle_pod_updates"`
+	// IdleNodeChanges counts the idle window's Node updates by the parts they changed.
+	IdleNodeChanges map[string]int `json:"idle_node_changes"`
 	// IdleEvents counts the Events written in the idle window by source and reason.
 	IdleEvents map[string]int `json:"idle_events"`
 	// Where the time went, per phase: CPU seconds of each process, the bridge's API writes and
@@ -399,6 +403,21 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 	}
 	ph = b.beginPhase(ctx, "idle window")
 	nodeUpd, podUpd := ready.updates.Load(), running.updates.Load()
+	// What the Node updates of the idle window change, by part (the first 20 in full in the log dir).
+	var diffMu sync.Mutex
+	nodeDiffs := map[string]int{}
+	var diffLines []string
+	record := func(old, obj any) {
+		d := changedParts(old, obj)
+		_, parts, _ := strings.Cut(d, ": ")
+		diffMu.Lock()
+		nodeDiffs[parts]++
+		if len(diffLines) < 20 {
+			diffLines = append(diffLines, d)
+		}
+		diffMu.Unlock()
+	}
+	ready.onUpdate.Store(&record)
 	if err := sleep(ctx, c.idle); err != nil {
 		return nil, err
 	}
@@ -412,6 +431,11 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 		return nil, fmt.Errorf("idle window: %d of %d pods Running at its end", n, r.FleetPods)
 	}
 	r.IdleNodeUpdates, r.IdlePodUpdates = ready.updates.Load()-nodeUpd, running.updates.Load()-podUpd
+	ready.onUpdate.Store(nil)
+	diffMu.Lock()
+	r.IdleNodeChanges = maps.Clone(nodeDiffs)
+	_ = os.WriteFile(b.path("idle-node-updates.txt"), []byte(strings.Join(diffLines, "\n")+"\n"), 0o644)
+	diffMu.Unlock()
 	idle := b.endPhase(ctx, ph, queueMax)
 	r.IdleEvents = b.eventsSince(ctx, ph.at)
 	if n, err := admin.CoreV1().Nodes().Get(ctx, nodeNames[0], metav1.GetOptions{}); err == nil {
@@ -636,7 +660,8 @@ func (b *bench) endPhase(ctx context.Context, s phaseStart, queueMax map[string]
 	return p
 }
 
-// eventsSince counts the Events (all namespaces) last seen at or after t, by source and reason.
+// eventsSince counts the Events (all namespaces) by source and reason; those last seen before t
+// are marked (before).
 func (b *bench) eventsSince(ctx context.Context, t time.Time) map[string]int {
 	out := map[string]int{}
 	evs, err := b.admin.CoreV1().Events("").List(ctx, metav1.ListOptions{})
@@ -649,14 +674,15 @@ func (b *bench) eventsSince(ctx context.Context, t time.Time) map[string]int {
 		if e.EventTime.After(last) {
 			last = e.EventTime.Time
 		}
-		if last.Before(t.Truncate(time.Second)) {
-			continue
-		}
 		src := e.Source.Component
 		if src == "" {
 			src = e.ReportingController
 		}
-		out[src+" "+e.InvolvedObject.Kind+" "+e.Reason] += int(max(e.Count, 1))
+		key := src + " " + e.InvolvedObject.Kind + " " + e.Reason
+		if last.Before(t.Truncate(time.Second)) {
+			key = "(before) " + key
+		}
+		out[key] += int(max(e.Count, 1))
 	}
 	return out
 }
@@ -783,6 +809,7 @@ func (r *results) print(w io.Writer) {
 	tw.Flush()
 	fmt.Fprintf(w, "\nin the idle window the watches saw %d Node updates and %d pod updates; writers of one Node: %s\n",
 		r.IdleNodeUpdates, r.IdlePodUpdates, strings.Join(r.NodeWriters, "; "))
+	fmt.Fprintf(w, "what those Node updates changed: %v\n", r.IdleNodeChanges)
 	fmt.Fprintf(w, "Events written in the idle window, by source and reason: %v\n", r.IdleEvents)
 	fmt.Fprintf(w, "\nload average (1, 5, 15 min): start %s, all Ready %s, all Running %s, end %s\n", r.LoadAvg.Start, r.LoadAvg.Ready, r.LoadAvg.Running, r.LoadAvg.End)
 	for _, p := range r.Phases {
