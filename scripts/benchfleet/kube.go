@@ -112,6 +112,23 @@ func metav1Object(obj any) (metav1.Object, error) {
 	return m, nil
 }
 
+// expect notes the instant the count first reaches n, without waiting for it.
+func (t *tracker) expect(n int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.target = n
+	if t.n >= n && t.reached.IsZero() {
+		t.reached = time.Now()
+	}
+}
+
+// reachedAt is when the count reached the target expect or waitFor set (zero: not yet).
+func (t *tracker) reachedAt() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.reached
+}
+
 // count is the number of objects for which ok holds now.
 func (t *tracker) count() int {
 	t.mu.Lock()
@@ -184,6 +201,23 @@ func nodeReady(obj any) bool {
 		}
 	}
 	return false
+}
+
+// nodeSchedulable: Ready and without the taints the node lifecycle controller manages for
+// readiness (the TaintNodesByCondition admission plugin puts node.kubernetes.io/not-ready on every
+// new Node; the controller removes it once it has seen the node Ready). Until then the scheduler
+// places no pod there.
+func nodeSchedulable(obj any) bool {
+	n, ok := obj.(*corev1.Node)
+	if !ok || !nodeReady(obj) {
+		return false
+	}
+	for _, t := range n.Spec.Taints {
+		if t.Key == corev1.TaintNodeNotReady || t.Key == corev1.TaintNodeUnreachable {
+			return false
+		}
+	}
+	return true
 }
 
 func podRunning(obj any) bool {

@@ -49,7 +49,7 @@ type config struct {
 	nodes, podsPerNode, createWorkers             int
 	image                                         string
 	readyTimeout, runningTimeout                  time.Duration
-	settle, idle                                  time.Duration
+	settle, settleMax, idle                       time.Duration
 	bridgeFlags, simFlags                         listFlag
 	out, keepLogs                                 string
 }
@@ -78,7 +78,8 @@ func main() {
 	flag.StringVar(&c.image, "image", "mqlet.test/busybox:1", "the pods' image (the simulated runtime holds every image)")
 	flag.DurationVar(&c.readyTimeout, "ready-timeout", 10*time.Minute, "bound on the wait for every Node Ready")
 	flag.DurationVar(&c.runningTimeout, "running-timeout", 15*time.Minute, "bound on creating the pods, and again on the wait for every pod Running")
-	flag.DurationVar(&c.settle, "settle", 30*time.Second, "wait after every pod runs before the idle window")
+	flag.DurationVar(&c.settle, "settle", 30*time.Second, "least wait after every pod runs before the idle window")
+	flag.DurationVar(&c.settleMax, "settle-max", 8*time.Minute, "bound on the wait for the cluster to stop changing Nodes and pods before the idle window")
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "the idle window over which CPU is averaged (at least 60s for the figures)")
 	flag.Var(&c.bridgeFlags, "bridge-flag", "extra mqlet-bridge flag, repeatable (e.g. --kube-api-qps=400)")
 	flag.Var(&c.simFlags, "sim-flag", "extra `mqlet fleet-sim` flag, repeatable")
@@ -148,13 +149,17 @@ func (b *bench) path(name string) string { return filepath.Join(b.dir, name) }
 
 // results holds exactly the keys of the results file. Percentages are of one core.
 type results struct {
-	FleetNodes        int     `json:"fleet_nodes"`
-	FleetReadyS       float64 `json:"fleet_ready_s"`
-	FleetRegisteredS  float64 `json:"fleet_registered_s"` // start -> every Node exists (not yet all Ready)
+	FleetNodes       int     `json:"fleet_nodes"`
+	FleetReadyS      float64 `json:"fleet_ready_s"`
+	FleetRegisteredS float64 `json:"fleet_registered_s"` // start -> every Node exists (not yet all Ready)
+	// FleetSchedulableS: start -> every Node Ready and without the not-ready taint (the node
+	// lifecycle controller's work; -1: not within the run).
+	FleetSchedulableS float64 `json:"fleet_schedulable_s"`
 	FleetPods         int     `json:"fleet_pods"`
 	FleetPodsCreateS  float64 `json:"fleet_pods_create_s"`  // first create sent -> last create returned
 	FleetPodsRunningS float64 `json:"fleet_pods_running_s"` // last create returned -> all Running
 	PodCreateRetries  int64   `json:"pod_create_retries"`
+	SettleS           float64 `json:"settle_s"` // all Running -> the idle window's start
 	IdleWindowS       float64 `json:"idle_window_s"`
 	BridgeCPUPct      float64 `json:"bridge_cpu_pct"`
 	BridgeRSSMiB      float64 `json:"bridge_rss_mib"`
@@ -270,6 +275,7 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 	// Watches on Nodes and on the bench's pods, synced before the fleet starts.
 	registered := newTracker(func(any) bool { return true })
 	ready := newTracker(nodeReady)
+	schedulable := newTracker(nodeSchedulable)
 	running := newTracker(podRunning)
 	infCtx, cancel := context.WithCancel(ctx)
 	b.stopInf = cancel
@@ -281,6 +287,9 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 		return nil, err
 	}
 	if _, err := ni.AddEventHandler(ready.handlers()); err != nil {
+		return nil, err
+	}
+	if _, err := ni.AddEventHandler(schedulable.handlers()); err != nil {
 		return nil, err
 	}
 	if _, err := pi.AddEventHandler(running.handlers()); err != nil {
@@ -331,6 +340,7 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 
 	// Phase 1: the fleet comes up.
 	ph := b.beginPhase(ctx, "fleet start -> all Nodes Ready")
+	schedulable.expect(c.nodes)
 	t0 := time.Now()
 	if err := b.startSim(); err != nil {
 		return nil, err
@@ -396,11 +406,24 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 	r.Phases = append(r.Phases, b.endPhase(ctx, ph, queueMax))
 	clear(queueMax)
 
-	// Phase 3: idle and online.
-	b.logf("settling for %s before the %s idle window", c.settle, c.idle)
+	// Phase 3: idle and online. First the cluster settles: the node lifecycle controller works
+	// through the new Nodes at its client's rate (kube-controller-manager's default 20 QPS), so
+	// for minutes after a fleet arrives it writes Nodes; that is not the idle fleet's cost.
+	b.logf("settling: at least %s, then until no Node or pod changes for %s (at most %s)", c.settle, quietFor, c.settleMax)
+	settleStart := time.Now()
 	if err := sleep(ctx, c.settle); err != nil {
 		return nil, err
 	}
+	if err := b.quiet(ctx, c.settleMax-c.settle, ready, running, alive); err != nil {
+		return nil, err
+	}
+	r.SettleS = round1(time.Since(settleStart).Seconds())
+	if at := schedulable.reachedAt(); !at.IsZero() {
+		r.FleetSchedulableS = round1(at.Sub(t0).Seconds())
+	} else {
+		r.FleetSchedulableS = -1
+	}
+	b.logf("settled after %.1f s; every Node schedulable %.1f s after the simulator started", r.SettleS, r.FleetSchedulableS)
 	ph = b.beginPhase(ctx, "idle window")
 	nodeUpd, podUpd := ready.updates.Load(), running.updates.Load()
 	// What the Node updates of the idle window change, by part (the first 20 in full in the log dir).
@@ -471,6 +494,37 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 	}
 	r.LoadAvg.End = loadAvg()
 	return r, nil
+}
+
+// quietFor is how long no Node and no pod may change before the idle window starts.
+const quietFor = 10 * time.Second
+
+// quiet waits until the watches have seen no Node or pod update for quietFor and the bridge's pod
+// queues are empty.
+func (b *bench) quiet(ctx context.Context, timeout time.Duration, nodes, pods *tracker, alive func() error) error {
+	deadline := time.Now().Add(timeout)
+	last := nodes.updates.Load() + pods.updates.Load()
+	since := time.Now()
+	for {
+		if err := sleep(ctx, time.Second); err != nil {
+			return err
+		}
+		if err := alive(); err != nil {
+			return err
+		}
+		if n := nodes.updates.Load() + pods.updates.Load(); n != last {
+			last, since = n, time.Now()
+		}
+		if time.Since(since) >= quietFor {
+			s, err := scrapeBridge(ctx, b.bridgeAddr, "")
+			if err == nil && s.sum("mqlet_bridge_queue_depth") == 0 {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("settling: Nodes or pods still changing after %s (last change %s ago)", timeout, time.Since(since).Round(time.Second))
+		}
+	}
 }
 
 // podNamespace creates the pods' namespace and waits for its default ServiceAccount (made by the
@@ -771,8 +825,8 @@ func (r *results) print(w io.Writer) {
 		v any
 	}{
 		{"fleet_nodes", r.FleetNodes}, {"fleet_ready_s", r.FleetReadyS}, {"fleet_registered_s", r.FleetRegisteredS},
-		{"fleet_pods", r.FleetPods}, {"fleet_pods_create_s", r.FleetPodsCreateS}, {"fleet_pods_running_s", r.FleetPodsRunningS},
-		{"pod_create_retries", r.PodCreateRetries}, {"idle_window_s", r.IdleWindowS},
+		{"fleet_schedulable_s", r.FleetSchedulableS}, {"fleet_pods", r.FleetPods}, {"fleet_pods_create_s", r.FleetPodsCreateS}, {"fleet_pods_running_s", r.FleetPodsRunningS},
+		{"pod_create_retries", r.PodCreateRetries}, {"settle_s", r.SettleS}, {"idle_window_s", r.IdleWindowS},
 		{"bridge_cpu_pct", r.BridgeCPUPct}, {"bridge_rss_mib", r.BridgeRSSMiB},
 		{"mosquitto_cpu_pct", r.MosquittoCPUPct}, {"mosquitto_rss_mib", r.MosquittoRSSMiB},
 		{"kube_apiserver_cpu_pct", r.APIServerCPUPct}, {"kube_apiserver_rss_mib", r.APIServerRSSMiB},
@@ -797,6 +851,7 @@ func (r *results) print(w io.Writer) {
 	fmt.Fprintln(tw, "|---\t|---\t|---\t|")
 	fmt.Fprintf(tw, "| `fleet_nodes`\t| %d\t| 1,000\t|\n", r.FleetNodes)
 	fmt.Fprintf(tw, "| `fleet_ready_s`\t| %.1f\t| <= 60: %s\t|\n", r.FleetReadyS, met(r.FleetReadyS <= 60))
+	fmt.Fprintf(tw, "| `fleet_schedulable_s`\t| %.1f (no not-ready taint left)\t|\t|\n", r.FleetSchedulableS)
 	fmt.Fprintf(tw, "| `fleet_pods_running_s`\t| %.1f (%d pods; created in %.1f s)\t| <= 60: %s\t|\n", r.FleetPodsRunningS, r.FleetPods, r.FleetPodsCreateS, met(r.FleetPodsRunningS <= 60))
 	fmt.Fprintf(tw, "| `bridge_cpu_pct`\t| %.2f (over %.0f s idle)\t| < 25: %s\t|\n", r.BridgeCPUPct, r.IdleWindowS, met(r.BridgeCPUPct < 25))
 	fmt.Fprintf(tw, "| `bridge_rss_mib`\t| %.1f\t|\t|\n", r.BridgeRSSMiB)
