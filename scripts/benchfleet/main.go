@@ -282,6 +282,12 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 	nf := informers.NewSharedInformerFactory(admin, 0)
 	pf := informers.NewSharedInformerFactoryWithOptions(admin, 0, informers.WithNamespace(podNamespace))
 	ni := nf.Core().V1().Nodes().Informer()
+	// Events too: the controller-manager writes its backlog of Node events (RegisteredNode) at
+	// its client's rate for minutes after the fleet arrived.
+	events := newTracker(func(any) bool { return true })
+	if _, err := nf.Core().V1().Events().Informer().AddEventHandler(events.handlers()); err != nil {
+		return nil, err
+	}
 	pi := pf.Core().V1().Pods().Informer()
 	if _, err := ni.AddEventHandler(registered.handlers()); err != nil {
 		return nil, err
@@ -409,12 +415,12 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 	// Phase 3: idle and online. First the cluster settles: the node lifecycle controller works
 	// through the new Nodes at its client's rate (kube-controller-manager's default 20 QPS), so
 	// for minutes after a fleet arrives it writes Nodes; that is not the idle fleet's cost.
-	b.logf("settling: at least %s, then until no Node or pod changes for %s (at most %s)", c.settle, quietFor, c.settleMax)
+	b.logf("settling: at least %s, then until no Node, pod or Event changes for %s (at most %s)", c.settle, quietFor, c.settleMax)
 	settleStart := time.Now()
 	if err := sleep(ctx, c.settle); err != nil {
 		return nil, err
 	}
-	if err := b.quiet(ctx, c.settleMax-c.settle, ready, running, alive); err != nil {
+	if err := b.quiet(ctx, c.settleMax-c.settle, []*tracker{ready, running, events}, alive); err != nil {
 		return nil, err
 	}
 	r.SettleS = round1(time.Since(settleStart).Seconds())
@@ -499,11 +505,18 @@ func (b *bench) run(ctx context.Context) (*results, error) {
 // quietFor is how long no Node and no pod may change before the idle window starts.
 const quietFor = 10 * time.Second
 
-// quiet waits until the watches have seen no Node or pod update for quietFor and the bridge's pod
-// queues are empty.
-func (b *bench) quiet(ctx context.Context, timeout time.Duration, nodes, pods *tracker, alive func() error) error {
+// quiet waits until the watches have seen no Node or pod update and no new Event for quietFor,
+// and the bridge's pod queues are empty.
+func (b *bench) quiet(ctx context.Context, timeout time.Duration, ts []*tracker, alive func() error) error {
 	deadline := time.Now().Add(timeout)
-	last := nodes.updates.Load() + pods.updates.Load()
+	changes := func() int64 {
+		var n int64
+		for _, t := range ts {
+			n += t.updates.Load() + int64(t.count())
+		}
+		return n
+	}
+	last := changes()
 	since := time.Now()
 	for {
 		if err := sleep(ctx, time.Second); err != nil {
@@ -512,7 +525,7 @@ func (b *bench) quiet(ctx context.Context, timeout time.Duration, nodes, pods *t
 		if err := alive(); err != nil {
 			return err
 		}
-		if n := nodes.updates.Load() + pods.updates.Load(); n != last {
+		if n := changes(); n != last {
 			last, since = n, time.Now()
 		}
 		if time.Since(since) >= quietFor {
@@ -522,7 +535,7 @@ func (b *bench) quiet(ctx context.Context, timeout time.Duration, nodes, pods *t
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("settling: Nodes or pods still changing after %s (last change %s ago)", timeout, time.Since(since).Round(time.Second))
+			return fmt.Errorf("settling: Nodes, pods or Events still changing after %s (last change %s ago)", timeout, time.Since(since).Round(time.Second))
 		}
 	}
 }
