@@ -86,8 +86,12 @@ func cpuTicks(pid int) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	return parseStatTicks(pid, string(b))
+}
+
+// parseStatTicks is utime + stime from the text of /proc/PID/stat.
+func parseStatTicks(pid int, s string) (int64, error) {
 	// The command name (field 2) may hold spaces; the fields after its closing paren are fixed.
-	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
 		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
