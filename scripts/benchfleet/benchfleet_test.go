@@ -85,8 +85,11 @@ func TestTracker(t *testing.T) {
 	if _, err := tr.waitFor(ctx, 2, 50*time.Millisecond, "both", nil, nil); err == nil {
 		t.Fatal("waitFor returned before the count was reached")
 	}
-	before := time.Now()
 	h.OnUpdate(node("a", true, notReady), node("a", true))
+	if _, err := tr.waitFor(ctx, 2, 50*time.Millisecond, "both", nil, nil); err == nil || tr.count() != 1 {
+		t.Fatalf("waitFor returned with %d of 2 (err %v)", tr.count(), err)
+	}
+	before := time.Now()
 	h.OnUpdate(node("b", false), node("b", true))
 	at, err := tr.waitFor(ctx, 2, time.Second, "both", nil, nil)
 	if err != nil || at.Before(before) {
