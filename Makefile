@@ -9,7 +9,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 GOBUILD := CGO_ENABLED=0 go build -trimpath -tags grpcnotrace -ldflags "$(LDFLAGS)"
 TESTENV := /run/mqlet-test/env
 
-.PHONY: build cross test unit fuzz demo demo-down bench testenv testenv-down vet clean
+.PHONY: build cross test unit fuzz demo demo-down bench bench-fleet testenv testenv-down vet clean
 
 build:
 	$(GOBUILD) -o bin/mqlet ./cmd/mqlet
@@ -56,6 +56,10 @@ demo-down:
 bench:
 	bash scripts/testenv.sh --no-kube
 	bash scripts/bench.sh
+
+# mqlet-bridge with 1,000 simulated nodes and 10,000 pods on a real control plane (BENCHMARKS.md).
+bench-fleet:
+	bash scripts/bench-fleet.sh
 
 vet:
 	go vet ./...
