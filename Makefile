@@ -58,7 +58,7 @@ bench:
 	bash scripts/bench.sh
 
 # mqlet-bridge with 1,000 simulated nodes and 10,000 pods on a real control plane (BENCHMARKS.md).
-bench-fleet:
+bench-fleet: testenv
 	bash scripts/bench-fleet.sh
 
 vet:

@@ -8,7 +8,7 @@
 # Usage: scripts/bench-fleet.sh [harness flags...], e.g. -keep-logs /tmp/fleet-logs
 # -bridge-flag=--kube-api-qps=400 (go run ./scripts/benchfleet -h lists them).
 # Needs: mosquitto, Debian's etcd-server, and the kube binaries of scripts/kubebins.sh
-# (MQLET_KUBE_BIN, else /run/mqlet-test/env, else /var/lib/mqlet-test/kube/<version>/bin).
+# (MQLET_TEST_KUBE_BIN, else /run/mqlet-test/env, else /var/lib/mqlet-test/kube/<version>/bin).
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -169,7 +169,7 @@ func startProc(t *testing.T, dir, name, bin string, env []string, args ...string
 }
 
 // programEnv is the test's environment without the MQLET_* variables of the test setup
-// (MQLET_KUBE_BIN and the like): mqlet reserves that prefix for its settings and refuses unknown
+// (MQLET_TEST_*): mqlet reserves the MQLET_ prefix for its settings and refuses unknown
 // ones.
 func programEnv() []string {
 	var env []string
