@@ -8,7 +8,7 @@ package mq
 import (
 	"context"
 	"crypto/rand"
-	"crypto/x509"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -488,31 +488,16 @@ func ReadPasswordFile(path string) (string, error) {
 	return pw, nil
 }
 
-// markerIdentity names the marker topic <prefix>/ctl/<identity>/marker the way sync/ctlclient
-// does (the ACL grants `pattern readwrite <prefix>/ctl/%u/#`): the username, else the client
-// certificate's CN, else the client id.
+// markerIdentity names the marker topic as sync/ctlclient does (broker.MarkerIdentity).
 func markerIdentity(o Options, useTLS bool) (string, error) {
-	id, from := o.ClientID, "client id"
-	switch {
-	case o.Username != "":
-		id, from = o.Username, "username"
-	case useTLS && o.CertFile != "":
-		tc, err := broker.TLSConfig(o.CAFile, o.CertFile, o.KeyFile)
-		if err != nil {
+	var tc *tls.Config
+	if useTLS && o.CertFile != "" && o.Username == "" {
+		var err error
+		if tc, err = broker.TLSConfig(o.CAFile, o.CertFile, o.KeyFile); err != nil {
 			return "", err
 		}
-		leaf, err := x509.ParseCertificate(tc.Certificates[0].Certificate[0])
-		if err != nil {
-			return "", fmt.Errorf("client certificate %s: %w", o.CertFile, err)
-		}
-		if leaf.Subject.CommonName != "" {
-			id, from = leaf.Subject.CommonName, "client certificate's CN"
-		}
 	}
-	if id == "" || strings.ContainsAny(id, "/+#\x00") {
-		return "", fmt.Errorf("%s %q cannot name the marker topic <prefix>/ctl/<identity>/marker: it is empty or holds '/', '+', '#' or NUL", from, id)
-	}
-	return id, nil
+	return broker.MarkerIdentity(o.Username, o.ClientID, tc, o.CertFile)
 }
 
 // clientIDPart keeps the characters of s that are safe in a client id everywhere, plus a dash.

@@ -118,3 +118,30 @@ func TLSConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
 	}
 	return c, nil
 }
+
+// MarkerIdentity is the identity that names a control-plane client's marker topic
+// <prefix>/ctl/<identity>/marker (docs/protocol.md section 10). A broker's ACL grants such clients
+// their marker subtree by user name (`pattern readwrite <prefix>/ctl/%u/#`), and with
+// use_identity_as_username the user name is the client certificate's CN: so the identity is the
+// username, else the CN of the certificate in tc (certFile names it in errors), else (anonymous)
+// the client id. Two clients of one identity share the topic; random marker values keep their
+// reads apart.
+func MarkerIdentity(username, clientID string, tc *tls.Config, certFile string) (string, error) {
+	id, from := clientID, "client id"
+	switch {
+	case username != "":
+		id, from = username, "username"
+	case tc != nil && len(tc.Certificates) > 0:
+		leaf, err := x509.ParseCertificate(tc.Certificates[0].Certificate[0])
+		if err != nil {
+			return "", fmt.Errorf("client certificate %s: %w", certFile, err)
+		}
+		if leaf.Subject.CommonName != "" {
+			id, from = leaf.Subject.CommonName, "client certificate's CN"
+		}
+	}
+	if id == "" || strings.ContainsAny(id, "/+#\x00") {
+		return "", fmt.Errorf("%s %q cannot name the marker topic <prefix>/ctl/<identity>/marker: it is empty or holds '/', '+', '#' or NUL", from, id)
+	}
+	return id, nil
+}

@@ -12,7 +12,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -58,7 +57,7 @@ type Client struct {
 	o      Options
 	topics protocol.Topics
 	mc     mqtt.Client
-	marker string // <prefix>/ctl/<identity>/marker, see markerIdentity
+	marker string // <prefix>/ctl/<identity>/marker, see broker.MarkerIdentity
 
 	lost     chan struct{} // closed when the connection is lost
 	lostOnce sync.Once
@@ -102,7 +101,7 @@ func Connect(ctx context.Context, o Options) (*Client, error) {
 		// TLS files with a plain URL mean a typo in one of them; connecting without TLS would hide it.
 		return nil, fmt.Errorf("connect %s: a CA file or client certificate is given but the broker URL is not TLS (use ssl://, mqtts:// or wss://)", o.Broker)
 	}
-	id, err := markerIdentity(o, tc)
+	id, err := broker.MarkerIdentity(o.Username, o.ClientID, tc, o.CertFile)
 	if err != nil {
 		return nil, fmt.Errorf("connect %s: %w", o.Broker, err)
 	}
@@ -199,32 +198,6 @@ func (c *Client) wait(ctx context.Context, tok mqtt.Token, what string) error {
 // publish publishes at QoS 1 and waits for the broker's PUBACK.
 func (c *Client) publish(ctx context.Context, topic string, payload []byte, retained bool) error {
 	return c.wait(ctx, c.mc.Publish(topic, qos, retained, payload), "publish "+topic)
-}
-
-// markerIdentity names the client's marker topic <prefix>/ctl/<identity>/marker. A broker's ACL
-// grants control-plane identities their marker subtree by user name (`pattern readwrite
-// <prefix>/ctl/%u/#`), and with use_identity_as_username the user name is the client
-// certificate's CN: so the identity is the username, else the certificate's CN, else (anonymous)
-// the client id. Two clients of one identity share the topic; Snapshot's random marker values keep
-// their reads apart.
-func markerIdentity(o Options, tc *tls.Config) (string, error) {
-	id, from := o.ClientID, "client id"
-	switch {
-	case o.Username != "":
-		id, from = o.Username, "username"
-	case tc != nil && len(tc.Certificates) > 0:
-		leaf, err := x509.ParseCertificate(tc.Certificates[0].Certificate[0])
-		if err != nil {
-			return "", fmt.Errorf("client certificate %s: %w", o.CertFile, err)
-		}
-		if leaf.Subject.CommonName != "" {
-			id, from = leaf.Subject.CommonName, "client certificate's CN"
-		}
-	}
-	if id == "" || strings.ContainsAny(id, "/+#\x00") {
-		return "", fmt.Errorf("%s %q cannot name the marker topic <prefix>/ctl/<identity>/marker: it is empty or holds '/', '+', '#' or NUL", from, id)
-	}
-	return id, nil
 }
 
 func randomHex(n int) string {
