@@ -32,7 +32,7 @@ func apiPod(namespace, name, node string, uid types.UID) *v1.Pod {
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: "web-5d8f9c7b6",
 				UID: "11111111-2222-3333-4444-555555555555", Controller: ptr(true), BlockOwnerDeletion: ptr(true)}},
 			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate,
-				APIVersion: "v1", FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{}}`)}}},
+				APIVersion: "v1", FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{}}`)}},
 		},
 		Spec: v1.PodSpec{
 			Volumes: []v1.Volume{
@@ -135,12 +135,6 @@ func (b *memBroker) Snapshot(ctx context.Context, filters ...string) (map[string
 		}
 	}
 	return out, nil
-}
-
-func (b *memBroker) published() []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return append([]string(nil), b.log...)
 }
 
 func (b *memBroker) get(topic string) []byte {

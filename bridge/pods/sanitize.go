@@ -132,5 +132,6 @@ func stripMeta(m *metav1.ObjectMeta) {
 	m.ResourceVersion = ""
 	m.DeletionTimestamp = nil
 	m.DeletionGracePeriodSeconds = nil
+	//lint:ignore SA1019 deprecated, but an old API server still fills it and the node would keep it
 	m.SelfLink = ""
 }

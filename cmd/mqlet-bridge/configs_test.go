@@ -138,7 +138,7 @@ func TestBridgeManifests(t *testing.T) {
 	if ctr.LivenessProbe == nil || ctr.LivenessProbe.HTTPGet == nil || ctr.LivenessProbe.HTTPGet.Path != "/healthz" {
 		t.Error("liveness probe must GET /healthz")
 	}
-	c, _, err := parse(t, ctr.Args...)
+	_, _, err := parse(t, ctr.Args...)
 	if err != nil && !strings.Contains(err.Error(), "no such file") && !strings.Contains(err.Error(), "does not exist") {
 		t.Fatalf("the Deployment's args do not parse: %v", err)
 	}
@@ -149,7 +149,8 @@ func TestBridgeManifests(t *testing.T) {
 			rest = append(rest, a)
 		}
 	}
-	if c, _, err = parse(t, rest...); err != nil {
+	c, _, err := parse(t, rest...)
+	if err != nil {
 		t.Fatalf("the Deployment's args do not parse: %v", err)
 	}
 	if err := c.Run.validate(); err != nil {
