@@ -63,15 +63,26 @@ func TestExecRunsInTheContainer(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("output and exit code", func(t *testing.T) {
-		res, err := rt.Exec(ctx, id, []string{"sh", "-c", "cat /tmp/marker; echo to-stderr >&2; exit 3"}, 10*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.ExitCode != 3 {
-			t.Errorf("exit code %d, want 3", res.ExitCode)
+		// containerd 1.6's shim can drop the output of an exec that exits right after writing
+		// (containerd/containerd#5741, fixed by draining exec IO in 1.7): seen once in CI under load.
+		// A lost write is that daemon's, so up to three attempts; every attempt must still exit 3.
+		var out string
+		for attempt := 1; attempt <= 3; attempt++ {
+			res, err := rt.Exec(ctx, id, []string{"sh", "-c", "cat /tmp/marker; echo to-stderr >&2; exit 3"}, 10*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.ExitCode != 3 {
+				t.Errorf("exit code %d, want 3", res.ExitCode)
+			}
+			out = string(res.Output)
+			if strings.Contains(out, "inside") && strings.Contains(out, "to-stderr") {
+				break
+			}
+			t.Logf("attempt %d: output %q incomplete (containerd 1.6 exec IO drain)", attempt, out)
 		}
 		// The marker exists only in the container's filesystem: the command ran there.
-		if out := string(res.Output); !strings.Contains(out, "inside") || !strings.Contains(out, "to-stderr") {
+		if !strings.Contains(out, "inside") || !strings.Contains(out, "to-stderr") {
 			t.Errorf("output %q lacks the container's file content or stderr", out)
 		}
 	})
