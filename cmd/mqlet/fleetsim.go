@@ -181,9 +181,6 @@ type fleet struct {
 	// sessionBase starts every node's session numbers: the store is new at every start, but a
 	// control plane believes liveness only from sessions that grow (protocol.IsStaleOffline).
 	sessionBase int64
-
-	// started counts nodes started, for tests and the summary.
-	started atomic.Int64
 }
 
 // nodeIP is node i's address: 10.128.0.0/9 holds 8 million nodes, each its own.
@@ -223,7 +220,6 @@ starting:
 			break
 		}
 		nodes = append(nodes, n)
-		f.started.Add(1)
 		wg.Go(func() {
 			if err := n.run(ctx); err != nil {
 				failed.Add(1)
