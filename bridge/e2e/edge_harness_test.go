@@ -21,7 +21,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -42,11 +41,9 @@ import (
 	"golang.org/x/sys/unix"
 	coordv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/yaml"
 )
 
 const (
@@ -699,57 +696,12 @@ func applyManifestFiles(t *testing.T, cs kubernetes.Interface, files ...string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	for _, file := range files {
-		path := filepath.Join(root, "configs", "bridge", file)
-		raw, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(raw), -1) {
-			var meta metav1.TypeMeta
-			if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-				t.Fatalf("%s document %d: %v", path, i, err)
-			}
-			decode := func(v any) {
-				if err := yaml.UnmarshalStrict([]byte(doc), v); err != nil {
-					t.Fatalf("%s document %d (%s): %v", path, i, meta.Kind, err)
-				}
-			}
-			switch meta.Kind {
-			case "":
-				continue
-			case "Namespace":
-				var x v1.Namespace
-				decode(&x)
-				_, err = cs.CoreV1().Namespaces().Create(ctx, &x, metav1.CreateOptions{})
-			case "ServiceAccount":
-				var x v1.ServiceAccount
-				decode(&x)
-				_, err = cs.CoreV1().ServiceAccounts(x.Namespace).Create(ctx, &x, metav1.CreateOptions{})
-			case "ClusterRole":
-				var x rbacv1.ClusterRole
-				decode(&x)
-				_, err = cs.RbacV1().ClusterRoles().Create(ctx, &x, metav1.CreateOptions{})
-			case "ClusterRoleBinding":
-				var x rbacv1.ClusterRoleBinding
-				decode(&x)
-				_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, &x, metav1.CreateOptions{})
-			case "Role":
-				var x rbacv1.Role
-				decode(&x)
-				_, err = cs.RbacV1().Roles(x.Namespace).Create(ctx, &x, metav1.CreateOptions{})
-			case "RoleBinding":
-				var x rbacv1.RoleBinding
-				decode(&x)
-				_, err = cs.RbacV1().RoleBindings(x.Namespace).Create(ctx, &x, metav1.CreateOptions{})
-			default:
-				t.Fatalf("%s: unexpected kind %q", path, meta.Kind)
-			}
-			if err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatalf("create %s from %s: %v", meta.Kind, path, err)
-			}
-		}
+	var paths []string
+	for _, f := range files {
+		paths = append(paths, filepath.Join(root, "configs", "bridge", f))
+	}
+	if err := kubetest.CreateManifests(context.Background(), cs, paths...); err != nil {
+		t.Fatal(err)
 	}
 }
 

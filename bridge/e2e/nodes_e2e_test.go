@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"regexp"
 	"runtime/pprof"
 	"slices"
@@ -27,11 +26,9 @@ import (
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 	v1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/yaml"
 )
 
 const (
@@ -51,7 +48,7 @@ func TestNodeRegistersTurnsReadyAndUnknownWhenOffline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	applyRBAC(t, admin)
+	applyManifestFiles(t, admin, "namespace.yaml", "rbac.yaml")
 	b, addr := startBridge(t, cluster.ServiceAccountKubeconfig("mqlet-system", "mqlet-bridge"), broker)
 
 	// The node, as the agent speaks: a Will, then online and its status, retained.
@@ -116,62 +113,6 @@ func TestNodeRegistersTurnsReadyAndUnknownWhenOffline(t *testing.T) {
 		got, err = admin.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 		return err == nil && ready(got) == v1.ConditionTrue
 	})
-}
-
-// applyRBAC creates the namespace and RBAC of configs/bridge, so the bridge runs with exactly the
-// rights it is deployed with.
-func applyRBAC(t *testing.T, cs kubernetes.Interface) {
-	t.Helper()
-	ctx := context.Background()
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &v1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "mqlet-system"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	raw, err := os.ReadFile("../../configs/bridge/rbac.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(raw), -1) {
-		var meta metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-			t.Fatal(err)
-		}
-		switch meta.Kind {
-		case "ServiceAccount":
-			var x v1.ServiceAccount
-			mustDecode(t, doc, &x)
-			_, err = cs.CoreV1().ServiceAccounts(x.Namespace).Create(ctx, &x, metav1.CreateOptions{})
-		case "ClusterRole":
-			var x rbacv1.ClusterRole
-			mustDecode(t, doc, &x)
-			_, err = cs.RbacV1().ClusterRoles().Create(ctx, &x, metav1.CreateOptions{})
-		case "ClusterRoleBinding":
-			var x rbacv1.ClusterRoleBinding
-			mustDecode(t, doc, &x)
-			_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, &x, metav1.CreateOptions{})
-		case "Role":
-			var x rbacv1.Role
-			mustDecode(t, doc, &x)
-			_, err = cs.RbacV1().Roles(x.Namespace).Create(ctx, &x, metav1.CreateOptions{})
-		case "RoleBinding":
-			var x rbacv1.RoleBinding
-			mustDecode(t, doc, &x)
-			_, err = cs.RbacV1().RoleBindings(x.Namespace).Create(ctx, &x, metav1.CreateOptions{})
-		case "":
-			continue
-		default:
-			t.Fatalf("rbac.yaml: unexpected kind %q", meta.Kind)
-		}
-		if err != nil {
-			t.Fatalf("create %s from rbac.yaml: %v", meta.Kind, err)
-		}
-	}
-}
-
-func mustDecode(t *testing.T, doc string, v any) {
-	t.Helper()
-	if err := yaml.UnmarshalStrict([]byte(doc), v); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // startBridge runs the bridge with leader election, as the Deployment does, with the admin MQTT
@@ -314,7 +255,7 @@ func TestTwoReplicasOneLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	applyRBAC(t, admin)
+	applyManifestFiles(t, admin, "namespace.yaml", "rbac.yaml")
 	kc := cluster.ServiceAccountKubeconfig("mqlet-system", "mqlet-bridge")
 	a := runReplica(t, kc, broker, "replica-a")
 	waitFor(t, 30*time.Second, "replica-a leads", func() bool { return strings.Contains(get(t, a.url), "ready: leader") })

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -14,12 +12,12 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"sigs.k8s.io/yaml"
+
+	"github.com/mqlet/mqlet/internal/kubetest"
 )
 
 // tracker follows one kind of object through an informer (a watch, no polling) and counts those
@@ -225,58 +223,13 @@ func podRunning(obj any) bool {
 	return ok && p.Status.Phase == corev1.PodRunning
 }
 
-// applyRBAC creates the ServiceAccount and RBAC of configs/bridge/rbac.yaml (and its namespace),
-// so the bridge runs with exactly the rights it is deployed with.
+// applyRBAC creates the namespace, then the ServiceAccount and RBAC of configs/bridge/rbac.yaml, so
+// the bridge runs with exactly the rights it is deployed with.
 func applyRBAC(ctx context.Context, cs kubernetes.Interface, path, namespace string) error {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create namespace %s: %w", namespace, err)
 	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	for i, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(raw), -1) {
-		var meta metav1.TypeMeta
-		if err := yaml.Unmarshal([]byte(doc), &meta); err != nil {
-			return fmt.Errorf("%s document %d: %w", path, i, err)
-		}
-		var obj any
-		switch meta.Kind {
-		case "":
-			continue
-		case "ServiceAccount":
-			obj = &corev1.ServiceAccount{}
-		case "ClusterRole":
-			obj = &rbacv1.ClusterRole{}
-		case "ClusterRoleBinding":
-			obj = &rbacv1.ClusterRoleBinding{}
-		case "Role":
-			obj = &rbacv1.Role{}
-		case "RoleBinding":
-			obj = &rbacv1.RoleBinding{}
-		default:
-			return fmt.Errorf("%s document %d: unexpected kind %q", path, i, meta.Kind)
-		}
-		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
-			return fmt.Errorf("%s document %d (%s): %w", path, i, meta.Kind, err)
-		}
-		switch x := obj.(type) {
-		case *corev1.ServiceAccount:
-			_, err = cs.CoreV1().ServiceAccounts(x.Namespace).Create(ctx, x, metav1.CreateOptions{})
-		case *rbacv1.ClusterRole:
-			_, err = cs.RbacV1().ClusterRoles().Create(ctx, x, metav1.CreateOptions{})
-		case *rbacv1.ClusterRoleBinding:
-			_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, x, metav1.CreateOptions{})
-		case *rbacv1.Role:
-			_, err = cs.RbacV1().Roles(x.Namespace).Create(ctx, x, metav1.CreateOptions{})
-		case *rbacv1.RoleBinding:
-			_, err = cs.RbacV1().RoleBindings(x.Namespace).Create(ctx, x, metav1.CreateOptions{})
-		}
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("create %s from %s: %w", meta.Kind, path, err)
-		}
-	}
-	return nil
+	return kubetest.CreateManifests(ctx, cs, path)
 }
 
 // benchPod is pod i of the run, bound to node by spec.nodeName (no scheduler involved), as a user
