@@ -33,7 +33,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -123,8 +122,6 @@ type Part struct {
 	// Run runs the part until ctx ends (after the informers synced and while the MQTT connection
 	// runs). An error stops the bridge.
 	Run func(ctx context.Context) error
-	// HasSynced, when set, is part of readiness.
-	HasSynced func() bool
 }
 
 // Bridge is a configured bridge; Run runs it.
@@ -390,9 +387,6 @@ func (b *Bridge) lead(ctx context.Context) error {
 			}
 			return fmt.Errorf("informer for %v did not sync", typ)
 		}
-	}
-	if b.part != nil && b.part.HasSynced != nil && !cache.WaitForCacheSync(ctx.Done(), b.part.HasSynced) {
-		return nil
 	}
 	b.informed.Store(true)
 	defer b.informed.Store(false)

@@ -234,6 +234,12 @@ func (c *Conn) Connected() (session int64, ok bool) {
 	return s, ok
 }
 
+// WaitConnected waits for a connection to the broker (or ctx's end) and returns its session and a
+// channel closed when that connection is lost.
+func (c *Conn) WaitConnected(ctx context.Context) (session int64, lost <-chan struct{}, err error) {
+	return c.link.WaitConnected(ctx)
+}
+
 // Run connects and keeps the connection up until ctx ends, handing messages to Handler; it
 // returns once every goroutine it started has ended.
 func (c *Conn) Run(ctx context.Context) error {

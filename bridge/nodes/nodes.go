@@ -268,13 +268,6 @@ func (c *Controller) vouched(s *node) bool {
 	return ok && s.online && s.onlineConn == session
 }
 
-// Handle takes an online or status/node message received on the bridge's current connection.
-// Other classes are ignored.
-func (c *Controller) Handle(t protocol.Topic, payload []byte) {
-	session, _ := c.o.Connected()
-	c.HandleMessage(mq.Message{Topic: t, Payload: payload, Session: session})
-}
-
 // HandleMessage takes an online or status/node message; it decodes and records, and leaves the
 // API writes to the workers. It never blocks on I/O.
 func (c *Controller) HandleMessage(m mq.Message) {

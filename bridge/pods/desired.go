@@ -38,7 +38,7 @@ func (c *Controller) syncNode(ctx context.Context, node string) error {
 	}
 	acks := c.nodeAcks(node)
 	if acks != nil {
-		st.counter = max64(st.counter, acksTop(acks))
+		st.counter = max(st.counter, acksTop(acks))
 	}
 	want, terminating, err := c.wanted(node, st)
 	if err != nil {

@@ -63,7 +63,7 @@ func encodeObject(kind protocol.ObjectKind, namespace, name string, obj any) (*o
 // Topics.Index, Topics.Acks and Topics.DesiredFilter). What cannot be read is reported and still
 // raises the counter where a generation can be found, so the next generation is above every one
 // the node may hold (docs/protocol.md section 16).
-func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, max int) (*nodeState, []error) {
+func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, maxPayload int) (*nodeState, []error) {
 	s := &nodeState{entries: map[string]entry{}, index: map[string]int64{}}
 	var problems []error
 	for topic, payload := range snap {
@@ -76,23 +76,23 @@ func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, m
 		}
 		switch t.Class {
 		case protocol.ClassIndex:
-			idx, err := protocol.DecodeIndex(t, payload, max)
+			idx, err := protocol.DecodeIndex(t, payload, maxPayload)
 			if err != nil {
 				problems = append(problems, fmt.Errorf("retained %s: %w", topic, err))
 				continue
 			}
 			s.indexRev = idx.Revision
-			s.counter = max64(s.counter, idx.Revision)
+			s.counter = max(s.counter, idx.Revision)
 			if idx.Objects != nil {
 				s.index = idx.Objects
 			}
 		case protocol.ClassAcks:
-			a, err := protocol.DecodeAcks(payload, max)
+			a, err := protocol.DecodeAcks(payload, maxPayload)
 			if err != nil || a.Node != node {
 				problems = append(problems, fmt.Errorf("retained %s: unreadable acks: %v", topic, err))
 				continue
 			}
-			s.counter = max64(s.counter, acksTop(a))
+			s.counter = max(s.counter, acksTop(a))
 		case protocol.ClassDesired:
 			// The envelope alone: what matters is the generation and whether the object is the
 			// one this bridge would write; a payload it cannot read is simply replaced.
@@ -102,7 +102,7 @@ func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, m
 				s.entries[protocol.ObjectKey(t.Kind, t.Namespace, t.Name)] = entry{}
 				continue
 			}
-			s.counter = max64(s.counter, d.Generation)
+			s.counter = max(s.counter, d.Generation)
 			e := entry{Gen: d.Generation, Deleted: d.Deleted}
 			if !d.Deleted && d.Node == node && d.Kind == t.Kind && d.Namespace == t.Namespace && d.Name == t.Name {
 				e.Hash = hashRaw(d.Object)
@@ -111,7 +111,7 @@ func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, m
 		}
 	}
 	for _, g := range s.index {
-		s.counter = max64(s.counter, g)
+		s.counter = max(s.counter, g)
 	}
 	return s, problems
 }
@@ -120,22 +120,15 @@ func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, m
 func acksTop(a *protocol.Acks) int64 {
 	top := a.IndexRevision
 	for _, g := range a.Applied {
-		top = max64(top, g)
+		top = max(top, g)
 	}
 	for _, g := range a.Deleted {
-		top = max64(top, g)
+		top = max(top, g)
 	}
 	for _, r := range a.Refused {
-		top = max64(top, r.Generation)
+		top = max(top, r.Generation)
 	}
 	return top
-}
-
-func max64(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
 }
 
 // write is one retained desired message to publish.
@@ -251,7 +244,7 @@ func (s *nodeState) commit(p plan) {
 		s.index = p.Index.Objects
 		s.indexRev = p.Index.Revision
 	}
-	s.counter = max64(s.counter, p.Gen)
+	s.counter = max(s.counter, p.Gen)
 }
 
 // forget drops a tombstone the bridge cleared from the broker.
