@@ -1,9 +1,7 @@
 package pod
 
 import (
-	"context"
 	"errors"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -60,27 +58,8 @@ func (l *eventLog) waitFor(t *testing.T, reason string, n int) []event.Event {
 // startWorkerWithEvents is startWorker with the worker's events kept.
 func startWorkerWithEvents(t *testing.T, pod *v1.Pod, prev *v1.PodStatus, f *fakeRuntime) (*harness, *eventLog) {
 	t.Helper()
-	h := &harness{t: t, f: f, changed: make(chan struct{}, 1), done: make(chan struct{})}
 	l := &eventLog{}
-	h.w = NewWorker(pod, prev, Env{
-		Runtime: f,
-		Log:     slog.New(slog.DiscardHandler),
-		Emit:    l.emit,
-		OnStatus: func(_ *v1.Pod, st v1.PodStatus) {
-			h.mu.Lock()
-			h.last = st.DeepCopy()
-			h.mu.Unlock()
-			h.poke()
-		},
-		OnGone: func(p *v1.Pod) { h.poke() },
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { defer close(h.done); h.w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-h.done
-	})
-	return h, l
+	return startWorkerOn(t, pod, prev, f, f, l.emit), l
 }
 
 // A container that keeps crashing is reported waiting in back-off (kubelet's BackOff with its

@@ -3,11 +3,9 @@ package pod
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/mqlet/mqlet/agent/cgroup"
 	"github.com/mqlet/mqlet/agent/event"
@@ -38,52 +36,10 @@ func (o *oomRuntime) checked() []string {
 	return append([]string(nil), o.checks...)
 }
 
-// emitted records the events a worker emits.
-type emitted struct {
-	mu  sync.Mutex
-	all []event.Event
-}
-
-func (e *emitted) emit(ev event.Event) {
-	e.mu.Lock()
-	e.all = append(e.all, ev)
-	e.mu.Unlock()
-}
-
-func (e *emitted) reasons(reason string) []event.Event {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var out []event.Event
-	for _, ev := range e.all {
-		if ev.Reason == reason {
-			out = append(out, ev)
-		}
-	}
-	return out
-}
-
-// startOOMWorker is startWorker with rt as the runtime and events recorded.
-func startOOMWorker(t *testing.T, pod *v1.Pod, rt Runtime, f *fakeRuntime, ev *emitted) *harness {
+// startOOMWorker is startWorker with rt as the runtime and events kept in ev.
+func startOOMWorker(t *testing.T, pod *v1.Pod, rt Runtime, f *fakeRuntime, ev *eventLog) *harness {
 	t.Helper()
-	h := &harness{t: t, f: f, changed: make(chan struct{}, 1), done: make(chan struct{})}
-	h.w = NewWorker(pod, nil, Env{
-		Runtime: rt,
-		Log:     slog.New(slog.DiscardHandler),
-		OnStatus: func(_ *v1.Pod, st v1.PodStatus) {
-			h.mu.Lock()
-			h.last = st.DeepCopy()
-			h.mu.Unlock()
-			h.poke()
-		},
-		Emit: ev.emit,
-	})
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { defer close(h.done); h.w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-h.done
-	})
-	return h
+	return startWorkerOn(t, pod, nil, rt, f, ev.emit)
 }
 
 func limitedPod(policy v1.RestartPolicy) *v1.Pod {
@@ -97,7 +53,7 @@ func limitedPod(policy v1.RestartPolicy) *v1.Pod {
 func TestWorkerOOMFromCgroupCounters(t *testing.T) {
 	f := newFakeRuntime()
 	rt := &oomRuntime{fakeRuntime: f, killed: map[string]bool{idOf("a", 0): true}}
-	ev := &emitted{}
+	ev := &eventLog{}
 	h := startOOMWorker(t, limitedPod(v1.RestartPolicyNever), rt, f, ev)
 	h.waitFor("a running", func(st *v1.PodStatus) bool { return isRunning(st, "a", 0) })
 	f.exit(t, idOf("a", 0), 137)
@@ -112,9 +68,9 @@ func TestWorkerOOMFromCgroupCounters(t *testing.T) {
 	if got := rt.checked(); len(got) != 1 || got[0] != idOf("a", 0) {
 		t.Errorf("counters read for %v, want once for %s", got, idOf("a", 0))
 	}
-	evs := ev.reasons(ReasonOOMKilled)
+	evs := ev.with(ReasonOOMKilled)
 	if len(evs) != 1 {
-		t.Fatalf("OOMKilled events: %+v, want one", ev.all)
+		t.Fatalf("OOMKilled events: %+v, want one", ev.events)
 	}
 	e := evs[0]
 	if e.Type != event.Warning || e.Object.Kind != event.KindPod || e.Object.Name != "web" || e.Object.UID != testUID ||
@@ -129,7 +85,7 @@ func TestWorkerKilledWithoutOOMCounters(t *testing.T) {
 	for _, err := range []error{nil, fmt.Errorf("x: %w", cgroup.ErrNoCgroup)} {
 		f := newFakeRuntime()
 		rt := &oomRuntime{fakeRuntime: f, killed: map[string]bool{}, err: err}
-		ev := &emitted{}
+		ev := &eventLog{}
 		h := startOOMWorker(t, limitedPod(v1.RestartPolicyNever), rt, f, ev)
 		h.waitFor("a running", func(st *v1.PodStatus) bool { return isRunning(st, "a", 0) })
 		f.exit(t, idOf("a", 0), 137)
@@ -138,8 +94,8 @@ func TestWorkerKilledWithoutOOMCounters(t *testing.T) {
 		if term := statusOf(st, "a").State.Terminated; term == nil || term.Reason != "Error" {
 			t.Errorf("counter error %v: a = %s, want terminated Error", err, describe(st))
 		}
-		if len(rt.checked()) != 1 || len(ev.all) != 0 {
-			t.Errorf("counter error %v: checks %v, events %+v; want one check, no event", err, rt.checked(), ev.all)
+		if len(rt.checked()) != 1 || len(ev.events) != 0 {
+			t.Errorf("counter error %v: checks %v, events %+v; want one check, no event", err, rt.checked(), ev.events)
 		}
 	}
 }
@@ -149,20 +105,14 @@ func TestWorkerKilledWithoutOOMCounters(t *testing.T) {
 func TestWorkerOOMEventPerKill(t *testing.T) {
 	f := newFakeRuntime()
 	rt := &oomRuntime{fakeRuntime: f, killed: map[string]bool{}}
-	ev := &emitted{}
+	ev := &eventLog{}
 	h := startOOMWorker(t, limitedPod(v1.RestartPolicyAlways), rt, f, ev)
 	for attempt := range 2 {
 		h.waitFor(fmt.Sprintf("a running, attempt %d", attempt), func(st *v1.PodStatus) bool { return isRunning(st, "a", int32(attempt)) })
 		h.w.OOM(idOf("a", attempt))
 		f.exit(t, idOf("a", attempt), 137)
 		h.w.Nudge()
-		deadline := time.Now().Add(waitLimit)
-		for len(ev.reasons(ReasonOOMKilled)) < attempt+1 {
-			if time.Now().After(deadline) {
-				t.Fatalf("attempt %d: events %+v", attempt, ev.all)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		ev.waitFor(t, ReasonOOMKilled, attempt+1)
 	}
 	st := h.waitFor("a in back-off after its second OOM kill", func(st *v1.PodStatus) bool {
 		cs := statusOf(st, "a")
@@ -172,8 +122,8 @@ func TestWorkerOOMEventPerKill(t *testing.T) {
 		t.Errorf("a = %s, want last state OOMKilled", describe(st))
 	}
 	h.resync()
-	if n := len(ev.reasons(ReasonOOMKilled)); n != 2 {
-		t.Errorf("%d OOMKilled events for two kills: %+v", n, ev.all)
+	if n := len(ev.with(ReasonOOMKilled)); n != 2 {
+		t.Errorf("%d OOMKilled events for two kills: %+v", n, ev.events)
 	}
 	if got := rt.checked(); len(got) != 0 {
 		t.Errorf("counters read %v although the events told", got)

@@ -73,12 +73,7 @@ func (w *Worker) syncProbes(pod *v1.Pod, newest map[string]*runtime.Container) {
 		if cur == nil || cur.State != runtime.StateRunning || (c.LivenessProbe == nil && c.ReadinessProbe == nil && c.StartupProbe == nil) {
 			continue
 		}
-		r := w.rec(c.Name)
-		started := r.startedAt
-		if r.startedID != cur.ID || started.IsZero() {
-			started = cur.CreatedAt
-		}
-		running = append(running, probe.Running{Target: w.target(pod, w.sb, c, cur), StartedAt: started})
+		running = append(running, probe.Running{Target: w.target(pod, w.sb, c, cur), StartedAt: w.rec(c.Name).startTime(cur)})
 	}
 	w.probes.Sync(running)
 }

@@ -1,7 +1,6 @@
 package pod
 
 import (
-	"github.com/mqlet/mqlet/agent/podspec"
 	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 )
@@ -36,13 +35,7 @@ func (w *Worker) addExitMessage(t *v1.ContainerStateTerminated, name string, cur
 	w.mu.Lock()
 	pod := w.pod
 	w.mu.Unlock()
-	var spec *v1.Container
-	for _, c := range podspec.AllContainers(&pod.Spec) {
-		if c.Name == name {
-			spec = &c
-			break
-		}
-	}
+	spec := containerSpec(pod, name)
 	if spec == nil {
 		return
 	}

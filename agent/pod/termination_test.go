@@ -1,8 +1,6 @@
 package pod
 
 import (
-	"context"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -28,18 +26,7 @@ func (m *msgRuntime) TerminationMessage(c runtime.Container, spec *v1.Container)
 
 func startMsgWorker(t *testing.T, pod *v1.Pod, rt *msgRuntime) *harness {
 	t.Helper()
-	h := &harness{t: t, f: rt.fakeRuntime, changed: make(chan struct{}, 1), done: make(chan struct{})}
-	h.w = NewWorker(pod, nil, Env{Runtime: rt, Log: slog.New(slog.DiscardHandler),
-		OnStatus: func(_ *v1.Pod, st v1.PodStatus) {
-			h.mu.Lock()
-			h.last = st.DeepCopy()
-			h.mu.Unlock()
-			h.poke()
-		}})
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { defer close(h.done); h.w.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-h.done })
-	return h
+	return startWorkerOn(t, pod, nil, rt, rt.fakeRuntime, nil)
 }
 
 func TestTerminationMessageInStateAndLastState(t *testing.T) {

@@ -147,6 +147,15 @@ func (w *Worker) rec(name string) *record {
 	return r
 }
 
+// startTime is when attempt cur started: the time the worker saw it start, or its creation time
+// for an attempt it did not start (an agent restart).
+func (r *record) startTime(cur *runtime.Container) time.Time {
+	if r.startedID != cur.ID || r.startedAt.IsZero() {
+		return cur.CreatedAt
+	}
+	return r.startedAt
+}
+
 // Update hands the worker a new desired spec.
 func (w *Worker) Update(pod *v1.Pod) {
 	w.mu.Lock()
@@ -488,10 +497,7 @@ func (w *Worker) noteExit(name string, cur *runtime.Container) *v1.ContainerStat
 	if r.oomIDs[cur.ID] {
 		reason = ReasonOOMKilled
 	}
-	started := r.startedAt
-	if r.startedID != cur.ID || started.IsZero() {
-		started = cur.CreatedAt
-	}
+	started := r.startTime(cur)
 	t := &v1.ContainerStateTerminated{
 		ExitCode: cur.ExitCode, Reason: reason, ContainerID: runtime.StatusContainerID(cur.ID),
 		StartedAt: metav1.NewTime(started), FinishedAt: metav1.NewTime(cur.ExitedAt),
@@ -766,10 +772,7 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *runtime.Cont
 		cs.ImageID = cur.ImageID
 		switch cur.State {
 		case runtime.StateRunning:
-			started := r.startedAt
-			if r.startedID != cur.ID || started.IsZero() {
-				started = cur.CreatedAt
-			}
+			started := r.startTime(cur)
 			cs.Started, cs.Ready = w.probeStatus(c, cur.ID)
 			cs.State.Running = &v1.ContainerStateRunning{StartedAt: metav1.NewTime(started)}
 			return cs

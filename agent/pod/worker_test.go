@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -236,11 +237,19 @@ type harness struct {
 
 func startWorker(t *testing.T, pod *v1.Pod, prev *v1.PodStatus, f *fakeRuntime) *harness {
 	t.Helper()
+	return startWorkerOn(t, pod, prev, f, f, nil)
+}
+
+// startWorkerOn is startWorker with rt (f, or a wrapper around it adding optional methods) as the
+// runtime and emit, if not nil, given the worker's events.
+func startWorkerOn(t *testing.T, pod *v1.Pod, prev *v1.PodStatus, rt Runtime, f *fakeRuntime, emit func(event.Event)) *harness {
+	t.Helper()
 	h := &harness{t: t, f: f, changed: make(chan struct{}, 1), done: make(chan struct{})}
 	h.w = NewWorker(pod, prev, Env{
-		Runtime: f,
+		Runtime: rt,
 		Log:     slog.New(slog.DiscardHandler),
 		HostIP:  func() string { return "192.0.2.10" },
+		Emit:    emit,
 		OnStatus: func(_ *v1.Pod, st v1.PodStatus) {
 			h.mu.Lock()
 			h.last = st.DeepCopy()
