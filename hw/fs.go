@@ -1,6 +1,7 @@
 package hw
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -79,13 +80,28 @@ func deviceOf(path string) (uint64, error) {
 // mount) are not entered: they are not on dir's file system. A dir that does not exist uses nothing.
 // It walks the tree: call it outside any lock.
 func DiskUsage(dir string) (bytes, inodes int64, err error) {
+	bytes, inodes, _, err = diskUsage(dir, -1)
+	return bytes, inodes, err
+}
+
+// DiskUsageOver is DiskUsage that stops as soon as the sum passes limit, saying so: a pod that
+// writes a million files into a small volume costs one short walk, not a full one each period.
+// bytes is then what was counted, at least limit.
+func DiskUsageOver(dir string, limit int64) (bytes int64, over bool, err error) {
+	bytes, _, over, err = diskUsage(dir, limit)
+	return bytes, over, err
+}
+
+// diskUsage walks dir; a negative limit means none.
+func diskUsage(dir string, limit int64) (bytes, inodes int64, over bool, err error) {
 	root, err := deviceOf(dir)
 	if err != nil {
 		if os.IsNotExist(err) {
-			return 0, 0, nil
+			return 0, 0, false, nil
 		}
-		return 0, 0, err
+		return 0, 0, false, err
 	}
+	errOver := errors.New("over")
 	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			// Files come and go while a pod runs; what vanished uses nothing.
@@ -113,10 +129,16 @@ func DiskUsage(dir string) (bytes, inodes int64, err error) {
 		}
 		bytes += st.Blocks * 512 // st_blocks is in 512-byte units whatever the block size
 		inodes++
+		if limit >= 0 && bytes > limit {
+			return errOver
+		}
 		return nil
 	})
-	if err != nil {
-		return bytes, inodes, fmt.Errorf("disk usage of %s: %w", dir, err)
+	if errors.Is(err, errOver) {
+		return bytes, inodes, true, nil
 	}
-	return bytes, inodes, nil
+	if err != nil {
+		return bytes, inodes, false, fmt.Errorf("disk usage of %s: %w", dir, err)
+	}
+	return bytes, inodes, false, nil
 }

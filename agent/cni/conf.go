@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/mqlet/mqlet/internal/atomicfile"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/mqlet/mqlet/internal/atomicfile"
 )
 
 // confExtensions are the file names containerd's CRI reads in the configuration directory.

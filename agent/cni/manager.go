@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/mqlet/mqlet/internal/atomicfile"
 	"log/slog"
 	"net"
 	"os"
@@ -17,6 +16,8 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/mqlet/mqlet/hw"
+	"github.com/mqlet/mqlet/internal/atomicfile"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 )
@@ -331,11 +332,11 @@ func netnsID(path string) (string, error) {
 	if err := unix.Stat(path, &st); err != nil {
 		return "", fmt.Errorf("pod network namespace %s: %w", path, err)
 	}
-	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		boot = []byte("-")
+	boot := hw.BootID("/")
+	if boot == "" {
+		boot = "-"
 	}
-	return fmt.Sprintf("%s/%d:%d", strings.TrimSpace(string(boot)), st.Dev, st.Ino), nil
+	return fmt.Sprintf("%s/%d:%d", boot, st.Dev, st.Ino), nil
 }
 
 func podName(pod *v1.Pod) string { return pod.Namespace + "/" + pod.Name }

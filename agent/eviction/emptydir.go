@@ -1,16 +1,12 @@
 package eviction
 
 import (
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/hw"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -94,7 +90,8 @@ func (m *Manager) emptyDirOver(pod *v1.Pod) (name, limit string, used int64, ove
 			m.log.Debug("eviction: emptyDir path", "pod", pod.Namespace+"/"+pod.Name, "volume", v.Name, "err", err)
 			continue
 		}
-		used, over, err := usageOver(dir, ed.SizeLimit.Value())
+		// Counted as kubelet measures emptyDirs: blocks on the volume's own file system.
+		used, over, err := hw.DiskUsageOver(dir, ed.SizeLimit.Value())
 		if err != nil {
 			m.log.Debug("eviction: emptyDir usage", "dir", dir, "err", err)
 		}
@@ -103,56 +100,4 @@ func (m *Manager) emptyDirOver(pod *v1.Pod) (name, limit string, used int64, ove
 		}
 	}
 	return "", "", 0, false
-}
-
-// usageOver adds up the disk blocks of the files below dir on dir's own file system (as du does,
-// and as kubelet measures emptyDirs) and stops as soon as the sum passes limit: a pod that writes
-// a million files into a small volume costs one short walk, not a full one each period. A missing
-// dir uses nothing.
-func usageOver(dir string, limit int64) (used int64, over bool, err error) {
-	var root syscall.Stat_t
-	if err := syscall.Lstat(dir, &root); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return 0, false, nil
-		}
-		return 0, false, fmt.Errorf("stat %s: %w", dir, err)
-	}
-	errOver := errors.New("over")
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil // files come and go while the pod runs
-			}
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok {
-			return nil
-		}
-		if st.Dev != root.Dev {
-			if d.IsDir() {
-				return filepath.SkipDir // a mount inside the volume is not its disk use
-			}
-			return nil
-		}
-		used += st.Blocks * 512 // st_blocks counts 512-byte units whatever the block size
-		if used > limit {
-			return errOver
-		}
-		return nil
-	})
-	if errors.Is(err, errOver) {
-		return used, true, nil
-	}
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return used, false, fmt.Errorf("disk usage of %s: %w", dir, err)
-	}
-	return used, false, nil
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/hw"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -87,16 +88,16 @@ func TestEmptyDirSizeLimitEviction(t *testing.T) {
 
 // The walk stops once the limit is passed and reports what it counted; blocks, not apparent
 // sizes, count (a sparse file uses next to nothing).
-func TestUsageOver(t *testing.T) {
+func TestDiskUsageOver(t *testing.T) {
 	dir := t.TempDir()
 	for i := range 20 {
 		fill(t, filepath.Join(dir, "sub"), "f"+string(rune('a'+i)), 64<<10)
 	}
-	used, over, err := usageOver(dir, 256<<10)
+	used, over, err := hw.DiskUsageOver(dir, 256<<10)
 	if err != nil || !over || used <= 256<<10 || used > 400<<10 {
 		t.Errorf("usageOver 256Ki of 1.25Mi: used %d, over %v, %v; want just over 256Ki", used, over, err)
 	}
-	used, over, err = usageOver(dir, 4<<20)
+	used, over, err = hw.DiskUsageOver(dir, 4<<20)
 	if err != nil || over || used < 20*64<<10 {
 		t.Errorf("usageOver 4Mi: used %d, over %v, %v; want all of it counted, not over", used, over, err)
 	}
@@ -104,10 +105,10 @@ func TestUsageOver(t *testing.T) {
 	f, _ := os.Create(sparse)
 	f.Truncate(100 << 20)
 	f.Close()
-	if _, over, err := usageOver(filepath.Dir(sparse), 1<<20); err != nil || over {
+	if _, over, err := hw.DiskUsageOver(filepath.Dir(sparse), 1<<20); err != nil || over {
 		t.Errorf("sparse 100Mi file counted over 1Mi: %v", err)
 	}
-	if used, over, err := usageOver(filepath.Join(dir, "missing"), 1); used != 0 || over || err != nil {
+	if used, over, err := hw.DiskUsageOver(filepath.Join(dir, "missing"), 1); used != 0 || over || err != nil {
 		t.Errorf("missing dir: %d, %v, %v", used, over, err)
 	}
 }

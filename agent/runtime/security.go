@@ -9,8 +9,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
-	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/oci"
@@ -26,13 +26,10 @@ const SeccompDir = "seccomp"
 
 // securityOpts applies the pod's and the container's security context the way kubelet and
 // containerd's CRI plugin together do. Refusals that depend on the image (runAsNonRoot with an
-// image that runs as root) are ConfigErrors: kubelet's CreateContainerConfigError.
-func (r *Runtime) securityOpts(pod *v1.Pod, c *v1.Container, img containerd.Image) ([]oci.SpecOpts, error) {
-	ic, err := img.Spec(context.Background())
-	if err != nil {
-		return nil, fmt.Errorf("image config of %s: %w", img.Name(), err)
-	}
-	return securityOpts(pod, c, secInputs{imageUser: ic.Config.User, seccompRoot: filepath.Join(r.opts.StateDir, SeccompDir)})
+// image that runs as root) are ConfigErrors: kubelet's CreateContainerConfigError. imageUser is
+// the image config's User.
+func (r *Runtime) securityOpts(pod *v1.Pod, c *v1.Container, imageUser string) ([]oci.SpecOpts, error) {
+	return securityOpts(pod, c, secInputs{imageUser: imageUser, seccompRoot: filepath.Join(r.opts.StateDir, SeccompDir)})
 }
 
 // secInputs is what the security options need besides the pod: facts about the image and the node.
@@ -327,11 +324,12 @@ func readLocalhostProfile(root, rel string) (*specs.LinuxSeccomp, error) {
 	return &prof, nil
 }
 
-// seccompSupported reports whether the kernel has seccomp, as /proc/self/status shows it.
-func seccompSupported() bool {
+// seccompSupported reports whether the kernel has seccomp, as /proc/self/status shows it; read
+// once, the kernel does not change under a running agent.
+var seccompSupported = sync.OnceValue(func() bool {
 	b, err := os.ReadFile("/proc/self/status")
 	return err == nil && strings.Contains(string(b), "\nSeccomp:")
-}
+})
 
 func noNewPrivs(v bool) oci.SpecOpts {
 	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {

@@ -96,15 +96,16 @@ func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img contai
 	if len(skipped) > 0 {
 		r.log.Warn(skippedMessage(c, skipped), "pod", pod.Namespace+"/"+pod.Name)
 	}
+	// Read once here for the command and the security options (the image's user).
+	ic, err := img.Spec(context.Background())
+	if err != nil {
+		return nil, fmt.Errorf("image config of %s: %w", img.Name(), err)
+	}
 	opts := []oci.SpecOpts{oci.WithImageConfig(img)}
 
 	// Kubernetes: command replaces the image entrypoint, args replace its cmd; with only args the
 	// entrypoint stays. $(VAR) in either is expanded from the container's env.
 	if len(c.Command) > 0 || len(c.Args) > 0 {
-		ic, err := img.Spec(context.Background())
-		if err != nil {
-			return nil, fmt.Errorf("image config of %s: %w", img.Name(), err)
-		}
 		args := expandAll(c.Command, env)
 		if len(c.Command) == 0 {
 			args = append([]string(nil), ic.Config.Entrypoint...)
@@ -150,7 +151,7 @@ func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img contai
 	}
 	opts = append(opts, resourceOpts(c, r.swapLimit)...)
 	opts = append(opts, withOOMScoreAdj(r.oomScoreAdj(pod, c)))
-	secOpts, err := r.securityOpts(pod, c, img)
+	secOpts, err := r.securityOpts(pod, c, ic.Config.User)
 	if err != nil {
 		return nil, err
 	}
