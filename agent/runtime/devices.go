@@ -14,6 +14,7 @@ import (
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/mqlet/mqlet/agent/devices"
+	"github.com/mqlet/mqlet/internal/atomicfile"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -103,7 +104,7 @@ func (r *Runtime) allocateDevices(pod *v1.Pod, sb *Sandbox) error {
 	}
 	b = append(b, '\n')
 	if old, err := os.ReadFile(path); err != nil || !bytes.Equal(old, b) {
-		if err := writeFileAtomic(path, b, 0o640); err != nil {
+		if err := atomicfile.Write(path, b, 0o640); err != nil {
 			return fmt.Errorf("record device allocation: %w", err)
 		}
 	}

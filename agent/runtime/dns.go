@@ -20,6 +20,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/mqlet/mqlet/internal/atomicfile"
 )
 
 // DNS is the node's DNS settings for pods: kubelet's clusterDNS, clusterDomain and resolvConf. The
@@ -441,7 +443,7 @@ func syncFile(p string, content []byte) (bool, error) {
 	case err == nil && string(old) == string(content):
 		return false, nil
 	case errors.Is(err, os.ErrNotExist):
-		return true, writeFileAtomic(p, content, 0o644)
+		return true, atomicfile.Write(p, content, 0o644)
 	case err != nil:
 		return false, err
 	}

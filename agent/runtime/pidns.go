@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/mqlet/mqlet/internal/atomicfile"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -17,6 +16,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
+
+	"github.com/mqlet/mqlet/internal/atomicfile"
 )
 
 // A pod with shareProcessNamespace has one PID namespace for all its containers. Unlike a network
@@ -197,7 +198,7 @@ func (h pidnsHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(record, []byte(hd.String()), 0o640); err != nil {
+	if err := atomicfile.Write(record, []byte(hd.String()), 0o640); err != nil {
 		killHolder(hd)
 		return fmt.Errorf("record holder pid %d in %s: %w", hd.pid, record, err)
 	}
@@ -314,9 +315,4 @@ func (h pidnsHook) Destroy(_ context.Context, ref PodRef) error {
 func (h pidnsHook) List() ([]PodRef, error) {
 	names, err := h.r.podNSUIDs(pidNS())
 	return uidRefs(names), err
-}
-
-// writeFileAtomic writes path so that a crash leaves the old content or the new.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	return atomicfile.Write(path, data, perm)
 }

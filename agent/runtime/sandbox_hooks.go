@@ -11,6 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/mqlet/mqlet/internal/atomicfile"
 )
 
 // Pod dirs and log dirs are private: they hold what the pod's containers share (emptyDirs, hosts)
@@ -276,5 +278,5 @@ func (bootMarkerHook) Prerun(_ context.Context, _ *v1.Pod, sb *Sandbox) error {
 	if err == nil {
 		sb.Created = true
 	}
-	return writeFileAtomic(marker, []byte(boot+"\n"), 0o640)
+	return atomicfile.Write(marker, []byte(boot+"\n"), 0o640)
 }

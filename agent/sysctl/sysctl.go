@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	"github.com/mqlet/mqlet/hw"
 )
 
 // Namespace is the kernel namespace that holds a sysctl.
@@ -115,15 +115,6 @@ func parseRelease(r string) (major, minor int, ok bool) {
 	return major, minor, err1 == nil && err2 == nil
 }
 
-// KernelRelease is this machine's kernel release; "" when it cannot be read.
-func KernelRelease() string {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return ""
-	}
-	return unix.ByteSliceToString(u.Release[:])
-}
-
 // Allowlist is the sysctls pods may set on a node: names and prefixes (a pattern ending in *).
 type Allowlist struct {
 	names    map[string]Namespace
@@ -159,7 +150,7 @@ func NewAllowlist(patterns []string) (*Allowlist, error) {
 // NodeAllowlist is the allowlist of this node: the safe set its kernel supports plus the unsafe
 // patterns its operator allows (the agent config's allowedUnsafeSysctls).
 func NodeAllowlist(unsafe []string) (*Allowlist, error) {
-	return NewAllowlist(append(Safe(KernelRelease()), unsafe...))
+	return NewAllowlist(append(Safe(hw.KernelVersion("/")), unsafe...))
 }
 
 // Namespaced allows every namespaced sysctl: for checks made away from the node (mqlet ctl), which
