@@ -64,7 +64,7 @@ func (r *fakeReporter) eventsSince(n int) []event.Event {
 }
 
 func mqttItem(p *v1.Pod, gen int64) source.Item {
-	return source.Item{Pod: p, Ref: source.Ref{Kind: source.MQTT, Origin: "mqlet/v1/nodes/node-1/desired/pods/default/" + p.Name}, Generation: gen}
+	return source.Item{Pod: p, Ref: source.Ref{Kind: source.MQTT, Origin: "mqlet/v2/nodes/node-1/desired/pods/default/" + p.Name}, Generation: gen}
 }
 
 // waitApplied returns once every change given to src.send has been applied.
@@ -317,7 +317,7 @@ func TestEventsForClashes(t *testing.T) {
 		t.Errorf("duplicate UID event %+v", e)
 	}
 	if e := es[1]; e.Reason != event.ReasonNameClash || e.Object.Name != "web" || e.Object.UID != uidOf(a, "web") ||
-		e.Source != "mqtt mqlet/v1/nodes/node-1/desired/pods/default/web" || !strings.Contains(e.Message, "already defined by file /pods/web.yaml") {
+		e.Source != "mqtt mqlet/v2/nodes/node-1/desired/pods/default/web" || !strings.Contains(e.Message, "already defined by file /pods/web.yaml") {
 		t.Errorf("name clash event %+v", e)
 	}
 }

@@ -104,7 +104,7 @@ func TestMQTTPolicy(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			a := Admitter{NodeName: node, MQTTPolicy: tt.policy}
 			pod := policyPod(tt.mutate)
-			got, err := a.Admit(source.Item{Pod: pod, Ref: source.Ref{Kind: source.MQTT, Origin: "mqlet/v1/nodes/edge-1/desired/pods/apps/web"}, Generation: 3})
+			got, err := a.Admit(source.Item{Pod: pod, Ref: source.Ref{Kind: source.MQTT, Origin: "mqlet/v2/nodes/edge-1/desired/pods/apps/web"}, Generation: 3})
 			if len(tt.wants) == 0 {
 				if err != nil {
 					t.Fatalf("want admitted, got %v", err)

@@ -139,7 +139,7 @@ func Defaults() Config {
 		RegistryCAFile:      "",
 		MQTTBroker:          "",
 		MQTTKeepalive:       Duration{60 * time.Second},
-		MQTTTopicPrefix:     "mqlet/v1",
+		MQTTTopicPrefix:     "mqlet/v2",
 		MQTTReconnectMax:    Duration{2 * time.Minute},
 		MQTTMaxPayload:      1 << 20,
 		OutboxMaxBytes:      1 << 20,

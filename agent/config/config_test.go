@@ -83,7 +83,7 @@ func TestDefaults(t *testing.T) {
 		RelistPeriod:        Duration{10 * time.Second},
 		ContainerdTimeout:   Duration{10 * time.Second},
 		MQTTKeepalive:       Duration{60 * time.Second},
-		MQTTTopicPrefix:     "mqlet/v1",
+		MQTTTopicPrefix:     "mqlet/v2",
 		MQTTReconnectMax:    Duration{2 * time.Minute},
 		MQTTMaxPayload:      1048576,
 		OutboxMaxBytes:      1048576,

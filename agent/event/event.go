@@ -68,7 +68,7 @@ type Event struct {
 	Message string
 	Object  Object
 	// Source is where the event's cause came from, as source.Ref prints it:
-	// "file /etc/mqlet/pods/a.yaml#0", "mqtt mqlet/v1/nodes/n/desired/pods/ns/x".
+	// "file /etc/mqlet/pods/a.yaml#0", "mqtt mqlet/v2/nodes/n/desired/pods/ns/x".
 	Source string
 }
 

@@ -184,7 +184,7 @@ func fromFile(p *Pod) {
 func grace(s int64) podOpt { return func(p *Pod) { p.Pod.Spec.TerminationGracePeriodSeconds = &s } }
 
 func (f *fakeNode) addPod(name string, opts ...podOpt) types.UID {
-	p := Pod{Pod: &v1.Pod{}, Source: source.Ref{Kind: source.MQTT, Origin: "mqlet/v1/nodes/n/desired/pods/default/" + name}}
+	p := Pod{Pod: &v1.Pod{}, Source: source.Ref{Kind: source.MQTT, Origin: "mqlet/v2/nodes/n/desired/pods/default/" + name}}
 	p.Pod.Name, p.Pod.Namespace, p.Pod.UID = name, "default", types.UID("uid-"+name)
 	p.Pod.Spec.Containers = []v1.Container{{Name: "c", Image: "busybox"}}
 	p.Pod.Status.Phase = v1.PodRunning

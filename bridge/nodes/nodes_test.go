@@ -347,8 +347,8 @@ func TestIsolationAndBadPayloads(t *testing.T) {
 	h.raw(protocol.ClassLiveness, "attacker", p, 1)
 	// Garbled, unknown field, oversized.
 	h.raw(protocol.ClassNodeStatus, "victim", []byte(`{"apiVersion":`), 1)
-	h.raw(protocol.ClassNodeStatus, "victim", []byte(`{"apiVersion":"mqlet.io/v1","node":"victim","object":{"metadata":{"name":"victim"}},"extra":1}`), 1)
-	big, _ := json.Marshal(map[string]string{"apiVersion": "mqlet.io/v1", "pad": strings.Repeat("x", protocol.DefaultMaxPayload)})
+	h.raw(protocol.ClassNodeStatus, "victim", []byte(`{"apiVersion":"mqlet.io/v2","node":"victim","object":{"metadata":{"name":"victim"}},"extra":1}`), 1)
+	big, _ := json.Marshal(map[string]string{"apiVersion": "mqlet.io/v2", "pad": strings.Repeat("x", protocol.DefaultMaxPayload)})
 	h.raw(protocol.ClassNodeStatus, "victim", big, 1)
 	h.raw(protocol.ClassLiveness, "victim", []byte("garbage"), 1)
 

@@ -56,7 +56,7 @@ type RunCmd struct {
 	MQTTPasswordFile string        `name:"mqtt-password-file" type:"existingfile" placeholder:"FILE" help:"File holding the MQTT password, readable by its owner only (chmod 600); never logged."`
 	MQTTClientID     string        `name:"mqtt-client-id" placeholder:"ID" help:"MQTT client id (default mqlet-bridge-<hostname>-<random>)."`
 	MQTTTimeout      time.Duration `name:"mqtt-timeout" default:"10s" help:"Bound of the MQTT connect, subscribes and retained-state reads."`
-	TopicPrefix      string        `default:"mqlet/v1" help:"Topic prefix of the mqlet tree."`
+	TopicPrefix      string        `default:"mqlet/v2" help:"Topic prefix of the mqlet tree."`
 
 	MetricsAddr string `default:"127.0.0.1:10360" help:"Address of /metrics, /healthz and /readyz (in a pod use :10360 so the kubelet's probes reach it); \"-\" serves nothing."`
 	LogLevel    string `default:"info" enum:"debug,info,warn,error" help:"Log level: debug, info, warn or error."`

@@ -27,7 +27,7 @@ type CtlCmd struct {
 	KeyFile      string        `name:"key-file" help:"Client key (PEM)."`
 	Username     string        `name:"username" help:"MQTT username."`
 	PasswordFile string        `name:"password-file" help:"File holding the MQTT password (never on the command line, where ps shows it)."`
-	TopicPrefix  string        `name:"topic-prefix" help:"Topic prefix of the fleet (default mqlet/v1)."`
+	TopicPrefix  string        `name:"topic-prefix" help:"Topic prefix of the fleet (default mqlet/v2)."`
 	Timeout      time.Duration `name:"timeout" default:"10s" help:"Bound of each exchange with the broker."`
 
 	Apply    CtlApplyCmd    `cmd:"" help:"Apply Pods, ConfigMaps and Secrets from a file to a node."`

@@ -313,7 +313,7 @@ func TestMQTTBadPayloadsAreRefusedAndPodsKeepRunning(t *testing.T) {
 		want    string
 	}{
 		{[]byte("{garbled"), "invalid JSON"},
-		{[]byte(`{"apiVersion":"mqlet.io/v1","pad":"` + strings.Repeat("x", 70000) + `"}`), "payload too large"},
+		{[]byte(`{"apiVersion":"mqlet.io/v2","pad":"` + strings.Repeat("x", 70000) + `"}`), "payload too large"},
 		{cp.encode(other), `for node "other-node"`},
 		{cp.encode(stale), "generation"},
 		{cp.encode(dup), "duplicate generation"},

@@ -136,12 +136,12 @@ func TestExampleBrokerConfig(t *testing.T) {
 	b := startExample(t, f, "mosquitto.conf", nil)
 
 	admin := dial(t, b.TLS, "ctl-1", f.tlsConfig(t, Admin))
-	all, _ := subscribe(t, admin, "mqlet/v1/#")
+	all, _ := subscribe(t, admin, "mqlet/v2/#")
 
 	// node-a, whatever client id it sends, is confined to its subtree.
 	nodeA := dial(t, b.TLS, "not-node-a", f.tlsConfig(t, "node-a"))
-	publish(t, nodeA, "mqlet/v1/nodes/node-b/status", false, "forged")
-	publish(t, nodeA, "mqlet/v1/nodes/node-a/status", true, "up")
+	publish(t, nodeA, "mqlet/v2/nodes/node-b/status", false, "forged")
+	publish(t, nodeA, "mqlet/v2/nodes/node-a/status", true, "up")
 	for {
 		m := expectAny(t, all)
 		if string(m.Payload()) == "forged" {
@@ -165,14 +165,14 @@ func TestExampleBrokerConfig(t *testing.T) {
 
 	// message_size_limit: 1 MiB passes, one byte more is dropped; the small
 	// message sent after it arrives first.
-	own, _ := subscribe(t, nodeA, "mqlet/v1/nodes/node-a/desired/#")
-	publish(t, admin, "mqlet/v1/nodes/node-a/desired/big", false, strings.Repeat("x", 1<<20))
+	own, _ := subscribe(t, nodeA, "mqlet/v2/nodes/node-a/desired/#")
+	publish(t, admin, "mqlet/v2/nodes/node-a/desired/big", false, strings.Repeat("x", 1<<20))
 	if m := expectAny(t, own); len(m.Payload()) != 1<<20 {
 		t.Fatalf("got %d bytes on %s, want the 1 MiB message", len(m.Payload()), m.Topic())
 	}
-	publish(t, admin, "mqlet/v1/nodes/node-a/desired/big", false, strings.Repeat("x", 1<<20+1))
-	publish(t, admin, "mqlet/v1/nodes/node-a/desired/small", false, "small")
-	if m := expectAny(t, own); m.Topic() != "mqlet/v1/nodes/node-a/desired/small" {
+	publish(t, admin, "mqlet/v2/nodes/node-a/desired/big", false, strings.Repeat("x", 1<<20+1))
+	publish(t, admin, "mqlet/v2/nodes/node-a/desired/small", false, "small")
+	if m := expectAny(t, own); m.Topic() != "mqlet/v2/nodes/node-a/desired/small" {
 		t.Fatalf("got %d bytes on %s, want the message that followed the oversized one", len(m.Payload()), m.Topic())
 	}
 
@@ -180,8 +180,8 @@ func TestExampleBrokerConfig(t *testing.T) {
 	b.Stop(t)
 	b.Start(t)
 	check := dial(t, b.TLS, "", f.tlsConfig(t, Admin))
-	ch, _ := subscribe(t, check, "mqlet/v1/nodes/node-a/status")
-	expect(t, ch, "mqlet/v1/nodes/node-a/status", "up")
+	ch, _ := subscribe(t, check, "mqlet/v2/nodes/node-a/status")
+	expect(t, ch, "mqlet/v2/nodes/node-a/status", "up")
 }
 
 func TestExampleSiteBridgeConfig(t *testing.T) {
@@ -196,28 +196,28 @@ func TestExampleSiteBridgeConfig(t *testing.T) {
 	// Admin on the cloud keeps a persistent session (it receives what is
 	// published while it is away, as long as the cloud runs or persists).
 	admin, _ := dialSession(t, cloud.TLS, f.tlsConfig(t, Admin))
-	all, _ := subscribe(t, admin, "mqlet/v1/#")
+	all, _ := subscribe(t, admin, "mqlet/v2/#")
 
 	// Cloud to site: desired state published retained on the cloud reaches node-a on
 	// the site (polled: the bridge connects in the background).
-	publish(t, admin, "mqlet/v1/nodes/node-a/desired/pods/p1", true, "gen 1")
+	publish(t, admin, "mqlet/v2/nodes/node-a/desired/pods/p1", true, "gen 1")
 	nodeA := dial(t, site.TLS, "node-a", f.tlsConfig(t, "node-a"))
-	mine, _ := subscribe(t, nodeA, "mqlet/v1/nodes/node-a/#")
-	waitFor(t, mine, 3*arrive, "mqlet/v1/nodes/node-a/desired/pods/p1", "gen 1")
+	mine, _ := subscribe(t, nodeA, "mqlet/v2/nodes/node-a/#")
+	waitFor(t, mine, 3*arrive, "mqlet/v2/nodes/node-a/desired/pods/p1", "gen 1")
 
 	// Site to cloud: node-a's status reaches admin on the cloud.
-	publish(t, nodeA, "mqlet/v1/nodes/node-a/status", true, "running")
-	waitFor(t, all, arrive, "mqlet/v1/nodes/node-a/status", "running")
+	publish(t, nodeA, "mqlet/v2/nodes/node-a/status", true, "running")
+	waitFor(t, all, arrive, "mqlet/v2/nodes/node-a/status", "running")
 
 	// The uplink goes down. The site keeps serving its nodes, and queues
 	// what they publish for the cloud (cleansession false).
 	admin.Disconnect(100)
 	cloud.Stop(t)
-	publish(t, nodeA, "mqlet/v1/nodes/node-a/events", false, "while the uplink was down")
-	waitFor(t, mine, arrive, "mqlet/v1/nodes/node-a/events", "while the uplink was down")
+	publish(t, nodeA, "mqlet/v2/nodes/node-a/events", false, "while the uplink was down")
+	waitFor(t, mine, arrive, "mqlet/v2/nodes/node-a/events", "while the uplink was down")
 	cloud.Start(t)
 	_, all = dialSession(t, cloud.TLS, f.tlsConfig(t, Admin))
-	waitFor(t, all, 3*arrive, "mqlet/v1/nodes/node-a/events", "while the uplink was down")
+	waitFor(t, all, 3*arrive, "mqlet/v2/nodes/node-a/events", "while the uplink was down")
 }
 
 // dialSession connects as admin with a persistent session (clean session

@@ -44,7 +44,7 @@ import (
 
 const (
 	// DefaultPrefix is the topic prefix used when Options.Prefix is empty.
-	DefaultPrefix = "mqlet/v1"
+	DefaultPrefix = "mqlet/v2"
 	// Admin is the identity that may read and write the whole prefix. Start
 	// always issues a client certificate for it.
 	Admin = "admin"

@@ -117,11 +117,11 @@ func expectNone(t *testing.T, ch <-chan mqtt.Message, d time.Duration, why strin
 func TestPlainRetained(t *testing.T) {
 	b := Start(t, Options{})
 	pub := dial(t, b.Plain, "", nil)
-	publish(t, pub, "mqlet/v1/nodes/n1/desired/pods/p1", true, "gen 1")
+	publish(t, pub, "mqlet/v2/nodes/n1/desired/pods/p1", true, "gen 1")
 
 	sub := dial(t, b.Plain, "", nil)
-	ch, _ := subscribe(t, sub, "mqlet/v1/#")
-	if m := expect(t, ch, "mqlet/v1/nodes/n1/desired/pods/p1", "gen 1"); !m.Retained() {
+	ch, _ := subscribe(t, sub, "mqlet/v2/#")
+	if m := expect(t, ch, "mqlet/v2/nodes/n1/desired/pods/p1", "gen 1"); !m.Retained() {
 		t.Errorf("a new subscriber got the message without the retained flag")
 	}
 }
@@ -132,14 +132,14 @@ func TestWebsockets(t *testing.T) {
 		t.Skipf("this mosquitto has no websockets support (see %s)", b.LogFile)
 	}
 	pub := dial(t, b.Plain, "", nil)
-	publish(t, pub, "mqlet/v1/nodes/n1/status", true, "up")
+	publish(t, pub, "mqlet/v2/nodes/n1/status", true, "up")
 	ws := dial(t, b.WS, "", nil)
-	ch, _ := subscribe(t, ws, "mqlet/v1/nodes/+/status")
-	expect(t, ch, "mqlet/v1/nodes/n1/status", "up")
+	ch, _ := subscribe(t, ws, "mqlet/v2/nodes/+/status")
+	expect(t, ch, "mqlet/v2/nodes/n1/status", "up")
 }
 
 // The TLS listener's ACL: the certificate's CN is the username, and a node
-// only reads and writes mqlet/v1/nodes/<CN>/#.
+// only reads and writes mqlet/v2/nodes/<CN>/#.
 func TestTLSACL(t *testing.T) {
 	b := Start(t, Options{Identities: []string{"node-a", "node-b"}})
 	admin := dial(t, b.TLS, Admin, b.TLSConfig(Admin))
@@ -147,36 +147,36 @@ func TestTLSACL(t *testing.T) {
 	nodeB := dial(t, b.TLS, "node-b", b.TLSConfig("node-b"))
 
 	// node-a uses its own subtree both ways.
-	ownCh, granted := subscribe(t, nodeA, "mqlet/v1/nodes/node-a/#")
+	ownCh, granted := subscribe(t, nodeA, "mqlet/v2/nodes/node-a/#")
 	if granted != 1 {
 		t.Errorf("node-a subscribing to its own subtree: granted %#x, want 1", granted)
 	}
-	publish(t, nodeA, "mqlet/v1/nodes/node-a/status", true, "a is up")
-	expect(t, ownCh, "mqlet/v1/nodes/node-a/status", "a is up")
+	publish(t, nodeA, "mqlet/v2/nodes/node-a/status", true, "a is up")
+	expect(t, ownCh, "mqlet/v2/nodes/node-a/status", "a is up")
 
 	// Admin writes node-b's desired state: node-b reads it (the positive
 	// control), node-a does not, although its subscription is granted.
-	publish(t, admin, "mqlet/v1/nodes/node-b/desired", true, "for b only")
-	bCh, _ := subscribe(t, nodeB, "mqlet/v1/nodes/node-b/#")
-	expect(t, bCh, "mqlet/v1/nodes/node-b/desired", "for b only")
+	publish(t, admin, "mqlet/v2/nodes/node-b/desired", true, "for b only")
+	bCh, _ := subscribe(t, nodeB, "mqlet/v2/nodes/node-b/#")
+	expect(t, bCh, "mqlet/v2/nodes/node-b/desired", "for b only")
 
-	spyCh, granted := subscribe(t, nodeA, "mqlet/v1/nodes/node-b/#")
-	t.Logf("node-a SUBSCRIBE mqlet/v1/nodes/node-b/#: SUBACK grants %#x", granted)
+	spyCh, granted := subscribe(t, nodeA, "mqlet/v2/nodes/node-b/#")
+	t.Logf("node-a SUBSCRIBE mqlet/v2/nodes/node-b/#: SUBACK grants %#x", granted)
 	// Order: retained messages for a new subscription are queued before
 	// anything published after its SUBACK, so node-a's marker on its own
 	// subtree arriving proves the retained message was never queued...
-	publish(t, nodeA, "mqlet/v1/nodes/node-a/marker", false, "after the spy subscription")
-	expect(t, ownCh, "mqlet/v1/nodes/node-a/marker", "after the spy subscription")
+	publish(t, nodeA, "mqlet/v2/nodes/node-a/marker", false, "after the spy subscription")
+	expect(t, ownCh, "mqlet/v2/nodes/node-a/marker", "after the spy subscription")
 	// ...and a bounded wait covers a late delivery.
 	expectNone(t, spyCh, absent, "node-a read node-b's subtree")
 
 	// node-a writing into node-b's subtree is dropped. Admin sees all of
-	// mqlet/v1/#: node-a's later publish on its own subtree arriving without
+	// mqlet/v2/#: node-a's later publish on its own subtree arriving without
 	// the forbidden one before it proves the drop (one publisher, one
 	// subscriber, QoS 1: delivered in order).
-	allCh, _ := subscribe(t, admin, "mqlet/v1/#")
-	publish(t, nodeA, "mqlet/v1/nodes/node-b/desired", false, "forged by a")
-	publish(t, nodeA, "mqlet/v1/nodes/node-a/status", false, "sent after the forgery")
+	allCh, _ := subscribe(t, admin, "mqlet/v2/#")
+	publish(t, nodeA, "mqlet/v2/nodes/node-b/desired", false, "forged by a")
+	publish(t, nodeA, "mqlet/v2/nodes/node-a/status", false, "sent after the forgery")
 	timer := time.NewTimer(arrive)
 	defer timer.Stop()
 	for done := false; !done; {
@@ -185,7 +185,7 @@ func TestTLSACL(t *testing.T) {
 			switch {
 			case string(m.Payload()) == "forged by a":
 				t.Fatalf("admin received node-a's publish to %s: the ACL let it through", m.Topic())
-			case m.Topic() == "mqlet/v1/nodes/node-a/status" && string(m.Payload()) == "sent after the forgery":
+			case m.Topic() == "mqlet/v2/nodes/node-a/status" && string(m.Payload()) == "sent after the forgery":
 				done = true
 			}
 		case <-timer.C:
@@ -194,8 +194,8 @@ func TestTLSACL(t *testing.T) {
 	}
 	// The retained desired state of node-b is still admin's.
 	check := dial(t, b.TLS, "node-b-check", b.TLSConfig("node-b"))
-	checkCh, _ := subscribe(t, check, "mqlet/v1/nodes/node-b/desired")
-	expect(t, checkCh, "mqlet/v1/nodes/node-b/desired", "for b only")
+	checkCh, _ := subscribe(t, check, "mqlet/v2/nodes/node-b/desired")
+	expect(t, checkCh, "mqlet/v2/nodes/node-b/desired", "for b only")
 }
 
 // A node that claims another node's client id takes over that node's
@@ -220,11 +220,11 @@ func TestClientIDTakeover(t *testing.T) {
 				// Proof by order that node-b kept its connection: a message
 				// node-b sends after the impostor connected reaches admin.
 				admin := dial(t, b.TLS, Admin, b.TLSConfig(Admin))
-				ch, _ := subscribe(t, admin, "mqlet/v1/nodes/#")
-				publish(t, nodeB, "mqlet/v1/nodes/node-b/status", false, "still here")
-				publish(t, impostor, "mqlet/v1/nodes/node-a/status", false, "renamed")
-				expect(t, ch, "mqlet/v1/nodes/node-b/status", "still here")
-				expect(t, ch, "mqlet/v1/nodes/node-a/status", "renamed")
+				ch, _ := subscribe(t, admin, "mqlet/v2/nodes/#")
+				publish(t, nodeB, "mqlet/v2/nodes/node-b/status", false, "still here")
+				publish(t, impostor, "mqlet/v2/nodes/node-a/status", false, "renamed")
+				expect(t, ch, "mqlet/v2/nodes/node-b/status", "still here")
+				expect(t, ch, "mqlet/v2/nodes/node-a/status", "renamed")
 				select {
 				case err := <-lost:
 					t.Fatalf("node-b lost its connection although the broker uses the CN as client id: %v", err)
@@ -284,7 +284,7 @@ func TestPersistence(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			b := Start(t, Options{Persistence: persist})
 			pub := dial(t, b.Plain, "", nil)
-			publish(t, pub, "mqlet/v1/nodes/n1/desired/pods/p1", true, "gen 7")
+			publish(t, pub, "mqlet/v2/nodes/n1/desired/pods/p1", true, "gen 7")
 			pub.Disconnect(100)
 			pid := b.Pid()
 			b.Stop(t)
@@ -305,9 +305,9 @@ func TestPersistence(t *testing.T) {
 			}
 
 			sub := dial(t, b.Plain, "", nil)
-			ch, _ := subscribe(t, sub, "mqlet/v1/#")
+			ch, _ := subscribe(t, sub, "mqlet/v2/#")
 			if persist {
-				if m := expect(t, ch, "mqlet/v1/nodes/n1/desired/pods/p1", "gen 7"); !m.Retained() {
+				if m := expect(t, ch, "mqlet/v2/nodes/n1/desired/pods/p1", "gen 7"); !m.Retained() {
 					t.Errorf("the restored message lost its retained flag")
 				}
 				return
@@ -315,10 +315,10 @@ func TestPersistence(t *testing.T) {
 			// The marker, published after the SUBACK, must be the first message:
 			// a retained message for the subscription would be queued before it.
 			marker := dial(t, b.Plain, "", nil)
-			publish(t, marker, "mqlet/v1/marker", false, "marker")
+			publish(t, marker, "mqlet/v2/marker", false, "marker")
 			select {
 			case m := <-ch:
-				if m.Topic() != "mqlet/v1/marker" {
+				if m.Topic() != "mqlet/v2/marker" {
 					t.Fatalf("first message after a restart without persistence: %s %q (retained=%v), want the marker", m.Topic(), m.Payload(), m.Retained())
 				}
 			case <-time.After(arrive):
@@ -346,7 +346,7 @@ func TestKillAndStart(t *testing.T) {
 	b.Kill(t) // idempotent
 	b.Start(t)
 	c := dial(t, b.Plain, "", nil)
-	publish(t, c, "mqlet/v1/x", false, "alive")
+	publish(t, c, "mqlet/v2/x", false, "alive")
 }
 
 // pidAlive returns nil when /proc has pid and it is not a zombie.
@@ -363,31 +363,31 @@ func pidAlive(pid int) error {
 	return nil
 }
 
-// The site broker bridges mqlet/v1/# both ways to the cloud broker, and a
+// The site broker bridges mqlet/v2/# both ways to the cloud broker, and a
 // retained message arrives retained on the other side.
 func TestBridge(t *testing.T) {
 	cloud := Start(t, Options{})
 	site := Start(t, Options{BridgeTo: cloud})
 
 	cloudPub := dial(t, cloud.Plain, "", nil)
-	publish(t, cloudPub, "mqlet/v1/nodes/n1/desired/pods/p1", true, "from the cloud")
-	expectRetained(t, site, "mqlet/v1/nodes/n1/desired/pods/p1", "from the cloud")
+	publish(t, cloudPub, "mqlet/v2/nodes/n1/desired/pods/p1", true, "from the cloud")
+	expectRetained(t, site, "mqlet/v2/nodes/n1/desired/pods/p1", "from the cloud")
 
 	sitePub := dial(t, site.Plain, "", nil)
-	publish(t, sitePub, "mqlet/v1/nodes/n1/status", true, "from the site")
-	expectRetained(t, cloud, "mqlet/v1/nodes/n1/status", "from the site")
+	publish(t, sitePub, "mqlet/v2/nodes/n1/status", true, "from the site")
+	expectRetained(t, cloud, "mqlet/v2/nodes/n1/status", "from the site")
 
 	// The uplink is down: the site keeps serving what it has, and catches up
 	// with what the cloud published meanwhile once the bridge is back.
 	cloud.Stop(t)
-	expectRetained(t, site, "mqlet/v1/nodes/n1/desired/pods/p1", "from the cloud")
+	expectRetained(t, site, "mqlet/v2/nodes/n1/desired/pods/p1", "from the cloud")
 	cloud.Start(t)
 	site.WaitBridge(t)
 	// The cloud has no persistence, so it lost its retained messages; what
 	// it publishes now reaches the site again.
 	cloudPub = dial(t, cloud.Plain, "", nil)
-	publish(t, cloudPub, "mqlet/v1/nodes/n1/desired/pods/p1", true, "gen 2 from the cloud")
-	expectRetained(t, site, "mqlet/v1/nodes/n1/desired/pods/p1", "gen 2 from the cloud")
+	publish(t, cloudPub, "mqlet/v2/nodes/n1/desired/pods/p1", true, "gen 2 from the cloud")
+	expectRetained(t, site, "mqlet/v2/nodes/n1/desired/pods/p1", "gen 2 from the cloud")
 }
 
 // expectRetained polls b with fresh subscribers until one receives payload

@@ -96,11 +96,11 @@ func TestIdleWindowNoData(t *testing.T) {
 
 func TestCountPublishes(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "mosquitto.log")
-	data := `1795382239: Received PUBLISH from bench (d0, q1, r1, m1, 'mqlet/v1/nodes/bench/online', ... (160 bytes))
-1795382239: Received PUBLISH from bench (d0, q1, r1, m2, 'mqlet/v1/nodes/bench/status/pods/default/pods-00', ... (1500 bytes))
-1795382239: Received PUBLISH from bench-reader-1234 (d0, q1, r1, m2, 'mqlet/v1/nodes/bench/status/pods/default/pods-00', ... (1500 bytes))
-1795382239: Received PUBLISH from bench (d0, q1, r1, m3, 'mqlet/v1/nodes/bench/status/pods/default/pods-01', ... (1501 bytes))
-1795382239: Sending PUBLISH to bench (d0, q1, r1, m1, 'mqlet/v1/nodes/bench/index', ... (90 bytes))
+	data := `1795382239: Received PUBLISH from bench (d0, q1, r1, m1, 'mqlet/v2/nodes/bench/online', ... (160 bytes))
+1795382239: Received PUBLISH from bench (d0, q1, r1, m2, 'mqlet/v2/nodes/bench/status/pods/default/pods-00', ... (1500 bytes))
+1795382239: Received PUBLISH from bench-reader-1234 (d0, q1, r1, m2, 'mqlet/v2/nodes/bench/status/pods/default/pods-00', ... (1500 bytes))
+1795382239: Received PUBLISH from bench (d0, q1, r1, m3, 'mqlet/v2/nodes/bench/status/pods/default/pods-01', ... (1501 bytes))
+1795382239: Sending PUBLISH to bench (d0, q1, r1, m1, 'mqlet/v2/nodes/bench/index', ... (90 bytes))
 1795382239: Received PINGREQ from bench
 `
 	if err := os.WriteFile(log, []byte("earlier line\n"+data), 0o644); err != nil {

@@ -92,7 +92,7 @@ func TestTLSWithClientCertificate(t *testing.T) {
 		t.Fatalf("Connect over TLS as admin: %v", err)
 	}
 	defer c.Close()
-	if c.marker != "mqlet/v1/ctl/admin/marker" {
+	if c.marker != "mqlet/v2/ctl/admin/marker" {
 		t.Errorf("marker topic %q, want the certificate's CN in it (the ACL grants <prefix>/ctl/%%u/#)", c.marker)
 	}
 	if _, err := c.Apply(ctx, "n1", []any{pod("web")}); err != nil {
@@ -239,7 +239,7 @@ func TestApplyFailsWhenTheConnectionIsGone(t *testing.T) {
 
 func TestApplyRefusesAnUnreadableIndex(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
-	pub(t, rawClient(t, b.Plain), tp.Index("n1"), `{"apiVersion":"mqlet.io/v1","node":"n1","revision":3,"objects":{},"extra":1}`, true)
+	pub(t, rawClient(t, b.Plain), tp.Index("n1"), `{"apiVersion":"mqlet.io/v2","node":"n1","revision":3,"objects":{},"extra":1}`, true)
 	_, err := dial(t, b).Apply(testCtx(t), "n1", []any{pod("web")})
 	if err == nil || !strings.Contains(err.Error(), "retained index of node n1") {
 		t.Errorf("Apply over an unreadable index = %v, want an error naming it", err)

@@ -250,7 +250,7 @@ func TestResubscribeResendsRetained(t *testing.T) {
 // again; a clean stop leaves Offline(N) retained.
 func TestLiveness(t *testing.T) {
 	checkGoroutines(t)
-	const topic = "mqlet/v1/nodes/node-a/status"
+	const topic = "mqlet/v2/nodes/node-a/status"
 	b := mqtttest.Start(t, mqtttest.Options{})
 	var sessions atomic.Int64
 	sessions.Store(41)
@@ -282,7 +282,7 @@ func TestLiveness(t *testing.T) {
 // broker in, the node ends up online.
 func TestLivenessAfterTakeover(t *testing.T) {
 	checkGoroutines(t)
-	const topic = "mqlet/v1/nodes/node-a/status"
+	const topic = "mqlet/v2/nodes/node-a/status"
 	b := mqtttest.Start(t, mqtttest.Options{})
 	var sessions atomic.Int64
 	l := startLink(t, liveness(testOptions(t, b.Plain, "node-a"), topic, &sessions))
@@ -303,7 +303,7 @@ func TestLivenessAfterTakeover(t *testing.T) {
 }
 
 // TLS with a client certificate whose CN is the username, and the node ACL
-// (pattern readwrite mqlet/v1/nodes/%u/#): the node subscribes to and publishes in its own
+// (pattern readwrite mqlet/v2/nodes/%u/#): the node subscribes to and publishes in its own
 // subtree, gets the desired state the admin identity publishes there, and a client without a
 // certificate cannot connect. (mosquitto 2.0.11 grants a v3.1.1 SUBSCRIBE outside the subtree and
 // filters at delivery, so a refused SUBACK, which the link treats as a failed connection, cannot
@@ -312,7 +312,7 @@ func TestTLSClientCertificate(t *testing.T) {
 	checkGoroutines(t)
 	b := mqtttest.Start(t, mqtttest.Options{Identities: []string{"node-a"}})
 	certFile, keyFile := b.ClientCert("node-a")
-	const prefix = "mqlet/v1/nodes/node-a/"
+	const prefix = "mqlet/v2/nodes/node-a/"
 	var sessions atomic.Int64
 	o := liveness(testOptions(t, b.TLS, "node-a"), prefix+"status", &sessions)
 	o.CAFile, o.CertFile, o.KeyFile = b.CAFile, certFile, keyFile
@@ -369,7 +369,7 @@ func TestWebsockets(t *testing.T) {
 func TestRunEndsEveryGoroutine(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
 	var sessions atomic.Int64
-	o := liveness(testOptions(t, b.Plain, "node-a"), "mqlet/v1/nodes/node-a/status", &sessions)
+	o := liveness(testOptions(t, b.Plain, "node-a"), "mqlet/v2/nodes/node-a/status", &sessions)
 	o.Subscriptions = []string{"t/#"}
 	o.OnOverflow = func() {}
 	l, err := New(o)

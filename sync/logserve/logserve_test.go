@@ -408,7 +408,7 @@ func TestRefusals(t *testing.T) {
 			t.Errorf("%s: %+v, want an EOF chunk with %q", c.id, ch, c.want)
 		}
 	}
-	r.send(t, `{"apiVersion":"mqlet.io/v1","id":"extra","op":"open","namespace":"default","pod":"web","rm":"-rf"}`)
+	r.send(t, `{"apiVersion":"mqlet.io/v2","id":"extra","op":"open","namespace":"default","pod":"web","rm":"-rf"}`)
 	if ch := r.next(t, "extra", 0); !ch.EOF || !strings.Contains(ch.Error, "unknown field") {
 		t.Errorf("unknown field: %+v", ch)
 	}

@@ -58,6 +58,7 @@ func (x *NodeStatus) apiVersion() *string    { return &x.APIVersion }
 func (x *PodStatus) apiVersion() *string     { return &x.APIVersion }
 func (x *Event) apiVersion() *string         { return &x.APIVersion }
 func (x *Acks) apiVersion() *string          { return &x.APIVersion }
+func (x *StatusSummary) apiVersion() *string { return &x.APIVersion }
 func (x *ResyncRequest) apiVersion() *string { return &x.APIVersion }
 func (x *LogsRequest) apiVersion() *string   { return &x.APIVersion }
 func (x *LogsChunk) apiVersion() *string     { return &x.APIVersion }
@@ -102,14 +103,8 @@ func DecodeDesired(t Topic, payload []byte, max int) (*DesiredObject, error) {
 	case d.Generation <= 0:
 		return nil, fmt.Errorf("%s %s/%s: generation %d, must be positive", what, d.Namespace, d.Name, d.Generation)
 	}
-	if d.Deleted {
-		if len(d.Object) != 0 {
-			return nil, fmt.Errorf("%s %s/%s: a tombstone carries no object", what, d.Namespace, d.Name)
-		}
-		return &d, nil
-	}
 	if len(d.Object) == 0 || string(d.Object) == "null" {
-		return nil, fmt.Errorf("%s %s/%s: no object (a deletion is a tombstone with \"deleted\": true)", what, d.Namespace, d.Name)
+		return nil, fmt.Errorf("%s %s/%s: no object (an object is deleted by an index that leaves it out)", what, d.Namespace, d.Name)
 	}
 	var kind, apiVersion, namespace, name string
 	switch d.Kind {
@@ -161,12 +156,18 @@ func DecodeIndex(t Topic, payload []byte, max int) (*Index, error) {
 	if x.Revision <= 0 {
 		return nil, fmt.Errorf("index: revision %d, must be positive", x.Revision)
 	}
-	for k, g := range x.Objects {
+	if x.Objects == nil {
+		x.Objects = map[string]IndexEntry{}
+	}
+	for k, e := range x.Objects {
 		if _, _, _, err := ParseObjectKey(k); err != nil {
 			return nil, fmt.Errorf("index: %w", err)
 		}
-		if g <= 0 || g > x.Revision {
-			return nil, fmt.Errorf("index: %s has generation %d, outside 1..%d (the index revision)", k, g, x.Revision)
+		if e.Generation <= 0 || e.Generation > x.Revision {
+			return nil, fmt.Errorf("index: %s has generation %d, outside 1..%d (the index revision)", k, e.Generation, x.Revision)
+		}
+		if !validDigest(e.Digest) {
+			return nil, fmt.Errorf("index: %s has digest %q, want 64 lowercase hex digits (SHA-256 of the desired payload)", k, e.Digest)
 		}
 	}
 	return x, nil
@@ -220,6 +221,18 @@ func DecodeEvent(payload []byte, max int) (*Event, error) {
 // DecodeAcks decodes a node's acknowledgements.
 func DecodeAcks(payload []byte, max int) (*Acks, error) {
 	return decodePayload[Acks](payload, max, "acks")
+}
+
+// DecodeStatusSummary decodes a node's pod status summary.
+func DecodeStatusSummary(payload []byte, max int) (*StatusSummary, error) {
+	x, err := decodePayload[StatusSummary](payload, max, "status summary")
+	if err != nil {
+		return nil, err
+	}
+	if x.Pods < 0 {
+		return nil, fmt.Errorf("status summary: %d pods, must not be negative", x.Pods)
+	}
+	return x, nil
 }
 
 // DecodeResync decodes a resync request.

@@ -12,7 +12,7 @@ import (
 
 func FuzzParseTopic(f *testing.F) {
 	for _, s := range []string{tp.Desired("n", KindPod, "default", "a"), tp.Index("n"), tp.LogsReply("n", "x"),
-		"mqlet/v1/nodes/n/desired/pods/../a", "mqlet/v1/nodes/+/online", "mqlet/v1/nodes/n/status/pods/a/b"} {
+		"mqlet/v2/nodes/n/desired/pods/../a", "mqlet/v2/nodes/+/online", "mqlet/v2/nodes/n/status/pods/a/b"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -37,7 +37,7 @@ func FuzzDecodeDesired(f *testing.F) {
 	tomb, _ := Encode(NewTombstone("n", KindPod, "default", "a", 4))
 	f.Add(good)
 	f.Add(tomb)
-	f.Add([]byte(`{"apiVersion":"mqlet.io/v1","kind":"Pod","node":"n","namespace":"default","name":"a","generation":1,"object":{"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"x"}]}}}`))
+	f.Add([]byte(`{"apiVersion":"mqlet.io/v2","kind":"Pod","node":"n","namespace":"default","name":"a","generation":1,"object":{"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"x"}]}}}`))
 	f.Add([]byte(`{"kind":"Pod","object":null}`))
 	topic, _ := tp.Parse(tp.Desired("n", KindPod, "default", "a"))
 	f.Fuzz(func(t *testing.T, payload []byte) {
@@ -60,7 +60,7 @@ func FuzzDecodeDesired(f *testing.F) {
 func FuzzDecodeIndex(f *testing.F) {
 	good, _ := Encode(&Index{Node: "n", Revision: 4, Objects: map[string]int64{"pods/default/a": 4}})
 	f.Add(good)
-	f.Add([]byte(`{"apiVersion":"mqlet.io/v1","node":"n","revision":1,"objects":{"pods/x":1}}`))
+	f.Add([]byte(`{"apiVersion":"mqlet.io/v2","node":"n","revision":1,"objects":{"pods/x":1}}`))
 	topic, _ := tp.Parse(tp.Index("n"))
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		got, err := DecodeIndex(topic, payload, 4096)
@@ -78,7 +78,7 @@ func FuzzDecodeIndex(f *testing.F) {
 func FuzzDecodeLogsRequest(f *testing.F) {
 	good, _ := Encode(&LogsRequest{ID: "a", Op: LogsOpen, Namespace: "default", Pod: "p", Container: "c", Follow: true})
 	f.Add(good)
-	f.Add([]byte(`{"apiVersion":"mqlet.io/v1","id":"a","op":"open","namespace":"default","pod":"../x"}`))
+	f.Add([]byte(`{"apiVersion":"mqlet.io/v2","id":"a","op":"open","namespace":"default","pod":"../x"}`))
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		got, err := DecodeLogsRequest(payload, 4096)
 		if err != nil {

@@ -38,7 +38,7 @@ func TestTopicsRoundTrip(t *testing.T) {
 		if got != c.want {
 			t.Errorf("Parse(%q) = %+v, want %+v", c.topic, got, c.want)
 		}
-		if !strings.HasPrefix(c.topic, "mqlet/v1/nodes/edge-1/") {
+		if !strings.HasPrefix(c.topic, "mqlet/v2/nodes/edge-1/") {
 			t.Errorf("%q is outside the node's ACL subtree", c.topic)
 		}
 	}
@@ -47,17 +47,17 @@ func TestTopicsRoundTrip(t *testing.T) {
 func TestTopicsRefused(t *testing.T) {
 	for _, topic := range []string{
 		"other/v1/nodes/edge-1/index",
-		"mqlet/v1/nodes/edge-1",
-		"mqlet/v1/nodes/Edge_1/index",
-		"mqlet/v1/nodes/edge-1/unknown",
-		"mqlet/v1/nodes/edge-1/desired/pods/default",
-		"mqlet/v1/nodes/edge-1/desired/deployments/default/x",
-		"mqlet/v1/nodes/edge-1/desired/pods/default/x/y",
-		"mqlet/v1/nodes/edge-1/desired/pods/../x",
-		"mqlet/v1/nodes/edge-1/desired/pods/default/..",
-		"mqlet/v1/nodes/edge-1/desired/pods/default/+",
-		"mqlet/v1/nodes/edge-1/logs/resp/a.b",
-		"mqlet/v1/nodes//index",
+		"mqlet/v2/nodes/edge-1",
+		"mqlet/v2/nodes/Edge_1/index",
+		"mqlet/v2/nodes/edge-1/unknown",
+		"mqlet/v2/nodes/edge-1/desired/pods/default",
+		"mqlet/v2/nodes/edge-1/desired/deployments/default/x",
+		"mqlet/v2/nodes/edge-1/desired/pods/default/x/y",
+		"mqlet/v2/nodes/edge-1/desired/pods/../x",
+		"mqlet/v2/nodes/edge-1/desired/pods/default/..",
+		"mqlet/v2/nodes/edge-1/desired/pods/default/+",
+		"mqlet/v2/nodes/edge-1/logs/resp/a.b",
+		"mqlet/v2/nodes//index",
 	} {
 		if got, err := tp.Parse(topic); err == nil {
 			t.Errorf("Parse(%q) = %+v, want an error", topic, got)
@@ -74,10 +74,10 @@ func TestValidatePrefix(t *testing.T) {
 	if tt, err := NewTopics(""); err != nil || tt.Prefix() != DefaultPrefix {
 		t.Errorf("NewTopics(\"\") = %v, %v", tt.Prefix(), err)
 	}
-	if got := tp.AllNodes(ClassLiveness); got != "mqlet/v1/nodes/+/online" {
+	if got := tp.AllNodes(ClassLiveness); got != "mqlet/v2/nodes/+/online" {
 		t.Errorf("AllNodes(liveness) = %q", got)
 	}
-	if got := tp.AllNodes(ClassPodStatus); got != "mqlet/v1/nodes/+/status/pods/#" {
+	if got := tp.AllNodes(ClassPodStatus); got != "mqlet/v2/nodes/+/status/pods/#" {
 		t.Errorf("AllNodes(pod status) = %q", got)
 	}
 }

@@ -10,7 +10,7 @@ import (
 
 // DefaultPrefix is the topic prefix when none is configured. The version is part of it so that an
 // incompatible contract can live beside this one on the same broker during a fleet upgrade.
-const DefaultPrefix = "mqlet/v1"
+const DefaultPrefix = "mqlet/v2"
 
 // MaxPrefixLen bounds the prefix so topic names stay well under MQTT's 65,535-byte limit.
 const MaxPrefixLen = 128
@@ -25,13 +25,17 @@ const (
 	ClassLogsRequest Class = "logs/req" // <node>/logs/req, not retained
 
 	// Uplink, written by the node.
-	ClassLiveness   Class = "online"      // <node>/online, retained (and the Last Will)
-	ClassNodeStatus Class = "status/node" // <node>/status/node, retained
-	ClassPodStatus  Class = "status/pods" // <node>/status/pods/<namespace>/<name>, retained
-	ClassEvents     Class = "events"      // <node>/events, not retained
-	ClassAcks       Class = "acks"        // <node>/acks, retained
-	ClassResync     Class = "resync"      // <node>/resync, not retained
-	ClassLogsReply  Class = "logs/resp"   // <node>/logs/resp/<request id>, not retained
+	ClassLiveness   Class = "online"         // <node>/online, retained (and the Last Will)
+	ClassNodeStatus Class = "status/node"    // <node>/status/node, retained
+	ClassPodStatus  Class = "status/pods"    // <node>/status/pods/<namespace>/<name>, retained
+	ClassSummary    Class = "status/summary" // <node>/status/summary, retained
+	ClassEvents     Class = "events"         // <node>/events, not retained
+	ClassAcks       Class = "acks"           // <node>/acks, retained
+	ClassResync     Class = "resync"         // <node>/resync, not retained
+	ClassLogsReply  Class = "logs/resp"      // <node>/logs/resp/<request id>, not retained
+	// The node's own end-of-retained marker (docs/protocol.md section 10, done by the node for its
+	// own subtree): written and read by the node only, not retained.
+	ClassNodeMarker Class = "marker" // <node>/marker
 )
 
 // Topics builds and parses topic names under one prefix. The zero value is not usable: use
@@ -118,6 +122,8 @@ func (t Topics) DesiredFilter(node string) string { return t.Node(node) + "/desi
 func (t Topics) Index(node string) string       { return t.Node(node) + "/index" }
 func (t Topics) Liveness(node string) string    { return t.Node(node) + "/online" }
 func (t Topics) NodeStatus(node string) string  { return t.Node(node) + "/status/node" }
+func (t Topics) Summary(node string) string     { return t.Node(node) + "/status/summary" }
+func (t Topics) NodeMarker(node string) string  { return t.Node(node) + "/marker" }
 func (t Topics) Events(node string) string      { return t.Node(node) + "/events" }
 func (t Topics) Acks(node string) string        { return t.Node(node) + "/acks" }
 func (t Topics) Resync(node string) string      { return t.Node(node) + "/resync" }
@@ -177,7 +183,7 @@ func (t Topics) Parse(topic string) (Topic, error) {
 	switch {
 	case len(seg) == 2:
 		switch c := Class(seg[1]); c {
-		case ClassIndex, ClassLiveness, ClassEvents, ClassAcks, ClassResync:
+		case ClassIndex, ClassLiveness, ClassEvents, ClassAcks, ClassResync, ClassNodeMarker:
 			out.Class = c
 		default:
 			return bad(fmt.Sprintf("unknown topic %q under the node", seg[1]))
@@ -196,6 +202,8 @@ func (t Topics) Parse(topic string) (Topic, error) {
 		}
 	case seg[1] == "status" && len(seg) == 3 && seg[2] == "node":
 		out.Class = ClassNodeStatus
+	case seg[1] == "status" && len(seg) == 3 && seg[2] == "summary":
+		out.Class = ClassSummary
 	case seg[1] == "status" && len(seg) == 5 && seg[2] == "pods":
 		out.Class, out.Kind, out.Namespace, out.Name = ClassPodStatus, KindPod, seg[3], seg[4]
 		if err := ValidateObjectName(KindPod, out.Namespace, out.Name); err != nil {

@@ -1,6 +1,8 @@
 package protocol
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -12,7 +14,7 @@ import (
 
 // APIVersion is carried by every payload, so a receiver can refuse a payload of a contract it does
 // not speak instead of misreading it.
-const APIVersion = "mqlet.io/v1"
+const APIVersion = "mqlet.io/v2"
 
 // DefaultMaxPayload is the largest payload a receiver accepts unless configured otherwise. It matches
 // the example broker's message_size_limit.
@@ -80,21 +82,20 @@ func ParseObjectKey(key string) (ObjectKind, string, string, error) {
 }
 
 // Desired is the payload of a desired object's retained topic: the whole object and its
-// generation, or a tombstone. Generations of one node's objects come from one counter per node
-// (see Index), so a node applies a message only when its generation is above what it stored.
+// generation. Generations of one node's objects come from one counter per node (see Index). There
+// are no tombstones in v2: an object is deleted by an index that leaves it out, and its writer then
+// clears the retained topic (an empty payload), which a node ignores.
 type Desired struct {
-	APIVersion string     `json:"apiVersion"`
-	Kind       ObjectKind `json:"kind"`
-	Node       string     `json:"node"`
-	Namespace  string     `json:"namespace"`
-	Name       string     `json:"name"`
-	Generation int64      `json:"generation"`
-	// Deleted makes this a tombstone: the object was deleted at Generation. Object is then empty.
-	Deleted bool            `json:"deleted,omitempty"`
-	Object  json.RawMessage `json:"object,omitempty"`
+	APIVersion string          `json:"apiVersion"`
+	Kind       ObjectKind      `json:"kind"`
+	Node       string          `json:"node"`
+	Namespace  string          `json:"namespace"`
+	Name       string          `json:"name"`
+	Generation int64           `json:"generation"`
+	Object     json.RawMessage `json:"object"`
 }
 
-// DesiredObject is a decoded, validated Desired: exactly one of the pointers is set unless Deleted.
+// DesiredObject is a decoded, validated Desired: exactly one of the pointers is set.
 type DesiredObject struct {
 	Desired
 	Pod       *v1.Pod
@@ -105,16 +106,36 @@ type DesiredObject struct {
 // Key is the object's ObjectKey.
 func (d *Desired) Key() string { return ObjectKey(d.Kind, d.Namespace, d.Name) }
 
-// Index is the retained summary of a node's desired set: every live object and its generation,
-// as of Revision. Revision is the node's counter at the time the index was written; every object
-// generation is drawn from the same counter, so an object stored with a generation <= Revision
-// that the index does not list was deleted, and one with a higher generation is newer than the
-// index (the index is then stale for it, not authoritative).
+// Index is the retained summary of a node's desired set: every live object with its generation
+// and the digest of its exact desired payload, as of Revision. Revision is the node's counter at
+// the time the index was written; every object generation is drawn from the same counter.
+//
+// A node applies an object only when its payload's digest matches the entry the current index has
+// for it, deletes an object only when a newer index leaves it out, and never deletes because a
+// message is missing (docs/protocol.md, section 5). The digests are what a signature over the index
+// covers (the next step: signed desired state), so each object is covered through its digest.
 type Index struct {
-	APIVersion string           `json:"apiVersion"`
-	Node       string           `json:"node"`
-	Revision   int64            `json:"revision"`
-	Objects    map[string]int64 `json:"objects"`
+	APIVersion string                `json:"apiVersion"`
+	Node       string                `json:"node"`
+	Revision   int64                 `json:"revision"`
+	Objects    map[string]IndexEntry `json:"objects"`
+}
+
+// IndexEntry is one object of an index: its generation and the digest of its desired payload.
+type IndexEntry struct {
+	Generation int64  `json:"generation"`
+	Digest     string `json:"digest"`
+}
+
+// StatusSummary is the node's retained summary of its pod statuses: how many live (not deleted)
+// pod status topics it keeps and a digest over them. It is published after the statuses it sums
+// up, so a reader can tell a partial read from a whole one (Pods), and the node, reading its own
+// summary back on every connection, can tell a broker that lost retained statuses (Digest).
+type StatusSummary struct {
+	APIVersion string `json:"apiVersion"`
+	Node       string `json:"node"`
+	Pods       int    `json:"pods"`
+	Digest     string `json:"digest"`
 }
 
 // Liveness is the payload of the retained online topic and of the Last Will. Session grows with
@@ -178,23 +199,36 @@ type Event struct {
 	Dropped uint64 `json:"dropped,omitempty"`
 }
 
-// Acks is the node's retained statement of what it has taken in: for each object key, the highest
-// generation applied (Deleted for tombstones), and the last index revision it compared against.
-// It is how the control plane knows what the node runs, and when a tombstone can be cleared.
+// Acks is the node's retained statement of what it has taken in, O(desired set): the index it
+// compared against (revision and the digest of its payload), and for every entry of that index
+// exactly one outcome: applied, refused (with why) or missing (not received yet, asked for again).
+// An object that the node's current index does not list is gone from the node. It is how the
+// control plane knows what the node runs, when a deletion took effect, and where the node's counter
+// stands after a broker lost its retained state.
 type Acks struct {
-	APIVersion    string           `json:"apiVersion"`
-	Node          string           `json:"node"`
-	Session       int64            `json:"session"`
-	IndexRevision int64            `json:"indexRevision"`
-	Applied       map[string]int64 `json:"applied"`
-	Deleted       map[string]int64 `json:"deleted,omitempty"`
-	// Refused holds objects the node refused (admission, policy, bad payload), by key.
+	APIVersion    string `json:"apiVersion"`
+	Node          string `json:"node"`
+	Session       int64  `json:"session"`
+	IndexRevision int64  `json:"indexRevision"`
+	// IndexDigest is the digest of the index payload compared against; two different indexes with
+	// one revision (two writers at once) have different digests.
+	IndexDigest string                `json:"indexDigest,omitempty"`
+	Applied     map[string]IndexEntry `json:"applied"`
+	// Refused holds the entries the node refused (admission, policy, a payload it cannot decode),
+	// by key. A refused generation is an outcome: it is not asked for again.
 	Refused map[string]Refusal `json:"refused,omitempty"`
+	// Missing holds the entries whose payload has not arrived (or arrived with another digest).
+	Missing map[string]IndexEntry `json:"missing,omitempty"`
+	// IndexRefused is the last index the node refused (stale, conflicting, invalid), so a writer
+	// learns it without a live reader.
+	IndexRefused *Refusal `json:"indexRefused,omitempty"`
 }
 
-// Refusal is why a node did not apply a generation of an object.
+// Refusal is why a node did not apply a generation of an object (or, in Acks.IndexRefused, an
+// index revision).
 type Refusal struct {
 	Generation int64  `json:"generation"`
+	Digest     string `json:"digest,omitempty"`
 	Reason     string `json:"reason"`
 }
 
@@ -274,8 +308,22 @@ func NewDesired(node string, generation int64, obj any) (*Desired, error) {
 		Generation: generation, Object: raw}, nil
 }
 
-// NewTombstone is the deletion of an object at generation.
-func NewTombstone(node string, kind ObjectKind, namespace, name string, generation int64) *Desired {
-	return &Desired{APIVersion: APIVersion, Kind: kind, Node: node, Namespace: namespace, Name: name,
-		Generation: generation, Deleted: true}
+// Digest is the digest an index entry carries for a desired payload: SHA-256 of the exact bytes,
+// lowercase hex.
+func Digest(payload []byte) string {
+	sum := sha256.Sum256(payload)
+	return hex.EncodeToString(sum[:])
+}
+
+// validDigest says whether s has the form Digest returns.
+func validDigest(s string) bool {
+	if len(s) != 2*sha256.Size {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
