@@ -9,19 +9,30 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// SyncMark is what the MQTT source has taken in for one object: the generation it last applied,
-// and whether that was a deletion. Tombstones are kept so that a replayed older message for a
-// deleted object is recognised as old instead of bringing the object back.
+// SyncMark is what the MQTT source has taken in for one object: the generation and payload digest
+// of the outcome it reached (applied, or refused with a reason). One mark, under a key that is not
+// an object key, holds the last verified index itself (Data), so a restarted node knows every entry
+// of it, not just its revision.
 type SyncMark struct {
 	Key        string // e.g. "pods/default/web", "configmaps/ns/x", "secrets/ns/y"
 	Generation int64
-	Deleted    bool // a tombstone: the object was deleted at Generation
+	Digest     string // of the desired payload taken in (or, for the index mark, of the index)
+	// Refused is why the node refused this generation; empty when it was applied.
+	Refused string
+	// Data is the index payload, for the index mark only.
+	Data []byte
+	// Deleted is only ever read: it marks tombstones written by protocol v1 nodes, which a v2
+	// node drops.
+	Deleted bool
 }
 
 // markRecord is the JSON of a sync_marks value; the key is the mark's.
 type markRecord struct {
-	Generation int64 `json:"generation"`
-	Deleted    bool  `json:"deleted"`
+	Generation int64  `json:"generation"`
+	Deleted    bool   `json:"deleted,omitempty"`
+	Digest     string `json:"digest,omitempty"`
+	Refused    string `json:"refused,omitempty"`
+	Data       []byte `json:"data,omitempty"`
 }
 
 // encodeMarks checks and encodes marks before anything is written, so that bad input changes
@@ -33,7 +44,7 @@ func encodeMarks(marks []SyncMark) ([][2][]byte, error) {
 		if err := checkMarkKey(m.Key); err != nil {
 			return nil, fmt.Errorf("marks[%d]: %w", i, err)
 		}
-		val, err := json.Marshal(markRecord{Generation: m.Generation, Deleted: m.Deleted})
+		val, err := json.Marshal(markRecord{Generation: m.Generation, Deleted: m.Deleted, Digest: m.Digest, Refused: m.Refused, Data: m.Data})
 		if err != nil {
 			return nil, fmt.Errorf("marks[%d] %s: %w", i, m.Key, err)
 		}
@@ -62,7 +73,7 @@ func decodeMark(key, val []byte) (SyncMark, error) {
 	if err := json.Unmarshal(val, &r); err != nil {
 		return SyncMark{}, RecordError{Bucket: string(bucketMarks), Key: string(key), Err: err}
 	}
-	return SyncMark{Key: string(key), Generation: r.Generation, Deleted: r.Deleted}, nil
+	return SyncMark{Key: string(key), Generation: r.Generation, Deleted: r.Deleted, Digest: r.Digest, Refused: r.Refused, Data: r.Data}, nil
 }
 
 // collectMarks decodes every record a walk of sync_marks yields, for DB and Memory alike.
@@ -123,6 +134,45 @@ func (d *DB) PutMarks(marks []SyncMark) error {
 	})
 	if err != nil {
 		return fmt.Errorf("state db %s: put %d sync marks (first %s): %w", d.path, len(kvs), kvs[0][0], err)
+	}
+	return nil
+}
+
+// UpdateMarks stores put and removes the marks with keys in del, in one transaction (one fsync;
+// concurrent calls are folded together): the MQTT source's view of an index and the outcomes it
+// implies change together or not at all. Invalid input is refused before anything is written.
+func (d *DB) UpdateMarks(put []SyncMark, del []string) error {
+	kvs, err := encodeMarks(put)
+	if err != nil {
+		return fmt.Errorf("state db %s: update sync marks: %w", d.path, err)
+	}
+	for i, k := range del {
+		if err := checkMarkKey(k); err != nil {
+			return fmt.Errorf("state db %s: update sync marks: del[%d]: %w", d.path, i, err)
+		}
+	}
+	if len(kvs) == 0 && len(del) == 0 {
+		return nil
+	}
+	err = d.bolt.Batch(func(tx *bolt.Tx) error {
+		b, err := bucket(tx, bucketMarks)
+		if err != nil {
+			return err
+		}
+		for _, k := range del {
+			if err := b.Delete([]byte(k)); err != nil {
+				return fmt.Errorf("delete %s: %w", k, err)
+			}
+		}
+		for _, kv := range kvs {
+			if err := b.Put(kv[0], kv[1]); err != nil {
+				return fmt.Errorf("put %s: %w", kv[0], err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("state db %s: update sync marks (%d put, %d deleted): %w", d.path, len(kvs), len(del), err)
 	}
 	return nil
 }

@@ -290,6 +290,31 @@ func (m *Memory) PutMarks(marks []SyncMark) error {
 	return nil
 }
 
+func (m *Memory) UpdateMarks(put []SyncMark, del []string) error {
+	kvs, err := encodeMarks(put)
+	if err != nil {
+		return fmt.Errorf("memory state: update sync marks: %w", err)
+	}
+	for i, k := range del {
+		if err := checkMarkKey(k); err != nil {
+			return fmt.Errorf("memory state: update sync marks: del[%d]: %w", i, err)
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, err := m.bucket(bucketMarks)
+	if err != nil {
+		return fmt.Errorf("memory state: update sync marks: %w", err)
+	}
+	for _, k := range del {
+		delete(b, k)
+	}
+	for _, kv := range kvs {
+		b[string(kv[0])] = kv[1]
+	}
+	return nil
+}
+
 func (m *Memory) ListMarks() (map[string]SyncMark, []RecordError, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -38,6 +38,8 @@ type State interface {
 	PutMarks(marks []SyncMark) error
 	ListMarks() (map[string]SyncMark, []RecordError, error)
 	DeleteMarks(keys []string) error
+	// UpdateMarks puts and deletes marks in one transaction (one fsync).
+	UpdateMarks(put []SyncMark, del []string) error
 	// NextSession returns 1, 2, 3, ... across restarts, each number stored before it is returned.
 	NextSession() (int64, error)
 

@@ -298,15 +298,15 @@ func testMarks(t *testing.T, s stateUnderTest) {
 		t.Fatal(err)
 	}
 	got, _, _ = s.ListMarks()
-	if got["secrets/default/app"] != (SyncMark{Key: "secrets/default/app", Generation: 8}) ||
-		got["pods/default/web"] != (SyncMark{Key: "pods/default/web", Generation: 5, Deleted: true}) {
+	if !reflect.DeepEqual(got["secrets/default/app"], SyncMark{Key: "secrets/default/app", Generation: 8}) ||
+		!reflect.DeepEqual(got["pods/default/web"], SyncMark{Key: "pods/default/web", Generation: 5, Deleted: true}) {
 		t.Errorf("after second put: %+v", got)
 	}
 	if err := s.DeleteMarks([]string{"pods/default/web", "never/there"}); err != nil {
 		t.Fatalf("DeleteMarks: %v", err)
 	}
 	got, _, _ = s.ListMarks()
-	if len(got) != 2 || got["pods/default/web"] != (SyncMark{}) {
+	if _, ok := got["pods/default/web"]; len(got) != 2 || ok {
 		t.Errorf("after DeleteMarks: %+v", got)
 	}
 	if err := s.PutMarks(nil); err != nil {
@@ -322,8 +322,24 @@ func testMarks(t *testing.T, s stateUnderTest) {
 	if err := s.DeleteMarks([]string{"configmaps/default/app", ""}); err == nil || !strings.Contains(err.Error(), "keys[1]") {
 		t.Errorf("DeleteMarks with an empty key = %v, want an error naming keys[1]", err)
 	}
-	if got, _, _ := s.ListMarks(); len(got) != 2 || got["pods/default/new"] != (SyncMark{}) || got["configmaps/default/app"].Generation != 1 {
+	if got, _, _ := s.ListMarks(); len(got) != 2 || got["pods/default/new"].Key != "" || got["configmaps/default/app"].Generation != 1 {
 		t.Errorf("refused calls changed the marks: %+v", got)
+	}
+	// UpdateMarks: puts and deletes together, every field kept; bad input changes nothing.
+	idx := SyncMark{Key: "index", Generation: 9, Digest: "d1", Data: []byte(`{"revision":9}`)}
+	ref := SyncMark{Key: "pods/default/bad", Generation: 9, Digest: "d2", Refused: "policy: privileged"}
+	if err := s.UpdateMarks([]SyncMark{idx, ref}, []string{"configmaps/default/app", "never/there"}); err != nil {
+		t.Fatalf("UpdateMarks: %v", err)
+	}
+	got, _, _ = s.ListMarks()
+	if _, ok := got["configmaps/default/app"]; ok || !reflect.DeepEqual(got["index"], idx) || !reflect.DeepEqual(got["pods/default/bad"], ref) {
+		t.Errorf("after UpdateMarks: %+v", got)
+	}
+	if err := s.UpdateMarks([]SyncMark{{Key: "pods/default/x", Generation: 1}}, []string{"index", ""}); err == nil || !strings.Contains(err.Error(), "del[1]") {
+		t.Errorf("UpdateMarks with an empty key = %v, want an error naming del[1]", err)
+	}
+	if got, _, _ := s.ListMarks(); got["index"].Generation != 9 || got["pods/default/x"].Key != "" {
+		t.Errorf("a refused UpdateMarks changed the marks: %+v", got)
 	}
 }
 
