@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // memPod is testPod requesting mem of memory ("" for a BestEffort pod).
@@ -311,4 +313,39 @@ func TestShutdownPodsWaitsOnlyUntilStopped(t *testing.T) {
 	}
 	src.send(source.Change{Op: source.Upsert, Items: []source.Item{mqttItem(testPod("next"), 1)}})
 	waitPhase(t, a, "next", v1.PodRunning, "")
+}
+
+// Apply tells the source what it refused (so the MQTT source can acknowledge a refusal durably
+// instead of listing the pod as applied), and that a change it could not store was not acted on.
+func TestApplyResultNamesRefusalsAndStoreFailures(t *testing.T) {
+	rt, src := newFakeRuntime(), newFakeSource(source.MQTT)
+	st := &failingDesired{State: store.NewMemory()}
+	a := New(Options{NodeName: "n", Log: slog.New(slog.DiscardHandler)}, rt, st, src)
+	a.runCtx, a.stop = context.WithCancel(context.Background())
+	defer a.shutdown()
+
+	bad := testPod("bad")
+	bad.Spec.HostNetwork = true // the default policy refuses host namespaces for MQTT pods
+	res := a.Apply(source.MQTT, source.Change{Op: source.Upsert, Items: []source.Item{mqttItem(testPod("good"), 1), mqttItem(bad, 1)}})
+	if res.Err != nil || len(res.Rejected) != 1 || !strings.Contains(res.Rejected["default/bad"], "host") {
+		t.Fatalf("Apply = %+v, want default/bad refused for its host namespace and nothing else", res)
+	}
+	st.fail = true
+	res = a.Apply(source.MQTT, source.Change{Op: source.Upsert, Items: []source.Item{mqttItem(testPod("later"), 2)}})
+	if res.Err == nil || !strings.Contains(res.Err.Error(), "disk full") {
+		t.Fatalf("Apply with a failing store = %+v, want the store's error", res)
+	}
+}
+
+// failingDesired is a store whose desired-pod writes fail when fail is set.
+type failingDesired struct {
+	store.State
+	fail bool
+}
+
+func (f *failingDesired) UpdateDesired(put []store.DesiredPod, del []types.UID) error {
+	if f.fail {
+		return errors.New("disk full")
+	}
+	return f.State.UpdateDesired(put, del)
 }

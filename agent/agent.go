@@ -217,7 +217,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.wg.Add(1)
 		go func() {
 			defer a.wg.Done()
-			err := s.Run(a.runCtx, func(c source.Change) { a.Apply(s.Kind(), c) })
+			err := s.Run(a.runCtx, func(c source.Change) source.Result { return a.Apply(s.Kind(), c) })
 			if err != nil && a.runCtx.Err() == nil {
 				// Without its source the agent would silently ignore changes; exit so that
 				// the service manager restarts it. Pods keep running meanwhile.
@@ -426,14 +426,17 @@ type plan struct {
 // store, then tells the workers. The store is written first so that what runs is always what the
 // store says; no lock that routing or the API needs is held during the write. Rejections that are
 // new, or whose reason changed, become events, emitted once the locks are released: a resync that
-// repeats the same rejections reports nothing, so an idle link stays idle.
-func (a *Agent) Apply(k source.Kind, c source.Change) {
-	for _, e := range a.apply(k, c) {
+// repeats the same rejections reports nothing, so an idle link stays idle. The result names the
+// pods of the change that were refused, or says the change could not be stored.
+func (a *Agent) Apply(k source.Kind, c source.Change) source.Result {
+	events, res := a.apply(k, c)
+	for _, e := range events {
 		a.report.Emit(e)
 	}
+	return res
 }
 
-func (a *Agent) apply(k source.Kind, c source.Change) []event.Event {
+func (a *Agent) apply(k source.Kind, c source.Change) ([]event.Event, source.Result) {
 	a.applyMu.Lock()
 	defer a.applyMu.Unlock()
 
@@ -445,15 +448,22 @@ func (a *Agent) apply(k source.Kind, c source.Change) []event.Event {
 	a.mu.Unlock()
 
 	p := a.plan(k, c, desired)
+	var res source.Result
 	for _, r := range p.rejected {
 		a.log.Error("pod rejected", "source", k, "problem", r.Error())
+		if r.Key != "" {
+			if res.Rejected == nil {
+				res.Rejected = map[string]string{}
+			}
+			res.Rejected[r.Key] = r.Reason
+		}
 	}
 	if len(p.put) > 0 || len(p.del) > 0 {
 		if err := a.st.UpdateDesired(p.put, p.del); err != nil {
 			// Acting on pods the store does not hold would break restore-after-reboot. The
 			// rejections are not recorded either, so the retry reports them as new.
 			a.log.Error("store desired pods; not acting on the change", "source", k, "op", c.Op, "err", err)
-			return nil
+			return nil, source.Result{Err: fmt.Errorf("store desired pods: %w", err)}
 		}
 	}
 	// Admission reads the node and probes host ports: I/O, so before a.mu is taken.
@@ -493,7 +503,7 @@ func (a *Agent) apply(k source.Kind, c source.Change) []event.Event {
 		}
 	}
 	a.activity()
-	return events
+	return events, res
 }
 
 // recordRejectionsLocked makes the plan's rejections the source's current ones and returns an

@@ -143,7 +143,7 @@ func newFakeSource(k source.Kind) *fakeSource {
 
 func (s *fakeSource) Kind() source.Kind { return s.kind }
 
-func (s *fakeSource) Run(ctx context.Context, deliver func(source.Change)) error {
+func (s *fakeSource) Run(ctx context.Context, deliver func(source.Change) source.Result) error {
 	for {
 		select {
 		case <-ctx.Done():

@@ -220,7 +220,7 @@ func (d *Dir) Kind() source.Kind { return source.File }
 // directory is the whole set of file pods), with the problems as rejections. A problem with a whole
 // file or a document that cannot be decoded marks its file Keep: the pods stored from it stay,
 // because after a reboot nothing but the store remembers what the file held.
-func (d *Dir) Run(ctx context.Context, deliver func(source.Change)) error {
+func (d *Dir) Run(ctx context.Context, deliver func(source.Change) source.Result) error {
 	return d.Watch(ctx, resyncPeriod, func(s Snapshot) {
 		if d.objects != nil {
 			d.objects(s)

@@ -365,7 +365,7 @@ type chanSource chan source.Change
 
 func (chanSource) Kind() source.Kind { return source.MQTT }
 
-func (s chanSource) Run(ctx context.Context, deliver func(source.Change)) error {
+func (s chanSource) Run(ctx context.Context, deliver func(source.Change) source.Result) error {
 	for {
 		select {
 		case <-ctx.Done():

@@ -122,9 +122,20 @@ type Change struct {
 	Rejections []Rejection
 }
 
+// Result is what the agent made of a Change, so a source can report a durable outcome for each
+// thing it delivered (the MQTT source acknowledges or refuses every object it receives).
+type Result struct {
+	// Rejected holds, by pod key ("namespace/name"), why a pod of the change was refused
+	// (validation, policy, a name another source holds). A refused pod is not stored.
+	Rejected map[string]string
+	// Err is set when the change could not be stored: nothing of it was acted on, and delivering
+	// it again is how to retry.
+	Err error
+}
+
 // Source delivers desired pods. Run calls deliver from one goroutine, in order, until ctx ends or
 // the source fails; a Resync must come first so the agent knows when every source has spoken.
 type Source interface {
 	Kind() Kind
-	Run(ctx context.Context, deliver func(Change)) error
+	Run(ctx context.Context, deliver func(Change) Result) error
 }

@@ -178,7 +178,7 @@ type mqttLikeSource struct{ pods []*v1.Pod }
 
 func (s mqttLikeSource) Kind() source.Kind { return source.MQTT }
 
-func (s mqttLikeSource) Run(ctx context.Context, deliver func(source.Change)) error {
+func (s mqttLikeSource) Run(ctx context.Context, deliver func(source.Change) source.Result) error {
 	c := source.Change{Op: source.Resync}
 	for _, p := range s.pods {
 		c.Items = append(c.Items, source.Item{Pod: p, Ref: source.Ref{Kind: source.MQTT, Origin: "test/" + p.Name}, Generation: 1})
