@@ -56,12 +56,18 @@ func (c *CtlApplyCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
+	for _, w := range res.Warnings {
+		fmt.Fprintf(env.errOut, "Warning: %s\n", w)
+	}
 	for _, o := range res.Objects {
 		verb := "configured"
-		if o.Created {
+		switch {
+		case o.Unchanged:
+			verb = "unchanged"
+		case o.Created:
 			verb = "created"
 		}
-		fmt.Fprintf(env.out, "%s/%s/%s %s (generation %d)\n", strings.ToLower(string(o.Kind)), o.Namespace, o.Name, verb, res.Generation)
+		fmt.Fprintf(env.out, "%s/%s/%s %s (generation %d)\n", strings.ToLower(string(o.Kind)), o.Namespace, o.Name, verb, o.Generation)
 	}
 	return nil
 }

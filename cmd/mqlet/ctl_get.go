@@ -179,7 +179,7 @@ func printReportedPods(out io.Writer, pods []protocol.PodStatus, indexes map[str
 // generationColumn is the generation the node runs, and the desired one when they differ: the
 // pod is then on its way to a newer spec, or to deletion.
 func generationColumn(s *protocol.PodStatus, idx *protocol.Index) string {
-	if s.Source == "file" || s.Generation == 0 && (idx == nil || idx.Objects[podKey(s)] == 0) {
+	if s.Source == "file" || s.Generation == 0 && (idx == nil || idx.Objects[podKey(s)].Generation == 0) {
 		return "-" // from the node's manifest dir: no generation
 	}
 	got := fmt.Sprint(s.Generation)
@@ -189,8 +189,8 @@ func generationColumn(s *protocol.PodStatus, idx *protocol.Index) string {
 	switch want, listed := idx.Objects[podKey(s)]; {
 	case !listed:
 		return got + " (deleting)"
-	case want != s.Generation:
-		return fmt.Sprintf("%s (desired %d)", got, want)
+	case want.Generation != s.Generation:
+		return fmt.Sprintf("%s (desired %d)", got, want.Generation)
 	}
 	return got
 }
@@ -308,8 +308,11 @@ func describeNode(out io.Writer, n *ctlclient.Node, idx *protocol.Index, pods []
 		if a.IndexRevision < idx.Revision {
 			caughtUp = fmt.Sprintf("behind: the index is at %d", idx.Revision)
 		}
-		d.line(0, "Acknowledged", fmt.Sprintf("index revision %d (%s), %d applied, %d deletions, session %d",
-			a.IndexRevision, caughtUp, len(a.Applied), len(a.Deleted), a.Session))
+		d.line(0, "Acknowledged", fmt.Sprintf("index revision %d (%s), %d applied, %d refused, %d missing, session %d",
+			a.IndexRevision, caughtUp, len(a.Applied), len(a.Refused), len(a.Missing), a.Session))
+		if a.IndexRefused != nil {
+			d.line(0, "Index refused", fmt.Sprintf("revision %d: %s", a.IndexRefused.Generation, a.IndexRefused.Reason))
+		}
 		if len(a.Refused) > 0 {
 			d.header(0, "Refused")
 			for _, k := range slices.Sorted(maps.Keys(a.Refused)) {

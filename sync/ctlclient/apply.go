@@ -1,17 +1,31 @@
 package ctlclient
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"time"
 
 	"github.com/mqlet/mqlet/sync/protocol"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
 
 // ErrNotFound is wrapped when the object to delete or read is not there.
 var ErrNotFound = errors.New("not found")
+
+// ErrLostRace is wrapped when a write kept losing to other writers of the same node.
+var ErrLostRace = errors.New("lost to a concurrent writer")
+
+// writeAttempts bounds how often a write is redone after another writer's index crossed it.
+const writeAttempts = 6
 
 // Index reads a node's retained index. A node without one has revision 0 and no objects.
 func (c *Client) Index(ctx context.Context, node string) (*protocol.Index, error) {
@@ -29,16 +43,13 @@ func (c *Client) Index(ctx context.Context, node string) (*protocol.Index, error
 // decodeIndex decodes the retained index payload of node (nil: no index yet).
 func (c *Client) decodeIndex(node string, payload []byte) (*protocol.Index, error) {
 	if payload == nil {
-		return &protocol.Index{APIVersion: protocol.APIVersion, Node: node, Objects: map[string]int64{}}, nil
+		return &protocol.Index{APIVersion: protocol.APIVersion, Node: node, Objects: map[string]protocol.IndexEntry{}}, nil
 	}
 	idx, err := protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: node}, payload, protocol.DefaultMaxPayload)
 	if err != nil {
-		// Writing over an index this client cannot read could lose the generations of other
-		// writers' objects: refuse, and say which topic to look at.
+		// Writing over an index this client cannot read could lose other writers' objects:
+		// refuse, and say which topic to look at.
 		return nil, fmt.Errorf("retained index of node %s (%s): %w", node, c.topics.Index(node), err)
-	}
-	if idx.Objects == nil {
-		idx.Objects = map[string]int64{}
 	}
 	return idx, nil
 }
@@ -50,6 +61,11 @@ type Applied struct {
 	Name      string
 	// Created is true when the node's index did not list the object before.
 	Created bool
+	// Unchanged is true when the node's index already lists this very object: nothing was written
+	// for it, and its generation stays.
+	Unchanged bool
+	// Generation is the object's generation after the apply.
+	Generation int64
 }
 
 // Key is the object's protocol.ObjectKey.
@@ -57,22 +73,16 @@ func (a Applied) Key() string { return protocol.ObjectKey(a.Kind, a.Namespace, a
 
 // ApplyResult says what an apply wrote.
 type ApplyResult struct {
-	// Generation is the generation every object of the apply got, and the index's new revision.
+	// Generation is the index's revision after the apply (unchanged when nothing was written).
 	Generation int64
 	Objects    []Applied
+	// Warnings are things the user should know (a node never seen, an index rebuilt from what
+	// the node reports).
+	Warnings []string
 }
 
-// Apply publishes objects (*v1.Pod, *v1.ConfigMap, *v1.Secret) as node's desired state.
-//
-// Generations come from the node's counter, whose current value is the retained index's revision
-// R (raised to the highest generation in the node's acks, see counter): every object gets R+1,
-// each is published retained, and only then the index with revision R+1 listing them, so a node that sees the new index never lacks an object it lists. The index is then
-// read back: a PUBACK only says the broker received the message, and a broker whose ACL denies the
-// publish acknowledges it all the same.
-//
-// Two control planes applying to one node at the same moment can both draw R+1; the later index
-// wins, and the objects only the other index listed drop out of the desired set. One client
-// serializes its own writes; across processes, use one writer per node.
+// Apply publishes objects (*v1.Pod, *v1.ConfigMap, *v1.Secret) as part of node's desired state;
+// objects of the node not named keep what they are. See write for how it cannot lose other objects.
 func (c *Client) Apply(ctx context.Context, node string, objects []any) (*ApplyResult, error) {
 	what := "apply to node " + node
 	if err := protocol.ValidateNodeName(node); err != nil {
@@ -81,17 +91,10 @@ func (c *Client) Apply(ctx context.Context, node string, objects []any) (*ApplyR
 	if len(objects) == 0 {
 		return nil, fmt.Errorf("%s: no objects", what)
 	}
-	c.writeMu.Lock()
-	defer c.writeMu.Unlock()
-	idx, gen, _, err := c.counter(ctx, node)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	res := &ApplyResult{Generation: gen}
-	var msgs []*protocol.Desired
+	var puts []*protocol.Desired
 	seen := map[string]bool{}
 	for _, obj := range objects {
-		d, err := protocol.NewDesired(node, gen, obj)
+		d, err := protocol.NewDesired(node, 0, obj)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
@@ -99,19 +102,18 @@ func (c *Client) Apply(ctx context.Context, node string, objects []any) (*ApplyR
 			return nil, fmt.Errorf("%s: %s is given twice", what, d.Key())
 		}
 		seen[d.Key()] = true
-		_, listed := idx.Objects[d.Key()]
-		res.Objects = append(res.Objects, Applied{Kind: d.Kind, Namespace: d.Namespace, Name: d.Name, Created: !listed})
-		msgs = append(msgs, d)
+		puts = append(puts, d)
 	}
-	if err := c.commit(ctx, idx, gen, msgs); err != nil {
+	res, err := c.write(ctx, node, puts, nil)
+	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return res, nil
 }
 
-// Delete deletes one desired object of node: a tombstone at the next generation, then the index
-// without the object. It returns the tombstone's generation, or an error wrapping ErrNotFound when
-// neither the index nor the object's retained topic holds the object.
+// Delete deletes one desired object of node: the index without it (a new revision), then the
+// object's retained topic cleared. It returns the revision that deleted it, or an error wrapping
+// ErrNotFound when the node's index does not list the object.
 func (c *Client) Delete(ctx context.Context, node string, kind protocol.ObjectKind, namespace, name string) (int64, error) {
 	what := fmt.Sprintf("delete %s %s/%s on node %s", kind, namespace, name, node)
 	if err := protocol.ValidateNodeName(node); err != nil {
@@ -123,129 +125,478 @@ func (c *Client) Delete(ctx context.Context, node string, kind protocol.ObjectKi
 	if err := protocol.ValidateObjectName(kind, namespace, name); err != nil {
 		return 0, fmt.Errorf("%s: %w", what, err)
 	}
+	res, err := c.write(ctx, node, nil, []string{protocol.ObjectKey(kind, namespace, name)})
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", what, err)
+	}
+	return res.Generation, nil
+}
+
+// indexWatch follows a node's retained index (and acks, and the desired topics a write touches)
+// for the duration of one write: every index publish the broker routes, in its order, so a writer
+// sees whether another writer's index came before or after its own.
+type indexWatch struct {
+	c     *Client
+	node  string
+	index string // the index topic
+
+	mu      sync.Mutex
+	indexes [][]byte          // index payloads in arrival order, the retained one first
+	latest  map[string][]byte // latest payload of every other watched topic
+	nonce   string
+	arrived chan struct{}
+}
+
+// watch subscribes to node's index, acks and the desired topics of keys, and waits until the
+// retained messages are in (the marker technique of Snapshot). The caller must hold snapMu and
+// call the returned stop.
+func (c *Client) watch(ctx context.Context, node string, keys []string) (*indexWatch, func(), error) {
+	w := &indexWatch{c: c, node: node, index: c.topics.Index(node), latest: map[string][]byte{}}
+	handle := func(_ mqtt.Client, m mqtt.Message) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		switch {
+		case m.Topic() == c.marker:
+			if w.arrived != nil && string(m.Payload()) == w.nonce {
+				close(w.arrived)
+				w.arrived = nil
+			}
+		case m.Topic() == w.index:
+			w.indexes = append(w.indexes, m.Payload())
+		default:
+			w.latest[m.Topic()] = m.Payload()
+		}
+	}
+	filters := map[string]byte{w.index: qos, c.topics.Acks(node): qos}
+	for _, k := range keys {
+		kind, ns, name, err := protocol.ParseObjectKey(k)
+		if err != nil {
+			return nil, nil, err
+		}
+		filters[c.topics.Desired(node, kind, ns, name)] = qos
+	}
+	stop := func() {
+		all := append(slices.Collect(maps.Keys(filters)), c.marker)
+		c.wait(context.WithoutCancel(ctx), c.mc.Unsubscribe(all...), "unsubscribe")
+	}
+	if err := c.wait(ctx, c.mc.SubscribeMultiple(filters, handle), "watch node "+node+": subscribe"); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	if err := c.wait(ctx, c.mc.Subscribe(c.marker, qos, handle), "watch node "+node+": subscribe to the marker topic"); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	if err := w.sync(ctx); err != nil {
+		stop()
+		return nil, nil, err
+	}
+	return w, stop, nil
+}
+
+// sync returns once everything the broker routed to this client before now has arrived.
+func (w *indexWatch) sync(ctx context.Context) error {
+	c := w.c
+	c.mu.Lock()
+	c.markerN++
+	nonce := fmt.Sprintf("%d-%s", c.markerN, randomHex(4))
+	c.mu.Unlock()
+	arrived := make(chan struct{})
+	w.mu.Lock()
+	w.nonce, w.arrived = nonce, arrived
+	w.mu.Unlock()
+	if err := c.publish(ctx, c.marker, []byte(nonce), false); err != nil {
+		return err
+	}
+	tctx, cancel := context.WithTimeout(ctx, c.o.Timeout)
+	defer cancel()
+	select {
+	case <-arrived:
+		return nil
+	case <-c.lost:
+		return c.lostErr
+	case <-tctx.Done():
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("the marker message on %s did not come back within %s (may this client read and write %s?)", c.marker, c.o.Timeout, c.marker)
+	}
+}
+
+// seen returns the index payloads received so far and the latest payload of topic.
+func (w *indexWatch) seen(topic string) ([][]byte, []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.indexes), w.latest[topic]
+}
+
+// write changes node's desired set: puts (generation filled in here) and drops (keys to delete).
+//
+// Generations come from the node's counter: above the revision of the broker's index and every
+// generation or revision the node's acks mention. The base the change is made on is the broker's
+// index, unless the node's acks show the node in force under a newer or different index (the
+// broker lost its retained state, or two writers crossed): then the base is rebuilt from what the
+// node reports (its acks list every entry of its index with generation and digest), so a writer
+// never publishes an index built from less than the whole desired set. Objects go first, then the
+// index. The writer follows the index topic throughout: if another writer's index came before its
+// own (it may have been overwritten with one that lacks this writer's objects, or vice versa), or
+// the index in force at the end does not list this writer's objects as written, the write is done
+// again on top of what the other wrote, at most writeAttempts times; otherwise it failed loudly.
+func (c *Client) write(ctx context.Context, node string, puts []*protocol.Desired, drops []string) (*ApplyResult, error) {
 	c.writeMu.Lock()
 	defer c.writeMu.Unlock()
-	objTopic := c.topics.Desired(node, kind, namespace, name)
-	idx, gen, got, err := c.counter(ctx, node, objTopic)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", what, err)
-	}
-	key := protocol.ObjectKey(kind, namespace, name)
-	if _, listed := idx.Objects[key]; !listed && !liveDesired(got[objTopic]) {
-		return 0, fmt.Errorf("%s: %w", what, ErrNotFound)
-	}
-	tomb := protocol.NewTombstone(node, kind, namespace, name, gen)
-	if err := c.commit(ctx, idx, gen, []*protocol.Desired{tomb}); err != nil {
-		return 0, fmt.Errorf("%s: %w", what, err)
-	}
-	return gen, nil
-}
+	c.snapMu.Lock() // the watch uses the marker topic, as snapshots do
+	defer c.snapMu.Unlock()
 
-// liveDesired says whether a retained desired payload holds an object rather than a tombstone. An
-// undecodable payload counts as live: deleting it is how a user gets rid of it.
-func liveDesired(payload []byte) bool {
-	if payload == nil {
-		return false
+	keys := slices.Clone(drops)
+	for _, d := range puts {
+		keys = append(keys, d.Key())
 	}
-	var d struct {
-		Deleted bool `json:"deleted"`
+	w, stop, err := c.watch(ctx, node, keys)
+	if err != nil {
+		return nil, err
 	}
-	return json.Unmarshal(payload, &d) != nil || !d.Deleted
-}
+	defer stop()
 
-// counter reads node's index (with the extra topics, returned by topic) and picks the next
-// generation: above the index's revision, and above every generation the node's acks show. The
-// acks matter when the broker lost the retained index (no persistence, a power cut between saves):
-// counting again from a lower revision would produce generations the node refuses as stale. An
-// unreadable acks message is the node's problem and does not stop the write.
-func (c *Client) counter(ctx context.Context, node string, extra ...string) (*protocol.Index, int64, map[string][]byte, error) {
-	indexTopic, acksTopic := c.topics.Index(node), c.topics.Acks(node)
-	got, err := c.Snapshot(ctx, append([]string{indexTopic, acksTopic}, extra...)...)
-	if err != nil {
-		return nil, 0, nil, err
-	}
-	idx, err := c.decodeIndex(node, got[indexTopic])
-	if err != nil {
-		return nil, 0, nil, err
-	}
-	top := idx.Revision
-	if payload := got[acksTopic]; payload != nil {
-		if a, err := protocol.DecodeAcks(payload, protocol.DefaultMaxPayload); err == nil && a.Node == node {
-			top = max(top, a.IndexRevision)
-			for _, g := range a.Applied {
-				top = max(top, g)
-			}
-			for _, g := range a.Deleted {
-				top = max(top, g)
-			}
-			for _, r := range a.Refused {
-				top = max(top, r.Generation)
-			}
+	from := 0               // index payloads before this position are judged already
+	var floor int64         // every generation this write draws is above it
+	var baseOverride []byte // another writer's index to build on, after a crossing
+	for attempt := 1; ; attempt++ {
+		indexes, acksPayload := w.seen(c.topics.Acks(node))
+		basePayload := baseOverride
+		if basePayload == nil && len(indexes) > 0 {
+			basePayload = indexes[len(indexes)-1]
 		}
-	}
-	return idx, top + 1, got, nil
-}
-
-// commit publishes msgs (all of generation gen, above idx.Revision) and then the index updated
-// with them at revision gen, and reads the index back as the receipt.
-func (c *Client) commit(ctx context.Context, idx *protocol.Index, gen int64, msgs []*protocol.Desired) error {
-	next := &protocol.Index{APIVersion: protocol.APIVersion, Node: idx.Node, Revision: gen, Objects: maps.Clone(idx.Objects)}
-	type pending struct {
-		topic   string
-		payload []byte
-	}
-	var out []pending
-	for _, d := range msgs {
-		if d.Generation != gen {
-			return fmt.Errorf("internal: %s has generation %d, the apply %d", d.Key(), d.Generation, gen)
-		}
-		payload, err := protocol.Encode(d)
+		base, warnings, err := c.base(node, basePayload, acksPayload, puts, drops)
 		if err != nil {
-			return err
+			return nil, err
+		}
+		gen := max(base.counter, floor) + 1
+		for _, p := range indexes {
+			gen = max(gen, peekRevision(p)+1)
+		}
+		plan, err := c.planWrite(node, base, gen, puts, drops, w)
+		if err != nil {
+			return nil, err
+		}
+		plan.result.Warnings = warnings
+		if plan.index == nil {
+			return plan.result, nil // nothing changes
+		}
+		from = len(indexes)
+		if err := c.publishPlan(ctx, node, plan); err != nil {
+			return nil, err
+		}
+		if err := w.sync(ctx); err != nil {
+			return nil, fmt.Errorf("read the index back: %w", err)
+		}
+		after, _ := w.seen("")
+		verdict, other := judge(after[from:], plan.payload, plan.index, puts, drops)
+		if verdict == "" {
+			if err := c.verifyObjects(ctx, w, node, plan); err == nil {
+				for _, key := range drops {
+					c.clearTopic(ctx, node, key)
+				}
+				return plan.result, nil
+			} else {
+				verdict = err.Error()
+			}
+		}
+		if attempt == writeAttempts {
+			return nil, fmt.Errorf("%w: %s after %d attempts; nothing is lost on the node (a node deletes only what an index it accepts leaves out), but check `mqlet ctl get` and apply again", ErrLostRace, verdict, attempt)
+		}
+		floor = gen
+		if other != nil {
+			baseOverride = other
+		}
+		// Two writers redoing their writes in lockstep would cross again: a short random pause.
+		select {
+		case <-time.After(time.Duration(20+rand.IntN(80)) * time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// writeBase is what a write builds on.
+type writeBase struct {
+	entries  map[string]protocol.IndexEntry
+	counter  int64 // the highest revision or generation known for the node
+	existing bool  // the node or the broker knows a desired set
+}
+
+// base picks the entries a write builds on; see write.
+func (c *Client) base(node string, indexPayload, acksPayload []byte, puts []*protocol.Desired, drops []string) (*writeBase, []string, error) {
+	var warnings []string
+	b := &writeBase{entries: map[string]protocol.IndexEntry{}}
+	var idx *protocol.Index
+	if indexPayload != nil {
+		var err error
+		if idx, err = c.decodeIndex(node, indexPayload); err != nil {
+			return nil, nil, err
+		}
+		b.entries, b.counter, b.existing = maps.Clone(idx.Objects), idx.Revision, true
+	}
+	var acks *protocol.Acks
+	if acksPayload != nil {
+		a, err := protocol.DecodeAcks(acksPayload, protocol.DefaultMaxPayload)
+		switch {
+		case err != nil:
+			warnings = append(warnings, fmt.Sprintf("the node's acks (%s) cannot be read: %v", c.topics.Acks(node), err))
+		case a.Node != node:
+			warnings = append(warnings, fmt.Sprintf("the acks on %s are for node %q", c.topics.Acks(node), a.Node))
+		default:
+			acks = a
+		}
+	}
+	if acks == nil {
+		if idx == nil {
+			warnings = append(warnings, fmt.Sprintf("node %s has never reported to this broker (no acks, no index): its desired set starts here", node))
+		}
+		return b, warnings, nil
+	}
+	b.counter = max(b.counter, acksTop(acks))
+	rebuild := false
+	switch {
+	case idx == nil && (len(acks.Applied)+len(acks.Refused)+len(acks.Missing) > 0 || acks.IndexRevision > 0):
+		rebuild = true
+		warnings = append(warnings, fmt.Sprintf("the broker holds no index for node %s, but the node reports %d objects under revision %d: the broker lost its retained state; the index is rebuilt from what the node reports",
+			node, len(acks.Applied)+len(acks.Refused)+len(acks.Missing), acks.IndexRevision))
+	case idx != nil && acks.IndexRevision > idx.Revision:
+		rebuild = true
+		warnings = append(warnings, fmt.Sprintf("the broker's index of node %s (revision %d) is older than the one the node runs (revision %d): the index is rebuilt from what the node reports",
+			node, idx.Revision, acks.IndexRevision))
+	case idx != nil && acks.IndexRevision == idx.Revision && acks.IndexDigest != "" && acks.IndexDigest != protocol.Digest(indexPayload):
+		rebuild = true
+		warnings = append(warnings, fmt.Sprintf("node %s runs another index of revision %d than the broker holds (two writers crossed): the index is rebuilt from what the node reports",
+			node, idx.Revision))
+	}
+	if !rebuild {
+		return b, warnings, nil
+	}
+	b.entries, b.existing = map[string]protocol.IndexEntry{}, true
+	for k, e := range acks.Applied {
+		b.entries[k] = e
+	}
+	for k, r := range acks.Refused {
+		b.entries[k] = protocol.IndexEntry{Generation: r.Generation, Digest: r.Digest}
+	}
+	for k, e := range acks.Missing {
+		b.entries[k] = e
+	}
+	covered := map[string]bool{}
+	for _, d := range puts {
+		covered[d.Key()] = true
+	}
+	for _, k := range drops {
+		covered[k] = true
+	}
+	var unknown []string
+	for k, e := range b.entries {
+		if e.Digest == "" && !covered[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		slices.Sort(unknown)
+		return nil, nil, fmt.Errorf("node %s runs %s without a digest this client could list (written by a protocol v1 control plane, or stored before its outcome): "+
+			"the index cannot be rebuilt without them; apply (or delete) them in this same command", node, strings.Join(unknown, ", "))
+	}
+	return b, warnings, nil
+}
+
+// acksTop is the highest generation or revision a node's acks mention.
+func acksTop(a *protocol.Acks) int64 {
+	top := a.IndexRevision
+	for _, e := range a.Applied {
+		top = max(top, e.Generation)
+	}
+	for _, e := range a.Missing {
+		top = max(top, e.Generation)
+	}
+	for _, r := range a.Refused {
+		top = max(top, r.Generation)
+	}
+	if a.IndexRefused != nil {
+		top = max(top, a.IndexRefused.Generation)
+	}
+	return top
+}
+
+// writePlan is one attempt of a write.
+type writePlan struct {
+	objects []pendingPublish // desired messages to publish, in order
+	index   *protocol.Index  // nil: nothing changes
+	payload []byte           // the index's
+	result  *ApplyResult
+}
+
+type pendingPublish struct {
+	key, topic string
+	payload    []byte
+}
+
+// planWrite makes the messages of one attempt. An object whose retained message is listed by the
+// base with the same content is unchanged: not written again, its generation kept.
+func (c *Client) planWrite(node string, b *writeBase, gen int64, puts []*protocol.Desired, drops []string, w *indexWatch) (*writePlan, error) {
+	next := &protocol.Index{APIVersion: protocol.APIVersion, Node: node, Revision: gen, Objects: maps.Clone(b.entries)}
+	p := &writePlan{result: &ApplyResult{Generation: gen}}
+	changed := false
+	for _, d := range puts {
+		key := d.Key()
+		topic := c.topics.Desired(node, d.Kind, d.Namespace, d.Name)
+		old, listed := b.entries[key]
+		a := Applied{Kind: d.Kind, Namespace: d.Namespace, Name: d.Name, Created: !listed}
+		if _, retained := w.seen(topic); listed && sameObject(retained, old, d) {
+			a.Unchanged, a.Generation = true, old.Generation
+			p.result.Objects = append(p.result.Objects, a)
+			continue
+		}
+		m := *d
+		m.Generation = gen
+		payload, err := protocol.Encode(&m)
+		if err != nil {
+			return nil, err
 		}
 		// The node refuses what is over its payload limit; better to say so here than to leave
 		// a retained message every node ignores.
 		if len(payload) > protocol.DefaultMaxPayload {
-			return fmt.Errorf("%s: the desired message is %d bytes, more than the %d a node accepts", d.Key(), len(payload), protocol.DefaultMaxPayload)
+			return nil, fmt.Errorf("%s: the desired message is %d bytes, more than the %d a node accepts", key, len(payload), protocol.DefaultMaxPayload)
 		}
-		out = append(out, pending{c.topics.Desired(d.Node, d.Kind, d.Namespace, d.Name), payload})
-		if d.Deleted {
-			delete(next.Objects, d.Key())
-		} else {
-			next.Objects[d.Key()] = gen
+		p.objects = append(p.objects, pendingPublish{key: key, topic: topic, payload: payload})
+		next.Objects[key] = protocol.IndexEntry{Generation: gen, Digest: protocol.Digest(payload)}
+		a.Generation = gen
+		p.result.Objects = append(p.result.Objects, a)
+		changed = true
+	}
+	for _, key := range drops {
+		if _, listed := next.Objects[key]; !listed {
+			return nil, ErrNotFound
 		}
+		delete(next.Objects, key)
+		changed = true
+	}
+	if !changed {
+		p.result.Generation = b.counter
+		return p, nil
 	}
 	payload, err := protocol.Encode(next)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(payload) > protocol.DefaultMaxPayload {
-		return fmt.Errorf("the index would be %d bytes, more than the %d a node accepts", len(payload), protocol.DefaultMaxPayload)
+		return nil, fmt.Errorf("the index would be %d bytes, more than the %d a node accepts", len(payload), protocol.DefaultMaxPayload)
 	}
-	// Every object is sent before any PUBACK is awaited (the broker keeps the order of one
-	// connection), and the index only once all of them are acknowledged.
-	toks := make([]func() error, len(out))
-	for i, p := range out {
-		tok := c.mc.Publish(p.topic, qos, true, p.payload)
-		toks[i] = func() error { return c.wait(ctx, tok, "publish "+p.topic) }
+	p.index, p.payload = next, payload
+	return p, nil
+}
+
+// sameObject says whether the retained payload is the listed entry and carries the same object.
+func sameObject(retained []byte, e protocol.IndexEntry, d *protocol.Desired) bool {
+	if retained == nil || protocol.Digest(retained) != e.Digest {
+		return false
+	}
+	var r protocol.Desired
+	if json.Unmarshal(retained, &r) != nil {
+		return false
+	}
+	return r.Kind == d.Kind && r.Namespace == d.Namespace && r.Name == d.Name && bytes.Equal(r.Object, d.Object)
+}
+
+// publishPlan sends the objects (all before any PUBACK is awaited; the broker keeps one
+// connection's order), and only when all are acknowledged, the index.
+func (c *Client) publishPlan(ctx context.Context, node string, p *writePlan) error {
+	toks := make([]func() error, len(p.objects))
+	for i, o := range p.objects {
+		tok := c.mc.Publish(o.topic, qos, true, o.payload)
+		toks[i] = func() error { return c.wait(ctx, tok, "publish "+o.topic) }
 	}
 	for _, wait := range toks {
 		if err := wait(); err != nil {
 			return err
 		}
 	}
-	indexTopic := c.topics.Index(idx.Node)
-	if err := c.publish(ctx, indexTopic, payload, true); err != nil {
-		return err
+	return c.publish(ctx, c.topics.Index(node), p.payload, true)
+}
+
+// judge looks at the index payloads the broker routed since the write began (in its order). It
+// returns "" when the write stands: its own index came with no other before it, and the index in
+// force now lists the write's objects as written. Otherwise it says why, with the other writer's
+// index to build on next.
+func judge(seq [][]byte, own []byte, idx *protocol.Index, puts []*protocol.Desired, drops []string) (string, []byte) {
+	ownAt := -1
+	for i, p := range seq {
+		if bytes.Equal(p, own) {
+			ownAt = i
+		}
 	}
-	back, err := c.Index(ctx, idx.Node)
-	if err != nil {
-		return fmt.Errorf("read the index back: %w", err)
+	if ownAt < 0 {
+		return "this write's index did not come back (may this client write the node's index?)", lastOther(seq, own)
 	}
-	if back.Revision != gen {
-		return fmt.Errorf("the broker's index of node %s has revision %d after this client wrote %d: "+
-			"another control plane wrote it meanwhile, or the broker did not take the message (may this client write %s?)",
-			idx.Node, back.Revision, gen, indexTopic)
+	for _, p := range seq[:ownAt] {
+		if !bytes.Equal(p, own) {
+			return "another writer's index came just before this one's", p
+		}
+	}
+	final := seq[len(seq)-1]
+	if bytes.Equal(final, own) {
+		return "", nil
+	}
+	var x protocol.Index
+	if json.Unmarshal(final, &x) != nil {
+		return "another writer published an unreadable index over this one's", final
+	}
+	for _, d := range puts {
+		if e, ok := idx.Objects[d.Key()]; ok && x.Objects[d.Key()] != e {
+			return "another writer's index replaced this one's without " + d.Key(), final
+		}
+	}
+	for _, k := range drops {
+		if _, ok := x.Objects[k]; ok {
+			return "another writer's index replaced this one's and still lists " + k, final
+		}
+	}
+	return "", nil
+}
+
+func lastOther(seq [][]byte, own []byte) []byte {
+	for i := len(seq) - 1; i >= 0; i-- {
+		if !bytes.Equal(seq[i], own) {
+			return seq[i]
+		}
 	}
 	return nil
+}
+
+// verifyObjects checks that the broker still holds this write's objects: another writer may have
+// published the same key over them.
+func (c *Client) verifyObjects(ctx context.Context, w *indexWatch, node string, p *writePlan) error {
+	for _, o := range p.objects {
+		if _, got := w.seen(o.topic); !bytes.Equal(got, o.payload) {
+			return fmt.Errorf("another writer replaced %s", o.key)
+		}
+	}
+	return nil
+}
+
+// clearTopic removes a deleted object's retained message, so the broker no longer keeps its
+// content (a secret's included). The index already deleted it: a failure leaves only a stale
+// retained message that no node applies.
+func (c *Client) clearTopic(ctx context.Context, node, key string) {
+	kind, ns, name, err := protocol.ParseObjectKey(key)
+	if err != nil {
+		return
+	}
+	c.publish(ctx, c.topics.Desired(node, kind, ns, name), nil, true)
+}
+
+// peekRevision reads an index payload's revision (0 when unreadable).
+func peekRevision(payload []byte) int64 {
+	var r struct {
+		Revision int64 `json:"revision"`
+	}
+	if json.Unmarshal(payload, &r) != nil {
+		return 0
+	}
+	return r.Revision
 }

@@ -1,16 +1,24 @@
-// Package downlink is the MQTT source of desired state: it turns the retained desired messages and
-// the index of this node (docs/protocol.md) into source.Changes for the agent, and configMaps and
-// secrets into store records.
+// Package downlink is the MQTT source of desired state: it turns this node's retained index and the
+// desired objects it lists (docs/protocol.md, sections 4 and 5) into source.Changes for the agent,
+// and configMaps and secrets into store records.
 //
-// Correctness rests on generations, not on the broker or the client library: a message is applied
-// only when its generation is above the one recorded for its key (a SyncMark, kept in the store with
-// tombstones), so duplicates, replays and reordering change nothing. A mark is written only after
-// the change was handed to the agent (which stores it before acting), so a crash in between makes
-// the retained message apply again after restart instead of being skipped.
+// The index decides everything. An object is applied only when the digest of its payload is the one
+// the current index lists for it; an object is deleted only when a newer index leaves it out; an
+// object the index lists that has not arrived is missing (fetched and asked for again, never
+// deleted). The verified index is stored whole (not just its revision) before it is acted on, and
+// what the node took in for each entry (applied or refused, at a generation and digest) is stored
+// as a sync mark, so a node restarted between an index and its objects knows exactly what it still
+// lacks. Every entry of the current index has exactly one outcome (applied, refused, missing),
+// reported in the retained acks; nothing else is kept, so the state stays O(desired set).
+//
+// The node does not subscribe to every desired topic: it subscribes to the index, and to the topic
+// of each object it lacks only while it lacks it (Options.Fetch), so a reconnect moves the index
+// and what changed, not the whole desired set.
 package downlink
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,7 +36,7 @@ import (
 type Store interface {
 	ListDesired() ([]store.DesiredPod, []store.RecordError, error)
 	ListMarks() (map[string]store.SyncMark, []store.RecordError, error)
-	PutMarks(marks []store.SyncMark) error
+	UpdateMarks(put []store.SyncMark, del []string) error
 	PutObject(r store.ObjectRecord) error
 	DeleteObject(kind store.ObjectKind, namespace, name string) error
 }
@@ -40,7 +48,7 @@ type Message struct {
 	Retained bool
 }
 
-// indexMark is the mark key holding the revision of the last index compared against. Object keys
+// indexMark is the mark key holding the last verified index (its payload in Data). Object keys
 // always have three segments, so it cannot collide with one.
 const indexMark = "index"
 
@@ -49,6 +57,9 @@ const (
 	DefaultSettle    = 3 * time.Second
 	maxResendBackoff = 5 * time.Minute
 	inboxSize        = 1024
+	// maxPending bounds the objects kept in memory that are newer than the index (a writer
+	// publishes objects before the index that lists them).
+	maxPending = 1024
 )
 
 // Options configure a Downlink.
@@ -57,18 +68,39 @@ type Options struct {
 	Topics     protocol.Topics
 	Store      Store
 	MaxPayload int
-	// Events receives refusals (bad payloads, stale generations); it must not block.
+	// Events receives refusals (bad payloads, stale or conflicting indexes); it must not block.
 	Events event.Sink
 	// Acks receives the node's acknowledgements after every change; it must not block (the
 	// uplink coalesces them).
 	Acks func(protocol.Acks)
-	// Resend asks for a full resend of the desired set: resubscribe and publish a resync request.
-	Resend func(reason string, missing []string)
-	// Settle is how long an index entry may stay missing before a resend is asked: retained
-	// messages of different topics arrive in no set order after a (re)subscribe.
+	// Fetch subscribes (again) to the desired topics of keys, so the broker sends their retained
+	// messages; Unfetch ends those subscriptions. Both must not block: the link does the I/O. A
+	// new connection drops them all; the index it replays makes the downlink fetch again.
+	Fetch, Unfetch func(keys []string)
+	// Resync publishes a resync request naming the missing keys, for a control plane that lost
+	// them; it must not block.
+	Resync func(reason string, missing []string)
+	// Settle is how long an index entry may stay missing before it is fetched again and asked for:
+	// retained messages of different topics arrive in no set order after a (re)subscribe.
 	Settle time.Duration
 	Log    *slog.Logger
 	Now    func() time.Time
+}
+
+// held is what the node took in for one key: applied (refused empty) or refused, at a generation
+// and payload digest. A pod stored by an older version of the node, or stored just before a crash
+// that lost its mark, has an empty digest: it runs, but matches no index entry until fetched again.
+type held struct {
+	gen     int64
+	digest  string
+	refused string
+}
+
+// pending is an object that arrived ahead of the index that will list it.
+type pending struct {
+	gen     int64
+	payload []byte
+	seq     uint64
 }
 
 // Downlink is a source.Source of kind MQTT.
@@ -77,12 +109,16 @@ type Downlink struct {
 	in chan Message
 
 	// Owned by Run's goroutine.
-	marks    map[string]store.SyncMark
-	refused  map[string]protocol.Refusal
-	index    *protocol.Index // the last index compared against
-	lacking  int             // entries of index whose generation is not taken in yet (missing() lists them)
-	deliver  func(source.Change)
-	attempts int // resends asked in a row without the set converging
+	index        *protocol.Index // the last verified index; nil before the first
+	indexDigest  string
+	indexRefused *protocol.Refusal
+	held         map[string]held
+	pending      map[string]pending
+	pendingSeq   uint64
+	fetching     map[string]bool // keys whose desired topic is subscribed
+	undeleted    map[string]bool // keys whose deletion failed (store error): retried on the timer
+	deliver      func(source.Change) source.Result
+	attempts     int // fetches in a row without the set converging
 }
 
 // New makes a downlink; Run starts it.
@@ -105,8 +141,14 @@ func New(o Options) *Downlink {
 	if o.Acks == nil {
 		o.Acks = func(protocol.Acks) {}
 	}
-	if o.Resend == nil {
-		o.Resend = func(string, []string) {}
+	if o.Fetch == nil {
+		o.Fetch = func([]string) {}
+	}
+	if o.Unfetch == nil {
+		o.Unfetch = func([]string) {}
+	}
+	if o.Resync == nil {
+		o.Resync = func(string, []string) {}
 	}
 	return &Downlink{o: o, in: make(chan Message, inboxSize)}
 }
@@ -134,19 +176,34 @@ func (d *Downlink) Deliver(ctx context.Context, m Message) error {
 	}
 }
 
-// Run restates the stored MQTT pods as this source's full set (so a node booting without a broker
-// runs what it ran and the agent knows this source has spoken), then applies messages until ctx ends.
-func (d *Downlink) Run(ctx context.Context, deliver func(source.Change)) error {
+// Run restores the stored index and outcomes, restates the stored MQTT pods as this source's full
+// set (so a node booting without a broker runs what it ran and the agent knows this source has
+// spoken), finishes what the stored index decided (deletions a crash interrupted), then applies
+// messages until ctx ends.
+func (d *Downlink) Run(ctx context.Context, deliver func(source.Change) source.Result) error {
 	d.deliver = deliver
+	d.held, d.pending, d.fetching, d.undeleted = map[string]held{}, map[string]pending{}, map[string]bool{}, map[string]bool{}
 	marks, bad, err := d.o.Store.ListMarks()
 	if err != nil {
 		return fmt.Errorf("mqtt downlink: read sync marks: %w", err)
 	}
 	for _, e := range bad {
-		d.o.Log.Warn("mqtt downlink: skipping an unreadable sync mark; the control plane's next message repairs it", "err", e)
+		d.o.Log.Warn("mqtt downlink: skipping an unreadable sync mark; the object is fetched again", "err", e)
 	}
-	d.marks = marks
-	d.refused = map[string]protocol.Refusal{}
+	var drop []string
+	for key, m := range marks {
+		switch {
+		case key == indexMark:
+			d.restoreIndex(m)
+			if d.index == nil {
+				drop = append(drop, key)
+			}
+		case m.Deleted:
+			drop = append(drop, key) // a protocol v1 tombstone: v2 deletes by index only
+		default:
+			d.held[key] = held{gen: m.Generation, digest: m.Digest, refused: m.Refused}
+		}
+	}
 	pods, _, err := d.o.Store.ListDesired()
 	if err != nil {
 		return fmt.Errorf("mqtt downlink: read desired pods: %w", err)
@@ -157,17 +214,25 @@ func (d *Downlink) Run(ctx context.Context, deliver func(source.Change)) error {
 			continue
 		}
 		items = append(items, source.Item{Pod: p.Pod, Ref: p.Source, Generation: p.Generation})
-		// A pod stored without its mark (a crash between the two writes) still counts as taken in,
-		// so the index can delete it and a replay of its generation changes nothing.
+		// A pod stored without its mark (a crash between the two writes, or a node upgraded from
+		// protocol v1) runs: it counts as held, with an unknown digest.
 		key := protocol.ObjectKey(protocol.KindPod, p.Pod.Namespace, p.Pod.Name)
-		if m := d.marks[key]; m.Generation < p.Generation {
-			d.marks[key] = store.SyncMark{Key: key, Generation: p.Generation}
+		if _, ok := d.held[key]; !ok {
+			d.held[key] = held{gen: p.Generation}
 		}
 	}
-	if m, ok := d.marks[indexMark]; ok {
-		d.index = &protocol.Index{Revision: m.Generation}
+	if len(drop) > 0 {
+		if err := d.o.Store.UpdateMarks(nil, drop); err != nil {
+			d.o.Log.Warn("mqtt downlink: remove obsolete sync marks", "keys", drop, "err", err)
+		}
 	}
 	deliver(source.Change{Op: source.Resync, Items: items})
+	if d.index != nil {
+		// The stored index is a decision already taken: what it leaves out goes, even if the
+		// agent stopped between storing it and acting on it.
+		d.deleteUnlisted()
+	}
+	d.ack()
 
 	var settle *time.Timer
 	var settleC <-chan time.Time
@@ -176,29 +241,57 @@ func (d *Downlink) Run(ctx context.Context, deliver func(source.Change)) error {
 			settle.Stop()
 		}
 	}()
+	arm := func() {
+		if settle == nil {
+			settle = time.NewTimer(d.settleDelay())
+			settleC = settle.C
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case m := <-d.in:
-			if d.handle(m) && settle == nil {
-				settle = time.NewTimer(d.settleDelay())
-				settleC = settle.C
+			d.handle(m)
+			if len(d.missing()) > 0 || len(d.undeleted) > 0 {
+				arm()
 			}
 		case <-settleC:
 			settle, settleC = nil, nil
+			if len(d.undeleted) > 0 {
+				d.deleteKeys(slices.Sorted(maps.Keys(d.undeleted)))
+			}
 			if missing := d.missing(); len(missing) > 0 {
 				d.attempts++
-				d.o.Log.Warn("mqtt downlink: objects named by the index have not arrived; asking for a resend",
-					"missing", missing, "attempt", d.attempts)
-				d.o.Resend("index lists objects this node does not have", missing)
-				settle = time.NewTimer(d.settleDelay())
-				settleC = settle.C
+				d.o.Log.Warn("mqtt downlink: objects listed by the index have not arrived; fetching them again and asking the control plane",
+					"missing", missing, "revision", d.index.Revision, "attempt", d.attempts)
+				d.fetch(missing, true)
+				d.o.Resync(fmt.Sprintf("index revision %d lists %d objects this node does not have", d.index.Revision, len(missing)), missing)
 			} else {
 				d.attempts = 0
 			}
+			if len(d.missing()) > 0 || len(d.undeleted) > 0 {
+				arm()
+			}
 		}
 	}
+}
+
+// restoreIndex takes the stored index back if it still verifies.
+func (d *Downlink) restoreIndex(m store.SyncMark) {
+	if len(m.Data) == 0 {
+		return // a protocol v1 mark: a revision without entries means nothing to v2
+	}
+	if protocol.Digest(m.Data) != m.Digest {
+		d.o.Log.Warn("mqtt downlink: the stored index does not match its digest; waiting for the broker's", "revision", m.Generation)
+		return
+	}
+	x, err := protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: d.o.Node}, m.Data, d.o.MaxPayload)
+	if err != nil {
+		d.o.Log.Warn("mqtt downlink: the stored index cannot be read; waiting for the broker's", "err", err)
+		return
+	}
+	d.index, d.indexDigest = x, m.Digest
 }
 
 // settleDelay backs off while the set does not converge, so a control plane that lost an object
@@ -211,106 +304,255 @@ func (d *Downlink) settleDelay() time.Duration {
 	return min(delay, maxResendBackoff)
 }
 
-// handle applies one message; it reports whether the index now names objects the node lacks.
-func (d *Downlink) handle(m Message) bool {
+// handle applies one message.
+func (d *Downlink) handle(m Message) {
 	t, err := d.o.Topics.Parse(m.Topic)
 	if err != nil {
-		d.refuse(m.Topic, protocol.Topic{}, 0, err)
-		return false
+		d.refuseMessage(m.Topic, protocol.Topic{}, err)
+		return
 	}
 	if t.Node != d.o.Node {
-		d.refuse(m.Topic, t, 0, fmt.Errorf("the topic is for node %q, this node is %q", t.Node, d.o.Node))
-		return false
+		d.refuseMessage(m.Topic, t, fmt.Errorf("the topic is for node %q, this node is %q", t.Node, d.o.Node))
+		return
 	}
 	if len(m.Payload) == 0 {
-		// An empty retained payload clears a topic (a control plane removing an acknowledged
-		// tombstone). It is never a deletion: nothing is deleted because a message is missing.
+		// An empty retained payload clears a topic (a writer removing a deleted object). It is
+		// never a deletion: nothing is deleted because a message is missing.
 		d.o.Log.Debug("mqtt downlink: cleared topic ignored", "topic", m.Topic)
-		return false
+		return
 	}
 	switch t.Class {
 	case protocol.ClassDesired:
-		d.desired(t, m)
-		return d.lacking > 0
+		d.object(t, m)
 	case protocol.ClassIndex:
-		d.applyIndex(t, m)
-		return d.lacking > 0
+		d.onIndex(t, m)
+	default:
+		d.refuseMessage(m.Topic, t, fmt.Errorf("topic class %q carries no desired state", t.Class))
 	}
-	d.refuse(m.Topic, t, 0, fmt.Errorf("topic class %q carries no desired state", t.Class))
-	return false
 }
 
-func (d *Downlink) desired(t protocol.Topic, m Message) {
-	obj, err := protocol.DecodeDesired(t, m.Payload, d.o.MaxPayload)
+// onIndex takes a newer index: stores it, deletes what it leaves out, applies what arrived ahead
+// of it, and fetches what it lists that the node lacks.
+func (d *Downlink) onIndex(t protocol.Topic, m Message) {
+	digest := protocol.Digest(m.Payload)
+	x, err := protocol.DecodeIndex(t, m.Payload, d.o.MaxPayload)
 	if err != nil {
-		d.refuse(m.Topic, t, 0, err)
+		d.refuseIndex(m.Topic, peekRevision(m.Payload), digest, err)
 		return
 	}
-	key := obj.Key()
-	mark := d.marks[key]
-	switch {
-	case obj.Generation < mark.Generation:
-		d.refuse(m.Topic, t, obj.Generation, fmt.Errorf("stale generation %d: generation %d is already applied", obj.Generation, mark.Generation))
-		return
-	case obj.Generation == mark.Generation:
-		if m.Retained {
-			// Every (re)subscribe replays the retained set: expected, and silent.
+	if d.index != nil {
+		switch {
+		case x.Revision < d.index.Revision:
+			d.refuseIndex(m.Topic, x.Revision, digest, fmt.Errorf("stale index revision %d: revision %d is already in force", x.Revision, d.index.Revision))
 			return
-		}
-		d.refuse(m.Topic, t, obj.Generation, fmt.Errorf("duplicate generation %d: already applied", obj.Generation))
-		return
-	}
-	if d.index != nil && obj.Generation <= d.index.Revision {
-		if _, listed := d.index.Objects[key]; !listed {
-			// The index at this revision covers every generation up to it and does not list the
-			// object: it was deleted since. Starting it only to delete it at the next compare
-			// would flap a pod, so it is recorded as deleted right away.
-			d.o.Log.Info("mqtt downlink: object older than the index and not listed in it; treated as deleted",
-				"key", key, "generation", obj.Generation, "revision", d.index.Revision)
-			d.deleteByIndex(key)
-			d.ack()
+		case x.Revision == d.index.Revision && digest == d.indexDigest:
+			// The retained index replayed by a new connection (or a resubscribe): fetch what is
+			// still missing on this connection, silently.
+			d.fetch(d.missing(), true)
+			return
+		case x.Revision == d.index.Revision:
+			d.refuseIndex(m.Topic, x.Revision, digest, fmt.Errorf("conflicting index: revision %d is already in force with other content (two writers used one revision)", x.Revision))
 			return
 		}
 	}
-	if err := d.apply(obj, m.Topic); err != nil {
-		var verdict interface{ Refusal() }
-		if errors.As(err, &verdict) {
-			// The store refused the object itself (another source defines its name): report it
-			// like a bad payload rather than retrying what will be refused again.
-			d.refuse(m.Topic, t, obj.Generation, err)
-			return
-		}
-		// Not marked: the next delivery of this retained message tries again.
-		d.o.Log.Error("mqtt downlink: apply failed; will retry on the next delivery", "topic", m.Topic, "err", err)
+	// The decision is stored before it is acted on: a crash in between is finished at the next start.
+	if err := d.o.Store.UpdateMarks([]store.SyncMark{{Key: indexMark, Generation: x.Revision, Digest: digest, Data: m.Payload}}, nil); err != nil {
+		// Not taken: the next delivery of the retained index tries again.
+		d.o.Log.Error("mqtt downlink: store the index; not acting on it", "revision", x.Revision, "err", err)
 		return
 	}
-	d.mark(store.SyncMark{Key: key, Generation: obj.Generation, Deleted: obj.Deleted})
-	delete(d.refused, key)
+	d.index, d.indexDigest, d.indexRefused = x, digest, nil
+	d.deleteUnlisted()
+	for _, key := range slices.Sorted(maps.Keys(d.pending)) {
+		p := d.pending[key]
+		e, listed := x.Objects[key]
+		switch {
+		case listed && e.Digest == protocol.Digest(p.payload):
+			delete(d.pending, key)
+			d.take(key, e, p.payload)
+		case !listed && p.gen > x.Revision, listed && p.gen > e.Generation:
+			// Still ahead of this index.
+		default:
+			delete(d.pending, key)
+		}
+	}
+	var done []string
+	for key := range d.fetching {
+		if _, listed := x.Objects[key]; !listed || !d.lacks(key) {
+			done = append(done, key)
+		}
+	}
+	d.unfetch(done)
+	d.fetch(d.missing(), false)
 	d.ack()
 }
 
-// apply hands a pod change to the agent or writes a configMap/secret.
-func (d *Downlink) apply(obj *protocol.DesiredObject, topic string) error {
+// deleteUnlisted deletes every held object the current index does not list.
+func (d *Downlink) deleteUnlisted() {
+	var gone []string
+	for _, key := range slices.Sorted(maps.Keys(d.held)) {
+		if _, listed := d.index.Objects[key]; !listed {
+			d.o.Log.Info("mqtt downlink: the index no longer lists an object; deleting it", "key", key, "revision", d.index.Revision)
+			gone = append(gone, key)
+		}
+	}
+	d.deleteKeys(gone)
+}
+
+// deleteKeys deletes objects (pods in one change, so the agent writes the store once) and their
+// marks. A deletion the store refused is retried on the settle timer.
+func (d *Downlink) deleteKeys(keys []string) {
+	var podKeys, marks []string
+	for _, key := range keys {
+		kind, ns, name, err := protocol.ParseObjectKey(key)
+		if err != nil {
+			delete(d.held, key)
+			marks = append(marks, key)
+			continue
+		}
+		switch kind {
+		case protocol.KindPod:
+			podKeys = append(podKeys, key)
+		case protocol.KindConfigMap, protocol.KindSecret:
+			if err := d.o.Store.DeleteObject(storeKind(kind), ns, name); err != nil {
+				d.o.Log.Error("mqtt downlink: delete an object the index no longer lists; will retry", "key", key, "err", err)
+				d.undeleted[key] = true
+				continue
+			}
+			delete(d.undeleted, key)
+			delete(d.held, key)
+			marks = append(marks, key)
+		}
+	}
+	if len(podKeys) > 0 {
+		nsNames := make([]string, len(podKeys))
+		for i, key := range podKeys {
+			_, ns, name, _ := protocol.ParseObjectKey(key)
+			nsNames[i] = ns + "/" + name
+		}
+		if res := d.deliver(source.Change{Op: source.Delete, Keys: nsNames}); res.Err != nil {
+			d.o.Log.Error("mqtt downlink: delete pods the index no longer lists; will retry", "keys", podKeys, "err", res.Err)
+			for _, key := range podKeys {
+				d.undeleted[key] = true
+			}
+		} else {
+			for _, key := range podKeys {
+				delete(d.undeleted, key)
+				delete(d.held, key)
+				marks = append(marks, key)
+			}
+		}
+	}
+	if len(marks) > 0 {
+		if err := d.o.Store.UpdateMarks(nil, marks); err != nil {
+			// The objects are gone; a stale mark only makes the next start delete them again.
+			d.o.Log.Error("mqtt downlink: remove the marks of deleted objects", "keys", marks, "err", err)
+		}
+	}
+}
+
+// object handles a desired object's message.
+func (d *Downlink) object(t protocol.Topic, m Message) {
+	key := protocol.ObjectKey(t.Kind, t.Namespace, t.Name)
+	digest := protocol.Digest(m.Payload)
+	var e protocol.IndexEntry
+	listed := false
+	if d.index != nil {
+		e, listed = d.index.Objects[key]
+	}
+	if listed && e.Digest == digest {
+		if h := d.held[key]; h.gen == e.Generation && h.digest == digest {
+			d.unfetch([]string{key}) // a replay of what the node has: silent
+			return
+		}
+		d.take(key, e, m.Payload)
+		if !d.lacks(key) {
+			d.unfetch([]string{key})
+		}
+		d.ack()
+		return
+	}
+	gen := peekGeneration(m.Payload)
+	switch {
+	case listed && gen > e.Generation, !listed && (d.index == nil || gen > d.index.Revision):
+		// Ahead of the index (objects are published before the index that lists them): kept
+		// until that index arrives, never applied without it.
+		d.keepPending(key, gen, m.Payload)
+	case listed && gen == e.Generation:
+		d.o.Log.Warn("mqtt downlink: object does not match the index's digest; still missing", "key", key, "generation", gen, "revision", d.index.Revision)
+		d.o.Events.Emit(event.Event{
+			Time: d.o.Now(), Type: event.Warning, Reason: "DigestMismatch", Object: objectRef(t),
+			Message: fmt.Sprintf("%s: generation %d does not have the digest index revision %d lists for it (two writers, or a forged message); still waiting for the listed one", m.Topic, gen, d.index.Revision),
+			Source:  "mqtt " + m.Topic,
+		})
+	default:
+		// An older copy, or an object deleted since: the index decides, so this changes nothing.
+		d.o.Log.Debug("mqtt downlink: object not in force under the current index; ignored", "key", key, "generation", gen)
+	}
+}
+
+// keepPending remembers an object ahead of the index, dropping the oldest past maxPending.
+func (d *Downlink) keepPending(key string, gen int64, payload []byte) {
+	if p, ok := d.pending[key]; ok && p.gen > gen {
+		return
+	}
+	if _, ok := d.pending[key]; !ok && len(d.pending) >= maxPending {
+		oldest, seq := "", uint64(0)
+		for k, p := range d.pending {
+			if oldest == "" || p.seq < seq {
+				oldest, seq = k, p.seq
+			}
+		}
+		delete(d.pending, oldest)
+	}
+	d.pendingSeq++
+	d.pending[key] = pending{gen: gen, payload: payload, seq: d.pendingSeq}
+}
+
+// take applies (or refuses) a payload whose digest the index lists for key, and stores the
+// outcome. A store failure leaves the key missing, so it is fetched and tried again.
+func (d *Downlink) take(key string, e protocol.IndexEntry, payload []byte) {
+	kind, ns, name, _ := protocol.ParseObjectKey(key)
+	t := protocol.Topic{Class: protocol.ClassDesired, Node: d.o.Node, Kind: kind, Namespace: ns, Name: name}
+	topic := d.o.Topics.Desired(d.o.Node, kind, ns, name)
+	obj, err := protocol.DecodeDesired(t, payload, d.o.MaxPayload)
+	if err == nil && obj.Generation != e.Generation {
+		err = fmt.Errorf("payload generation %d, the index lists %d", obj.Generation, e.Generation)
+	}
+	if err != nil {
+		d.refuse(key, e, topic, "undecodable: "+err.Error(), err)
+		return
+	}
+	reason, err := d.apply(obj, topic)
+	switch {
+	case err != nil:
+		d.o.Log.Error("mqtt downlink: apply failed; the object stays missing and is fetched again", "topic", topic, "err", err)
+		return
+	case reason != "":
+		d.refuse(key, e, topic, reason, errors.New(reason))
+		return
+	}
+	d.setHeld(key, held{gen: e.Generation, digest: e.Digest})
+}
+
+// apply hands a pod to the agent or writes a configMap/secret. It returns the refusal reason when
+// the agent or the store refused the object itself, and an error when it could not be stored.
+func (d *Downlink) apply(obj *protocol.DesiredObject, topic string) (string, error) {
 	ref := source.Ref{Kind: source.MQTT, Origin: topic}
 	switch obj.Kind {
 	case protocol.KindPod:
-		if obj.Deleted {
-			d.deliver(source.Change{Op: source.Delete, Keys: []string{obj.Namespace + "/" + obj.Name}})
-			return nil
-		}
 		p := obj.Pod
 		p.Namespace = obj.Namespace
-		d.deliver(source.Change{Op: source.Upsert, Items: []source.Item{{Pod: p, Ref: ref, Generation: obj.Generation}}})
-		return nil
+		res := d.deliver(source.Change{Op: source.Upsert, Items: []source.Item{{Pod: p, Ref: ref, Generation: obj.Generation}}})
+		if res.Err != nil {
+			return "", res.Err
+		}
+		if why, refused := res.Rejected[obj.Namespace+"/"+obj.Name]; refused {
+			return why, nil
+		}
+		return "", nil
 	case protocol.KindConfigMap, protocol.KindSecret:
-		kind := store.KindConfigMap
-		if obj.Kind == protocol.KindSecret {
-			kind = store.KindSecret
-		}
-		if obj.Deleted {
-			return d.o.Store.DeleteObject(kind, obj.Namespace, obj.Name)
-		}
-		r := store.ObjectRecord{Kind: kind, Namespace: obj.Namespace, Name: obj.Name, Generation: obj.Generation, Source: ref}
+		r := store.ObjectRecord{Kind: storeKind(obj.Kind), Namespace: obj.Namespace, Name: obj.Name, Generation: obj.Generation, Source: ref}
 		if obj.ConfigMap != nil {
 			obj.ConfigMap.Namespace = obj.Namespace
 			r.ConfigMap = obj.ConfigMap
@@ -318,81 +560,53 @@ func (d *Downlink) apply(obj *protocol.DesiredObject, topic string) error {
 			obj.Secret.Namespace = obj.Namespace
 			r.Secret = obj.Secret
 		}
-		return d.o.Store.PutObject(r)
+		err := d.o.Store.PutObject(r)
+		var verdict interface{ Refusal() }
+		if errors.As(err, &verdict) {
+			// The store refused the object itself (another source defines its name): a
+			// verdict, not a failure to retry.
+			return err.Error(), nil
+		}
+		return "", err
 	}
-	return fmt.Errorf("unknown kind %q", obj.Kind)
+	return fmt.Sprintf("unknown kind %q", obj.Kind), nil
 }
 
-// applyIndex deletes what the index says is gone and remembers what it says is missing.
-func (d *Downlink) applyIndex(t protocol.Topic, m Message) {
-	x, err := protocol.DecodeIndex(t, m.Payload, d.o.MaxPayload)
-	if err != nil {
-		d.refuse(m.Topic, t, 0, err)
-		return
+func storeKind(k protocol.ObjectKind) store.ObjectKind {
+	if k == protocol.KindSecret {
+		return store.KindSecret
 	}
-	if d.index != nil && x.Revision < d.index.Revision {
-		d.refuse(m.Topic, t, x.Revision, fmt.Errorf("stale index revision %d: revision %d was already compared", x.Revision, d.index.Revision))
-		return
-	}
-	d.index = x
-	d.lacking = len(d.missing())
-	var gone []string
-	for _, key := range slices.Sorted(maps.Keys(d.marks)) {
-		mk := d.marks[key]
-		if key == indexMark || mk.Deleted || mk.Generation > x.Revision {
-			continue // a tombstone already, or newer than this index
-		}
-		if _, listed := x.Objects[key]; !listed {
-			d.o.Log.Info("mqtt downlink: the index no longer lists an object; deleting it", "key", key, "revision", x.Revision)
-			gone = append(gone, key)
-		}
-	}
-	d.deleteByIndex(gone...)
-	d.mark(store.SyncMark{Key: indexMark, Generation: x.Revision})
-	d.ack()
+	return store.KindConfigMap
 }
 
-// deleteByIndex deletes objects the current index does not list and records tombstones at the
-// index's revision (pods in one change, so the agent writes the store once).
-func (d *Downlink) deleteByIndex(keys ...string) {
-	var podKeys []string
-	var gone []store.SyncMark
-	for _, key := range keys {
-		kind, ns, name, err := protocol.ParseObjectKey(key)
-		if err != nil {
-			continue
-		}
-		switch kind {
-		case protocol.KindPod:
-			podKeys = append(podKeys, ns+"/"+name)
-		case protocol.KindConfigMap, protocol.KindSecret:
-			sk := store.KindConfigMap
-			if kind == protocol.KindSecret {
-				sk = store.KindSecret
-			}
-			if err := d.o.Store.DeleteObject(sk, ns, name); err != nil {
-				d.o.Log.Error("mqtt downlink: delete an object the index no longer lists", "key", key, "err", err)
-				continue
-			}
-		}
-		gone = append(gone, store.SyncMark{Key: key, Generation: d.index.Revision, Deleted: true})
-	}
-	if len(podKeys) > 0 {
-		d.deliver(source.Change{Op: source.Delete, Keys: podKeys})
-	}
-	if len(gone) > 0 {
-		d.mark(gone...)
+// setHeld records an outcome in memory and in the store.
+func (d *Downlink) setHeld(key string, h held) {
+	d.held[key] = h
+	if err := d.o.Store.UpdateMarks([]store.SyncMark{{Key: key, Generation: h.gen, Digest: h.digest, Refused: h.refused}}, nil); err != nil {
+		// In memory the outcome holds; after a restart the object is fetched and judged again,
+		// which the agent's own generation check makes harmless.
+		d.o.Log.Error("mqtt downlink: store a sync mark", "key", key, "err", err)
 	}
 }
 
-// missing lists the index entries the node has not taken in yet.
+// lacks says whether the current index lists key with an entry the node has no outcome for.
+func (d *Downlink) lacks(key string) bool {
+	if d.index == nil {
+		return false
+	}
+	e, listed := d.index.Objects[key]
+	h := d.held[key]
+	return listed && (h.gen != e.Generation || h.digest != e.Digest)
+}
+
+// missing lists the index entries the node has no outcome for.
 func (d *Downlink) missing() []string {
 	if d.index == nil {
 		return nil
 	}
 	var out []string
-	for key, g := range d.index.Objects {
-		if d.marks[key].Generation < g {
+	for key := range d.index.Objects {
+		if d.lacks(key) {
 			out = append(out, key)
 		}
 	}
@@ -400,53 +614,87 @@ func (d *Downlink) missing() []string {
 	return out
 }
 
-func (d *Downlink) mark(ms ...store.SyncMark) {
-	for _, mk := range ms {
-		if d.index != nil {
-			// Keep lacking current, so a message costs O(1) and not a walk over the index.
-			if g, listed := d.index.Objects[mk.Key]; listed {
-				was, now := d.marks[mk.Key].Generation < g, mk.Generation < g
-				switch {
-				case was && !now:
-					d.lacking--
-				case !was && now:
-					d.lacking++
-				}
-			}
+// fetch subscribes to the topics of keys not subscribed yet, or to all of them again when again
+// is set (the broker then resends their retained messages).
+func (d *Downlink) fetch(keys []string, again bool) {
+	var want []string
+	for _, k := range keys {
+		if again || !d.fetching[k] {
+			want = append(want, k)
+			d.fetching[k] = true
 		}
-		d.marks[mk.Key] = mk
 	}
-	if err := d.o.Store.PutMarks(ms); err != nil {
-		// In memory the marks hold; after a restart the retained messages apply again, which
-		// the agent's own generation check makes harmless.
-		d.o.Log.Error("mqtt downlink: store sync marks", "err", err)
+	if len(want) > 0 {
+		d.o.Fetch(want)
 	}
 }
 
-// ack hands the current acknowledgements to the uplink.
-func (d *Downlink) ack() {
-	a := protocol.Acks{Node: d.o.Node, Applied: map[string]int64{}, Deleted: map[string]int64{}}
-	if d.index != nil {
-		a.IndexRevision = d.index.Revision
-	}
-	for key, mk := range d.marks {
-		switch {
-		case key == indexMark:
-		case mk.Deleted:
-			a.Deleted[key] = mk.Generation
-		default:
-			a.Applied[key] = mk.Generation
+func (d *Downlink) unfetch(keys []string) {
+	var drop []string
+	for _, k := range keys {
+		if d.fetching[k] {
+			drop = append(drop, k)
+			delete(d.fetching, k)
 		}
 	}
-	if len(d.refused) > 0 {
-		a.Refused = maps.Clone(d.refused)
+	if len(drop) > 0 {
+		d.o.Unfetch(drop)
+	}
+}
+
+// ack hands the current acknowledgements to the uplink: one outcome per entry of the index.
+// Before any index, what the node holds is listed as applied, so a control plane that starts from
+// nothing can learn what the node runs.
+func (d *Downlink) ack() {
+	a := protocol.Acks{Node: d.o.Node, Applied: map[string]protocol.IndexEntry{}, IndexRefused: d.indexRefused}
+	if d.index == nil {
+		for key, h := range d.held {
+			if h.refused == "" {
+				a.Applied[key] = protocol.IndexEntry{Generation: h.gen, Digest: h.digest}
+			}
+		}
+		d.o.Acks(a)
+		return
+	}
+	a.IndexRevision, a.IndexDigest = d.index.Revision, d.indexDigest
+	for key, e := range d.index.Objects {
+		switch h := d.held[key]; {
+		case h.gen != e.Generation || h.digest != e.Digest:
+			if a.Missing == nil {
+				a.Missing = map[string]protocol.IndexEntry{}
+			}
+			a.Missing[key] = e
+		case h.refused != "":
+			if a.Refused == nil {
+				a.Refused = map[string]protocol.Refusal{}
+			}
+			a.Refused[key] = protocol.Refusal{Generation: h.gen, Digest: h.digest, Reason: h.refused}
+		default:
+			a.Applied[key] = e
+		}
 	}
 	d.o.Acks(a)
 }
 
-// refuse reports a message the node did not apply. The reason never quotes the payload: it may
-// hold a secret.
-func (d *Downlink) refuse(topic string, t protocol.Topic, gen int64, err error) {
+// refuse records a durable refusal of an index entry and reports it. The reason never quotes the
+// payload: it may hold a secret.
+func (d *Downlink) refuse(key string, e protocol.IndexEntry, topic, reason string, err error) {
+	d.setHeld(key, held{gen: e.Generation, digest: e.Digest, refused: reason})
+	kind, ns, name, _ := protocol.ParseObjectKey(key)
+	d.report(topic, protocol.Topic{Kind: kind, Namespace: ns, Name: name}, err)
+}
+
+// refuseIndex reports an index the node did not take and records it for the acks.
+func (d *Downlink) refuseIndex(topic string, revision int64, digest string, err error) {
+	d.indexRefused = &protocol.Refusal{Generation: revision, Digest: digest, Reason: err.Error()}
+	d.report(topic, protocol.Topic{}, err)
+	d.ack()
+}
+
+// refuseMessage reports a message that is about nothing the node can take (bad topic).
+func (d *Downlink) refuseMessage(topic string, t protocol.Topic, err error) { d.report(topic, t, err) }
+
+func (d *Downlink) report(topic string, t protocol.Topic, err error) {
 	reason := "Refused"
 	if errors.Is(err, protocol.ErrTooLarge) {
 		reason = "PayloadTooLarge"
@@ -454,15 +702,37 @@ func (d *Downlink) refuse(topic string, t protocol.Topic, gen int64, err error) 
 	d.o.Log.Warn("mqtt downlink: message refused", "topic", topic, "err", err)
 	obj := event.Object{Kind: "Node", Name: d.o.Node}
 	if t.Kind != "" {
-		obj = event.Object{Kind: string(t.Kind), Namespace: t.Namespace, Name: t.Name}
-		if gen > 0 {
-			key := protocol.ObjectKey(t.Kind, t.Namespace, t.Name)
-			d.refused[key] = protocol.Refusal{Generation: gen, Reason: err.Error()}
-			defer d.ack()
-		}
+		obj = objectRef(t)
 	}
 	d.o.Events.Emit(event.Event{
 		Time: d.o.Now(), Type: event.Warning, Reason: reason, Object: obj,
 		Message: fmt.Sprintf("%s: %v", topic, err), Source: "mqtt " + topic,
 	})
+}
+
+func objectRef(t protocol.Topic) event.Object {
+	return event.Object{Kind: string(t.Kind), Namespace: t.Namespace, Name: t.Name}
+}
+
+// peekGeneration reads a payload's generation without judging the rest (0 when unreadable): enough
+// to tell an object ahead of the index from an old one.
+func peekGeneration(payload []byte) int64 {
+	var g struct {
+		Generation int64 `json:"generation"`
+	}
+	if len(payload) > protocol.DefaultMaxPayload || json.Unmarshal(payload, &g) != nil {
+		return 0
+	}
+	return g.Generation
+}
+
+// peekRevision reads an index payload's revision without judging the rest (0 when unreadable).
+func peekRevision(payload []byte) int64 {
+	var r struct {
+		Revision int64 `json:"revision"`
+	}
+	if len(payload) > protocol.DefaultMaxPayload || json.Unmarshal(payload, &r) != nil {
+		return 0
+	}
+	return r.Revision
 }

@@ -55,3 +55,51 @@ func (l *Link) Subscribe(filters []string, h func(Message)) (unsubscribe func() 
 		return nil
 	}, c.lost, nil
 }
+
+// SubscribeInbox subscribes filters on the current connection, their messages going to Inbox like
+// those of Options.Subscriptions, until UnsubscribeInbox or the end of the connection (a new
+// connection starts with Options.Subscriptions only). Subscribing a filter that is already
+// subscribed makes the broker send its retained messages again (MQTT 3.1.1, 3.8.4): that is how a
+// node fetches one desired object it lacks without replaying the whole desired set.
+func (l *Link) SubscribeInbox(filters []string) error {
+	if len(filters) == 0 {
+		return nil
+	}
+	for _, f := range filters {
+		if err := validFilter(f); err != nil {
+			return fmt.Errorf("mqtt subscribe: %w", err)
+		}
+	}
+	c := l.current()
+	if c == nil {
+		return fmt.Errorf("mqtt subscribe %d filters (first %q): %w", len(filters), filters[0], ErrNotConnected)
+	}
+	subs := make(map[string]byte, len(filters))
+	for _, f := range filters {
+		subs[f] = 1
+	}
+	tok := c.client.SubscribeMultiple(subs, nil) // nil: the link's default handler, i.e. Inbox
+	err := c.await(tok)
+	if err == nil {
+		err = subackError(tok)
+	}
+	if err != nil {
+		return fmt.Errorf("mqtt subscribe %d filters (first %q): %w", len(filters), filters[0], err)
+	}
+	return nil
+}
+
+// UnsubscribeInbox ends subscriptions made with SubscribeInbox on the current connection.
+func (l *Link) UnsubscribeInbox(filters []string) error {
+	if len(filters) == 0 {
+		return nil
+	}
+	c := l.current()
+	if c == nil {
+		return fmt.Errorf("mqtt unsubscribe %d filters (first %q): %w", len(filters), filters[0], ErrNotConnected)
+	}
+	if err := c.await(c.client.Unsubscribe(filters...)); err != nil {
+		return fmt.Errorf("mqtt unsubscribe %d filters (first %q): %w", len(filters), filters[0], err)
+	}
+	return nil
+}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -51,9 +52,19 @@ type Sync struct {
 	up   *uplink.Uplink
 	logs *logserve.Server
 
-	resendMu  sync.Mutex
-	resendReq *protocol.ResyncRequest // the pending request, nil when none
-	resendDue chan struct{}
+	// ops are the downlink's fetch requests and resync requests, carried out in order by fetcher
+	// so that neither the downlink's loop nor the link's overflow handler waits on the broker.
+	opsMu  sync.Mutex
+	ops    []fetchOp
+	opsDue chan struct{}
+}
+
+// fetchOp is one request of the downlink: subscribe (again) or unsubscribe desired topics, or
+// publish a resync request.
+type fetchOp struct {
+	subscribe, unsubscribe []string // keys
+	resync                 *protocol.ResyncRequest
+	replayIndex            bool // resubscribe the index (after an inbox overflow)
 }
 
 // sender adapts the link to the uplink's Link interface.
@@ -79,17 +90,20 @@ func New(o Options) (*Sync, error) {
 	if err := protocol.ValidateNodeName(o.Node); err != nil {
 		return nil, err
 	}
-	s := &Sync{o: o, resendDue: make(chan struct{}, 1)}
+	s := &Sync{o: o, opsDue: make(chan struct{}, 1)}
 	t := o.Topics
 	lo := o.Link
 	lo.ClientID = o.Node
-	lo.Subscriptions = []string{t.DesiredFilter(o.Node), t.Index(o.Node), t.LogsRequest(o.Node)}
+	// Desired objects are not subscribed wholesale: the downlink fetches each one it lacks.
+	lo.Subscriptions = []string{t.Index(o.Node), t.LogsRequest(o.Node)}
 	lo.LivenessTopic = t.Liveness(o.Node)
 	lo.Online = func(session int64) []byte { return s.liveness(true, session) }
 	lo.Offline = func(session int64) []byte { return s.liveness(false, session) }
 	lo.IsStaleOffline = protocol.IsStaleOffline
 	lo.NextSession = o.Store.NextSession
-	lo.OnOverflow = func() { s.resend("the node's message queue overflowed", nil) }
+	// A dropped message may have been an object or the index: replaying the index makes the
+	// downlink fetch whatever it still lacks.
+	lo.OnOverflow = func() { s.queueOp(fetchOp{replayIndex: true}) }
 	if lo.Log == nil {
 		lo.Log = o.Log
 	}
@@ -101,7 +115,13 @@ func New(o Options) (*Sync, error) {
 	s.up = uplink.New(uplink.Options{Node: o.Node, Topics: t, Store: o.Store, Link: sender{l}, Limits: o.Outbox, Log: o.Log})
 	s.down = downlink.New(downlink.Options{
 		Node: o.Node, Topics: t, Store: o.Store, MaxPayload: o.MaxPayload, Events: s.up,
-		Acks: s.up.Acks, Resend: s.resend, Log: o.Log,
+		Acks:    s.up.Acks,
+		Fetch:   func(keys []string) { s.queueOp(fetchOp{subscribe: keys}) },
+		Unfetch: func(keys []string) { s.queueOp(fetchOp{unsubscribe: keys}) },
+		Resync: func(reason string, missing []string) {
+			s.queueOp(fetchOp{resync: &protocol.ResyncRequest{Reason: reason, Missing: missing}})
+		},
+		Log: o.Log,
 	})
 	if o.Logs != nil {
 		s.logs = logserve.New(logserve.Options{Node: o.Node, Topics: t, Finder: o.Logs, Pub: logPublisher{l}, Log: o.Log})
@@ -134,44 +154,76 @@ func (s *Sync) Connected() bool {
 	return ok
 }
 
-// resend asks for a full resend without waiting: the request (the latest reason and missing list)
-// is left for resender, so neither the downlink's loop nor the link's overflow handler waits on the
-// broker, and a burst of requests is one resend.
-func (s *Sync) resend(reason string, missing []string) {
-	s.resendMu.Lock()
-	s.resendReq = &protocol.ResyncRequest{Reason: reason, Missing: missing}
-	s.resendMu.Unlock()
+// queueOp queues a request for fetcher without waiting.
+func (s *Sync) queueOp(op fetchOp) {
+	s.opsMu.Lock()
+	s.ops = append(s.ops, op)
+	s.opsMu.Unlock()
 	select {
-	case s.resendDue <- struct{}{}:
+	case s.opsDue <- struct{}{}:
 	default:
 	}
 }
 
-// resender resubscribes (the broker then resends every retained desired message) and publishes a
-// resync request for a control plane that lost them.
-func (s *Sync) resender(ctx context.Context) error {
+// fetchBatch bounds the filters of one SUBSCRIBE or UNSUBSCRIBE packet.
+const fetchBatch = 64
+
+// fetcher carries out the downlink's requests in order on the current connection. Requests made
+// while disconnected are dropped: a new connection replays the index, and the downlink then asks
+// again for what it still lacks.
+func (s *Sync) fetcher(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-s.resendDue:
+		case <-s.opsDue:
 		}
-		s.resendMu.Lock()
-		req := s.resendReq
-		s.resendReq = nil
-		s.resendMu.Unlock()
+		s.opsMu.Lock()
+		ops := s.ops
+		s.ops = nil
+		s.opsMu.Unlock()
 		session, _, ok := s.link.Connected()
-		if req == nil || !ok {
-			continue // the next connection subscribes afresh, which replays everything anyway
+		if !ok {
+			continue
 		}
-		for _, f := range []string{s.o.Topics.DesiredFilter(s.o.Node), s.o.Topics.Index(s.o.Node)} {
-			if err := s.link.Resubscribe(f); err != nil {
-				s.o.Log.Warn("mqtt: resubscribe for a full resend", "filter", f, "err", err)
+		for _, op := range ops {
+			if err := s.do(op, session); err != nil {
+				s.o.Log.Warn("mqtt: fetch desired objects", "err", err)
 			}
 		}
-		req.Session = session
-		s.up.Resync(*req)
 	}
+}
+
+func (s *Sync) do(op fetchOp, session int64) error {
+	topics := func(keys []string) []string {
+		out := make([]string, 0, len(keys))
+		for _, k := range keys {
+			kind, ns, name, err := protocol.ParseObjectKey(k)
+			if err == nil {
+				out = append(out, s.o.Topics.Desired(s.o.Node, kind, ns, name))
+			}
+		}
+		return out
+	}
+	switch {
+	case op.replayIndex:
+		return s.link.Resubscribe(s.o.Topics.Index(s.o.Node))
+	case op.resync != nil:
+		op.resync.Session = session
+		s.up.Resync(*op.resync)
+		return nil
+	}
+	for f := range slices.Chunk(topics(op.subscribe), fetchBatch) {
+		if err := s.link.SubscribeInbox(f); err != nil {
+			return err
+		}
+	}
+	for f := range slices.Chunk(topics(op.unsubscribe), fetchBatch) {
+		if err := s.link.UnsubscribeInbox(f); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Run runs the link, the uplink, message routing, the resender and the logs server until
@@ -197,7 +249,7 @@ func (s *Sync) Run(ctx context.Context) error {
 	run("link", s.link.Run)
 	run("uplink", s.up.Run)
 	run("routing", s.route)
-	run("resend", s.resender)
+	run("fetch", s.fetcher)
 	if s.logs != nil {
 		run("logs", s.logs.Run)
 	}
