@@ -3,6 +3,7 @@ package protocol
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -34,9 +35,8 @@ func FuzzParseTopic(f *testing.F) {
 func FuzzDecodeDesired(f *testing.F) {
 	d, _ := NewDesired("n", 3, pod("default", "a"))
 	good, _ := Encode(d)
-	tomb, _ := Encode(NewTombstone("n", KindPod, "default", "a", 4))
 	f.Add(good)
-	f.Add(tomb)
+	f.Add([]byte(`{"apiVersion":"mqlet.io/v2","kind":"Pod","node":"n","namespace":"default","name":"a","generation":4,"deleted":true}`))
 	f.Add([]byte(`{"apiVersion":"mqlet.io/v2","kind":"Pod","node":"n","namespace":"default","name":"a","generation":1,"object":{"metadata":{"name":"a"},"spec":{"containers":[{"name":"c","image":"x"}]}}}`))
 	f.Add([]byte(`{"kind":"Pod","object":null}`))
 	topic, _ := tp.Parse(tp.Desired("n", KindPod, "default", "a"))
@@ -48,28 +48,26 @@ func FuzzDecodeDesired(f *testing.F) {
 		if len(payload) > 4096 || got.Generation <= 0 || got.Node != "n" || got.Key() != "pods/default/a" {
 			t.Fatalf("accepted %+v", got.Desired)
 		}
-		if got.Deleted != (got.Pod == nil) {
-			t.Fatalf("deleted=%v but pod=%v", got.Deleted, got.Pod)
-		}
-		if !got.Deleted && (got.Pod.Name != "a") {
+		if got.Pod == nil || got.Pod.Name != "a" {
 			t.Fatalf("accepted a pod named %q", got.Pod.Name)
 		}
 	})
 }
 
 func FuzzDecodeIndex(f *testing.F) {
-	good, _ := Encode(&Index{Node: "n", Revision: 4, Objects: map[string]int64{"pods/default/a": 4}})
+	good, _ := Encode(&Index{Node: "n", Revision: 4, Objects: map[string]IndexEntry{"pods/default/a": {Generation: 4, Digest: Digest([]byte("a"))}}})
 	f.Add(good)
-	f.Add([]byte(`{"apiVersion":"mqlet.io/v2","node":"n","revision":1,"objects":{"pods/x":1}}`))
+	f.Add([]byte(`{"apiVersion":"mqlet.io/v2","node":"n","revision":1,"objects":{"pods/x":{"generation":1,"digest":"00"}}}`))
+	f.Add([]byte(`{"apiVersion":"mqlet.io/v2","node":"n","revision":2,"objects":{"pods/default/a":{"generation":2,"digest":"` + strings.Repeat("A", 64) + `"}}}`))
 	topic, _ := tp.Parse(tp.Index("n"))
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		got, err := DecodeIndex(topic, payload, 4096)
 		if err != nil {
 			return
 		}
-		for k, g := range got.Objects {
-			if _, _, _, err := ParseObjectKey(k); err != nil || g <= 0 || g > got.Revision {
-				t.Fatalf("accepted entry %q=%d (revision %d)", k, g, got.Revision)
+		for k, e := range got.Objects {
+			if _, _, _, err := ParseObjectKey(k); err != nil || e.Generation <= 0 || e.Generation > got.Revision || !validDigest(e.Digest) {
+				t.Fatalf("accepted entry %q=%+v (revision %d)", k, e, got.Revision)
 			}
 		}
 	})

@@ -113,9 +113,9 @@ func TestDecodeDesired(t *testing.T) {
 		t.Fatalf("decoded %+v", got)
 	}
 
-	tomb := mustEncode(t, NewTombstone("edge-1", KindPod, "default", "web", 9))
-	if got, err := DecodeDesired(topic, tomb, 0); err != nil || !got.Deleted || got.Pod != nil {
-		t.Fatalf("tombstone: %+v, %v", got, err)
+	// v1 tombstones are not part of v2: an unknown field, refused.
+	if _, err := DecodeDesired(topic, []byte(`{"apiVersion":"mqlet.io/v2","kind":"Pod","node":"edge-1","namespace":"default","name":"web","generation":9,"deleted":true}`), 0); err == nil {
+		t.Fatal("a v1 tombstone was accepted")
 	}
 
 	mutate := func(f func(m map[string]any)) []byte {
@@ -137,9 +137,9 @@ func TestDecodeDesired(t *testing.T) {
 		"name vs topic":   {mutate(func(m map[string]any) { m["name"] = "api" }), "payload names"},
 		"zero generation": {mutate(func(m map[string]any) { m["generation"] = 0 }), "must be positive"},
 		"unknown field":   {mutate(func(m map[string]any) { m["extra"] = 1 }), `unknown field "extra"`},
-		"api version":     {mutate(func(m map[string]any) { m["apiVersion"] = "mqlet.io/v2" }), "apiVersion"},
-		"no object":       {mutate(func(m map[string]any) { delete(m, "object") }), "tombstone"},
-		"tombstone+obj":   {mutate(func(m map[string]any) { m["deleted"] = true }), "carries no object"},
+		"api version":     {mutate(func(m map[string]any) { m["apiVersion"] = "mqlet.io/v1" }), "apiVersion"},
+		"no object":       {mutate(func(m map[string]any) { delete(m, "object") }), "no object"},
+		"v1 tombstone":    {mutate(func(m map[string]any) { m["deleted"] = true }), `unknown field "deleted"`},
 		"object name": {mutate(func(m map[string]any) {
 			m["object"].(map[string]any)["metadata"].(map[string]any)["name"] = "other"
 		}), "object is default/other"},
@@ -180,13 +180,21 @@ func TestDecodeDesiredConfigMapAndSecret(t *testing.T) {
 
 func TestDecodeIndex(t *testing.T) {
 	topic, _ := tp.Parse(tp.Index("n1"))
-	good := &Index{Node: "n1", Revision: 5, Objects: map[string]int64{"pods/default/a": 3, "secrets/ns/s": 5}}
-	if _, err := DecodeIndex(topic, mustEncode(t, good), 0); err != nil {
-		t.Fatalf("good index refused: %v", err)
+	dg := Digest([]byte("payload"))
+	e := func(g int64) IndexEntry { return IndexEntry{Generation: g, Digest: dg} }
+	good := &Index{Node: "n1", Revision: 5, Objects: map[string]IndexEntry{"pods/default/a": e(3), "secrets/ns/s": e(5)}}
+	if got, err := DecodeIndex(topic, mustEncode(t, good), 0); err != nil || got.Objects["pods/default/a"] != e(3) {
+		t.Fatalf("good index refused or misread: %+v, %v", got, err)
+	}
+	if len(dg) != 64 || dg != "239f59ed55e737c77147cf55ad0c1b030b6d7ee748a7426952f9b852d5a935e5" {
+		t.Fatalf("Digest = %q, want the SHA-256 of the bytes in lowercase hex", dg)
 	}
 	for name, x := range map[string]*Index{
-		"future generation": {Node: "n1", Revision: 5, Objects: map[string]int64{"pods/default/a": 6}},
-		"bad key":           {Node: "n1", Revision: 5, Objects: map[string]int64{"pods/a": 1}},
+		"future generation": {Node: "n1", Revision: 5, Objects: map[string]IndexEntry{"pods/default/a": e(6)}},
+		"bad key":           {Node: "n1", Revision: 5, Objects: map[string]IndexEntry{"pods/a": e(1)}},
+		"no digest":         {Node: "n1", Revision: 5, Objects: map[string]IndexEntry{"pods/default/a": {Generation: 1}}},
+		"uppercase digest":  {Node: "n1", Revision: 5, Objects: map[string]IndexEntry{"pods/default/a": {Generation: 1, Digest: strings.ToUpper(dg)}}},
+		"short digest":      {Node: "n1", Revision: 5, Objects: map[string]IndexEntry{"pods/default/a": {Generation: 1, Digest: dg[:63]}}},
 		"other node":        {Node: "n2", Revision: 5},
 		"no revision":       {Node: "n1"},
 	} {
