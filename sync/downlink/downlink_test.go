@@ -2,6 +2,9 @@ package downlink
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -31,6 +34,8 @@ type rig struct {
 	events  []event.Event
 	acks    []protocol.Acks
 	resends [][]string
+	fetches [][]string
+	reject  map[string]string // pod key -> reason the fake agent refuses it with
 	cancel  context.CancelFunc
 	done    chan struct{}
 }
@@ -41,13 +46,28 @@ func newRig(t *testing.T, st *store.Memory) *rig {
 		Node: node, Topics: tp, Store: st, Settle: 50 * time.Millisecond,
 		Events: event.SinkFunc(func(e event.Event) { r.mu.Lock(); r.events = append(r.events, e); r.mu.Unlock() }),
 		Acks:   func(a protocol.Acks) { r.mu.Lock(); r.acks = append(r.acks, a); r.mu.Unlock() },
-		Resend: func(_ string, missing []string) { r.mu.Lock(); r.resends = append(r.resends, missing); r.mu.Unlock() },
+		Resync: func(_ string, missing []string) { r.mu.Lock(); r.resends = append(r.resends, missing); r.mu.Unlock() },
+		Fetch:  func(keys []string) { r.mu.Lock(); r.fetches = append(r.fetches, keys); r.mu.Unlock() },
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() {
 		defer close(r.done)
-		r.d.Run(ctx, func(c source.Change) { r.mu.Lock(); r.changes = append(r.changes, c); r.mu.Unlock() })
+		r.d.Run(ctx, func(c source.Change) source.Result {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.changes = append(r.changes, c)
+			var res source.Result
+			for _, it := range c.Items {
+				if why, ok := r.reject[source.Key(it.Pod)]; ok && c.Op == source.Upsert {
+					if res.Rejected == nil {
+						res.Rejected = map[string]string{}
+					}
+					res.Rejected[source.Key(it.Pod)] = why
+				}
+			}
+			return res
+		})
 	}()
 	t.Cleanup(r.stop)
 	r.waitChanges(1) // the initial resync
@@ -114,6 +134,7 @@ func (r *rig) snapshot() ([]source.Change, []event.Event) {
 	return append([]source.Change(nil), r.changes...), events
 }
 
+// podMsg is a pod's desired message.
 func podMsg(t *testing.T, name string, gen int64, image string) (string, []byte) {
 	t.Helper()
 	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1.PodSpec{Containers: []v1.Container{{Name: "c", Image: image}}}}
@@ -125,106 +146,158 @@ func podMsg(t *testing.T, name string, gen int64, image string) (string, []byte)
 	return tp.Desired(node, protocol.KindPod, "default", name), b
 }
 
-func tombMsg(name string, gen int64) (string, []byte) {
-	b, _ := protocol.Encode(protocol.NewTombstone(node, protocol.KindPod, "default", name, gen))
-	return tp.Desired(node, protocol.KindPod, "default", name), b
-}
-
-func indexMsg(rev int64, objs map[string]int64) (string, []byte) {
+// indexOf is an index at rev listing each payload (by its topic's key) with its generation and digest.
+func indexOf(t *testing.T, rev int64, msgs map[string][]byte) (string, []byte) {
+	t.Helper()
+	objs := map[string]protocol.IndexEntry{}
+	for topic, payload := range msgs {
+		pt, err := tp.Parse(topic)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d protocol.Desired
+		if err := json.Unmarshal(payload, &d); err != nil {
+			t.Fatal(err)
+		}
+		objs[protocol.ObjectKey(pt.Kind, pt.Namespace, pt.Name)] = protocol.IndexEntry{Generation: d.Generation, Digest: protocol.Digest(payload)}
+	}
 	b, _ := protocol.Encode(&protocol.Index{Node: node, Revision: rev, Objects: objs})
 	return tp.Index(node), b
 }
 
-func TestGenerationsOnlyGrow(t *testing.T) {
+func (r *rig) lastAcks() protocol.Acks {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.acks) == 0 {
+		r.t.Fatal("no acks")
+	}
+	return r.acks[len(r.acks)-1]
+}
+
+func upserts(changes []source.Change) []string {
+	var out []string
+	for _, c := range changes {
+		if c.Op == source.Upsert {
+			for _, it := range c.Items {
+				out = append(out, fmt.Sprintf("%s@%d", it.Pod.Name, it.Generation))
+			}
+		}
+	}
+	return out
+}
+
+func deletes(changes []source.Change) []string {
+	var out []string
+	for _, c := range changes {
+		if c.Op == source.Delete {
+			out = append(out, c.Keys...)
+		}
+	}
+	return out
+}
+
+// An object is applied only once an index lists its exact payload; one that arrives first waits
+// for it, and one whose digest differs from the listed one is never applied.
+func TestOnlyWhatTheIndexListsIsApplied(t *testing.T) {
 	r := newRig(t, store.NewMemory())
-	topic, v2 := podMsg(t, "web", 2, "img:2")
-	_, v1msg := podMsg(t, "web", 1, "img:1")
-	r.send(topic, v2, false)
-	r.send(topic, v2, true)    // retained replay: silent
-	r.send(topic, v2, false)   // a live duplicate: refused with an event
-	r.send(topic, v1msg, true) // reordered, older: refused
+	ta, a := podMsg(t, "a", 2, "img:2")
+	r.send(ta, a, true)
+	if got := upserts(must(r.snapshot())); len(got) != 0 {
+		t.Fatalf("applied before any index listed it: %v", got)
+	}
+	ti, idx := indexOf(t, 2, map[string][]byte{ta: a})
+	r.send(ti, idx, true)
+	if got := upserts(must(r.snapshot())); !slices.Equal(got, []string{"a@2"}) {
+		t.Fatalf("upserts %v, want a@2 once the index lists it", got)
+	}
+	r.send(ta, a, true) // a replay: silent
+	// Same generation, other content (a second writer, or a forged message): never applied.
+	_, forged := podMsg(t, "a", 2, "evil:latest")
+	r.send(ta, forged, false)
 	changes, events := r.snapshot()
-	if len(changes) != 2 || changes[1].Op != source.Upsert || changes[1].Items[0].Generation != 2 {
-		t.Fatalf("want the resync and one upsert at generation 2, got %+v", changes)
+	if got := upserts(changes); len(got) != 1 {
+		t.Fatalf("a payload the index does not list was applied: %v", got)
 	}
-	if it := changes[1].Items[0]; it.Ref.Kind != source.MQTT || it.Ref.Origin != topic || it.Pod.Spec.Containers[0].Image != "img:2" {
-		t.Fatalf("upsert item %+v", it)
+	if len(events) != 1 || events[0].Reason != "DigestMismatch" {
+		t.Fatalf("events %+v, want one DigestMismatch", events)
 	}
-	if len(events) != 2 || !strings.Contains(events[0].Message, "duplicate generation 2") || !strings.Contains(events[1].Message, "stale generation 1") {
-		t.Fatalf("events %+v", events)
-	}
-	marks, _, _ := r.st.ListMarks()
-	if marks["pods/default/web"].Generation != 2 {
-		t.Fatalf("mark %+v", marks["pods/default/web"])
+	if a := r.lastAcks(); a.Applied["pods/default/a"].Generation != 2 || a.IndexRevision != 2 || a.IndexDigest != protocol.Digest(idx) {
+		t.Fatalf("acks %+v", a)
 	}
 }
 
-func TestTombstoneIsRememberedAcrossRestart(t *testing.T) {
+// The issue's reproduction: the node stored the index listing a and b, took a in, and was killed;
+// b arrives after the restart at a generation at or below the stored revision. It is applied, not
+// treated as deleted.
+func TestRestartBetweenIndexAndObjectLosesNothing(t *testing.T) {
 	st := store.NewMemory()
 	r := newRig(t, st)
-	topic, up := podMsg(t, "web", 3, "img")
-	_, tomb := tombMsg("web", 4)
-	r.send(topic, up, false)
-	r.send(topic, tomb, false)
-	changes, _ := r.snapshot()
-	if last := changes[len(changes)-1]; last.Op != source.Delete || last.Keys[0] != "default/web" {
-		t.Fatalf("last change %+v", last)
-	}
+	ta, a := podMsg(t, "a", 3, "img")
+	tb, b := podMsg(t, "b", 3, "img")
+	ti, idx := indexOf(t, 3, map[string][]byte{ta: a, tb: b})
+	r.send(ti, idx, true)
+	r.send(ta, a, true)
 	r.stop()
 
-	// A restarted node gets the old create replayed: it must not come back.
 	r2 := newRig(t, st)
-	r2.send(topic, up, true)
-	changes, events := r2.snapshot()
-	if len(changes) != 1 {
-		t.Fatalf("a stale create after a tombstone was applied: %+v", changes)
+	if m := r2.lastAcks().Missing; len(m) != 1 || m["pods/default/b"].Generation != 3 {
+		t.Fatalf("after the restart the acks list missing %v, want b from the stored index", m)
 	}
-	if len(events) != 1 || !strings.Contains(events[0].Message, "stale generation 3") {
-		t.Fatalf("events %+v", events)
+	r2.send(tb, b, true) // subscriptions are made in any order: the object before the index replay
+	r2.send(ti, idx, true)
+	changes, _ := r2.snapshot()
+	if got := upserts(changes); !slices.Equal(got, []string{"b@3"}) || len(deletes(changes)) != 0 {
+		t.Fatalf("upserts %v deletes %v, want b applied and nothing deleted", got, deletes(changes))
+	}
+	if a := r2.lastAcks(); len(a.Applied) != 2 || len(a.Missing) != 0 {
+		t.Fatalf("acks %+v", a)
 	}
 }
 
-func TestIndexDeletesWhatItNoLongerLists(t *testing.T) {
+// Deletion needs a newer index that leaves the object out; a stale or conflicting index is refused
+// (durably, in the acks) and changes nothing.
+func TestOnlyANewerIndexDeletes(t *testing.T) {
 	r := newRig(t, store.NewMemory())
 	ta, a := podMsg(t, "a", 1, "img")
 	tb, b := podMsg(t, "b", 2, "img")
+	ti, idx2 := indexOf(t, 2, map[string][]byte{ta: a, tb: b})
 	r.send(ta, a, true)
 	r.send(tb, b, true)
-	// Deleted while the node was away, tombstone lost: the index at revision 5 lists only b.
-	it, idx := indexMsg(5, map[string]int64{"pods/default/b": 2})
-	r.send(it, idx, true)
-	changes, _ := r.snapshot()
-	last := changes[len(changes)-1]
-	if last.Op != source.Delete || len(last.Keys) != 1 || last.Keys[0] != "default/a" {
-		t.Fatalf("want a deleted by the index, got %+v", last)
+	r.send(ti, idx2, true)
+	_, idx3 := indexOf(t, 3, map[string][]byte{tb: b})
+	r.send(ti, idx3, false)
+	if got := deletes(must(r.snapshot())); !slices.Equal(got, []string{"default/a"}) {
+		t.Fatalf("deletes %v, want a", got)
 	}
-	// An object newer than the index is kept: c at generation 7 with the index still at 5.
-	tc, c := podMsg(t, "c", 7, "img")
-	r.send(tc, c, false)
-	r.send(it, idx, true)
-	changes2, _ := r.snapshot()
-	for _, ch := range changes2[len(changes):] {
-		if ch.Op == source.Delete {
-			t.Fatalf("an object newer than the index was deleted: %+v", ch)
-		}
+	if marks, _, _ := r.st.ListMarks(); len(marks) != 2 { // the index and b: a's mark is gone
+		t.Fatalf("marks %v, want the index's and b's only", marks)
 	}
-	// A stale index (revision 4) changes nothing.
-	it4, idx4 := indexMsg(4, map[string]int64{})
-	r.send(it4, idx4, false)
-	changes3, events := r.snapshot()
-	if len(changes3) != len(changes2) || !strings.Contains(events[len(events)-1].Message, "stale index revision 4") {
-		t.Fatalf("a stale index acted: %+v / %+v", changes3[len(changes2):], events)
+	_, stale := indexOf(t, 2, map[string][]byte{})
+	r.send(ti, stale, false)
+	_, conflicting := indexOf(t, 3, map[string][]byte{})
+	r.send(ti, conflicting, false)
+	changes, events := r.snapshot()
+	if got := deletes(changes); len(got) != 1 {
+		t.Fatalf("a stale or conflicting index deleted %v", got)
+	}
+	if len(events) != 2 || !strings.Contains(events[0].Message, "stale index revision 2") || !strings.Contains(events[1].Message, "conflicting index") {
+		t.Fatalf("events %+v", events)
+	}
+	if a := r.lastAcks(); a.IndexRefused == nil || a.IndexRefused.Generation != 3 || a.IndexRevision != 3 || a.IndexDigest != protocol.Digest(idx3) {
+		t.Fatalf("acks %+v, want the conflicting revision 3 refused and revision 3 (the first) in force", a)
 	}
 }
 
-func TestMissingObjectsAskForResendAndNothingIsDeletedWithoutAnIndex(t *testing.T) {
+// An entry that does not arrive is fetched again and asked for (backing off); nothing is deleted
+// because a message is missing, and a cleared topic changes nothing.
+func TestMissingIsAskedForNeverDeleted(t *testing.T) {
 	r := newRig(t, store.NewMemory())
 	ta, a := podMsg(t, "a", 1, "img")
+	tb, b := podMsg(t, "b", 3, "img")
 	r.send(ta, a, true)
-	// An empty retained payload is a cleared topic, never a deletion.
-	r.send(ta, nil, true)
-	it, idx := indexMsg(3, map[string]int64{"pods/default/a": 1, "pods/default/b": 3})
-	r.send(it, idx, true)
+	ti, idx := indexOf(t, 3, map[string][]byte{ta: a, tb: b})
+	r.send(ti, idx, true)
+	r.send(ta, nil, true) // cleared: never a deletion
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		r.mu.Lock()
@@ -233,23 +306,93 @@ func TestMissingObjectsAskForResendAndNothingIsDeletedWithoutAnIndex(t *testing.
 		if n > 0 {
 			got = r.resends[0]
 		}
+		fetches := slices.Clone(r.fetches)
 		r.mu.Unlock()
 		if n > 0 {
-			if len(got) != 1 || got[0] != "pods/default/b" {
-				t.Fatalf("resend asked for %v", got)
+			if !slices.Equal(got, []string{"pods/default/b"}) {
+				t.Fatalf("resync asked for %v", got)
+			}
+			if len(fetches) < 2 || !slices.Equal(fetches[0], []string{"pods/default/b"}) || !slices.Equal(fetches[len(fetches)-1], []string{"pods/default/b"}) {
+				t.Fatalf("fetches %v, want b fetched at the index and again before the resync", fetches)
 			}
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("no resend asked within 5s for an object the index lists")
+			t.Fatal("no resync asked within 5s for an object the index lists")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	changes, _ := r.snapshot()
-	for _, c := range changes {
-		if c.Op == source.Delete {
-			t.Fatalf("something was deleted: %+v", c)
+	if got := deletes(must(r.snapshot())); len(got) != 0 {
+		t.Fatalf("deleted %v", got)
+	}
+	if a := r.lastAcks(); a.Missing["pods/default/b"].Generation != 3 || a.Applied["pods/default/a"].Generation != 1 {
+		t.Fatalf("acks %+v", a)
+	}
+}
+
+// Every entry ends in one durable outcome: a pod the agent refuses and an object the node cannot
+// decode are refused at their generation, in the acks, across a restart, and are not asked for
+// again (no resubscribe loop replaying the desired set).
+func TestRefusalsAreDurableOutcomes(t *testing.T) {
+	st := store.NewMemory()
+	r := newRig(t, st)
+	r.mu.Lock()
+	r.reject = map[string]string{"default/priv": "policy: privileged containers are not allowed"}
+	r.mu.Unlock()
+	tp1, priv := podMsg(t, "priv", 4, "img")
+	tn := tp.Desired(node, protocol.KindPod, "default", "newer")
+	newer := []byte(`{"apiVersion":"mqlet.io/v2","kind":"Pod","node":"edge-1","namespace":"default","name":"newer","generation":4,` +
+		`"object":{"metadata":{"name":"newer"},"spec":{"containers":[{"name":"c","image":"i"}],"fieldFromANewerAPI":true}}}`)
+	ti, idx := indexOf(t, 4, map[string][]byte{tp1: priv, tn: newer})
+	r.send(ti, idx, true)
+	r.send(tp1, priv, true)
+	r.send(tn, newer, true)
+	check := func(a protocol.Acks) {
+		t.Helper()
+		if len(a.Applied) != 0 || len(a.Missing) != 0 || len(a.Refused) != 2 ||
+			a.Refused["pods/default/priv"].Generation != 4 || !strings.Contains(a.Refused["pods/default/priv"].Reason, "privileged") ||
+			a.Refused["pods/default/newer"].Generation != 4 || !strings.Contains(a.Refused["pods/default/newer"].Reason, "fieldFromANewerAPI") {
+			t.Fatalf("acks %+v, want both refused at generation 4 with their reasons", a)
 		}
+	}
+	check(r.lastAcks())
+	time.Sleep(200 * time.Millisecond) // four settle delays: a missing entry would have been asked for
+	r.mu.Lock()
+	resends := len(r.resends)
+	r.mu.Unlock()
+	if resends != 0 {
+		t.Fatalf("%d resyncs asked although every entry has an outcome", resends)
+	}
+	r.stop()
+	r2 := newRig(t, st)
+	check(r2.lastAcks())
+	r2.send(tn, newer, true) // replayed: silent, judged already
+	if _, events := r2.snapshot(); len(events) != 0 {
+		t.Fatalf("a replayed refused generation was reported again: %+v", events)
+	}
+}
+
+func TestConfigMapsAndSecretsFollowTheIndex(t *testing.T) {
+	st := store.NewMemory()
+	r := newRig(t, st)
+	s := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "creds"}, Data: map[string][]byte{"k": []byte("v")}}
+	d, _ := protocol.NewDesired(node, 2, s)
+	b, _ := protocol.Encode(d)
+	topic := tp.Desired(node, protocol.KindSecret, "default", "creds")
+	ti, idx := indexOf(t, 2, map[string][]byte{topic: b})
+	r.send(ti, idx, true)
+	r.send(topic, b, true)
+	rec, ok, err := st.GetObject(store.KindSecret, "default", "creds")
+	if err != nil || !ok || string(rec.Secret.Data["k"]) != "v" || rec.Generation != 2 {
+		t.Fatalf("secret not stored: %+v %v %v", rec, ok, err)
+	}
+	_, idx3 := indexOf(t, 3, nil)
+	r.send(ti, idx3, false)
+	if _, ok, _ := st.GetObject(store.KindSecret, "default", "creds"); ok {
+		t.Fatal("secret still stored after an index left it out")
+	}
+	if a := r.lastAcks(); len(a.Applied) != 0 || a.IndexRevision != 3 {
+		t.Fatalf("acks %+v", a)
 	}
 }
 
@@ -257,7 +400,9 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 	st := store.NewMemory()
 	r := newRig(t, st)
 	topic, good := podMsg(t, "web", 1, "img")
-	r.send(topic, good, false)
+	ti, idx := indexOf(t, 1, map[string][]byte{topic: good})
+	r.send(ti, idx, true)
+	r.send(topic, good, true)
 	big := make([]byte, protocol.DefaultMaxPayload+1)
 	for i := range big {
 		big[i] = ' '
@@ -268,8 +413,8 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		payload []byte
 		want    string
 	}{
-		{topic, big, "payload too large"},
-		{topic, []byte("{garbled"), "invalid JSON"},
+		{ti, big, "payload too large"},
+		{ti, []byte("{garbled"), "invalid JSON"},
 		{strings.Replace(topic, node, "edge-2", 1), other, `for node "edge-2"`},
 		{tp.Node(node) + "/desired/deployments/default/x", []byte("{}"), "unknown kind"},
 		{"elsewhere/topic", []byte("{}"), "outside"},
@@ -279,8 +424,8 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 		r.send(c.topic, c.payload, false)
 	}
 	changes, events := r.snapshot()
-	if len(changes) != 2 {
-		t.Fatalf("bad input changed the desired set: %+v", changes[2:])
+	if got := upserts(changes); len(got) != 1 || len(deletes(changes)) != 0 {
+		t.Fatalf("bad input changed the desired set: %v / %v", got, deletes(changes))
 	}
 	if len(events) != len(cases) {
 		t.Fatalf("want %d refusal events, got %+v", len(cases), events)
@@ -290,38 +435,14 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 			t.Errorf("case %d: event %+v, want one naming the topic and %q", i, events[i], c.want)
 		}
 	}
-	marks, _, _ := st.ListMarks()
-	if marks["pods/default/web"].Generation != 1 {
-		t.Fatalf("mark changed: %+v", marks)
+	if a := r.lastAcks(); a.Applied["pods/default/web"].Generation != 1 || a.IndexRevision != 1 {
+		t.Fatalf("acks changed: %+v", a)
 	}
 }
 
-func TestConfigMapsAndSecretsAreStored(t *testing.T) {
-	st := store.NewMemory()
-	r := newRig(t, st)
-	s := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "creds"}, Data: map[string][]byte{"k": []byte("v")}}
-	d, _ := protocol.NewDesired(node, 2, s)
-	b, _ := protocol.Encode(d)
-	topic := tp.Desired(node, protocol.KindSecret, "default", "creds")
-	r.send(topic, b, true)
-	rec, ok, err := st.GetObject(store.KindSecret, "default", "creds")
-	if err != nil || !ok || string(rec.Secret.Data["k"]) != "v" || rec.Generation != 2 {
-		t.Fatalf("secret not stored: %+v %v %v", rec, ok, err)
-	}
-	tb, _ := protocol.Encode(protocol.NewTombstone(node, protocol.KindSecret, "default", "creds", 3))
-	r.send(topic, tb, false)
-	if _, ok, _ := st.GetObject(store.KindSecret, "default", "creds"); ok {
-		t.Fatal("secret still stored after its tombstone")
-	}
-	r.mu.Lock()
-	last := r.acks[len(r.acks)-1]
-	r.mu.Unlock()
-	if last.Deleted["secrets/default/creds"] != 3 {
-		t.Fatalf("acks %+v", last)
-	}
-}
-
-func TestRestartRestatesStoredPods(t *testing.T) {
+// A pod stored without a digest (a crash before its mark, or a node upgraded from protocol v1) runs
+// from the start; it is fetched once an index lists it, and applied again at the same generation.
+func TestStoredPodWithoutDigestIsRestatedThenFetched(t *testing.T) {
 	st := store.NewMemory()
 	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: "u1"}}
 	if err := st.PutDesired(store.DesiredPod{Pod: p, Source: source.Ref{Kind: source.MQTT, Origin: "t"}, Generation: 4}); err != nil {
@@ -332,37 +453,60 @@ func TestRestartRestatesStoredPods(t *testing.T) {
 	if changes[0].Op != source.Resync || len(changes[0].Items) != 1 || changes[0].Items[0].Generation != 4 {
 		t.Fatalf("initial change %+v", changes[0])
 	}
-	// The stored pod counts as taken in even without a mark: its generation replayed is silent.
+	if a := r.lastAcks(); a.Applied["pods/default/web"].Generation != 4 {
+		t.Fatalf("before any index the acks must say what the node runs: %+v", a)
+	}
 	topic, msg := podMsg(t, "web", 4, "img")
+	ti, idx := indexOf(t, 4, map[string][]byte{topic: msg})
+	r.send(ti, idx, true)
+	r.mu.Lock()
+	fetches := slices.Clone(r.fetches)
+	r.mu.Unlock()
+	if len(fetches) != 1 || !slices.Equal(fetches[0], []string{"pods/default/web"}) {
+		t.Fatalf("fetches %v", fetches)
+	}
 	r.send(topic, msg, true)
-	if changes, _ := r.snapshot(); len(changes) != 1 {
-		t.Fatalf("a replay of the stored generation was applied: %+v", changes)
+	if got := upserts(must(r.snapshot())); !slices.Equal(got, []string{"web@4"}) {
+		t.Fatalf("upserts %v", got)
 	}
 }
 
-// An object at or below the index's revision that the index does not list was deleted since:
-// a reordered replay of it is never started.
-func TestObjectOlderThanIndexAndUnlistedIsNotStarted(t *testing.T) {
-	r := newRig(t, store.NewMemory())
-	it, idx := indexMsg(6, map[string]int64{})
-	r.send(it, idx, true)
-	ta, a := podMsg(t, "a", 4, "img")
-	r.send(ta, a, true)
-	changes, _ := r.snapshot()
-	for _, c := range changes {
-		if c.Op == source.Upsert {
-			t.Fatalf("a pod the index says is deleted was started: %+v", c)
-		}
-	}
-	marks, _, _ := r.st.ListMarks()
-	if m := marks["pods/default/a"]; !m.Deleted || m.Generation != 6 {
-		t.Fatalf("mark %+v, want a tombstone at the index revision", m)
-	}
-	// Newer than the index: applied.
-	_, a7 := podMsg(t, "a", 7, "img")
-	r.send(ta, a7, false)
-	changes, _ = r.snapshot()
-	if last := changes[len(changes)-1]; last.Op != source.Upsert || last.Items[0].Generation != 7 {
-		t.Fatalf("last change %+v", last)
+// A stored index is a decision taken: a pod it leaves out that is still stored (the agent stopped
+// between storing the index and deleting the pod) is deleted at the next start.
+func TestStoredIndexIsFinishedAtStart(t *testing.T) {
+	st := store.NewMemory()
+	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "gone", UID: "u1"}}
+	st.PutDesired(store.DesiredPod{Pod: p, Source: source.Ref{Kind: source.MQTT, Origin: "t"}, Generation: 2})
+	_, idx := indexOf(t, 5, nil)
+	st.UpdateMarks([]store.SyncMark{{Key: "pods/default/gone", Generation: 2, Digest: protocol.Digest([]byte("x"))},
+		{Key: "index", Generation: 5, Digest: protocol.Digest(idx), Data: idx}}, nil)
+	r := newRig(t, st)
+	r.waitChanges(2)
+	if got := deletes(must(r.snapshot())); !slices.Equal(got, []string{"default/gone"}) {
+		t.Fatalf("deletes %v", got)
 	}
 }
+
+// The acks and the marks stay O(desired set): a node that ran 5,000 short-lived pods one after the
+// other (each index adds one and drops the previous) keeps one entry.
+func TestStateStaysBoundedAfterManyShortLivedPods(t *testing.T) {
+	st := store.NewMemory()
+	r := newRig(t, st)
+	for i := int64(1); i <= 5000; i++ {
+		topic, msg := podMsg(t, fmt.Sprintf("job-%d", i), i, "img")
+		ti, idx := indexOf(t, i, map[string][]byte{topic: msg})
+		r.d.Offer(Message{Topic: topic, Payload: msg, Retained: true})
+		r.send(ti, idx, true)
+	}
+	a := r.lastAcks()
+	b, _ := protocol.Encode(&a)
+	if len(a.Applied) != 1 || len(b) > 1024 {
+		t.Fatalf("acks after 5,000 jobs: %d applied, %d bytes", len(a.Applied), len(b))
+	}
+	if marks, _, _ := st.ListMarks(); len(marks) != 2 {
+		t.Fatalf("%d marks after 5,000 jobs, want 2 (the index and the last job)", len(marks))
+	}
+	t.Logf("acks after 5,000 jobs: %d bytes", len(b))
+}
+
+func must[T any](v T, _ ...any) T { return v }
