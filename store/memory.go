@@ -473,14 +473,21 @@ func (m *Memory) OutboxList(limit int) ([]OutboxEntry, error) {
 }
 
 func (m *Memory) OutboxAck(topic string, seq uint64) error {
+	return m.OutboxAckMany([]OutboxRef{{Topic: topic, Seq: seq}})
+}
+
+func (m *Memory) OutboxAckMany(acks []OutboxRef) error {
+	if len(acks) == 0 {
+		return nil // as on DB: no transaction at all
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	o, err := m.outbox()
 	if err == nil {
-		err = outboxAck(o, topic, seq)
+		err = outboxAckMany(o, acks)
 	}
 	if err != nil {
-		return fmt.Errorf("memory state: outbox ack of entry %d for topic %s: %w", seq, topic, err)
+		return fmt.Errorf("memory state: outbox ack of %s: %w", ackDescription(acks), err)
 	}
 	return nil
 }

@@ -11,7 +11,7 @@ import (
 )
 
 // OutboxEntry is one message that must reach the MQTT broker. Queued entries survive a kill -9
-// and a power cut; the uplink removes them with OutboxAck once the broker has them.
+// and a power cut; the uplink removes them with OutboxAckMany once the broker has them.
 type OutboxEntry struct {
 	Seq      uint64 // assigned by the store at put; grows across reopen; order of sending
 	Topic    string
@@ -342,36 +342,74 @@ func dropOldestEvent(tx outboxTx, c *outboxCounters, from uint64) (removed bool,
 	return true, seq + 1, nil
 }
 
-// outboxAck removes the entry with seq if it is still queued. An entry for another topic under
-// that seq is an error: the caller mixed up its acks, and removing it would lose a message.
-func outboxAck(tx outboxTx, topic string, seq uint64) error {
-	val := tx.get(seq)
-	if val == nil {
-		return nil // acked before, replaced by a newer Latest entry, or dropped
+// OutboxRef names one sent entry: the topic it was published on and its Seq.
+type OutboxRef struct {
+	Topic string
+	Seq   uint64
+}
+
+// outboxAckMany removes, in one transaction, each entry of acks that is still queued. An entry
+// that is gone (acked before, dropped, or a Latest entry replaced by a newer one, which stays) is
+// skipped. A ref naming another topic than its entry's (the caller mixed up its acks, and removing
+// it would lose a message) or an entry that does not decode is an error, and then nothing at all
+// is removed: everything is checked before the first write, because Memory has no rollback and
+// both implementations must leave the same outbox behind.
+func outboxAckMany(tx outboxTx, acks []OutboxRef) error {
+	var (
+		gone []OutboxEntry
+		errs []error
+	)
+	for _, a := range acks {
+		val := tx.get(a.Seq)
+		if val == nil {
+			continue // acked before, replaced by a newer Latest entry, or dropped
+		}
+		e, err := decodeOutbox(a.Seq, val)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if e.Topic != a.Topic {
+			errs = append(errs, fmt.Errorf("entry %d is for topic %s, not %s", a.Seq, e.Topic, a.Topic))
+			continue
+		}
+		gone = append(gone, e)
 	}
-	e, err := decodeOutbox(seq, val)
-	if err != nil {
-		return err
+	if len(errs) > 0 {
+		return fmt.Errorf("%w; nothing removed", errors.Join(errs...))
 	}
-	if e.Topic != topic {
-		return fmt.Errorf("entry %d is for topic %s, not %s; nothing removed", seq, e.Topic, topic)
+	if len(gone) == 0 {
+		return nil
 	}
 	c, err := loadCounters(tx)
 	if err != nil {
 		return err
 	}
-	if e.Latest {
-		if s, ok := tx.latest(topic); ok && s == seq {
-			if err := tx.delLatest(topic); err != nil {
-				return err
+	for _, e := range gone {
+		if tx.get(e.Seq) == nil {
+			continue // named twice in acks: removed (and counted) once
+		}
+		if e.Latest {
+			if s, ok := tx.latest(e.Topic); ok && s == e.Seq {
+				if err := tx.delLatest(e.Topic); err != nil {
+					return fmt.Errorf("entry %d: %w", e.Seq, err)
+				}
 			}
 		}
+		if err := tx.del(e.Seq); err != nil {
+			return fmt.Errorf("entry %d: %w", e.Seq, err)
+		}
+		c.remove(entrySize(e), e.Latest)
 	}
-	if err := tx.del(seq); err != nil {
-		return err
-	}
-	c.remove(entrySize(e), e.Latest)
 	return saveCounters(tx, c)
+}
+
+// ackDescription names the acks of one call in an error: the first entry and how many.
+func ackDescription(acks []OutboxRef) string {
+	if len(acks) == 1 {
+		return fmt.Sprintf("entry %d for topic %s", acks[0].Seq, acks[0].Topic)
+	}
+	return fmt.Sprintf("%d entries (first %d for topic %s)", len(acks), acks[0].Seq, acks[0].Topic)
 }
 
 // outboxList returns up to limit queued entries (all when limit <= 0), oldest first. Entries that
@@ -519,15 +557,25 @@ func (d *DB) OutboxList(limit int) (out []OutboxEntry, err error) {
 // (acked before, dropped, or a Latest entry since replaced by a newer one, which stays queued) is
 // not an error. Concurrent calls are folded into one transaction.
 func (d *DB) OutboxAck(topic string, seq uint64) error {
+	return d.OutboxAckMany([]OutboxRef{{Topic: topic, Seq: seq}})
+}
+
+// OutboxAckMany is OutboxAck for many entries in one transaction (one commit, not one per entry):
+// the uplink removes a whole send window's acknowledged entries with one call. An error means
+// nothing was removed. Concurrent calls (and puts) are folded into one transaction.
+func (d *DB) OutboxAckMany(acks []OutboxRef) error {
+	if len(acks) == 0 {
+		return nil
+	}
 	err := d.bolt.Batch(func(tx *bolt.Tx) error {
 		o, err := newBoltOutbox(tx)
 		if err != nil {
 			return err
 		}
-		return outboxAck(o, topic, seq)
+		return outboxAckMany(o, acks)
 	})
 	if err != nil {
-		return fmt.Errorf("state db %s: outbox ack of entry %d for topic %s: %w", d.path, seq, topic, err)
+		return fmt.Errorf("state db %s: outbox ack of %s: %w", d.path, ackDescription(acks), err)
 	}
 	return nil
 }

@@ -51,6 +51,10 @@ type State interface {
 	// OutboxAck removes the entry with seq if it is still queued; a Latest entry since replaced
 	// by a newer one for its topic is gone already, and the newer one stays.
 	OutboxAck(topic string, seq uint64) error
+	// OutboxAckMany is OutboxAck for many entries in one transaction (one fsync for a whole send
+	// window, where OutboxAck per entry costs one each). An entry named with another topic than
+	// its own, or one that does not decode, makes it fail, and then nothing is removed.
+	OutboxAckMany(acks []OutboxRef) error
 	OutboxStats() (OutboxStats, error)
 
 	// PutNodeStatus stores the node's status, replacing the one before (a state file belongs to

@@ -427,6 +427,7 @@ func testClosed(t *testing.T, s stateUnderTest) {
 		"OutboxPut":     func() error { _, err := s.OutboxPut([]OutboxEntry{event("ev", "1")}, OutboxLimits{}); return err },
 		"OutboxList":    func() error { _, err := s.OutboxList(0); return err },
 		"OutboxAck":     func() error { return s.OutboxAck("ev", 1) },
+		"OutboxAckMany": func() error { return s.OutboxAckMany([]OutboxRef{{"ev", 1}}) },
 		"OutboxStats":   func() error { _, err := s.OutboxStats(); return err },
 		"PutNodeStatus": func() error { return s.PutNodeStatus(testNode("edge-1", v1.ConditionTrue, time.Now())) },
 		"GetNodeStatus": func() error { _, _, err := s.GetNodeStatus(); return err },

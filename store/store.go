@@ -133,6 +133,8 @@ type DB struct {
 	notices []string
 	// box seals Secret records; nil when the DB was opened without a node key.
 	box *seal.Box
+	// openTxID is bbolt's transaction id when Open returned; see Commits.
+	openTxID int
 }
 
 // Options are what OpenWith takes beyond the path.
@@ -220,6 +222,10 @@ func open(path string, timeout time.Duration, o Options) (d *DB, err error) {
 			path, ErrNewerSchema, version, SchemaVersion, path, path, version)
 	}
 	if err := d.upgrade(version); err != nil {
+		closeQuietly(bdb)
+		return nil, err
+	}
+	if d.openTxID, err = d.txID(); err != nil {
 		closeQuietly(bdb)
 		return nil, err
 	}
@@ -320,6 +326,31 @@ func (d *DB) Close() error {
 		return fmt.Errorf("close state db %s: %w", d.path, err)
 	}
 	return nil
+}
+
+// Commits returns how many write transactions this DB committed since Open returned: each commit
+// is one bbolt commit, and one or more durable writes to the disk (bbolt 1.5 calls fdatasync
+// twice per commit, after the data pages and after the meta page). Calls that bbolt's Batch folded
+// into one transaction count once. It is read from bbolt's transaction id, which every commit
+// raises by one and which nothing else changes, so no write path can be left uncounted.
+func (d *DB) Commits() (uint64, error) {
+	id, err := d.txID()
+	if err != nil {
+		return 0, err
+	}
+	return uint64(id - d.openTxID), nil
+}
+
+// txID is the id of the last committed transaction (a read transaction carries it).
+func (d *DB) txID() (id int, err error) {
+	err = d.bolt.View(func(tx *bolt.Tx) error {
+		id = tx.ID()
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("state db %s: read the transaction id: %w", d.path, err)
+	}
+	return id, nil
 }
 
 // Path is the file the DB was opened from.

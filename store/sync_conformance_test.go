@@ -29,6 +29,7 @@ var syncConformance = map[string]func(t *testing.T, s stateUnderTest){
 	"outbox bounded by bytes":         testOutboxByteBound,
 	"outbox latest refused when full": testOutboxRefusedLatest,
 	"outbox ack":                      testOutboxAck,
+	"outbox ack many":                 testOutboxAckMany,
 	"outbox refused input":            testOutboxRefusedInput,
 	"outbox undecodable degrade":      testOutboxBadRecords,
 }
@@ -685,6 +686,52 @@ func testOutboxAck(t *testing.T, s stateUnderTest) {
 	again := queue(t, s, OutboxLimits{}, latest("st", "b"))
 	if got := listOutbox(t, s); len(got) != 2 || got[1] != fmt.Sprintf("%dLR st=b", again[0]) {
 		t.Errorf("outbox %q", got)
+	}
+}
+
+// OutboxAckMany removes many entries with OutboxAck's rules for each: gone ones and a Latest
+// entry replaced by a newer one are skipped (the newer stays), a mixed-up topic refuses the call.
+func testOutboxAckMany(t *testing.T, s stateUnderTest) {
+	if err := s.OutboxAckMany(nil); err != nil {
+		t.Fatalf("OutboxAckMany(nil) = %v", err)
+	}
+	seqs := queue(t, s, OutboxLimits{}, event("ev", "1"), latest("st", "a"), event("ev", "2"), latest("node", "n"))
+	newer := queue(t, s, OutboxLimits{}, latest("st", "b")) // replaces st=a
+	before := listOutbox(t, s)
+
+	// One ref naming the wrong topic: nothing at all is removed, and the error names the entry's
+	// topic.
+	err := s.OutboxAckMany([]OutboxRef{{"ev", seqs[0]}, {"ev", newer[0]}, {"node", seqs[3]}})
+	if err == nil || !strings.Contains(err.Error(), "topic st") || !strings.Contains(err.Error(), fmt.Sprint(newer[0])) {
+		t.Errorf("OutboxAckMany with a wrong topic = %v, want an error naming entry %d's topic st", err, newer[0])
+	}
+	if got := listOutbox(t, s); !reflect.DeepEqual(got, before) {
+		t.Errorf("a refused OutboxAckMany changed the outbox: %q, was %q", got, before)
+	}
+
+	// The first event, the replaced st=a (gone already: st=b stays), node, ev again and a seq never
+	// given.
+	err = s.OutboxAckMany([]OutboxRef{{"ev", seqs[0]}, {"st", seqs[1]}, {"node", seqs[3]}, {"ev", seqs[0]}, {"ev", 999}})
+	if err != nil {
+		t.Fatalf("OutboxAckMany: %v", err)
+	}
+	want := []string{fmt.Sprintf("%d ev=2", seqs[2]), fmt.Sprintf("%dLR st=b", newer[0])}
+	if got := listOutbox(t, s); !reflect.DeepEqual(got, want) {
+		t.Errorf("outbox %q, want %q", got, want)
+	}
+	if st := stats(t, s); st != (OutboxStats{Entries: 2, Events: 1, Bytes: 6}) {
+		t.Errorf("stats after OutboxAckMany: %+v", st)
+	}
+	// node's Latest index went with its entry: a new version is a plain new entry.
+	again := queue(t, s, OutboxLimits{}, latest("node", "m"))
+	if err := s.OutboxAckMany([]OutboxRef{{"ev", seqs[2]}, {"st", newer[0]}}); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := listOutbox(t, s), []string{fmt.Sprintf("%dLR node=m", again[0])}; !reflect.DeepEqual(got, want) {
+		t.Errorf("outbox %q, want %q", got, want)
+	}
+	if st := stats(t, s); st != (OutboxStats{Entries: 1, Bytes: 5}) {
+		t.Errorf("stats: %+v", st)
 	}
 }
 
