@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/source"
@@ -57,6 +58,8 @@ type Sync struct {
 	opsMu  sync.Mutex
 	ops    []fetchOp
 	opsDue chan struct{}
+
+	desiredIn atomic.Int64 // desired object messages received (the cost of a reconnect)
 }
 
 // fetchOp is one request of the downlink: subscribe (again) or unsubscribe desired topics, or
@@ -148,6 +151,10 @@ func (s *Sync) NodeStatus(n *v1.Node) { s.up.NodeStatus(n) }
 // Reporter is what the agent reports through (pod status, pod gone, events).
 func (s *Sync) Reporter() *uplink.Uplink { return s.up }
 
+// DesiredReceived is the number of desired object messages received since Run began: a node
+// fetches only the objects it lacks, so an ordinary reconnect adds nothing.
+func (s *Sync) DesiredReceived() int64 { return s.desiredIn.Load() }
+
 // Connected reports whether the link to the broker is up now (for metrics).
 func (s *Sync) Connected() bool {
 	_, _, ok := s.link.Connected()
@@ -157,6 +164,11 @@ func (s *Sync) Connected() bool {
 // queueOp queues a request for fetcher without waiting.
 func (s *Sync) queueOp(op fetchOp) {
 	s.opsMu.Lock()
+	if len(s.ops) >= maxQueuedOps {
+		// Disconnected for long, with the settle timer asking again and again: the oldest
+		// requests are repeated by newer ones anyway.
+		s.ops = s.ops[1:]
+	}
 	s.ops = append(s.ops, op)
 	s.opsMu.Unlock()
 	select {
@@ -165,12 +177,18 @@ func (s *Sync) queueOp(op fetchOp) {
 	}
 }
 
+// maxQueuedOps bounds the requests waiting for a connection.
+const maxQueuedOps = 256
+
 // fetchBatch bounds the filters of one SUBSCRIBE or UNSUBSCRIBE packet.
 const fetchBatch = 64
 
-// fetcher carries out the downlink's requests in order on the current connection. Requests made
-// while disconnected are dropped: a new connection replays the index, and the downlink then asks
-// again for what it still lacks.
+// fetcher carries out the downlink's requests in order on the current connection, waiting for
+// one when there is none: the index a new connection replays arrives while the link is still
+// announcing itself online, and the fetches it causes must not be lost. A request carried out on a
+// later connection than the one it was made on is harmless (one more SUBSCRIBE), and one that fails
+// with the connection is asked again by the downlink, which fetches again on every index replay and
+// on its settle timer.
 func (s *Sync) fetcher(ctx context.Context) error {
 	for {
 		select {
@@ -182,9 +200,9 @@ func (s *Sync) fetcher(ctx context.Context) error {
 		ops := s.ops
 		s.ops = nil
 		s.opsMu.Unlock()
-		session, _, ok := s.link.Connected()
-		if !ok {
-			continue
+		session, _, err := s.link.WaitConnected(ctx)
+		if err != nil {
+			return nil // ctx ended
 		}
 		for _, op := range ops {
 			if err := s.do(op, session); err != nil {
@@ -276,6 +294,9 @@ func (s *Sync) route(ctx context.Context) error {
 					s.logs.Handle(m.Payload)
 				}
 			default:
+				if err == nil && t.Class == protocol.ClassDesired {
+					s.desiredIn.Add(1)
+				}
 				// Everything else, bad topics included (the downlink refuses those with an event
 				// naming topic and reason). Waiting here is fine: this is not paho's goroutine, and the link's own bounded
 				// inbox (with its coalesced overflow -> resend) absorbs a burst meanwhile.

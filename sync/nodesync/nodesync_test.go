@@ -2,8 +2,10 @@ package nodesync
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -68,7 +70,12 @@ func startWith(t *testing.T, name string, lo link.Options, dbPath string) *runni
 	go func() { defer wg.Done(); s.Run(ctx) }()
 	go func() {
 		defer wg.Done()
-		s.Source().Run(ctx, func(c source.Change) { r.mu.Lock(); r.changes = append(r.changes, c); r.mu.Unlock() })
+		s.Source().Run(ctx, func(c source.Change) source.Result {
+			r.mu.Lock()
+			r.changes = append(r.changes, c)
+			r.mu.Unlock()
+			return source.Result{}
+		})
 	}()
 	var once sync.Once
 	r.stop = func() {
@@ -102,6 +109,29 @@ func publish(t *testing.T, c mqtt.Client, topic string, v any, retained bool) {
 	if tok := c.Publish(topic, 1, retained, b); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
 		t.Fatalf("publish %s: %v", topic, tok.Error())
 	}
+}
+
+// writeDesired publishes objects for name at generation rev, then the index at rev listing them (and
+// the entries of keep) with their digests, as a control plane does; it returns the index's entries.
+func writeDesired(t *testing.T, c mqtt.Client, name string, rev int64, keep map[string]protocol.IndexEntry, objs ...any) map[string]protocol.IndexEntry {
+	t.Helper()
+	entries := maps.Clone(keep)
+	if entries == nil {
+		entries = map[string]protocol.IndexEntry{}
+	}
+	for _, o := range objs {
+		d, err := protocol.NewDesired(name, rev, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := protocol.Encode(d)
+		if tok := c.Publish(tp.Desired(name, d.Kind, d.Namespace, d.Name), 1, true, b); !tok.WaitTimeout(5*time.Second) || tok.Error() != nil {
+			t.Fatalf("publish %s: %v", d.Key(), tok.Error())
+		}
+		entries[d.Key()] = protocol.IndexEntry{Generation: rev, Digest: protocol.Digest(b)}
+	}
+	publish(t, c, tp.Index(name), &protocol.Index{Node: name, Revision: rev, Objects: entries}, true)
+	return entries
 }
 
 // retained waits (bounded) until the retained message on topic satisfies ok.
@@ -155,9 +185,7 @@ func TestDesiredDownStatusUp(t *testing.T) {
 	r := start(t, b.Plain, filepath.Join(t.TempDir(), "state.db"))
 	ctl := client(t, b.Plain)
 
-	d, _ := protocol.NewDesired(node, 1, testPod("web"))
-	publish(t, ctl, tp.Desired(node, protocol.KindPod, "default", "web"), d, true)
-	publish(t, ctl, tp.Index(node), &protocol.Index{Node: node, Revision: 1, Objects: map[string]int64{"pods/default/web": 1}}, true)
+	writeDesired(t, ctl, node, 1, nil, testPod("web"))
 	waitFor(t, "upsert delivered", func() bool {
 		for _, c := range r.Changes() {
 			if c.Op == source.Upsert && c.Items[0].Pod.Name == "web" && c.Items[0].Generation == 1 {
@@ -170,7 +198,7 @@ func TestDesiredDownStatusUp(t *testing.T) {
 	// Acks and liveness reach the broker as retained messages.
 	retained(t, b.Plain, tp.Acks(node), func(p []byte) bool {
 		a, err := protocol.DecodeAcks(p, 0)
-		return err == nil && a.Applied["pods/default/web"] == 1 && a.IndexRevision == 1
+		return err == nil && a.Applied["pods/default/web"].Generation == 1 && a.IndexRevision == 1
 	})
 	retained(t, b.Plain, tp.Liveness(node), func(p []byte) bool {
 		l, err := protocol.DecodeLiveness(p, 0)
@@ -243,11 +271,9 @@ func TestACLConfinesEachNodeToItsSubtree(t *testing.T) {
 	}
 	defer admin.Disconnect(100)
 	secret := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "b-only"}, Data: map[string][]byte{"token": []byte("for-b")}}
-	d, _ := protocol.NewDesired("node-b", 1, secret)
-	publish(t, admin, tp.Desired("node-b", protocol.KindSecret, "default", "b-only"), d, true)
+	writeDesired(t, admin, "node-b", 1, nil, secret)
 	// A's own object, published after B's secret: once A has it, B's secret had its chance.
-	da, _ := protocol.NewDesired("node-a", 1, testPod("a-pod"))
-	publish(t, admin, tp.Desired("node-a", protocol.KindPod, "default", "a-pod"), da, true)
+	writeDesired(t, admin, "node-a", 1, nil, testPod("a-pod"))
 
 	waitFor(t, "B stores its secret", func() bool {
 		_, ok, _ := rb.db.GetObject(store.KindSecret, "default", "b-only")
@@ -304,5 +330,81 @@ func TestACLConfinesEachNodeToItsSubtree(t *testing.T) {
 	case topic := <-leaked:
 		t.Fatalf("node A's identity received %s from node B's subtree", topic)
 	default:
+	}
+}
+
+// A reconnect moves the index and what changed, not the desired set: with 50 pods taken in, a
+// reconnect to a broker that kept its state fetches nothing, and a node restarted after one pod
+// changed fetches that one object.
+func TestReconnectAndRestartFetchOnlyWhatChanged(t *testing.T) {
+	mqtttest.Require(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	dbPath := filepath.Join(t.TempDir(), "state.db")
+	r := start(t, b.Plain, dbPath)
+	ctl := client(t, b.Plain)
+	var pods []any
+	for i := range 50 {
+		pods = append(pods, testPod(fmt.Sprintf("p%02d", i)))
+	}
+	entries := writeDesired(t, ctl, node, 1, nil, pods...)
+	upserted := func(r *running) int {
+		n := 0
+		for _, c := range r.Changes() {
+			if c.Op == source.Upsert {
+				n += len(c.Items)
+			}
+		}
+		return n
+	}
+	waitFor(t, "50 pods taken in", func() bool { return upserted(r) == 50 })
+	if got := r.s.DesiredReceived(); got != 50 {
+		t.Fatalf("%d desired messages for 50 objects", got)
+	}
+
+	// takenIn waits until r took in pod name at generation gen.
+	takenIn := func(r *running, name string, gen int64) {
+		t.Helper()
+		waitFor(t, fmt.Sprintf("%s at generation %d taken in", name, gen), func() bool {
+			for _, c := range r.Changes() {
+				if c.Op == source.Upsert && c.Items[0].Pod.Name == name && c.Items[0].Generation == gen {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	// change makes one pod differ at rev; the node fetches what it lacks in the order it learns
+	// of it, so once it took in a change, anything fetched before has arrived too.
+	change := func(name string, rev int64) {
+		t.Helper()
+		p := testPod(name)
+		p.Spec.Containers[0].Image = fmt.Sprintf("busybox:%d", rev)
+		entries = writeDesired(t, ctl, node, rev, entries, p)
+	}
+
+	// The broker restarts (its state kept): the node reconnects and fetches nothing.
+	b.Stop(t)
+	waitFor(t, "disconnected", func() bool { _, _, ok := r.s.link.Connected(); return !ok })
+	b.Start(t)
+	waitFor(t, "reconnected", func() bool { _, _, ok := r.s.link.Connected(); return ok })
+	ctl = client(t, b.Plain)
+	change("p03", 2)
+	takenIn(r, "p03", 2)
+	if got := r.s.DesiredReceived(); got != 51 {
+		t.Fatalf("a reconnect and one change moved %d desired messages, want 1", got-50)
+	}
+
+	// The node is down while one pod changes; restarted, it fetches that one object.
+	r.stop()
+	change("p07", 3)
+	r2 := start(t, b.Plain, dbPath)
+	takenIn(r2, "p07", 3)
+	change("p08", 4)
+	takenIn(r2, "p08", 4)
+	if got := r2.s.DesiredReceived(); got != 2 {
+		t.Fatalf("the restarted node received %d desired messages for two changes", got)
+	}
+	if n := upserted(r2); n != 2 {
+		t.Fatalf("%d upserts after the restart, want 2", n)
 	}
 }
