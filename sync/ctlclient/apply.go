@@ -261,6 +261,10 @@ func (c *Client) write(ctx context.Context, node string, puts []*protocol.Desire
 	from := 0               // index payloads before this position are judged already
 	var floor int64         // every generation this write draws is above it
 	var baseOverride []byte // another writer's index to build on, after a crossing
+	// fixed keeps each object's payload from the first attempt that wrote it: another writer's
+	// index may already list that payload's digest (it built on this write's index), so a redo
+	// must not replace it with one at a new generation; only the index's revision moves on.
+	fixed := map[string]pendingPublish{}
 	for attempt := 1; ; attempt++ {
 		indexes, acksPayload := w.seen(c.topics.Acks(node))
 		basePayload := baseOverride
@@ -275,7 +279,7 @@ func (c *Client) write(ctx context.Context, node string, puts []*protocol.Desire
 		for _, p := range indexes {
 			gen = max(gen, peekRevision(p)+1)
 		}
-		plan, err := c.planWrite(node, base, gen, puts, drops, w)
+		plan, err := c.planWrite(node, base, gen, puts, drops, w, fixed)
 		if err != nil {
 			return nil, err
 		}
@@ -356,7 +360,7 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, puts []*pro
 		return b, warnings, nil
 	}
 	b.counter = max(b.counter, acksTop(acks))
-	rebuild := false
+	rebuild, merge := false, false
 	switch {
 	case idx == nil && (len(acks.Applied)+len(acks.Refused)+len(acks.Missing) > 0 || acks.IndexRevision > 0):
 		rebuild = true
@@ -367,22 +371,33 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, puts []*pro
 		warnings = append(warnings, fmt.Sprintf("the broker's index of node %s (revision %d) is older than the one the node runs (revision %d): the index is rebuilt from what the node reports",
 			node, idx.Revision, acks.IndexRevision))
 	case idx != nil && acks.IndexRevision == idx.Revision && acks.IndexDigest != "" && acks.IndexDigest != protocol.Digest(indexPayload):
-		rebuild = true
-		warnings = append(warnings, fmt.Sprintf("node %s runs another index of revision %d than the broker holds (two writers crossed): the index is rebuilt from what the node reports",
+		// Two writers crossed at this revision: the node took one index, the broker kept the
+		// other. Neither is the whole desired set; their union loses no one's object (a deletion
+		// that crossed an apply may come back, and its writer, seeing that, writes again).
+		merge = true
+		warnings = append(warnings, fmt.Sprintf("node %s runs another index of revision %d than the broker holds (two writers crossed): this write builds on both",
 			node, idx.Revision))
 	}
-	if !rebuild {
+	if !rebuild && !merge {
 		return b, warnings, nil
 	}
-	b.entries, b.existing = map[string]protocol.IndexEntry{}, true
+	if rebuild {
+		b.entries = map[string]protocol.IndexEntry{}
+	}
+	b.existing = true
+	take := func(k string, e protocol.IndexEntry) {
+		if old, ok := b.entries[k]; !ok || e.Generation > old.Generation {
+			b.entries[k] = e
+		}
+	}
 	for k, e := range acks.Applied {
-		b.entries[k] = e
+		take(k, e)
 	}
 	for k, r := range acks.Refused {
-		b.entries[k] = protocol.IndexEntry{Generation: r.Generation, Digest: r.Digest}
+		take(k, protocol.IndexEntry{Generation: r.Generation, Digest: r.Digest})
 	}
 	for k, e := range acks.Missing {
-		b.entries[k] = e
+		take(k, e)
 	}
 	covered := map[string]bool{}
 	for _, d := range puts {
@@ -434,11 +449,12 @@ type writePlan struct {
 type pendingPublish struct {
 	key, topic string
 	payload    []byte
+	entry      protocol.IndexEntry
 }
 
 // planWrite makes the messages of one attempt. An object whose retained message is listed by the
 // base with the same content is unchanged: not written again, its generation kept.
-func (c *Client) planWrite(node string, b *writeBase, gen int64, puts []*protocol.Desired, drops []string, w *indexWatch) (*writePlan, error) {
+func (c *Client) planWrite(node string, b *writeBase, gen int64, puts []*protocol.Desired, drops []string, w *indexWatch, fixed map[string]pendingPublish) (*writePlan, error) {
 	next := &protocol.Index{APIVersion: protocol.APIVersion, Node: node, Revision: gen, Objects: maps.Clone(b.entries)}
 	p := &writePlan{result: &ApplyResult{Generation: gen}}
 	changed := false
@@ -447,6 +463,15 @@ func (c *Client) planWrite(node string, b *writeBase, gen int64, puts []*protoco
 		topic := c.topics.Desired(node, d.Kind, d.Namespace, d.Name)
 		old, listed := b.entries[key]
 		a := Applied{Kind: d.Kind, Namespace: d.Namespace, Name: d.Name, Created: !listed}
+		if f, ok := fixed[key]; ok {
+			// A redo: the same payload as before.
+			p.objects = append(p.objects, f)
+			next.Objects[key] = f.entry
+			a.Generation = f.entry.Generation
+			p.result.Objects = append(p.result.Objects, a)
+			changed = true
+			continue
+		}
 		if _, retained := w.seen(topic); listed && sameObject(retained, old, d) {
 			a.Unchanged, a.Generation = true, old.Generation
 			p.result.Objects = append(p.result.Objects, a)
@@ -463,8 +488,10 @@ func (c *Client) planWrite(node string, b *writeBase, gen int64, puts []*protoco
 		if len(payload) > protocol.DefaultMaxPayload {
 			return nil, fmt.Errorf("%s: the desired message is %d bytes, more than the %d a node accepts", key, len(payload), protocol.DefaultMaxPayload)
 		}
-		p.objects = append(p.objects, pendingPublish{key: key, topic: topic, payload: payload})
-		next.Objects[key] = protocol.IndexEntry{Generation: gen, Digest: protocol.Digest(payload)}
+		f := pendingPublish{key: key, topic: topic, payload: payload, entry: protocol.IndexEntry{Generation: gen, Digest: protocol.Digest(payload)}}
+		fixed[key] = f
+		p.objects = append(p.objects, f)
+		next.Objects[key] = f.entry
 		a.Generation = gen
 		p.result.Objects = append(p.result.Objects, a)
 		changed = true

@@ -144,6 +144,15 @@ func index(t *testing.T, c *Client, node string) *protocol.Index {
 	return idx
 }
 
+// gens is an index's generations by key.
+func gens(idx *protocol.Index) map[string]int64 {
+	out := map[string]int64{}
+	for k, e := range idx.Objects {
+		out[k] = e.Generation
+	}
+	return out
+}
+
 func TestApplyAndDelete(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
 	c := dial(t, b)
@@ -163,7 +172,7 @@ func TestApplyAndDelete(t *testing.T) {
 	if len(d) != 2 || d[web].Generation != 1 || d[db].Generation != 1 || d[web].Pod == nil || d[web].Pod.Name != "web" {
 		t.Fatalf("retained desired after the first apply: %+v", d)
 	}
-	if idx := index(t, c, node); idx.Revision != 1 || !maps.Equal(idx.Objects, map[string]int64{web: 1, db: 1}) {
+	if idx := index(t, c, node); idx.Revision != 1 || !maps.Equal(gens(idx), map[string]int64{web: 1, db: 1}) {
 		t.Fatalf("index after the first apply: %+v", idx)
 	}
 
@@ -186,20 +195,29 @@ func TestApplyAndDelete(t *testing.T) {
 		d[cmKey].ConfigMap == nil || d[secKey].Secret == nil || string(d[secKey].Secret.Data["k"]) != "v" {
 		t.Errorf("retained desired after the second apply: %+v", d)
 	}
-	if idx := index(t, c, node); idx.Revision != 2 || !maps.Equal(idx.Objects, map[string]int64{web: 2, db: 1, cmKey: 2, secKey: 2}) {
+	if idx := index(t, c, node); idx.Revision != 2 || !maps.Equal(gens(idx), map[string]int64{web: 2, db: 1, cmKey: 2, secKey: 2}) {
 		t.Errorf("index after the second apply: %+v", idx)
 	}
 
-	// Delete: a tombstone at the next generation, and the index without the object.
+	// Every index entry carries the digest of the exact retained payload.
+	got, _ := c.Snapshot(ctx, tp.DesiredFilter(node))
+	for k, e := range index(t, c, node).Objects {
+		kind, ns, name, _ := protocol.ParseObjectKey(k)
+		if payload := got[tp.Desired(node, kind, ns, name)]; protocol.Digest(payload) != e.Digest {
+			t.Errorf("index entry %s has digest %s, the retained payload %s", k, e.Digest, protocol.Digest(payload))
+		}
+	}
+
+	// Delete: the index without the object at the next revision, then the object's topic cleared.
 	gen, err := c.Delete(ctx, node, protocol.KindPod, "default", "db")
 	if err != nil || gen != 3 {
-		t.Fatalf("Delete = %d, %v; want generation 3", gen, err)
+		t.Fatalf("Delete = %d, %v; want revision 3", gen, err)
 	}
 	d = desired(t, c, node)
-	if !d[db].Deleted || d[db].Generation != 3 || d[db].Pod != nil {
-		t.Errorf("retained db after delete = %+v, want a tombstone at 3", d[db])
+	if _, still := d[db]; still {
+		t.Errorf("retained db after delete = %+v, want the topic cleared", d[db])
 	}
-	if idx := index(t, c, node); idx.Revision != 3 || !maps.Equal(idx.Objects, map[string]int64{web: 2, cmKey: 2, secKey: 2}) {
+	if idx := index(t, c, node); idx.Revision != 3 || !maps.Equal(gens(idx), map[string]int64{web: 2, cmKey: 2, secKey: 2}) {
 		t.Errorf("index after delete: %+v", idx)
 	}
 	// Deleting it again (or anything never applied) is not found, and writes nothing.
@@ -293,7 +311,7 @@ func TestNodesStaleOffline(t *testing.T) {
 		t.Errorf("fresh client: %+v, %v; want offline", n, err)
 	}
 	// ... until the node's acks show that session 5 was connected.
-	pub(t, raw, tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 5, Applied: map[string]int64{}}, true)
+	pub(t, raw, tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 5, Applied: map[string]protocol.IndexEntry{}}, true)
 	if n, _, err := fresh.Node(ctx, "n1"); err != nil || n.State != StateOnline || !n.StaleOffline {
 		t.Errorf("fresh client with acks of session 5: %+v, %v; want online", n, err)
 	}
@@ -360,8 +378,8 @@ func TestConcurrentAppliesOfOneClientDrawDistinctGenerations(t *testing.T) {
 	}
 	idx := index(t, c, "n1")
 	gens := map[int64]bool{}
-	for _, g := range idx.Objects {
-		gens[g] = true
+	for _, e := range idx.Objects {
+		gens[e.Generation] = true
 	}
 	if idx.Revision != 5 || len(idx.Objects) != 5 || len(gens) != 5 {
 		t.Errorf("index after 5 concurrent applies: %+v, want revision 5 and five distinct generations", idx)
@@ -372,8 +390,9 @@ func TestConcurrentAppliesOfOneClientDrawDistinctGenerations(t *testing.T) {
 // not from 1 again: the node would refuse the lower generations as stale.
 func TestApplyCountsAboveTheAcks(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
-	pub(t, rawClient(t, b.Plain), tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 3, IndexRevision: 7,
-		Applied: map[string]int64{"pods/default/web": 9}, Deleted: map[string]int64{"pods/default/old": 8}}, true)
+	pub(t, rawClient(t, b.Plain), tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 3, IndexRevision: 9,
+		Applied: map[string]protocol.IndexEntry{"pods/default/web": {Generation: 9, Digest: protocol.Digest([]byte("w"))}},
+		Refused: map[string]protocol.Refusal{"pods/default/old": {Generation: 8, Digest: protocol.Digest([]byte("o")), Reason: "policy"}}}, true)
 	c := dial(t, b)
 	res, err := c.Apply(testCtx(t), "n1", []any{pod("web")})
 	if err != nil || res.Generation != 10 {
