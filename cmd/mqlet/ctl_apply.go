@@ -1,16 +1,15 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
+	"time"
 
-	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/agent/manifest"
-	"github.com/mqlet/mqlet/agent/source"
-	"github.com/mqlet/mqlet/agent/sysctl"
 	"github.com/mqlet/mqlet/sync/ctlclient"
 	"github.com/mqlet/mqlet/sync/protocol"
 
@@ -21,11 +20,13 @@ import (
 
 // CtlApplyCmd is `mqlet ctl apply -f FILE --node NODE`.
 type CtlApplyCmd struct {
-	File string `short:"f" required:"" help:"Manifest file (YAML, several documents allowed, or JSON), or - for stdin."`
-	Node string `required:"" help:"Node to apply to."`
+	File string        `short:"f" required:"" help:"Manifest file (YAML, several documents allowed, or JSON), or - for stdin."`
+	Node string        `required:"" help:"Node to apply to."`
+	Wait time.Duration `default:"15s" help:"When the node is online, wait this long for it to apply or refuse every object (0: do not wait). Refusals make the command fail; objects the node has not taken in by then stay queued for it."`
 }
 
-// Run checks every document, then applies them all at one generation.
+// Run checks every document, applies them all at one generation, and waits for the node's
+// verdict on them.
 func (c *CtlApplyCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 	ctx, stop := env.context()
 	defer stop()
@@ -67,14 +68,166 @@ func (c *CtlApplyCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 		case o.Created:
 			verb = "created"
 		}
-		fmt.Fprintf(env.out, "%s/%s/%s %s (generation %d)\n", strings.ToLower(string(o.Kind)), o.Namespace, o.Name, verb, o.Generation)
+		fmt.Fprintf(env.out, "%s %s (generation %d)\n", objectRef(o.Kind, o.Namespace, o.Name), verb, o.Generation)
+	}
+	if c.Wait <= 0 {
+		return nil
+	}
+	if err := waitApplied(ctx, cl, c.Node, res, c.Wait, env); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }
 
-// ctlObjects decodes and checks every document of a file: Pods (admitted as the node would, so a
-// bad pod is refused before it is sent), ConfigMaps and Secrets. Every problem is reported, by
-// document number and line, and then nothing is applied.
+// objectRef is how ctl names an object: pod/default/web.
+func objectRef(kind protocol.ObjectKind, namespace, name string) string {
+	return strings.ToLower(string(kind)) + "/" + namespace + "/" + name
+}
+
+// waitApplied waits up to wait for node to report an outcome, in its retained acks, for every
+// object of an apply at the generation the apply left it at: applied (with that generation and the
+// digest of the payload the index lists) or refused. Only the node judges an object (its policy is
+// its own), so this is where a refusal reaches the user: each is printed with the node's reason,
+// and any makes the command fail. A node that is not online, or that has not answered in time,
+// gets the objects later from the broker: that is said, and is no failure.
+func waitApplied(ctx context.Context, cl *ctlclient.Client, node string, res *ctlclient.ApplyResult, wait time.Duration, env *ctlEnv) error {
+	n, _, err := cl.Node(ctx, node)
+	switch {
+	case errors.Is(err, ctlclient.ErrNotFound):
+		fmt.Fprintf(env.errOut, "node %s has not connected yet: the objects are queued for it on the broker\n", node)
+		return nil
+	case err != nil:
+		return fmt.Errorf("the objects are written; reading whether node %s is online failed: %w", node, err)
+	case n.State != ctlclient.StateOnline:
+		fmt.Fprintf(env.errOut, "node %s is %s: the objects are queued for it on the broker\n", node, n.State)
+		return nil
+	}
+	// The digest of each object's payload is in the index the apply wrote (or left as it was). An
+	// object the index no longer lists at the apply's generation was changed or deleted by another
+	// writer since: its outcome is that writer's to see.
+	idx, err := cl.Index(ctx, node)
+	if err != nil {
+		return fmt.Errorf("the objects are written; reading node %s's index back failed: %w", node, err)
+	}
+	want := map[string]protocol.IndexEntry{}
+	var order []string
+	for _, o := range res.Objects {
+		key := o.Key()
+		e, ok := idx.Objects[key]
+		if !ok || e.Generation != o.Generation {
+			fmt.Fprintf(env.errOut, "%s was changed by another writer since this apply: not waiting for it\n", objectRef(o.Kind, o.Namespace, o.Name))
+			continue
+		}
+		want[key] = e
+		order = append(order, key)
+	}
+	if len(order) == 0 {
+		return nil
+	}
+	written := false
+	for _, o := range res.Objects {
+		written = written || !o.Unchanged
+	}
+	var outcome map[string]applyOutcome
+	var indexRefused *protocol.Refusal
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	_, err = cl.WatchAcks(wctx, node, func(a *protocol.Acks) bool {
+		outcome = outcomes(a, want, res.Generation)
+		// The node refused the index this apply wrote (another writer's index of the same
+		// revision, say): none of its objects will be taken in from it.
+		if written && a.IndexRefused != nil && a.IndexRefused.Generation == res.Generation {
+			indexRefused = a.IndexRefused
+			return true
+		}
+		for _, key := range order {
+			if outcome[key].state == outcomePending {
+				return false
+			}
+		}
+		return true
+	})
+	if err != nil && ctx.Err() != nil {
+		return err // interrupted
+	}
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("the objects are written; waiting for node %s's acks failed: %w", node, err)
+	}
+	if indexRefused != nil {
+		return fmt.Errorf("node %s refused the index of revision %d that lists these objects: %s", node, indexRefused.Generation, indexRefused.Reason)
+	}
+	var refused, pending []string
+	applied := 0
+	for _, key := range order {
+		switch o := outcome[key]; o.state {
+		case outcomeApplied:
+			applied++
+		case outcomeSuperseded:
+			fmt.Fprintf(env.errOut, "%s was changed or deleted by another writer before node %s took it in\n", key, node)
+		case outcomeRefused:
+			refused = append(refused, key)
+			fmt.Fprintf(env.errOut, "%s refused by node %s (generation %d): %s\n", key, node, o.refusal.Generation, o.refusal.Reason)
+		case outcomePending:
+			pending = append(pending, key)
+		}
+	}
+	if len(pending) > 0 {
+		fmt.Fprintf(env.errOut, "node %s has not reported on %s within %s: queued for it on the broker (`mqlet ctl describe node %s` shows what it made of them)\n",
+			node, strings.Join(pending, ", "), wait, node)
+	}
+	if len(refused) > 0 {
+		return fmt.Errorf("node %s refused %d of %d objects: %s", node, len(refused), len(res.Objects), strings.Join(refused, ", "))
+	}
+	if applied > 0 {
+		fmt.Fprintf(env.out, "node %s applied %d of %d objects\n", node, applied, len(res.Objects))
+	}
+	return nil
+}
+
+// The outcome of one object of an apply, as the node's acks tell it.
+type applyOutcome struct {
+	state   int
+	refusal protocol.Refusal
+}
+
+const (
+	outcomePending    = iota // no outcome at this generation yet (missing, or an older index)
+	outcomeApplied           // applied at this generation, with this digest
+	outcomeRefused           // refused at this generation
+	outcomeSuperseded        // the node is past this generation: another writer changed or deleted the object
+)
+
+// outcomes reads the node's acks for each wanted key; revision is the index revision the apply
+// wrote (or left in force).
+func outcomes(a *protocol.Acks, want map[string]protocol.IndexEntry, revision int64) map[string]applyOutcome {
+	out := make(map[string]applyOutcome, len(want))
+	for key, e := range want {
+		applied, isApplied := a.Applied[key]
+		refused, isRefused := a.Refused[key]
+		missing, isMissing := a.Missing[key]
+		switch {
+		case isApplied && applied.Generation == e.Generation && applied.Digest == e.Digest:
+			out[key] = applyOutcome{state: outcomeApplied}
+		case isRefused && refused.Generation == e.Generation && (refused.Digest == "" || refused.Digest == e.Digest):
+			out[key] = applyOutcome{state: outcomeRefused, refusal: refused}
+		case isApplied && applied.Generation > e.Generation, isRefused && refused.Generation > e.Generation,
+			isMissing && missing.Generation > e.Generation:
+			out[key] = applyOutcome{state: outcomeSuperseded}
+		case !isApplied && !isRefused && !isMissing && a.IndexRevision > revision:
+			// A newer index leaves the object out: deleted since.
+			out[key] = applyOutcome{state: outcomeSuperseded}
+		default:
+			out[key] = applyOutcome{state: outcomePending}
+		}
+	}
+	return out
+}
+
+// ctlObjects decodes and checks every document of a file: Pods, ConfigMaps and Secrets. It checks
+// only what holds for any node (strict decoding, kinds, names, duplicate keys): whether a pod is
+// admitted is the node's decision under its own policy (one node may allow host networking or a
+// hostPath that another refuses), reported back in its acks (see waitApplied). Every problem is
+// reported, by document number and line, and then nothing is applied.
 func ctlObjects(file string, data []byte, node string) ([]any, error) {
 	docs := manifest.Documents(file, data)
 	if len(docs) == 0 {
@@ -149,14 +302,9 @@ func ctlObject(d manifest.Document, node string) (any, string, error) {
 	ref := fmt.Sprintf("%s %s/%s", strings.ToLower(kind), meta.Namespace, meta.Name)
 	switch o := obj.(type) {
 	case *v1.Pod:
+		// A name, not a judgement: the pod would be sent to one node while naming another.
 		if o.Spec.NodeName != "" && o.Spec.NodeName != node {
 			return nil, "", fmt.Errorf("%s: spec.nodeName is %q, but it is being applied to node %q", ref, o.Spec.NodeName, node)
-		}
-		// The node admits the pod again, under its own policy; this catches what any node would
-		// refuse while the user is still at the keyboard.
-		// Every namespaced sysctl passes here: which unsafe ones the node allows is its own setting.
-		if _, err := (admission.Admitter{NodeName: node, Sysctls: sysctl.Namespaced()}).Admit(source.Item{Pod: o, Ref: source.Ref{Kind: source.MQTT}}); err != nil {
-			return nil, "", fmt.Errorf("%s: %w", ref, err)
 		}
 		// A pasted `kubectl get -o yaml` carries a status; what is sent is desired state only.
 		o.Status = v1.PodStatus{}
@@ -214,7 +362,7 @@ type CtlDeleteCmd struct {
 	Namespace string `short:"n" default:"default" help:"Namespace."`
 }
 
-// Run publishes the tombstone and the index without the object.
+// Run publishes the index without the object, then clears the object's retained topic.
 func (c *CtlDeleteCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 	ctx, stop := env.context()
 	defer stop()

@@ -82,7 +82,7 @@ type CtlGetPodsCmd struct {
 	Output        string `short:"o" enum:"wide,json,yaml," default:"" help:"Output format: wide, json or yaml (default: a table)."`
 }
 
-// Run lists the reported pods.
+// Run lists the reported pods, and the pods the nodes refused.
 func (c *CtlGetPodsCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 	ctx, stop := env.context()
 	defer stop()
@@ -103,25 +103,56 @@ func (c *CtlGetPodsCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 	if err != nil {
 		return fmt.Errorf("ctl get pods: %w", err)
 	}
-	var pods []protocol.PodStatus
-	for _, p := range l.Items {
-		if ns == "" || p.Namespace == ns {
-			pods = append(pods, p)
+	skipped := l.Skipped
+	// The refusals come from the nodes' retained acks: a pod the node refused has no status to
+	// show it by, and nobody may have been reading the node's events when it was refused.
+	acks := map[string]*protocol.Acks{}
+	if c.Node != "" {
+		a, err := cl.Acks(ctx, c.Node)
+		if err != nil {
+			return fmt.Errorf("ctl get pods: %w", err)
+		}
+		if a != nil {
+			acks[c.Node] = a
+		}
+	} else {
+		var bad []error
+		if acks, bad, err = cl.AllAcks(ctx); err != nil {
+			return fmt.Errorf("ctl get pods: %w", err)
+		}
+		skipped = append(skipped, bad...)
+	}
+	rows := podRows(l.Items, acks, ns)
+	// Whatever is printed, a read that lacks statuses is said so after it, and fails.
+	defer func() { warnSkipped(env.errOut, skipped) }()
+	defer warnIncomplete(env.errOut, l)
+	if c.Output == outputWide {
+		for _, n := range l.Unchecked {
+			fmt.Fprintf(env.errOut, "note: node %s publishes no status summary: whether all its pod statuses arrived is not checked\n", n)
 		}
 	}
-	skipped := l.Skipped
-	defer func() { warnSkipped(env.errOut, skipped) }()
+	incomplete := func() error {
+		if err := l.Incomplete(); err != nil {
+			return fmt.Errorf("ctl get pods: %w", err)
+		}
+		return nil
+	}
 
 	if c.Output == outputJSON || c.Output == outputYAML {
 		list := &v1.PodList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "PodList"}, Items: []v1.Pod{}}
-		for i := range pods {
-			list.Items = append(list.Items, *reportedPod(&pods[i]))
+		for _, r := range rows {
+			list.Items = append(list.Items, *r.pod())
 		}
-		return printPods(env.out, env.errOut, list, c.Output, env.now())
+		if err := printPods(env.out, env.errOut, list, c.Output, env.now()); err != nil {
+			return err
+		}
+		return incomplete()
 	}
-	if len(pods) == 0 {
-		_, err := fmt.Fprintln(env.errOut, "No resources found.")
-		return err
+	if len(rows) == 0 {
+		if _, err := fmt.Fprintln(env.errOut, "No resources found."); err != nil {
+			return err
+		}
+		return incomplete()
 	}
 	// The desired generations, to show pods the node has not caught up with.
 	var indexes map[string]*protocol.Index
@@ -138,7 +169,90 @@ func (c *CtlGetPodsCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 		}
 		skipped = append(skipped, bad...)
 	}
-	return printReportedPods(env.out, pods, indexes, c.Output == outputWide, env.now())
+	if err := printPodRows(env.out, rows, indexes, c.Output == outputWide, env.now()); err != nil {
+		return err
+	}
+	return incomplete()
+}
+
+// warnIncomplete names, after the output, every node whose pod statuses did not all arrive.
+func warnIncomplete(w io.Writer, l *ctlclient.PodList) {
+	for _, s := range l.Short {
+		fmt.Fprintf(w, "warning: incomplete: %s; its pods above are only those received\n", s)
+	}
+}
+
+// podRow is one pod of `ctl get pods`: reported by its node, or refused by it.
+type podRow struct {
+	node, namespace, name string
+	// status is the node's report; nil when the node runs no version of the pod because it refused
+	// the one it was given.
+	status *protocol.PodStatus
+	// refusal is the node's refusal of the pod's desired generation (from its acks), or nil.
+	refusal *protocol.Refusal
+}
+
+// podRows joins the reported pods with the pods the nodes' acks say they refused, in namespace ns
+// ("" for all), sorted by node, namespace and name.
+func podRows(statuses []protocol.PodStatus, acks map[string]*protocol.Acks, ns string) []podRow {
+	byKey := map[string]*podRow{}
+	var keys []string
+	for i := range statuses {
+		s := &statuses[i]
+		if ns != "" && s.Namespace != ns {
+			continue
+		}
+		k := s.Node + "\x00" + s.Namespace + "\x00" + s.Name
+		byKey[k] = &podRow{node: s.Node, namespace: s.Namespace, name: s.Name, status: s}
+		keys = append(keys, k)
+	}
+	for node, a := range acks {
+		if a == nil {
+			continue
+		}
+		for key, r := range a.Refused {
+			kind, namespace, name, err := protocol.ParseObjectKey(key)
+			if err != nil || kind != protocol.KindPod || ns != "" && namespace != ns {
+				continue
+			}
+			k := node + "\x00" + namespace + "\x00" + name
+			row := byKey[k]
+			if row == nil {
+				row = &podRow{node: node, namespace: namespace, name: name}
+				byKey[k] = row
+				keys = append(keys, k)
+			}
+			row.refusal = &r
+		}
+	}
+	slices.Sort(keys)
+	rows := make([]podRow, len(keys))
+	for i, k := range keys {
+		rows[i] = *byKey[k]
+	}
+	return rows
+}
+
+// pod is the row as a v1.Pod. A refused pod the node does not run is shown as kubelet shows a pod
+// its admission rejected: phase Failed, reason Refused and the node's reason as the message.
+func (r podRow) pod() *v1.Pod {
+	if r.status != nil {
+		return reportedPod(r.status)
+	}
+	return &v1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: r.namespace, Name: r.name},
+		Spec:       v1.PodSpec{NodeName: r.node},
+		Status:     v1.PodStatus{Phase: v1.PodFailed, Reason: "Refused", Message: r.refusalText()},
+	}
+}
+
+// refusalText is the node's refusal in words, "" when there is none.
+func (r podRow) refusalText() string {
+	if r.refusal == nil {
+		return ""
+	}
+	return fmt.Sprintf("node %s refused generation %d: %s", r.node, r.refusal.Generation, r.refusal.Reason)
 }
 
 // reportedPod is the pod of a status message as a v1.Pod: the node's object, or the names alone
@@ -155,48 +269,63 @@ func reportedPod(s *protocol.PodStatus) *v1.Pod {
 	return p
 }
 
-func printReportedPods(out io.Writer, pods []protocol.PodStatus, indexes map[string]*protocol.Index, wide bool, now time.Time) error {
+func printPodRows(out io.Writer, rows []podRow, indexes map[string]*protocol.Index, wide bool, now time.Time) error {
 	tw := tabwriter.NewWriter(out, 0, 8, 3, ' ', 0)
 	header := "NAMESPACE\tNAME\tNODE\tREADY\tSTATUS\tRESTARTS\tGENERATION\tAGE"
 	if wide {
-		header += "\tIP\tSOURCE"
+		header += "\tIP\tSOURCE\tMESSAGE"
 	}
 	fmt.Fprintln(tw, header)
-	for i := range pods {
-		s := &pods[i]
-		p := reportedPod(s)
+	for _, r := range rows {
+		p := r.pod()
 		sum := summarizePod(p)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\t%s\t%s\t%s", s.Namespace, s.Name, s.Node, sum.ready, sum.total, orNone(sum.status),
-			sum.restartsColumn(now), generationColumn(s, indexes[s.Node]), humanAge(podAgeStart(p), now))
+		ready, restarts, source := fmt.Sprintf("%d/%d", sum.ready, sum.total), sum.restartsColumn(now), "mqtt"
+		if r.status == nil {
+			ready, restarts = "-", "-" // nothing runs, and the node sent no spec to count containers in
+		} else {
+			source = r.status.Source
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", r.namespace, r.name, r.node, ready, orNone(sum.status),
+			restarts, generationColumn(r.status, r.refusal, indexes[r.node], r.namespace, r.name), humanAge(podAgeStart(p), now))
 		if wide {
-			fmt.Fprintf(tw, "\t%s\t%s", orNone(p.Status.PodIP), orNone(s.Source))
+			fmt.Fprintf(tw, "\t%s\t%s\t%s", orNone(p.Status.PodIP), orNone(source), orNone(r.refusalText()))
 		}
 		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }
 
-// generationColumn is the generation the node runs, and the desired one when they differ: the
-// pod is then on its way to a newer spec, or to deletion.
-func generationColumn(s *protocol.PodStatus, idx *protocol.Index) string {
-	if s.Source == "file" || s.Generation == 0 && (idx == nil || idx.Objects[podKey(s)].Generation == 0) {
+// generationColumn is the generation the node runs (observedGeneration; "-" for a pod of the
+// node's manifest dir, "<none>" when it runs none), and the desired one when they differ: the pod is
+// then on its way to a newer spec, or to deletion, or the node refused the newer spec.
+func generationColumn(s *protocol.PodStatus, refusal *protocol.Refusal, idx *protocol.Index, namespace, name string) string {
+	key := protocol.ObjectKey(protocol.KindPod, namespace, name)
+	if s != nil && (s.Source == "file" || s.Generation == 0 && refusal == nil && (idx == nil || idx.Objects[key].Generation == 0)) {
 		return "-" // from the node's manifest dir: no generation
 	}
-	got := fmt.Sprint(s.Generation)
-	if idx == nil {
-		return got
+	got := "<none>"
+	if s != nil {
+		got = fmt.Sprint(s.Generation)
 	}
-	switch want, listed := idx.Objects[podKey(s)]; {
+	want, listed := protocol.IndexEntry{}, false
+	if idx != nil {
+		want, listed = idx.Objects[key]
+	}
+	switch {
+	case refusal != nil && (!listed || want.Generation == refusal.Generation):
+		return fmt.Sprintf("%s (refused %d)", got, refusal.Generation)
+	case refusal != nil:
+		// The node's refusal is of an older generation than the index lists now: the newer
+		// one has yet to reach it.
+		return fmt.Sprintf("%s (refused %d, desired %d)", got, refusal.Generation, want.Generation)
+	case idx == nil:
+		return got
 	case !listed:
 		return got + " (deleting)"
-	case want.Generation != s.Generation:
+	case s == nil || want.Generation != s.Generation:
 		return fmt.Sprintf("%s (desired %d)", got, want.Generation)
 	}
 	return got
-}
-
-func podKey(s *protocol.PodStatus) string {
-	return protocol.ObjectKey(protocol.KindPod, s.Namespace, s.Name)
 }
 
 // CtlDescribeCmd is `mqlet ctl describe`.
@@ -234,10 +363,18 @@ func (c *CtlDescribeNodeCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 	}
 	skipped = append(skipped, pods.Skipped...)
 	defer warnSkipped(env.errOut, skipped)
-	return describeNode(env.out, n, idx, pods.Items, env.now())
+	defer warnIncomplete(env.errOut, pods)
+	if err := describeNode(env.out, n, idx, pods, env.now()); err != nil {
+		return err
+	}
+	if err := pods.Incomplete(); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
 }
 
-func describeNode(out io.Writer, n *ctlclient.Node, idx *protocol.Index, pods []protocol.PodStatus, now time.Time) error {
+func describeNode(out io.Writer, n *ctlclient.Node, idx *protocol.Index, pl *ctlclient.PodList, now time.Time) error {
+	pods := pl.Items
 	tw := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
 	d := &describer{w: tw}
 	d.line(0, "Name", n.Name)
@@ -320,6 +457,26 @@ func describeNode(out io.Writer, n *ctlclient.Node, idx *protocol.Index, pods []
 				d.raw(fmt.Sprintf("  %s\tgeneration %d: %s", k, r.Generation, r.Reason))
 			}
 		}
+		if len(a.Missing) > 0 {
+			// Listed by the node's index, not (or not with the listed digest) received yet: the
+			// node asked for them again.
+			d.header(0, "Missing")
+			for _, k := range slices.Sorted(maps.Keys(a.Missing)) {
+				d.raw(fmt.Sprintf("  %s\tgeneration %d", k, a.Missing[k].Generation))
+			}
+		}
+	}
+	switch sum := pl.Summaries[n.Name]; {
+	case sum != nil && len(pods) < sum.Pods:
+		d.line(0, "Status Summary", fmt.Sprintf("%d pods, %d of them received: the list below is incomplete", sum.Pods, len(pods)))
+	case sum != nil:
+		d.line(0, "Status Summary", fmt.Sprintf("%d pods (all received)", sum.Pods))
+	default:
+		d.line(0, "Status Summary", "<none>: the node publishes none, so whether all its pod statuses arrived is not checked")
+	}
+	var refused []podRow
+	if n.Acks != nil {
+		refused = podRows(nil, map[string]*protocol.Acks{n.Name: n.Acks}, "")
 	}
 	if len(pods) == 0 {
 		d.line(0, "Pods", "<none reported>")
@@ -328,7 +485,14 @@ func describeNode(out io.Writer, n *ctlclient.Node, idx *protocol.Index, pods []
 		d.raw("  Namespace\tName\tStatus\tGeneration")
 		for i := range pods {
 			s := &pods[i]
-			d.raw(fmt.Sprintf("  %s\t%s\t%s\t%s", s.Namespace, s.Name, orNone(summarizePod(reportedPod(s)).status), generationColumn(s, idx)))
+			var refusal *protocol.Refusal
+			for _, r := range refused {
+				if r.namespace == s.Namespace && r.name == s.Name {
+					refusal = r.refusal
+				}
+			}
+			d.raw(fmt.Sprintf("  %s\t%s\t%s\t%s", s.Namespace, s.Name, orNone(summarizePod(reportedPod(s)).status),
+				generationColumn(s, refusal, idx, s.Namespace, s.Name)))
 		}
 	}
 	return tw.Flush()
@@ -381,7 +545,15 @@ func (c *CtlDescribePodCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 			refusal = &r
 		}
 	}
-	if st == nil && !listed {
+	if st == nil {
+		// Not among the statuses read: with some of the node's statuses lost on the way, that
+		// says nothing about whether the node reports the pod.
+		warnIncomplete(env.errOut, pods)
+		if err := pods.Incomplete(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+	}
+	if st == nil && !listed && refusal == nil {
 		return fmt.Errorf("%s: not found (neither reported by the node nor in its desired index)", what)
 	}
 
@@ -393,7 +565,7 @@ func (c *CtlDescribePodCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 	}
 	switch {
 	case listed:
-		gen += fmt.Sprintf(", desired %d (index revision %d)", want, idx.Revision)
+		gen += fmt.Sprintf(", desired %d (index revision %d)", want.Generation, idx.Revision)
 	case st != nil && st.Source == "mqtt":
 		gen += fmt.Sprintf(", deleted from the desired index (revision %d)", idx.Revision)
 	}
@@ -411,7 +583,11 @@ func (c *CtlDescribePodCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if st == nil {
+	switch {
+	case st == nil && refusal != nil:
+		fmt.Fprintf(env.out, "The node refused this pod and runs no version of it.\n")
+		return nil
+	case st == nil:
 		fmt.Fprintf(env.out, "The node has not reported this pod yet.\n")
 		return nil
 	}

@@ -143,7 +143,16 @@ spec:
 func TestCtlApplyAndDelete(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
 	file := writeFile(t, "app.yaml", ctlManifests)
-	out := ctlOK(t, "--broker", b.Plain, "apply", "-f", file, "--node", "edge-1")
+	out, errOut, err := ctlRun(t, "", "--broker", b.Plain, "apply", "-f", file, "--node", "edge-1")
+	if err != nil {
+		t.Fatalf("apply: %v\n%s", err, errOut)
+	}
+	// A node the broker never heard of: said so, and that the objects wait for it.
+	for _, want := range []string{"Warning: node edge-1 has never reported to this broker", "node edge-1 has not connected yet: the objects are queued for it"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("apply to a new node: stderr lacks %q:\n%s", want, errOut)
+		}
+	}
 	want := "pod/default/web created (generation 1)\nconfigmap/default/web-config created (generation 1)\n" +
 		"secret/prod/web-token created (generation 1)\npod/default/db created (generation 1)\n"
 	if out != want {
@@ -179,20 +188,33 @@ func TestCtlApplyAndDelete(t *testing.T) {
 		t.Fatalf("index = %+v, %v", idx, err)
 	}
 
-	// From stdin, again: configured, at the next generation.
-	out, _, err = ctlRun(t, ctlManifests[:strings.Index(ctlManifests, "---")], "--broker", b.Plain, "apply", "-f", "-", "--node", "edge-1")
+	// The same web from stdin: unchanged, nothing written; a changed web: configured, at the
+	// next generation.
+	web := ctlManifests[:strings.Index(ctlManifests, "---")]
+	out, _, err = ctlRun(t, web, "--broker", b.Plain, "apply", "-f", "-", "--node", "edge-1")
+	if err != nil || out != "pod/default/web unchanged (generation 1)\n" {
+		t.Errorf("apply of the same web = %q, %v", out, err)
+	}
+	out, _, err = ctlRun(t, strings.Replace(web, "nginx:1.27", "nginx:1.28", 1), "--broker", b.Plain, "apply", "-f", "-", "--node", "edge-1")
 	if err != nil || out != "pod/default/web configured (generation 2)\n" {
-		t.Errorf("second apply = %q, %v", out, err)
+		t.Errorf("apply of a changed web = %q, %v", out, err)
 	}
 
 	out = ctlOK(t, "--broker", b.Plain, "delete", "pod", "db", "--node", "edge-1")
 	if out != "pod/default/db deleted (generation 3)\n" {
 		t.Errorf("delete printed %q", out)
 	}
+	// v2 has no tombstones: the index leaves db out, and its retained topic is cleared.
 	got = ctlRetained(t, b.Plain, ctlTopics.Node("edge-1")+"/#")
-	if d, err := protocol.DecodeDesired(protocol.Topic{Class: protocol.ClassDesired, Node: "edge-1", Kind: protocol.KindPod, Namespace: "default", Name: "db"},
-		got[ctlTopics.Desired("edge-1", protocol.KindPod, "default", "db")], 0); err != nil || !d.Deleted || d.Generation != 3 {
-		t.Errorf("db after delete: %+v, %v; want a tombstone at 3", d, err)
+	if p, ok := got[ctlTopics.Desired("edge-1", protocol.KindPod, "default", "db")]; ok {
+		t.Errorf("db's desired topic still holds %s after the delete", p)
+	}
+	idx, err = protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: "edge-1"}, got[ctlTopics.Index("edge-1")], 0)
+	if err != nil || idx.Revision != 3 || len(idx.Objects) != 3 {
+		t.Fatalf("index after the delete = %+v, %v; want revision 3 without db", idx, err)
+	}
+	if _, listed := idx.Objects["pods/default/db"]; listed {
+		t.Errorf("the index still lists db: %+v", idx)
 	}
 	ctlOK(t, "--broker", b.Plain, "delete", "secret", "prod/web-token", "--node", "edge-1")
 	_, _, err = ctlRun(t, "", "--broker", b.Plain, "delete", "cm", "nope", "--node", "edge-1")
@@ -251,15 +273,18 @@ spec:
 		t.Fatal("apply of bad documents succeeded")
 	}
 	for _, want := range []string{
-		"ctl apply " + file + ": 4 documents refused, nothing applied:",
+		"ctl apply " + file + ": 3 documents refused, nothing applied:",
 		`document 1 (line 10): unknown field "spec.containers[0].imagePullPolcy"`,
 		"document 2 (line 20): kind Deployment is not supported",
-		"document 3 (line 25): pod default/noimage: spec.containers[0].image: Required value",
 		`document 4 (line 33): pod default/elsewhere: spec.nodeName is "edge-2", but it is being applied to node "edge-1"`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
+	}
+	// A pod without an image is the node's to refuse (validation is admission's), not ctl's.
+	if strings.Contains(err.Error(), "noimage") {
+		t.Errorf("ctl judged a pod the node judges:\n%v", err)
 	}
 	if got := ctlRetained(t, b.Plain, ctlTopics.Node("edge-1")+"/#"); len(got) != 0 {
 		t.Errorf("a refused apply wrote %d messages", len(got))
@@ -299,27 +324,34 @@ func fakeNodeStatus(t *testing.T, b *mqtttest.Broker) {
 		&protocol.PodStatus{Node: "edge-1", Namespace: "kube-system", Name: "monitor", Source: "file", Object: mon})
 	ctlPublish(t, cl, ctlTopics.PodStatus("edge-1", "default", "gone"),
 		&protocol.PodStatus{Node: "edge-1", Namespace: "default", Name: "gone", Source: "mqtt", Generation: 1, Deleted: true})
+	ctlPublish(t, cl, ctlTopics.Summary("edge-1"), &protocol.StatusSummary{Node: "edge-1", Pods: 2, Digest: "x"})
 	ctlPublish(t, cl, ctlTopics.Acks("edge-1"), &protocol.Acks{Node: "edge-1", Session: 7, IndexRevision: 1,
-		Applied: map[string]int64{"pods/default/web": 1}, Refused: map[string]protocol.Refusal{"pods/default/db": {Generation: 1, Reason: "hostPath /etc is not allowed"}}})
+		Applied: map[string]protocol.IndexEntry{"pods/default/web": {Generation: 1, Digest: ctlDigest}},
+		Refused: map[string]protocol.Refusal{"pods/default/db": {Generation: 1, Digest: ctlDigest, Reason: "hostPath /etc is not allowed"}},
+		Missing: map[string]protocol.IndexEntry{"configmaps/default/web-config": {Generation: 1, Digest: ctlDigest}}})
 }
+
+// ctlDigest is a well-formed digest for hand-made acks.
+var ctlDigest = protocol.Digest([]byte("hand-made"))
 
 func TestCtlGetPods(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
 	fakeNodeStatus(t, b)
-	// The node's acks are at generation 1, so the applies write 2 and 3; the node reports web at 1,
-	// and the column says so.
+	// The node's acks are at generation 1, so the apply writes 2; the node reports web at 1, and
+	// the column says so. It refused db at 1: a row of its own, though nothing runs.
 	file := writeFile(t, "app.yaml", ctlManifests)
-	ctlOK(t, "--broker", b.Plain, "apply", "-f", file, "--node", "edge-1")
-	ctlOK(t, "--broker", b.Plain, "apply", "-f", file, "--node", "edge-1")
+	ctlOK(t, "--broker", b.Plain, "apply", "-f", file, "--node", "edge-1", "--wait=0")
 
 	out := ctlOK(t, "--broker", b.Plain, "get", "pods", "--node", "edge-1")
-	want := "NAMESPACE   NAME   NODE     READY   STATUS    RESTARTS   GENERATION      AGE\n" +
-		"default     web    edge-1   1/1     Running   1          1 (desired 3)   10m\n"
+	want := "NAMESPACE   NAME   NODE     READY   STATUS    RESTARTS   GENERATION                      AGE\n" +
+		"default     db     edge-1   -       Refused   -          <none> (refused 1, desired 2)   <unknown>\n" +
+		"default     web    edge-1   1/1     Running   1          1 (desired 2)                   10m\n"
 	if out != want {
 		t.Errorf("get pods:\n%s\nwant:\n%s", out, want)
 	}
 	out = ctlOK(t, "--broker", b.Plain, "get", "pods", "-A", "-o", "wide")
-	for _, want := range []string{"kube-system   monitor   edge-1   0/1     ImagePullBackOff", "10.88.0.4   mqtt", "<none>      file"} {
+	for _, want := range []string{"kube-system   monitor   edge-1   0/1     ImagePullBackOff", "10.88.0.4   mqtt", "<none>      file",
+		"node edge-1 refused generation 1: hostPath /etc is not allowed"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("get pods -A -o wide lacks %q:\n%s", want, out)
 		}
@@ -333,9 +365,13 @@ func TestCtlGetPods(t *testing.T) {
 	if strict, err := sigsjson.UnmarshalStrict([]byte(out), &list); err != nil || len(strict) > 0 {
 		t.Fatalf("-o json is not a strict v1.PodList: %v %v\n%s", err, strict, out)
 	}
-	if list.Kind != "PodList" || list.APIVersion != "v1" || len(list.Items) != 2 || list.Items[0].Name != "web" ||
-		list.Items[1].Name != "monitor" || list.Items[0].Kind != "Pod" || list.Items[1].Spec.NodeName != "edge-1" {
+	if list.Kind != "PodList" || list.APIVersion != "v1" || len(list.Items) != 3 || list.Items[0].Name != "db" ||
+		list.Items[1].Name != "web" || list.Items[2].Name != "monitor" || list.Items[1].Kind != "Pod" || list.Items[2].Spec.NodeName != "edge-1" {
 		t.Errorf("-o json = %+v", list)
+	}
+	// The refused pod reads as kubelet shows a pod its admission rejected.
+	if st := list.Items[0].Status; st.Phase != v1.PodFailed || st.Reason != "Refused" || !strings.Contains(st.Message, "hostPath /etc is not allowed") {
+		t.Errorf("-o json: the refused pod's status = %+v", st)
 	}
 	out, errOut, err := ctlRun(t, "", "--broker", b.Plain, "get", "pods", "-n", "nothing-here")
 	if err != nil || out != "" || errOut != "No resources found.\n" {
@@ -349,7 +385,7 @@ func TestCtlGetPods(t *testing.T) {
 func TestCtlGetNodesAndDescribe(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
 	fakeNodeStatus(t, b)
-	ctlOK(t, "--broker", b.Plain, "apply", "-f", writeFile(t, "app.yaml", ctlManifests), "--node", "edge-1")
+	ctlOK(t, "--broker", b.Plain, "apply", "-f", writeFile(t, "app.yaml", ctlManifests), "--node", "edge-1", "--wait=0")
 
 	out := ctlOK(t, "--broker", b.Plain, "get", "nodes")
 	want := "NAME     STATUS    SINCE   SESSION   READY    VERSION\n" +
@@ -361,9 +397,9 @@ func TestCtlGetNodesAndDescribe(t *testing.T) {
 
 	out = ctlOK(t, "--broker", b.Plain, "describe", "node", "edge-1")
 	for _, want := range []string{"Status:", "online (session 7)", "Ready  True", "InternalIP:", "10.0.0.7",
-		"index revision 2: 2 pods, 1 configmaps, 1 secrets", "index revision 1 (behind: the index is at 2)",
-		"pods/default/db  generation 1: hostPath /etc is not allowed", "1 (desired 2)",
-		"monitor", "ImagePullBackOff"} {
+		"index revision 2: 2 pods, 1 configmaps, 1 secrets", "index revision 1 (behind: the index is at 2), 1 applied, 1 refused, 1 missing",
+		"pods/default/db  generation 1: hostPath /etc is not allowed", "Missing:", "configmaps/default/web-config  generation 1",
+		"2 pods (all received)", "1 (desired 2)", "monitor", "ImagePullBackOff"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("describe node lacks %q:\n%s", want, out)
 		}
@@ -376,7 +412,7 @@ func TestCtlGetNodesAndDescribe(t *testing.T) {
 		}
 	}
 	out = ctlOK(t, "--broker", b.Plain, "describe", "pod", "db", "--node", "edge-1")
-	for _, want := range []string{"<not reported>, desired 2", "Refused:", "hostPath /etc is not allowed", "not reported this pod yet"} {
+	for _, want := range []string{"<not reported>, desired 2", "Refused:", "generation 1: hostPath /etc is not allowed", "refused this pod and runs no version of it"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("describe of an unreported pod lacks %q:\n%s", want, out)
 		}

@@ -32,7 +32,7 @@ type controlPlane struct {
 	t       *testing.T
 	c       mqtt.Client
 	rev     int64
-	objects map[string]int64
+	objects map[string]protocol.IndexEntry
 }
 
 func connectMQTT(t *testing.T, broker string) mqtt.Client {
@@ -48,7 +48,7 @@ func connectMQTT(t *testing.T, broker string) mqtt.Client {
 }
 
 func newControlPlane(t *testing.T, broker string) *controlPlane {
-	return &controlPlane{t: t, c: connectMQTT(t, broker), objects: map[string]int64{}}
+	return &controlPlane{t: t, c: connectMQTT(t, broker), objects: map[string]protocol.IndexEntry{}}
 }
 
 func (cp *controlPlane) raw(topic string, payload []byte, retained bool) {
@@ -79,8 +79,9 @@ func (cp *controlPlane) applyYAML(docs ...string) int64 {
 		if err != nil {
 			cp.t.Fatal(err)
 		}
-		cp.raw(topics.Desired(e2eNode, protocol.KindPod, d.Namespace, d.Name), cp.encode(d), true)
-		cp.objects[d.Key()] = cp.rev
+		payload := cp.encode(d)
+		cp.raw(topics.Desired(e2eNode, protocol.KindPod, d.Namespace, d.Name), payload, true)
+		cp.objects[d.Key()] = protocol.IndexEntry{Generation: cp.rev, Digest: protocol.Digest(payload)}
 	}
 	cp.publishIndex()
 	return cp.rev
@@ -90,13 +91,14 @@ func (cp *controlPlane) publishIndex() {
 	cp.raw(topics.Index(e2eNode), cp.encode(&protocol.Index{Node: e2eNode, Revision: cp.rev, Objects: cp.objects}), true)
 }
 
+// deletePod publishes an index that leaves the pod out (v2 has no tombstones), then clears the
+// pod's retained topic.
 func (cp *controlPlane) deletePod(name string) {
 	cp.t.Helper()
 	cp.rev++
-	cp.raw(topics.Desired(e2eNode, protocol.KindPod, "default", name),
-		cp.encode(protocol.NewTombstone(e2eNode, protocol.KindPod, "default", name, cp.rev)), true)
 	delete(cp.objects, protocol.ObjectKey(protocol.KindPod, "default", name))
 	cp.publishIndex()
+	cp.raw(topics.Desired(e2eNode, protocol.KindPod, "default", name), nil, true)
 }
 
 // waitRetained waits until the retained message on topic satisfies ok (reading with a fresh

@@ -24,8 +24,9 @@ func (cp *controlPlane) applyObjects(objs ...any) {
 		if err != nil {
 			cp.t.Fatal(err)
 		}
-		cp.raw(topics.Desired(e2eNode, d.Kind, d.Namespace, d.Name), cp.encode(d), true)
-		cp.objects[d.Key()] = cp.rev
+		payload := cp.encode(d)
+		cp.raw(topics.Desired(e2eNode, d.Kind, d.Namespace, d.Name), payload, true)
+		cp.objects[d.Key()] = protocol.IndexEntry{Generation: cp.rev, Digest: protocol.Digest(payload)}
 	}
 	cp.publishIndex()
 }

@@ -6,9 +6,12 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/mqlet/mqlet/sync/protocol"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
 
 // Liveness states of a node.
@@ -184,50 +187,198 @@ func (n *Node) settle(seen *protocol.Liveness) {
 type PodList struct {
 	Items   []protocol.PodStatus
 	Skipped []error
+	// Summaries are the status summaries of the nodes read, by node: how many live pod statuses
+	// each node keeps on the broker.
+	Summaries map[string]*protocol.StatusSummary
+	// Unchecked are the nodes whose pod statuses were read but which publish no status summary
+	// (an agent from before summaries): whether all of their statuses arrived cannot be told.
+	Unchecked []string
+	// Short are the nodes of which fewer live pod statuses arrived than their summary counts,
+	// even when read alone: Items lacks some of their pods.
+	Short []Shortfall
 }
+
+// Shortfall is a node whose pod statuses did not all arrive.
+type Shortfall struct {
+	Node string
+	// Expected is the node's summary's count of live pod statuses, Received how many were read.
+	Expected, Received int
+}
+
+func (s Shortfall) String() string {
+	return fmt.Sprintf("node %s: %d pod statuses expected (its status summary), %d received", s.Node, s.Expected, s.Received)
+}
+
+// IncompleteError says that a read of pod statuses lacks some: the broker dropped retained
+// messages (its queue for this client was too small for the read) or some could not be decoded.
+type IncompleteError struct {
+	Short []Shortfall
+}
+
+func (e *IncompleteError) Error() string {
+	parts := make([]string, len(e.Short))
+	for i, s := range e.Short {
+		parts[i] = s.String()
+	}
+	return "incomplete read of pod statuses (" + strings.Join(parts, "; ") +
+		"): the broker dropped retained messages, or some could not be read; raise the broker's max_queued_messages (docs/protocol.md, broker settings) or read one node at a time"
+}
+
+// Incomplete returns an *IncompleteError when some node's statuses did not all arrive, else nil.
+func (l *PodList) Incomplete() error {
+	if len(l.Short) == 0 {
+		return nil
+	}
+	return &IncompleteError{Short: slices.Clone(l.Short)}
+}
+
+// nodePods is what one read returned for one node.
+type nodePods struct {
+	items   []protocol.PodStatus
+	summary *protocol.StatusSummary
+	skipped []error
+}
+
+// received is the number of live pod statuses read for the node.
+func (n *nodePods) received() int { return len(n.items) }
+
+// short says whether fewer live statuses arrived than the node's summary counts. More is fine: a
+// pod may have started between the node's summary and the read.
+func (n *nodePods) short() bool { return n.summary != nil && n.received() < n.summary.Pods }
 
 // Pods reads the retained pod statuses of node ("" for every node), leaving out pods reported as
 // deleted. They come sorted by node, namespace and name.
+//
+// A read never passes off part of the statuses as all of them: each node's count of live statuses
+// is checked against its retained status summary (published by the node after the statuses it
+// counts). A node that falls short is read again alone, a smaller read that fits the broker's
+// queue for this client; a node still short is in Short (see Incomplete), its statuses that did
+// arrive in Items.
 func (c *Client) Pods(ctx context.Context, node string) (*PodList, error) {
-	filter := c.topics.AllNodes(protocol.ClassPodStatus)
+	byNode := map[string]*nodePods{}
+	var skipped []error
 	if node != "" {
 		if err := protocol.ValidateNodeName(node); err != nil {
 			return nil, err
 		}
-		filter = c.topics.PodStatusFilter(node)
-	}
-	got, err := c.Snapshot(ctx, filter)
-	if err != nil {
-		return nil, fmt.Errorf("list pods: %w", err)
-	}
-	out := &PodList{}
-	for _, topic := range slices.Sorted(maps.Keys(got)) {
-		bad := func(err error) { out.Skipped = append(out.Skipped, fmt.Errorf("%s: %w", topic, err)) }
-		t, err := c.topics.Parse(topic)
+		n, err := c.nodePods(ctx, node)
 		if err != nil {
-			out.Skipped = append(out.Skipped, err)
-			continue
+			return nil, fmt.Errorf("list pods: %w", err)
 		}
-		s, err := protocol.DecodePodStatus(got[topic], protocol.DefaultMaxPayload)
+		byNode[node] = n
+	} else {
+		// The summaries first (one per node), so that a status read too large for the broker's
+		// queue loses statuses, which the summaries reveal, rather than summaries.
+		got, err := c.snapshot(ctx, []string{c.topics.AllNodes(protocol.ClassSummary)}, []string{c.topics.AllNodes(protocol.ClassPodStatus)})
 		if err != nil {
-			bad(err)
+			return nil, fmt.Errorf("list pods: %w", err)
+		}
+		byNode, skipped = c.decodePods(got)
+	}
+	// Read short nodes again, one at a time. For one node's read this is a second try: a pod
+	// deleted between reading the summary and the statuses makes a read look short.
+	for _, name := range slices.Sorted(maps.Keys(byNode)) {
+		if !byNode[name].short() {
 			continue
 		}
-		// The topic is what the broker's ACL vouches for; a payload naming another pod is not
-		// believed.
-		if s.Node != t.Node || s.Namespace != t.Namespace || s.Name != t.Name {
-			bad(fmt.Errorf("payload is about %s/%s on node %q", s.Namespace, s.Name, s.Node))
-			continue
+		n, err := c.nodePods(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("list pods: read node %s again: %w", name, err)
 		}
-		if s.Deleted {
-			continue
+		byNode[name] = n
+	}
+
+	out := &PodList{Skipped: skipped, Summaries: map[string]*protocol.StatusSummary{}}
+	for _, name := range slices.Sorted(maps.Keys(byNode)) {
+		n := byNode[name]
+		out.Items = append(out.Items, n.items...)
+		out.Skipped = append(out.Skipped, n.skipped...)
+		switch {
+		case n.summary == nil:
+			if n.received() > 0 {
+				out.Unchecked = append(out.Unchecked, name)
+			}
+		case n.short():
+			out.Summaries[name] = n.summary
+			out.Short = append(out.Short, Shortfall{Node: name, Expected: n.summary.Pods, Received: n.received()})
+		default:
+			out.Summaries[name] = n.summary
 		}
-		out.Items = append(out.Items, *s)
 	}
 	slices.SortFunc(out.Items, func(a, b protocol.PodStatus) int {
 		return strings.Compare(a.Node+"\x00"+a.Namespace+"\x00"+a.Name, b.Node+"\x00"+b.Namespace+"\x00"+b.Name)
 	})
 	return out, nil
+}
+
+// nodePods reads one node's summary and pod statuses (the summary first, see Pods).
+func (c *Client) nodePods(ctx context.Context, node string) (*nodePods, error) {
+	got, err := c.snapshot(ctx, []string{c.topics.Summary(node)}, []string{c.topics.PodStatusFilter(node)})
+	if err != nil {
+		return nil, err
+	}
+	byNode, skipped := c.decodePods(got)
+	n := byNode[node]
+	if n == nil {
+		n = &nodePods{}
+	}
+	n.skipped = append(n.skipped, skipped...)
+	return n, nil
+}
+
+// decodePods decodes a snapshot of status summaries and pod statuses, by node. What cannot be
+// read is returned apart, with its topic; a node's status that cannot be read is not counted as
+// received, so it shows as a shortfall against the node's summary.
+func (c *Client) decodePods(got map[string][]byte) (map[string]*nodePods, []error) {
+	byNode := map[string]*nodePods{}
+	var skipped []error
+	get := func(name string) *nodePods {
+		n := byNode[name]
+		if n == nil {
+			n = &nodePods{}
+			byNode[name] = n
+		}
+		return n
+	}
+	for _, topic := range slices.Sorted(maps.Keys(got)) {
+		bad := func(err error) { skipped = append(skipped, fmt.Errorf("%s: %w", topic, err)) }
+		t, err := c.topics.Parse(topic)
+		if err != nil {
+			skipped = append(skipped, err)
+			continue
+		}
+		switch t.Class {
+		case protocol.ClassSummary:
+			s, err := protocol.DecodeStatusSummary(got[topic], protocol.DefaultMaxPayload)
+			if err != nil {
+				bad(err)
+				continue
+			}
+			if s.Node != t.Node {
+				bad(fmt.Errorf("payload is for node %q", s.Node))
+				continue
+			}
+			get(t.Node).summary = s
+		case protocol.ClassPodStatus:
+			n := get(t.Node)
+			s, err := protocol.DecodePodStatus(got[topic], protocol.DefaultMaxPayload)
+			if err != nil {
+				bad(err)
+				continue
+			}
+			// The topic is what the broker's ACL vouches for; a payload naming another pod is not
+			// believed.
+			if s.Node != t.Node || s.Namespace != t.Namespace || s.Name != t.Name {
+				bad(fmt.Errorf("payload is about %s/%s on node %q", s.Namespace, s.Name, s.Node))
+				continue
+			}
+			if s.Deleted {
+				continue
+			}
+			n.items = append(n.items, *s)
+		}
+	}
+	return byNode, skipped
 }
 
 // Indexes reads the retained indexes of every node, by node name, with the ones that could not be
@@ -268,7 +419,37 @@ func (c *Client) Acks(ctx context.Context, node string) (*protocol.Acks, error) 
 	if got[topic] == nil {
 		return nil, nil
 	}
-	a, err := protocol.DecodeAcks(got[topic], protocol.DefaultMaxPayload)
+	return c.decodeAcks(node, topic, got[topic])
+}
+
+// AllAcks reads the retained acks of every node, by node name, with the ones that could not be
+// read. The acks carry the node's refusals, so a reader shows them without having watched the
+// node's events.
+func (c *Client) AllAcks(ctx context.Context) (map[string]*protocol.Acks, []error, error) {
+	got, err := c.Snapshot(ctx, c.topics.AllNodes(protocol.ClassAcks))
+	if err != nil {
+		return nil, nil, fmt.Errorf("read acks: %w", err)
+	}
+	out := map[string]*protocol.Acks{}
+	var skipped []error
+	for _, topic := range slices.Sorted(maps.Keys(got)) {
+		t, err := c.topics.Parse(topic)
+		if err != nil {
+			skipped = append(skipped, err)
+			continue
+		}
+		a, err := c.decodeAcks(t.Node, topic, got[topic])
+		if err != nil {
+			skipped = append(skipped, err)
+			continue
+		}
+		out[t.Node] = a
+	}
+	return out, skipped, nil
+}
+
+func (c *Client) decodeAcks(node, topic string, payload []byte) (*protocol.Acks, error) {
+	a, err := protocol.DecodeAcks(payload, protocol.DefaultMaxPayload)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", topic, err)
 	}
@@ -276,4 +457,61 @@ func (c *Client) Acks(ctx context.Context, node string) (*protocol.Acks, error) 
 		return nil, fmt.Errorf("%s: payload is for node %q", topic, a.Node)
 	}
 	return a, nil
+}
+
+// WatchAcks follows node's retained acks: done is called with the retained acks and then with each
+// one the node publishes, until it returns true. It returns the last acks that could be read (nil
+// when none), and, when ctx ends or the connection is lost first, that error too. Acks that cannot
+// be read are passed over: the node's next acks replace them.
+func (c *Client) WatchAcks(ctx context.Context, node string, done func(*protocol.Acks) bool) (*protocol.Acks, error) {
+	if err := protocol.ValidateNodeName(node); err != nil {
+		return nil, err
+	}
+	// Snapshots unsubscribe their filters when they end, which would end this subscription too.
+	c.snapMu.Lock()
+	defer c.snapMu.Unlock()
+	topic := c.topics.Acks(node)
+	var (
+		mu     sync.Mutex
+		latest []byte
+		notify = make(chan struct{}, 1)
+	)
+	// Called by paho, which must not be blocked: keep only the latest payload.
+	handle := func(_ mqtt.Client, m mqtt.Message) {
+		if len(m.Payload()) == 0 {
+			return
+		}
+		mu.Lock()
+		latest = m.Payload()
+		mu.Unlock()
+		select {
+		case notify <- struct{}{}:
+		default:
+		}
+	}
+	defer c.wait(context.WithoutCancel(ctx), c.mc.Unsubscribe(topic), "unsubscribe")
+	if err := c.wait(ctx, c.mc.Subscribe(topic, qos, handle), "watch "+topic); err != nil {
+		return nil, err
+	}
+	var last *protocol.Acks
+	for {
+		select {
+		case <-notify:
+		case <-c.lost:
+			return last, fmt.Errorf("watch %s: %w", topic, c.lostErr)
+		case <-ctx.Done():
+			return last, ctx.Err()
+		}
+		mu.Lock()
+		payload := latest
+		mu.Unlock()
+		a, err := c.decodeAcks(node, topic, payload)
+		if err != nil {
+			continue
+		}
+		last = a
+		if done(a) {
+			return a, nil
+		}
+	}
 }
