@@ -98,7 +98,9 @@ func New(o Options) (*Sync, error) {
 	lo := o.Link
 	lo.ClientID = o.Node
 	// Desired objects are not subscribed wholesale: the downlink fetches each one it lacks.
-	lo.Subscriptions = []string{t.Index(o.Node), t.LogsRequest(o.Node)}
+	// The node's own summary and marker: the uplink reads back, on every connection, whether the
+	// broker still holds what the node reported.
+	lo.Subscriptions = []string{t.Index(o.Node), t.LogsRequest(o.Node), t.Summary(o.Node), t.NodeMarker(o.Node)}
 	lo.LivenessTopic = t.Liveness(o.Node)
 	lo.Online = func(session int64) []byte { return s.liveness(true, session) }
 	lo.Offline = func(session int64) []byte { return s.liveness(false, session) }
@@ -144,7 +146,7 @@ func (s *Sync) liveness(online bool, session int64) []byte {
 func (s *Sync) Source() source.Source { return s.down }
 
 // NodeStatus hands the node's status to the uplink, which publishes it (retained, through the
-// outbox) and repeats it on every new connection. The caller decides what is a real change
+// outbox) and again on a connection to a broker that lost it. The caller decides what is a real change
 // (nodestatus.Manager hands on only those); it never blocks.
 func (s *Sync) NodeStatus(n *v1.Node) { s.up.NodeStatus(n) }
 
@@ -293,6 +295,8 @@ func (s *Sync) route(ctx context.Context) error {
 				if s.logs != nil {
 					s.logs.Handle(m.Payload)
 				}
+			case err == nil && t.Node == s.o.Node && (t.Class == protocol.ClassSummary || t.Class == protocol.ClassNodeMarker):
+				s.up.Receive(t.Class, m.Payload, m.Retained, m.Session)
 			default:
 				if err == nil && t.Class == protocol.ClassDesired {
 					s.desiredIn.Add(1)

@@ -4,17 +4,32 @@
 // Producers (the agent's workers, the downlink) never wait: their reports land in an in-memory
 // batch that one writer goroutine folds into one outbox transaction, coalescing per topic. A
 // drainer goroutine publishes the outbox oldest first while connected and removes an entry only
-// when the broker's PUBACK for that very publish was seen, so the final state of every object
-// reaches the broker across kill -9, power loss and broker outages. Nothing is sent while nothing
-// changes: idle traffic is the MQTT keepalive alone.
+// when the broker's PUBACK for that very publish was seen (a send window's entries with one
+// transaction), so the final state of every object reaches the broker across kill -9, power loss
+// and broker outages. Nothing is sent while nothing changes: idle traffic is the MQTT keepalive
+// alone.
+//
+// The retained topics the uplink keeps on the broker (each live pod's status, the node status,
+// the acks) are summed up by a retained protocol.StatusSummary, queued after them whenever one
+// changes. On every new connection the node reads its own summary back, using its private marker
+// topic to know when the broker's retained answer is complete (docs/protocol.md, section 10): a
+// broker that still holds the last summary the node saw acknowledged holds everything it sums up,
+// and nothing is sent again; a broker that lost it (restarted without its persistence file, or
+// from an older one) gets every kept topic and the summary again.
 package uplink
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -28,7 +43,7 @@ import (
 type Store interface {
 	OutboxPut(entries []store.OutboxEntry, lim store.OutboxLimits) ([]uint64, error)
 	OutboxList(limit int) ([]store.OutboxEntry, error)
-	OutboxAck(topic string, seq uint64) error
+	OutboxAckMany(acks []store.OutboxRef) error
 	OutboxStats() (store.OutboxStats, error)
 }
 
@@ -38,7 +53,9 @@ type Receipt interface {
 	Err() error
 }
 
-// Link is the MQTT connection.
+// Link is the MQTT connection. It must be subscribed to the node's own Topics.Summary and
+// Topics.NodeMarker before WaitConnected offers a connection, and what arrives on them must be
+// handed to Receive.
 type Link interface {
 	WaitConnected(ctx context.Context) (session int64, lost <-chan struct{}, err error)
 	Send(topic string, payload []byte, retained bool) Receipt
@@ -48,10 +65,14 @@ const (
 	// maxPendingEvents bounds events waiting in memory for the writer; beyond it the oldest go,
 	// counted like the outbox's own drops.
 	maxPendingEvents = 256
-	// drainBatch is how many outbox entries one read fetches; inflight is how many publishes may
-	// wait for their PUBACK at once.
+	// drainBatch is how many outbox entries one read fetches (and one transaction removes once
+	// they are acknowledged); inflight is how many publishes may wait for their PUBACK at once.
 	drainBatch = 64
 	inflight   = 16
+	// A marker that does not come back (the broker may drop a QoS 1 message, e.g. when a queue is
+	// full) is sent again after markerRetryMin, doubling up to markerRetryMax, while connected.
+	markerRetryMin = 2 * time.Second
+	markerRetryMax = time.Minute
 )
 
 // Options configure an Uplink.
@@ -63,6 +84,38 @@ type Options struct {
 	Limits store.OutboxLimits
 	Log    *slog.Logger
 	Now    func() time.Time
+	// MarkerRetry, when set, replaces markerRetryMin (tests).
+	MarkerRetry time.Duration
+}
+
+// kept is a retained, latest-only topic the uplink keeps on the broker, and what is known of
+// where its last payload is.
+type kept struct {
+	// payload is the last one queued. It is kept (not only its digest) so that it can be queued
+	// again for a broker that lost it without asking the agent: that costs about what the outbox
+	// bound allows anyway, one status per live pod.
+	payload []byte
+	sum     string // protocol.Digest(payload), a line of the summary's digest
+	pod     bool   // a pod status: counted in the summary's Pods
+	queued  bool   // handed to the writer and no PUBACK of it seen since
+	ackConn int64  // the session whose PUBACK of payload was seen; 0 when none
+	ackAt   uint64 // Uplink.acks at that PUBACK: orders it against the summary's
+}
+
+// lost: neither on its way (the outbox refused it) nor acknowledged.
+func (k *kept) lost() bool { return !k.queued && k.ackConn == 0 }
+
+// check is what one connection learns of the broker's retained state.
+type check struct {
+	session int64
+	lost    <-chan struct{}
+	// expect is the last summary PUBACKed before this connection (nil: none since the start) and
+	// expectAt the number of that PUBACK.
+	expect   []byte
+	expectAt uint64
+	marker   string        // the latest marker value sent; "" before the first
+	settled  bool          // the marker came back and the check is done
+	done     chan struct{} // closed when settled
 }
 
 // Uplink implements the agent's Reporter (PodStatus, PodGone, Emit) and takes node status, acks
@@ -74,15 +127,28 @@ type Uplink struct {
 	latest  map[string]store.OutboxEntry // topic -> newest payload not yet in the outbox
 	order   []string                     // topics of latest in arrival order
 	events  []store.OutboxEntry
-	dropped uint64              // events dropped in memory, not yet reported
-	sent    map[string][32]byte // digest of the last payload queued per live topic: unchanged reports cost nothing
-	// again holds the last acks and node status: they are queued again on every new connection,
-	// so a broker that lost its retained messages learns what the node runs (a writer needs the
-	// acks to pick generations above the node's) at the cost of two small messages per reconnect.
-	again map[string]store.OutboxEntry
+	dropped uint64 // events dropped in memory, not yet reported
+	// kept holds the live retained topics (pod statuses, node status, acks): unchanged reports
+	// cost nothing, and the summary sums them up. A gone pod's topic leaves it.
+	kept       map[string]*kept
+	summary    kept // the summary's own topic (payload nil before the first)
+	summaryDue bool // a kept topic changed since the last summary was queued
+	// summaryForce queues the summary even when unchanged: after a repair it must follow the
+	// statuses queued again.
+	summaryForce bool
+	resync       [32]byte // digest of the last resync request queued: repeats cost nothing
+	acks         uint64   // PUBACKs seen so far, numbering them
+	// ackedSummary is the last summary payload whose PUBACK was seen, ackedSummaryAt its number.
+	ackedSummary   []byte
+	ackedSummaryAt uint64
+	check          *check // the current connection's
+	// rxSummary is the last retained summary received, on the connection rxSession.
+	rxSession int64
+	rxSummary []byte
 
-	wake  chan struct{} // writer
-	drain chan struct{} // drainer
+	wake   chan struct{} // writer
+	drain  chan struct{} // drainer
+	verify chan struct{} // verifier: a new check
 }
 
 // New makes an uplink; Run starts it.
@@ -93,8 +159,11 @@ func New(o Options) *Uplink {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Uplink{o: o, latest: map[string]store.OutboxEntry{}, sent: map[string][32]byte{}, again: map[string]store.OutboxEntry{},
-		wake: make(chan struct{}, 1), drain: make(chan struct{}, 1)}
+	if o.MarkerRetry <= 0 {
+		o.MarkerRetry = markerRetryMin
+	}
+	return &Uplink{o: o, latest: map[string]store.OutboxEntry{}, kept: map[string]*kept{},
+		wake: make(chan struct{}, 1), drain: make(chan struct{}, 1), verify: make(chan struct{}, 1)}
 }
 
 func signal(c chan struct{}) {
@@ -104,31 +173,40 @@ func signal(c chan struct{}) {
 	}
 }
 
-// queueLatest queues a retained, latest-only payload for topic unless it equals the last one.
-func (u *Uplink) queueLatest(topic string, v any) { u.queue(topic, v, true, false) }
+// putLatest queues e, replacing what is queued in memory for its topic. u.mu must be held.
+func (u *Uplink) putLatest(e store.OutboxEntry) {
+	if _, ok := u.latest[e.Topic]; !ok {
+		u.order = append(u.order, e.Topic)
+	}
+	u.latest[e.Topic] = e
+}
 
-// queue queues a latest-only payload; keep marks it for republishing on every new connection.
-func (u *Uplink) queue(topic string, v any, retained, keep bool) {
+func keptEntry(topic string, payload []byte) store.OutboxEntry {
+	return store.OutboxEntry{Topic: topic, Payload: payload, Retained: true, Latest: true}
+}
+
+// queueKept queues a payload of a kept topic unless it equals the last one queued (and that one
+// was not lost on its way to the outbox).
+func (u *Uplink) queueKept(topic string, v any, pod bool) {
 	payload, err := protocol.Encode(v)
 	if err != nil {
 		u.o.Log.Error("uplink: encode", "topic", topic, "err", err)
 		return
 	}
-	sum := sha256.Sum256(payload)
+	sum := protocol.Digest(payload)
 	u.mu.Lock()
-	if u.sent[topic] == sum {
+	k := u.kept[topic]
+	if k != nil && k.sum == sum && !k.lost() {
 		u.mu.Unlock()
 		return
 	}
-	u.sent[topic] = sum
-	if _, ok := u.latest[topic]; !ok {
-		u.order = append(u.order, topic)
+	if k == nil {
+		k = &kept{pod: pod}
+		u.kept[topic] = k
 	}
-	e := store.OutboxEntry{Topic: topic, Payload: payload, Retained: retained, Latest: true}
-	u.latest[topic] = e
-	if keep {
-		u.again[topic] = e
-	}
+	k.payload, k.sum, k.queued, k.ackConn = payload, sum, true, 0
+	u.summaryDue = true
+	u.putLatest(keptEntry(topic, payload))
 	u.mu.Unlock()
 	signal(u.wake)
 }
@@ -153,27 +231,36 @@ func (u *Uplink) queueEvent(topic string, v any) {
 func (u *Uplink) PodStatus(d store.DesiredPod, st v1.PodStatus) {
 	p := *d.Pod // a shallow copy is enough: the pod is only read, by the encoder
 	p.Status = st
-	u.queueLatest(u.o.Topics.PodStatus(u.o.Node, p.Namespace, p.Name), &protocol.PodStatus{
+	u.queueKept(u.o.Topics.PodStatus(u.o.Node, p.Namespace, p.Name), &protocol.PodStatus{
 		Node: u.o.Node, Namespace: p.Namespace, Name: p.Name, UID: p.UID,
 		Source: string(d.Source.Kind), Generation: d.Generation, Object: &p,
-	})
+	}, true)
 }
 
 // PodGone reports that a pod left the node. The retained status says so (rather than being
-// cleared) so a reader that was away learns the pod went, and with which generation.
+// cleared) so a reader that was away learns the pod went, and with which generation. The topic
+// stops being kept: the summary no longer counts it, and the pod's payload is forgotten (a node
+// running pods with ever new names must not keep one per name). Calling it twice sends the
+// deleted status twice.
 func (u *Uplink) PodGone(d store.DesiredPod) {
 	p := d.Pod
 	topic := u.o.Topics.PodStatus(u.o.Node, p.Namespace, p.Name)
-	u.queueLatest(topic, &protocol.PodStatus{
+	payload, err := protocol.Encode(&protocol.PodStatus{
 		Node: u.o.Node, Namespace: p.Namespace, Name: p.Name, UID: p.UID,
 		Source: string(d.Source.Kind), Generation: d.Generation, Deleted: true,
 	})
-	// The gone pod's digest would stay for the agent's lifetime, one per pod name ever run (jobs
-	// with generated names make that unbounded). Forgetting it costs at most a repeated "deleted"
-	// status if PodGone is called twice.
+	if err != nil {
+		u.o.Log.Error("uplink: encode", "topic", topic, "err", err)
+		return
+	}
 	u.mu.Lock()
-	delete(u.sent, topic)
+	if _, ok := u.kept[topic]; ok {
+		delete(u.kept, topic)
+		u.summaryDue = true
+	}
+	u.putLatest(keptEntry(topic, payload))
 	u.mu.Unlock()
+	signal(u.wake)
 }
 
 // Emit sends an event.
@@ -187,40 +274,213 @@ func (u *Uplink) Emit(e event.Event) {
 
 // NodeStatus reports the node's status; the caller decides what is a real change.
 func (u *Uplink) NodeStatus(n *v1.Node) {
-	u.queue(u.o.Topics.NodeStatus(u.o.Node), &protocol.NodeStatus{Node: u.o.Node, Object: n}, true, true)
+	u.queueKept(u.o.Topics.NodeStatus(u.o.Node), &protocol.NodeStatus{Node: u.o.Node, Object: n}, false)
 }
 
 // Acks reports what the node has taken in.
 func (u *Uplink) Acks(a protocol.Acks) {
 	a.Node = u.o.Node
-	u.queue(u.o.Topics.Acks(u.o.Node), &a, true, true)
+	u.queueKept(u.o.Topics.Acks(u.o.Node), &a, false)
 }
 
-// Resync asks the control plane for a full resend. Requests coalesce: only the latest is sent.
+// Resync asks the control plane for a full resend. Requests coalesce: only the latest is sent,
+// and one equal to the last is not sent again.
 func (u *Uplink) Resync(r protocol.ResyncRequest) {
 	r.Node = u.o.Node
-	u.queue(u.o.Topics.Resync(u.o.Node), &r, false, false)
-}
-
-// reconnected queues the acks and node status again for a new connection.
-func (u *Uplink) reconnected() {
-	u.mu.Lock()
-	for topic, e := range u.again {
-		if _, ok := u.latest[topic]; !ok {
-			u.order = append(u.order, topic)
-			u.latest[topic] = e
-		}
+	topic := u.o.Topics.Resync(u.o.Node)
+	payload, err := protocol.Encode(&r)
+	if err != nil {
+		u.o.Log.Error("uplink: encode", "topic", topic, "err", err)
+		return
 	}
+	sum := sha256.Sum256(payload)
+	u.mu.Lock()
+	if u.resync == sum {
+		u.mu.Unlock()
+		return
+	}
+	u.resync = sum
+	u.putLatest(store.OutboxEntry{Topic: topic, Payload: payload, Latest: true})
 	u.mu.Unlock()
 	signal(u.wake)
 }
 
-// Run writes and drains the outbox until ctx ends; both goroutines end before it returns.
+// summaryPayload sums up the kept topics: Pods counts the pod statuses, Digest is the SHA-256
+// (lowercase hex) of the lines "<topic> <protocol.Digest(payload)>\n" in topic order. u.mu must
+// be held; it is CPU only, one line per kept topic.
+func (u *Uplink) summaryPayload() ([]byte, error) {
+	h := sha256.New()
+	pods := 0
+	for _, topic := range slices.Sorted(maps.Keys(u.kept)) {
+		k := u.kept[topic]
+		if k.pod {
+			pods++
+		}
+		io.WriteString(h, topic+" "+k.sum+"\n")
+	}
+	return protocol.Encode(&protocol.StatusSummary{Node: u.o.Node, Pods: pods, Digest: hex.EncodeToString(h.Sum(nil))})
+}
+
+// queueSummary queues the summary, after everything queued so far, when it changed or a repair
+// needs it again. u.mu must be held.
+func (u *Uplink) queueSummary() {
+	force := u.summaryForce
+	u.summaryDue, u.summaryForce = false, false
+	payload, err := u.summaryPayload()
+	if err != nil {
+		u.o.Log.Error("uplink: encode the status summary", "err", err)
+		return
+	}
+	s := &u.summary
+	if !force && bytes.Equal(payload, s.payload) && !s.lost() {
+		return // e.g. a status that changed and changed back before the writer ran
+	}
+	s.payload, s.queued, s.ackConn = payload, true, 0
+	u.putLatest(keptEntry(u.o.Topics.Summary(u.o.Node), payload))
+}
+
+// Receive takes a message that arrived on the node's own summary or marker topic (class
+// protocol.ClassSummary or protocol.ClassNodeMarker) on the connection session. It never blocks.
+func (u *Uplink) Receive(class protocol.Class, payload []byte, retained bool, session int64) {
+	switch class {
+	case protocol.ClassSummary:
+		// Only a retained delivery (the broker's answer to the subscription) tells what the broker
+		// kept; a live copy of the node's own publish says nothing of that.
+		if !retained {
+			return
+		}
+		u.mu.Lock()
+		if session >= u.rxSession {
+			u.rxSession, u.rxSummary = session, bytes.Clone(payload)
+		}
+		u.mu.Unlock()
+	case protocol.ClassNodeMarker:
+		u.markerBack(string(payload), session)
+	}
+}
+
+// connected starts the check of a new connection. It runs on the drainer before anything is sent
+// on the connection, so expect is what the broker held before it.
+func (u *Uplink) connected(session int64, lost <-chan struct{}) {
+	u.mu.Lock()
+	u.check = &check{session: session, lost: lost, expect: u.ackedSummary, expectAt: u.ackedSummaryAt, done: make(chan struct{})}
+	u.mu.Unlock()
+	signal(u.verify)
+}
+
+// verifier publishes the marker of each new connection, again on a bounded back-off while it does
+// not come back. It never holds up the drainer or a producer.
+func (u *Uplink) verifier(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-u.verify:
+		}
+		u.mu.Lock()
+		c := u.check
+		u.mu.Unlock()
+		if c != nil {
+			u.verifyConnection(ctx, c)
+		}
+	}
+}
+
+func (u *Uplink) verifyConnection(ctx context.Context, c *check) {
+	topic := u.o.Topics.NodeMarker(u.o.Node)
+	delay := u.o.MarkerRetry
+	for {
+		var b [16]byte
+		_, _ = rand.Read(b[:]) // never fails (crypto/rand panics rather than return an error)
+		value := hex.EncodeToString(b[:])
+		u.mu.Lock()
+		if u.check != c || c.settled {
+			u.mu.Unlock()
+			return
+		}
+		c.marker = value // a marker sent before this one is ignored when it comes back
+		u.mu.Unlock()
+		// The receipt is not awaited: the marker's return is the answer, and a publish that fails
+		// is covered by the retry below.
+		u.o.Link.Send(topic, []byte(value), false)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+		case <-c.lost:
+		case <-c.done:
+		case <-t.C:
+			u.o.Log.Debug("uplink: the marker did not come back; sending another", "topic", topic, "session", c.session, "waited", delay)
+			delay = min(2*delay, markerRetryMax)
+			continue
+		}
+		t.Stop()
+		return
+	}
+}
+
+// markerBack settles the connection's check when the latest marker it sent comes back: every
+// retained message the subscription brought arrived before it.
+func (u *Uplink) markerBack(value string, session int64) {
+	u.mu.Lock()
+	c := u.check
+	if c == nil || c.session != session || c.settled || c.marker == "" || value != c.marker {
+		u.mu.Unlock()
+		return // an older marker, another connection's, or a check already settled
+	}
+	c.settled = true
+	var seen []byte
+	if u.rxSession == session {
+		seen = u.rxSummary
+	}
+	held := c.expect != nil && bytes.Equal(seen, c.expect)
+	again := u.repair(c, held)
+	close(c.done)
+	summary := u.summaryForce
+	u.mu.Unlock()
+	switch {
+	case again > 0 || summary:
+		u.o.Log.Info("uplink: the broker does not hold what the node reported; queueing it again",
+			"session", session, "topics", again, "broker_kept_last_summary", held)
+		signal(u.wake)
+	default:
+		u.o.Log.Debug("uplink: the broker holds what the node reported", "session", session)
+	}
+}
+
+// repair queues again every kept topic the broker may lack, and the summary after them. u.mu must
+// be held. held says the broker still holds the summary PUBACKed last before this connection,
+// hence everything PUBACKed before it. Not queued again: a payload on its way (it drains anyway),
+// one PUBACKed on this connection (the broker has it: a broker that restarts drops the
+// connection), and with held one PUBACKed before that summary.
+func (u *Uplink) repair(c *check, held bool) int {
+	again := 0
+	for _, topic := range slices.Sorted(maps.Keys(u.kept)) {
+		k := u.kept[topic]
+		if k.queued || k.ackConn == c.session || held && k.ackConn != 0 && k.ackAt <= c.expectAt {
+			continue
+		}
+		k.queued, k.ackConn = true, 0
+		u.putLatest(keptEntry(topic, k.payload))
+		again++
+	}
+	s := &u.summary
+	switch {
+	case again > 0:
+		u.summaryForce = true // after the statuses queued again, even if unchanged
+	case held || s.payload == nil || s.queued || s.ackConn == c.session:
+	default:
+		u.summaryForce = true // the broker lost or holds another summary than the node's
+	}
+	return again
+}
+
+// Run writes and drains the outbox, and checks each new connection, until ctx ends; its
+// goroutines end before it returns.
 func (u *Uplink) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); u.writer(ctx) }()
-	go func() { defer wg.Done(); u.drainer(ctx) }()
+	wg.Go(func() { u.writer(ctx) })
+	wg.Go(func() { u.drainer(ctx) })
+	wg.Go(func() { u.verifier(ctx) })
 	wg.Wait()
 	return nil
 }
@@ -228,6 +488,9 @@ func (u *Uplink) Run(ctx context.Context) error {
 func (u *Uplink) take() ([]store.OutboxEntry, uint64) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	if u.summaryDue || u.summaryForce {
+		u.queueSummary() // last of the latest entries: it drains after what it sums up
+	}
 	out := make([]store.OutboxEntry, 0, len(u.order)+len(u.events))
 	for _, t := range u.order {
 		out = append(out, u.latest[t])
@@ -260,7 +523,8 @@ func (u *Uplink) flush(reported *uint64) {
 	if len(entries) == 0 {
 		return
 	}
-	if _, err := u.o.Store.OutboxPut(entries, u.o.Limits); err == nil {
+	seqs, err := u.o.Store.OutboxPut(entries, u.o.Limits)
+	if err == nil {
 		// Logged after the commit, so a reader of the log (and the kill -9 tests) knows the
 		// entries are on disk, not merely on their way.
 		if u.o.Log.Enabled(context.Background(), slog.LevelDebug) {
@@ -272,11 +536,12 @@ func (u *Uplink) flush(reported *uint64) {
 		}
 	} else {
 		u.o.Log.Error("uplink: outbox put", "entries", len(entries), "err", err)
-		// Forget what was queued, so the next report of these objects is written even if equal.
+		// What was not queued is lost: the next report of these objects is written even if
+		// equal, and the next connection's check queues them again.
 		u.mu.Lock()
-		for _, e := range entries {
-			if e.Latest {
-				delete(u.sent, e.Topic)
+		for i, e := range entries {
+			if seqs == nil || seqs[i] == 0 {
+				u.notQueued(e)
 			}
 		}
 		u.mu.Unlock()
@@ -300,6 +565,38 @@ func (u *Uplink) flush(reported *uint64) {
 	signal(u.drain)
 }
 
+// notQueued records that e did not reach the outbox. u.mu must be held.
+func (u *Uplink) notQueued(e store.OutboxEntry) {
+	k := u.kept[e.Topic]
+	if e.Topic == u.o.Topics.Summary(u.o.Node) {
+		k = &u.summary
+	}
+	if k != nil && bytes.Equal(k.payload, e.Payload) {
+		k.queued = false
+	}
+	if e.Topic == u.o.Topics.Resync(u.o.Node) {
+		u.resync = [32]byte{}
+	}
+}
+
+// acknowledged records the PUBACKs of entries, in the order they were sent, on session. u.mu
+// must be held.
+func (u *Uplink) acknowledged(entries []store.OutboxEntry, session int64) {
+	summary := u.o.Topics.Summary(u.o.Node)
+	for _, e := range entries {
+		u.acks++
+		k := u.kept[e.Topic]
+		if e.Topic == summary {
+			u.ackedSummary, u.ackedSummaryAt = e.Payload, u.acks
+			k = &u.summary
+		}
+		// A PUBACK of an older payload than the last queued says nothing of the newer one.
+		if k != nil && bytes.Equal(k.payload, e.Payload) {
+			k.queued, k.ackConn, k.ackAt = false, session, u.acks
+		}
+	}
+}
+
 // drainer publishes the outbox oldest first whenever connected.
 func (u *Uplink) drainer(ctx context.Context) {
 	var last int64
@@ -308,11 +605,12 @@ func (u *Uplink) drainer(ctx context.Context) {
 		if err != nil {
 			return // ctx ended
 		}
-		if last != 0 && session != last {
-			u.reconnected()
+		if session != last {
+			// Before the first publish on the connection: see connected.
+			u.connected(session, lost)
 		}
 		last = session
-		u.drainConnection(ctx, lost)
+		u.drainConnection(ctx, session, lost)
 		if ctx.Err() != nil {
 			return
 		}
@@ -320,7 +618,7 @@ func (u *Uplink) drainer(ctx context.Context) {
 }
 
 // drainConnection sends until the connection is lost or ctx ends.
-func (u *Uplink) drainConnection(ctx context.Context, lost <-chan struct{}) {
+func (u *Uplink) drainConnection(ctx context.Context, session int64, lost <-chan struct{}) {
 	for {
 		entries, err := u.o.Store.OutboxList(drainBatch)
 		if err != nil {
@@ -336,7 +634,7 @@ func (u *Uplink) drainConnection(ctx context.Context, lost <-chan struct{}) {
 				continue
 			}
 		}
-		if !u.send(ctx, lost, entries) {
+		if !u.send(ctx, session, lost, entries) {
 			// Not acknowledged with the connection still up (it is going, or the broker refused):
 			// pause instead of spinning on the same entries.
 			select {
@@ -354,17 +652,29 @@ type pending struct {
 	r Receipt
 }
 
-// send publishes entries with at most inflight unacknowledged, removing each from the outbox on its
-// PUBACK. It returns false when the connection went or ctx ended.
-func (u *Uplink) send(ctx context.Context, lost <-chan struct{}, entries []store.OutboxEntry) bool {
-	var window []pending
+// send publishes entries with at most inflight unacknowledged and then removes, with one outbox
+// transaction, those whose PUBACK was seen: the whole batch, or when a publish failed (the
+// connection went, ctx ended, the broker refused) the ones before it, so what the broker has is
+// not sent again after a reconnect. Entries after a failed one stay even if acknowledged: the
+// outbox is drained as a queue, and sending them again keeps each summary behind the statuses
+// it sums up. It returns false when a publish failed.
+func (u *Uplink) send(ctx context.Context, session int64, lost <-chan struct{}, entries []store.OutboxEntry) bool {
+	var (
+		window []pending
+		acked  []store.OutboxEntry
+	)
+	defer func() { u.remove(acked, session) }()
 	wait := func(p pending) bool {
 		select {
 		case <-p.r.Done():
-		case <-ctx.Done():
-			return false
-		case <-lost:
-			return false
+		default:
+			select {
+			case <-p.r.Done():
+			case <-ctx.Done():
+				return false
+			case <-lost:
+				return false
+			}
 		}
 		if err := p.r.Err(); err != nil {
 			if !errors.Is(err, context.Canceled) {
@@ -372,9 +682,7 @@ func (u *Uplink) send(ctx context.Context, lost <-chan struct{}, entries []store
 			}
 			return false
 		}
-		if err := u.o.Store.OutboxAck(p.e.Topic, p.e.Seq); err != nil {
-			u.o.Log.Error("uplink: outbox ack", "topic", p.e.Topic, "err", err)
-		}
+		acked = append(acked, p.e)
 		return true
 	}
 	for _, e := range entries {
@@ -392,4 +700,23 @@ func (u *Uplink) send(ctx context.Context, lost <-chan struct{}, entries []store
 		}
 	}
 	return true
+}
+
+// remove takes acknowledged entries out of the outbox in one transaction. If that fails they
+// stay and are sent again: a duplicate is harmless, a lost status is not.
+func (u *Uplink) remove(acked []store.OutboxEntry, session int64) {
+	if len(acked) == 0 {
+		return
+	}
+	refs := make([]store.OutboxRef, len(acked))
+	for i, e := range acked {
+		refs[i] = store.OutboxRef{Topic: e.Topic, Seq: e.Seq}
+	}
+	if err := u.o.Store.OutboxAckMany(refs); err != nil {
+		u.o.Log.Error("uplink: remove acknowledged entries from the outbox", "entries", len(refs), "err", err)
+	}
+	// The broker has them whatever the store said.
+	u.mu.Lock()
+	u.acknowledged(acked, session)
+	u.mu.Unlock()
 }

@@ -52,18 +52,43 @@ func (l *fakeLink) WaitConnected(ctx context.Context) (int64, <-chan struct{}, e
 	}
 }
 
+// Send records a publish; the test completes its receipt, except for markers and summaries,
+// acknowledged at once.
 func (l *fakeLink) Send(topic string, payload []byte, retained bool) Receipt {
 	r := &receipt{done: make(chan struct{})}
+	if topic == tp.NodeMarker("n1") || topic == tp.Summary("n1") {
+		close(r.done)
+	}
 	l.mu.Lock()
 	l.sent = append(l.sent, sent{topic, payload, r})
 	l.mu.Unlock()
 	return r
 }
 
+// all is what was sent, markers (each connection sends one, and more while none comes back) and
+// summaries (one after each change) left out.
 func (l *fakeLink) all() []sent {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]sent(nil), l.sent...)
+	var out []sent
+	for _, s := range l.sent {
+		if s.topic != tp.NodeMarker("n1") && s.topic != tp.Summary("n1") {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (l *fakeLink) markers() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, s := range l.sent {
+		if s.topic == tp.NodeMarker("n1") {
+			out = append(out, string(s.payload))
+		}
+	}
+	return out
 }
 
 var tp = protocol.MustTopics(protocol.DefaultPrefix)
@@ -102,10 +127,12 @@ func TestOutboxEntryLeavesOnlyOnAcknowledgement(t *testing.T) {
 	for i := range 5 {
 		u.PodStatus(pod("web"), v1.PodStatus{Message: string(rune('a' + i))})
 	}
+	// The final status, and the summary after it.
 	waitFor(t, "outbox written", func() bool {
 		s, _ := st.OutboxStats()
 		entries, _ := st.OutboxList(0)
-		return s.Entries == 1 && len(entries) == 1 && bytesContain(entries[0].Payload, `"message":"e"`)
+		return s.Entries == 2 && len(entries) == 2 && bytesContain(entries[0].Payload, `"message":"e"`) &&
+			entries[1].Topic == tp.Summary("n1")
 	})
 
 	close(l.up) // connected
@@ -120,8 +147,8 @@ func TestOutboxEntryLeavesOnlyOnAcknowledgement(t *testing.T) {
 	// Sent again (after the drainer's pause): the failure was handled, and the entry is still
 	// there; acknowledged this time, it goes.
 	waitFor(t, "published again", func() bool { return len(l.all()) == 2 })
-	if s, _ := st.OutboxStats(); s.Entries != 1 {
-		t.Fatalf("an unacknowledged entry left the outbox: %+v", s)
+	if entries, _ := st.OutboxList(0); len(entries) != 2 || entries[0].Topic != first.topic {
+		t.Fatalf("an unacknowledged entry left the outbox (or the summary after it): %+v", entries)
 	}
 	close(l.all()[1].r.done)
 	waitFor(t, "outbox empty", func() bool { s, _ := st.OutboxStats(); return s.Entries == 0 })
@@ -144,7 +171,7 @@ func TestUnchangedStatusIsNotSentAgain(t *testing.T) {
 	}
 }
 
-// The digest that suppresses unchanged reports goes with the pod: a node running pods with ever
+// The payload that suppresses unchanged reports goes with the pod: a node running pods with ever
 // new names does not keep one per name forever.
 func TestGonePodForgetsItsDigest(t *testing.T) {
 	st := store.NewMemory()
@@ -157,10 +184,10 @@ func TestGonePodForgetsItsDigest(t *testing.T) {
 	}
 	u.PodStatus(pod("web"), v1.PodStatus{Phase: v1.PodRunning})
 	u.mu.Lock()
-	n := len(u.sent)
+	n := len(u.kept)
 	u.mu.Unlock()
 	if n != 1 {
-		t.Errorf("%d digests kept, want 1 (the live pod's)", n)
+		t.Errorf("%d topics kept, want 1 (the live pod's)", n)
 	}
 	// The deleted statuses are still queued: forgetting the digest does not drop the report.
 	u.mu.Lock()
@@ -193,4 +220,104 @@ func TestDroppedEventsAreReported(t *testing.T) {
 
 func bytesContain(b []byte, s string) bool {
 	return strings.Contains(string(b), s)
+}
+
+// ackCounting counts the outbox removals.
+type ackCounting struct {
+	*store.Memory
+	mu    sync.Mutex
+	calls [][]store.OutboxRef
+}
+
+func (s *ackCounting) OutboxAckMany(acks []store.OutboxRef) error {
+	s.mu.Lock()
+	s.calls = append(s.calls, acks)
+	s.mu.Unlock()
+	return s.Memory.OutboxAckMany(acks)
+}
+
+func (s *ackCounting) removals() [][]store.OutboxRef {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([][]store.OutboxRef(nil), s.calls...)
+}
+
+// A send window that ends early (a publish not acknowledged) still removes what was
+// acknowledged before it, with one call, and nothing after it.
+func TestWindowRemovesAcknowledgedEntriesWithOneCall(t *testing.T) {
+	st := &ackCounting{Memory: store.NewMemory()}
+	l := &fakeLink{up: make(chan struct{}), lost: make(chan struct{})}
+	u := New(Options{Node: "n1", Topics: tp, Store: st, Link: l})
+	run(t, u)
+	for i := range 10 {
+		u.PodStatus(pod(fmt.Sprintf("p%d", i)), v1.PodStatus{Phase: v1.PodRunning})
+	}
+	waitFor(t, "outbox written", func() bool { s, _ := st.OutboxStats(); return s.Entries == 11 }) // and the summary
+	queued, _ := st.OutboxList(0)
+
+	close(l.up)
+	waitFor(t, "window sent", func() bool { return len(l.all()) == 10 })
+	sent := l.all()
+	for _, s := range sent[:5] {
+		close(s.r.done)
+	}
+	sent[5].r.err = errors.New("connection lost before PUBACK")
+	close(sent[5].r.done)
+	for _, s := range sent[6:] { // acknowledged, but after the failed one: they stay, to keep the order
+		close(s.r.done)
+	}
+	waitFor(t, "acknowledged entries removed", func() bool { return len(st.removals()) > 0 })
+	calls := st.removals()
+	if len(calls) != 1 || len(calls[0]) != 5 {
+		t.Fatalf("removals %v, want one call with the first 5 entries", calls)
+	}
+	for i, r := range calls[0] {
+		if r.Seq != queued[i].Seq || r.Topic != queued[i].Topic {
+			t.Errorf("removed %+v, want entry %d (%s)", r, queued[i].Seq, queued[i].Topic)
+		}
+	}
+	left, _ := st.OutboxList(0)
+	if len(left) != 6 || left[0].Seq != queued[5].Seq || left[5].Topic != tp.Summary("n1") {
+		t.Errorf("outbox after the window: %d entries from seq %d, want the 6 from the failed one (%d) to the summary", len(left), left[0].Seq, queued[5].Seq)
+	}
+}
+
+// A marker that does not come back is sent again on a back-off; only the latest value settles the
+// connection's check, and once it is settled no more markers go.
+func TestMarkerRetriedAndOnlyTheLatestCounts(t *testing.T) {
+	st := store.NewMemory()
+	l := &fakeLink{up: make(chan struct{}), lost: make(chan struct{})}
+	u := New(Options{Node: "n1", Topics: tp, Store: st, Link: l, MarkerRetry: 5 * time.Millisecond})
+	run(t, u)
+	close(l.up)
+	waitFor(t, "a second marker", func() bool { return len(l.markers()) >= 2 })
+	settled := func() bool {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		return u.check != nil && u.check.settled
+	}
+	first := l.markers()[0]
+	u.Receive(protocol.ClassNodeMarker, []byte(first), false, 1)
+	if settled() {
+		t.Fatal("an older marker settled the check")
+	}
+	u.mu.Lock()
+	latest := u.check.marker
+	u.mu.Unlock()
+	u.Receive(protocol.ClassNodeMarker, []byte(latest), false, 2)
+	if settled() {
+		t.Fatal("a marker arriving on another connection settled the check")
+	}
+	waitFor(t, "the latest marker settles the check", func() bool {
+		u.mu.Lock()
+		latest := u.check.marker
+		u.mu.Unlock()
+		u.Receive(protocol.ClassNodeMarker, []byte(latest), false, 1)
+		return settled()
+	})
+	n := len(l.markers())
+	time.Sleep(100 * time.Millisecond) // the back-off would have sent several by now
+	if got := len(l.markers()); got != n {
+		t.Errorf("%d markers sent after the check settled", got-n)
+	}
 }
