@@ -208,6 +208,9 @@ type results struct {
 	CtrBurst20Ms     float64 `json:"ctr_burst20_ms"` // the floor: the same burst as 20 concurrent ctr run -d
 	Recovery10PodsMs float64 `json:"recovery_10_pods_ms"`
 	AgentStartMs     float64 `json:"agent_start_ms"`
+	// outbox.go: bbolt commits per pod status drained (see BENCHMARKS.md).
+	OutboxFsyncsPerStatus float64 `json:"outbox_fsyncs_per_status"`
+	outbox                outboxRun
 	// The MQTT figures (issue 9): see BENCHMARKS.md.
 	MQTTApplyP50Ms             float64  `json:"mqtt_apply_to_running_ms"`
 	MQTTApplyP90Ms             float64  `json:"mqtt_apply_to_running_p90_ms"`
@@ -324,6 +327,7 @@ func printResults(w io.Writer, r results) {
 	if ran("agentstart") {
 		row("agent_start_ms", r.AgentStartMs, "ms", fmt.Sprintf("<= 300 (pods listed Running at %.1f ms)", r.agentStartFirstAPI), r.AgentStartMs <= 300)
 	}
+	printOutbox(tw, r, ran) // outbox.go
 	if ran("binaries") {
 		info("binary_amd64_mb", r.BinaryAmd64MB, "MB", "1 MB = 1e6 bytes")
 		row("binary_arm64_mb", r.BinaryArm64MB, "MB", "<= 25", r.BinaryArm64MB <= 25)

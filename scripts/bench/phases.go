@@ -82,6 +82,7 @@ func (b *bench) steps() []step {
 		{"agentstart", "agent start with 10 running pods", b.measureAgentStart},
 		{"recovery", "recovery of 10 pods", b.measureRecovery},
 		{"mqtt", "the MQTT link (apply, idle link, reconnect)", b.measureMQTT},
+		{"outbox", "bbolt commits per pod status drained through the outbox", b.measureOutbox}, // outbox.go
 		{"eviction", "eviction after a memory-pressure crossing", b.measureEviction},
 		{"probes", "25 pods with an httpGet readiness probe every second", b.measureProbes},
 	}
