@@ -322,13 +322,14 @@ func (c *Client) nodePods(ctx context.Context, node string) (*nodePods, error) {
 	if n == nil {
 		n = &nodePods{}
 	}
-	n.skipped = append(n.skipped, skipped...)
+	n.skipped = append(n.skipped, skipped...) // topics that name no node: none under one node's filters
 	return n, nil
 }
 
 // decodePods decodes a snapshot of status summaries and pod statuses, by node. What cannot be
-// read is returned apart, with its topic; a node's status that cannot be read is not counted as
-// received, so it shows as a shortfall against the node's summary.
+// read is kept with its node (so a node read again replaces it), or returned apart when the topic
+// names no node; a node's status that cannot be read is not counted as received, so it shows as a
+// shortfall against the node's summary.
 func (c *Client) decodePods(got map[string][]byte) (map[string]*nodePods, []error) {
 	byNode := map[string]*nodePods{}
 	var skipped []error
@@ -341,11 +342,14 @@ func (c *Client) decodePods(got map[string][]byte) (map[string]*nodePods, []erro
 		return n
 	}
 	for _, topic := range slices.Sorted(maps.Keys(got)) {
-		bad := func(err error) { skipped = append(skipped, fmt.Errorf("%s: %w", topic, err)) }
 		t, err := c.topics.Parse(topic)
 		if err != nil {
 			skipped = append(skipped, err)
 			continue
+		}
+		bad := func(err error) {
+			n := get(t.Node)
+			n.skipped = append(n.skipped, fmt.Errorf("%s: %w", topic, err))
 		}
 		switch t.Class {
 		case protocol.ClassSummary:
