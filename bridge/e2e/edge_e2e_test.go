@@ -530,7 +530,8 @@ func (s *edgeSuite) twoBridgesDoNotFight(t *testing.T) {
 	within(t, 30*time.Second, "an index listing the relabelled pod", func() (bool, string) {
 		gens = gens[:0]
 		for _, x := range w.watch.indexes() {
-			g, ok := x.Objects[key(p.Name)]
+			e, ok := x.Objects[key(p.Name)]
+			g := e.Generation
 			if ok && (len(gens) == 0 || gens[len(gens)-1] != g) {
 				gens = append(gens, g)
 			}
@@ -542,7 +543,7 @@ func (s *edgeSuite) twoBridgesDoNotFight(t *testing.T) {
 	})
 	var sent []int64
 	for _, m := range w.watch.podMessages(key(p.Name)) {
-		if m.generation <= relabelled && !slices.Contains(sent, m.generation) {
+		if !m.cleared && m.generation <= relabelled && !slices.Contains(sent, m.generation) {
 			sent = append(sent, m.generation)
 		}
 	}
@@ -606,6 +607,33 @@ func (s *edgeSuite) checkRetained(t *testing.T) {
 		a, b := idx[i-1], idx[i]
 		if b.Revision < a.Revision || (b.Revision == a.Revision && !maps.Equal(a.Objects, b.Objects)) {
 			t.Errorf("index went from revision %d %v to %d %v", a.Revision, a.Objects, b.Revision, b.Objects)
+		}
+	}
+	// An index lists the digest of the payload sent at the generation it lists, and a pod's
+	// retained topic is cleared only after an index that leaves the pod out.
+	w.watch.mu.Lock()
+	pods := maps.Clone(w.watch.pods)
+	w.watch.mu.Unlock()
+	for key, msgs := range pods {
+		for _, m := range msgs {
+			if m.cleared {
+				var dropped bool
+				for _, x := range idx {
+					if _, listed := x.Objects[key]; x.seq < m.seq {
+						dropped = !listed
+					}
+				}
+				if !dropped {
+					t.Errorf("%s was cleared (message %d) before an index left it out", key, m.seq)
+				}
+				continue
+			}
+			for _, x := range idx {
+				if e, ok := x.Objects[key]; ok && e.Generation == m.generation && e.Digest != m.digest {
+					t.Errorf("index revision %d lists %s at generation %d with digest %s; the payload sent has %s",
+						x.Revision, key, e.Generation, e.Digest, m.digest)
+				}
+			}
 		}
 	}
 	// The node's acks catch up with the last index: it took in everything written.

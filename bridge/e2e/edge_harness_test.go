@@ -586,18 +586,28 @@ func (w *edgeWorld) containerLog(namespace, pod, container string) (string, erro
 
 // --- the retained state, watched from the broker's side -----------------------------------------
 
-// desiredPod is one desired pod message as the watcher saw it.
+// desiredPod is one desired pod message as the watcher saw it: an object, or the clearing of its
+// retained topic (an empty payload) once an index left it out.
 type desiredPod struct {
+	seq        int // order of arrival among everything the watcher saw
 	generation int64
-	deleted    bool
+	digest     string // protocol.Digest of the payload
+	cleared    bool
 	labels     map[string]string
+}
+
+// seenIndex is one index message as the watcher saw it.
+type seenIndex struct {
+	seq int
+	protocol.Index
 }
 
 // retainedWatch records every index, acks and desired pod message of one node, as a subscriber
 // sees them.
 type retainedWatch struct {
 	mu      sync.Mutex
-	index   []protocol.Index        // in arrival order
+	seq     int
+	index   []seenIndex             // in arrival order
 	pods    map[string][]desiredPod // desired pod messages by object key, in arrival order
 	acks    *protocol.Acks          // the latest
 	refused map[string]protocol.Refusal
@@ -617,14 +627,19 @@ func watchRetained(t *testing.T, broker, node string) *retainedWatch {
 	t.Cleanup(func() { c.Disconnect(100) })
 	indexTopic, acksTopic := edgeTopics.Index(node), edgeTopics.Acks(node)
 	handler := func(_ mqtt.Client, m mqtt.Message) {
-		if len(m.Payload()) == 0 {
-			return
-		}
 		tp, err := edgeTopics.Parse(m.Topic())
 		w.mu.Lock()
 		defer w.mu.Unlock()
+		w.seq++
 		if err != nil {
 			w.bad = append(w.bad, fmt.Sprintf("%s: %v", m.Topic(), err))
+			return
+		}
+		if len(m.Payload()) == 0 {
+			if tp.Class == protocol.ClassDesired && tp.Kind == protocol.KindPod {
+				key := protocol.ObjectKey(tp.Kind, tp.Namespace, tp.Name)
+				w.pods[key] = append(w.pods[key], desiredPod{seq: w.seq, cleared: true})
+			}
 			return
 		}
 		switch {
@@ -634,7 +649,7 @@ func watchRetained(t *testing.T, broker, node string) *retainedWatch {
 				w.bad = append(w.bad, fmt.Sprintf("%s: %v", m.Topic(), err))
 				return
 			}
-			d := desiredPod{generation: x.Generation, deleted: x.Deleted}
+			d := desiredPod{seq: w.seq, generation: x.Generation, digest: protocol.Digest(m.Payload())}
 			if x.Pod != nil {
 				d.labels = x.Pod.Labels
 			}
@@ -645,7 +660,7 @@ func watchRetained(t *testing.T, broker, node string) *retainedWatch {
 				w.bad = append(w.bad, fmt.Sprintf("%s: %v", m.Topic(), err))
 				return
 			}
-			w.index = append(w.index, *x)
+			w.index = append(w.index, seenIndex{seq: w.seq, Index: *x})
 		case m.Topic() == acksTopic:
 			x, err := protocol.DecodeAcks(m.Payload(), protocol.DefaultMaxPayload)
 			if err != nil {
@@ -667,7 +682,7 @@ func watchRetained(t *testing.T, broker, node string) *retainedWatch {
 }
 
 // indexes returns a copy of the index messages seen so far.
-func (r *retainedWatch) indexes() []protocol.Index {
+func (r *retainedWatch) indexes() []seenIndex {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.index)

@@ -6,7 +6,9 @@
 //
 // It is the single writer of every served node's desired state (the bridge runs one leader): it
 // keeps each node's generation counter in memory, seeded from the retained index, objects and acks
-// it reads at start, and writes objects before the index, as protocol section 4.4 asks.
+// it reads at start, writes objects before the index that lists them with their payload digests,
+// as protocol section 4.4 asks, and clears an object's retained topic only after an index that
+// leaves it out.
 package pods
 
 import (
@@ -347,17 +349,19 @@ func nodeReady(n *v1.Node) bool {
 
 // rereadStatuses reads the node's retained pod statuses from the broker and handles them as if
 // they had just arrived. When a status of the node arrived while the broker was read, the read may
-// be older than it: the node is marked again for its next sync.
+// be older than it: the node is marked again for its next sync. A read that stays short of the
+// node's status summary is handled for what it holds and marked again too (errShortRead): the
+// statuses it lacks are read at a later sync, never taken for gone.
 func (c *Controller) rereadStatuses(ctx context.Context, node string) error {
 	c.mu.Lock()
 	seq := c.statusSeq[node]
 	c.mu.Unlock()
-	msgs, err := c.o.Broker.Snapshot(ctx, c.o.Topics.PodStatusFilter(node))
+	msgs, whole, err := c.readStatuses(ctx, node)
 	if err != nil {
 		c.mu.Lock()
 		c.restatus[node] = true
 		c.mu.Unlock()
-		return fmt.Errorf("node %s: read retained pod statuses: %w", node, err)
+		return err
 	}
 	c.mu.Lock()
 	if c.statusSeq[node] != seq {
@@ -366,6 +370,9 @@ func (c *Controller) rereadStatuses(ctx context.Context, node string) error {
 		c.queueNode(node)
 		return nil
 	}
+	if !whole {
+		c.restatus[node] = true
+	}
 	c.mu.Unlock()
 	for topic, payload := range msgs {
 		t, err := c.o.Topics.Parse(topic)
@@ -373,6 +380,9 @@ func (c *Controller) rereadStatuses(ctx context.Context, node string) error {
 			continue
 		}
 		c.Handle(t, payload)
+	}
+	if !whole {
+		return fmt.Errorf("node %s: re-read its retained pod statuses: %w", node, errShortRead)
 	}
 	return nil
 }

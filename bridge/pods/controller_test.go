@@ -2,8 +2,10 @@ package pods
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -27,20 +29,41 @@ type harness struct {
 
 	mu    sync.Mutex
 	syncs map[string]int // queue+"/"+key -> syncs done
+	errs  map[string]int // queue+"/"+key -> syncs that failed
+	logs  logBuffer
 }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// logBuffer keeps what the controller logs, for tests that check a warning.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 func start(t *testing.T, served []string, objs ...runtime.Object) *harness {
 	t.Helper()
-	h := &harness{t: t, kube: fake.NewClientset(objs...), broker: newMemBroker(), syncs: map[string]int{}}
+	h := &harness{t: t, kube: fake.NewClientset(objs...), broker: newMemBroker(), syncs: map[string]int{}, errs: map[string]int{}}
 	factory := informers.NewSharedInformerFactory(h.kube, 0)
 	isServed := map[string]bool{}
 	for _, n := range served {
 		isServed[n] = true
 	}
 	c, err := New(Options{Kube: h.kube, Factory: factory, Broker: h.broker, Topics: topics,
-		Served: func(n string) bool { return isServed[n] }, Metrics: metrics.NewRegistry(), Log: quietLog(),
+		Served: func(n string) bool { return isServed[n] }, Metrics: metrics.NewRegistry(),
+		Log:      slog.New(slog.NewTextHandler(&h.logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Debounce: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -48,6 +71,9 @@ func start(t *testing.T, served []string, objs ...runtime.Object) *harness {
 	c.synced = func(queue, key string, err error) {
 		h.mu.Lock()
 		h.syncs[queue+"/"+key]++
+		if err != nil {
+			h.errs[queue+"/"+key]++
+		}
 		h.mu.Unlock()
 	}
 	h.c = c
@@ -121,6 +147,59 @@ func statusTopic(node string, p *v1.Pod) protocol.Topic {
 	return protocol.Topic{Class: protocol.ClassPodStatus, Node: node, Kind: protocol.KindPod, Namespace: p.Namespace, Name: p.Name}
 }
 
+// index is the node's retained index, decoded.
+func (h *harness) index(node string) *protocol.Index {
+	h.t.Helper()
+	b := h.broker.get(topics.Index(node))
+	if b == nil {
+		return nil
+	}
+	idx, err := protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: node}, b, 0)
+	if err != nil {
+		h.t.Fatalf("retained index of %s: %v", node, err)
+	}
+	return idx
+}
+
+// dropped waits for an index that leaves every key out and for their retained topics to be
+// cleared, and returns that index.
+func (h *harness) dropped(node string, keys ...string) *protocol.Index {
+	h.t.Helper()
+	var idx *protocol.Index
+	waitFor(h.t, fmt.Sprintf("an index without %v and their topics cleared", keys), func() bool {
+		if idx = h.index(node); idx == nil {
+			return false
+		}
+		for _, k := range keys {
+			kind, ns, name, err := protocol.ParseObjectKey(k)
+			if err != nil {
+				h.t.Fatal(err)
+			}
+			if _, listed := idx.Objects[k]; listed || h.broker.get(topics.Desired(node, kind, ns, name)) != nil {
+				return false
+			}
+		}
+		return true
+	})
+	return idx
+}
+
+func acksTopic(node string) protocol.Topic {
+	return protocol.Topic{Class: protocol.ClassAcks, Node: node}
+}
+
+func markDeleted(t *testing.T, h *harness, pods ...*v1.Pod) {
+	t.Helper()
+	now := metav1.Now()
+	for _, p := range pods {
+		p := p.DeepCopy()
+		p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &now, ptr(int64(30))
+		if _, err := h.kube.CoreV1().Pods(p.Namespace).Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestDeletionWaitsForTheNodesConfirmation(t *testing.T) {
 	ran := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
 	never := apiPod("default", "web-2", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000002")
@@ -134,31 +213,19 @@ func TestDeletionWaitsForTheNodesConfirmation(t *testing.T) {
 		h.c.Handle(statusTopic(nodeA, ran), statusPayload(t, nodeA, ran, v1.PodStatus{Phase: v1.PodRunning}, false))
 	})
 
-	now := metav1.Now()
-	for _, p := range []*v1.Pod{ran, never} {
-		p := p.DeepCopy()
-		p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &now, ptr(int64(30))
-		if _, err := h.kube.CoreV1().Pods("default").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var tomb1, tomb2 *protocol.DesiredObject
-	waitFor(t, "tombstones", func() bool {
-		tomb1 = desiredOf(t, h.broker.get(topics.Desired(nodeA, protocol.KindPod, "default", "web-1")), nodeA, protocol.KindPod, "default", "web-1")
-		tomb2 = desiredOf(t, h.broker.get(topics.Desired(nodeA, protocol.KindPod, "default", "web-2")), nodeA, protocol.KindPod, "default", "web-2")
-		return tomb1.Deleted && tomb2.Deleted
-	})
+	markDeleted(t, h, ran, never)
+	idx := h.dropped(nodeA, "pods/default/web-1", "pods/default/web-2")
 	// The node has confirmed nothing yet (offline): both stay Terminating.
 	h.after("node", nodeA, func() { h.c.NodeServed(nodeA) })
 	if d := h.deletes(); len(d) != 0 {
 		t.Fatalf("pods deleted before the node confirmed: %+v", d)
 	}
 
-	// The node takes the tombstones in: web-2 never ran there, so that is confirmation enough;
+	// The node takes the index in: web-2 never ran there, so that is confirmation enough;
 	// web-1 still runs (grace period), so it waits for the node to report it gone.
 	h.after("node", nodeA, func() {
-		h.c.Handle(protocol.Topic{Class: protocol.ClassAcks, Node: nodeA}, mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1,
-			IndexRevision: tomb1.Generation, Deleted: map[string]int64{"pods/default/web-1": tomb1.Generation, "pods/default/web-2": tomb2.Generation}}))
+		h.c.Handle(acksTopic(nodeA), mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1,
+			IndexRevision: idx.Revision, IndexDigest: protocol.Digest(h.broker.get(topics.Index(nodeA))), Applied: idx.Objects}))
 	})
 	d := h.deletes()
 	if len(d) != 1 || d[0].GetName() != "web-2" {
@@ -184,6 +251,151 @@ func TestDeletionWaitsForTheNodesConfirmation(t *testing.T) {
 	waitFor(t, "web-1 deleted", func() bool { return len(h.deletes()) == 2 })
 	if d := h.deletes()[1]; d.GetName() != "web-1" || *d.DeleteOptions.Preconditions.UID != ran.UID || *d.DeleteOptions.GracePeriodSeconds != 0 {
 		t.Errorf("second delete %+v", d)
+	}
+}
+
+// A deletion is confirmed by the node's acks only under the v2 rule: acks at or above the revision
+// of the index that left the pod out, naming the pod in none of applied, refused and missing.
+// Acks still listing it, or older than that index, confirm nothing; and the retained object is
+// cleared only once that index is out.
+func TestDeletionConfirmedOnlyByTheV2AcksRule(t *testing.T) {
+	keep := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
+	keep.Spec.Containers[0].Env = nil
+	keep.Spec.Volumes = keep.Spec.Volumes[1:]
+	keep.Spec.Containers[0].VolumeMounts = keep.Spec.Containers[0].VolumeMounts[1:]
+	gone := keep.DeepCopy()
+	gone.Name, gone.UID = "web-2", "6f1c2d3e-aaaa-4bbb-8ccc-000000000002"
+	h := start(t, []string{nodeA}, keep, gone)
+	sent := h.desired(nodeA, protocol.KindPod, "default", "web-2")
+	var before *protocol.Index
+	waitFor(t, "an index of both pods", func() bool { before = h.index(nodeA); return before != nil && len(before.Objects) == 2 })
+	podTopic := topics.Desired(nodeA, protocol.KindPod, "default", "web-2")
+
+	markDeleted(t, h, gone)
+	idx := h.dropped(nodeA, "pods/default/web-2")
+	if idx.Revision <= before.Revision {
+		t.Fatalf("the index leaving web-2 out has revision %d, not above %d", idx.Revision, before.Revision)
+	}
+	// The retained object went only after the index that leaves it out.
+	h.broker.mu.Lock()
+	log := append([]string(nil), h.broker.log...)
+	h.broker.mu.Unlock()
+	iIndex, iClear := -1, -1
+	for i, topic := range log {
+		if topic == topics.Index(nodeA) {
+			iIndex = i
+		}
+		if topic == podTopic {
+			iClear = i
+		}
+	}
+	if iClear < iIndex {
+		t.Errorf("publishes %v: web-2's topic was cleared before the index that leaves it out", log)
+	}
+	if v := h.c.m.cleared.Value(); v != 1 {
+		t.Errorf("cleared metric %v, want 1", v)
+	}
+
+	keepEntry := idx.Objects["pods/default/web-1"]
+	sentEntry := before.Objects["pods/default/web-2"]
+	if sentEntry.Generation != sent.Generation {
+		t.Fatalf("index entry %+v, retained generation %d", sentEntry, sent.Generation)
+	}
+	for _, tc := range []struct {
+		name string
+		acks protocol.Acks
+	}{
+		{"acks of the index before", protocol.Acks{IndexRevision: before.Revision, Applied: before.Objects}},
+		{"acks below the dropping index, key left out", protocol.Acks{IndexRevision: idx.Revision - 1,
+			Applied: map[string]protocol.IndexEntry{"pods/default/web-1": keepEntry}}},
+		{"applied still", protocol.Acks{IndexRevision: idx.Revision,
+			Applied: map[string]protocol.IndexEntry{"pods/default/web-1": keepEntry, "pods/default/web-2": sentEntry}}},
+		{"refused still", protocol.Acks{IndexRevision: idx.Revision, Applied: map[string]protocol.IndexEntry{"pods/default/web-1": keepEntry},
+			Refused: map[string]protocol.Refusal{"pods/default/web-2": {Generation: sentEntry.Generation, Digest: sentEntry.Digest, Reason: "policy"}}}},
+		{"missing still", protocol.Acks{IndexRevision: idx.Revision, Applied: map[string]protocol.IndexEntry{"pods/default/web-1": keepEntry},
+			Missing: map[string]protocol.IndexEntry{"pods/default/web-2": sentEntry}}},
+	} {
+		a := tc.acks
+		a.Node, a.Session = nodeA, 1
+		h.after("node", nodeA, func() { h.c.Handle(acksTopic(nodeA), mustEncode(t, &a)) })
+		if d := h.deletes(); len(d) != 0 {
+			t.Fatalf("%s: web-2 deleted: %+v", tc.name, d)
+		}
+	}
+	h.after("node", nodeA, func() {
+		h.c.Handle(acksTopic(nodeA), mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: idx.Revision,
+			Applied: map[string]protocol.IndexEntry{"pods/default/web-1": keepEntry}}))
+	})
+	if d := h.deletes(); len(d) != 1 || d[0].GetName() != "web-2" {
+		t.Fatalf("deletes after acks of the dropping index: %+v, want web-2", d)
+	}
+}
+
+// Every index entry the bridge publishes lists the generation and protocol.Digest of the exact
+// retained payload of its object: after the first sync, after a change, after a resync request,
+// and after a restart that read the retained state back.
+func TestIndexDigestsArePublishedPayloads(t *testing.T) {
+	pod := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
+	h := start(t, []string{nodeA}, pod,
+		configMap("default", "web-config", map[string]string{"a": "1"}),
+		secret("default", "web-secret", map[string][]byte{"token": []byte("x")}))
+	check := func(when string, n int) *protocol.Index {
+		t.Helper()
+		var idx *protocol.Index
+		waitFor(t, fmt.Sprintf("%s: an index of %d objects", when, n), func() bool {
+			idx = h.index(nodeA)
+			return idx != nil && len(idx.Objects) == n
+		})
+		for k, e := range idx.Objects {
+			kind, ns, name, err := protocol.ParseObjectKey(k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			payload := h.broker.get(topics.Desired(nodeA, kind, ns, name))
+			d := desiredOf(t, payload, nodeA, kind, ns, name)
+			if e.Digest != protocol.Digest(payload) || e.Generation != d.Generation {
+				t.Errorf("%s: index entry %s = %+v; the retained payload has generation %d and digest %s",
+					when, k, e, d.Generation, protocol.Digest(payload))
+			}
+		}
+		return idx
+	}
+	first := check("first sync", 3)
+
+	cm, err := h.kube.CoreV1().ConfigMaps("default").Get(context.Background(), "web-config", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["a"], cm.ResourceVersion = "2", "2"
+	if _, err := h.kube.CoreV1().ConfigMaps("default").Update(context.Background(), cm, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a new index", func() bool { idx := h.index(nodeA); return idx != nil && idx.Revision > first.Revision })
+	second := check("configMap change", 3)
+	if second.Objects["configmaps/default/web-config"].Digest == first.Objects["configmaps/default/web-config"].Digest {
+		t.Errorf("the changed configMap kept its digest")
+	}
+
+	h.after("node", nodeA, func() {
+		h.c.Handle(protocol.Topic{Class: protocol.ClassResync, Node: nodeA}, mustEncode(t, &protocol.ResyncRequest{Node: nodeA, Session: 1,
+			Reason: "missing", Missing: []string{"pods/default/web-1"}}))
+	})
+	check("resync", 3)
+
+	// A new leader reads the retained state back: it writes nothing, and what it would list is
+	// what the broker holds.
+	retained, err := h.broker.Snapshot(context.Background(), topics.Index(nodeA), topics.DesiredFilter(nodeA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, problems := newNodeState(nodeA, topics, retained, 0)
+	if len(problems) != 0 {
+		t.Fatal(problems)
+	}
+	for k, e := range s.entries {
+		if e.Digest != s.index[k].Digest {
+			t.Errorf("restart: %s read with digest %s, the index lists %s", k, e.Digest, s.index[k].Digest)
+		}
 	}
 }
 
@@ -256,17 +468,44 @@ func TestStatusIsolationAndMerge(t *testing.T) {
 	}
 }
 
+// A pod its node refused (admission or policy, or a payload it could not decode) becomes Failed, as
+// kubelet fails a pod its admission rejects; a refusal of another payload than the one the bridge
+// holds for that generation (another digest) is not about the pod.
 func TestRefusedPodBecomesFailed(t *testing.T) {
-	pod := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
-	h := start(t, []string{nodeA}, pod)
-	d := h.desired(nodeA, protocol.KindPod, "default", "web-1")
-	reason := `policy: privileged containers are not allowed (container "httpd")`
-	h.c.Handle(protocol.Topic{Class: protocol.ClassAcks, Node: nodeA}, mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1,
-		IndexRevision: d.Generation, Refused: map[string]protocol.Refusal{"pods/default/web-1": {Generation: d.Generation, Reason: reason}}}))
-	waitFor(t, "Failed status", func() bool {
-		p, err := h.kube.CoreV1().Pods("default").Get(context.Background(), "web-1", metav1.GetOptions{})
+	web1 := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
+	web2 := apiPod("default", "web-2", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000002")
+	h := start(t, []string{nodeA}, web1, web2)
+	h.desired(nodeA, protocol.KindPod, "default", "web-1")
+	h.desired(nodeA, protocol.KindPod, "default", "web-2")
+	var idx *protocol.Index
+	waitFor(t, "an index of both pods", func() bool { idx = h.index(nodeA); return idx != nil && len(idx.Objects) >= 2 })
+	e1, e2 := idx.Objects["pods/default/web-1"], idx.Objects["pods/default/web-2"]
+	policy := `policy: privileged containers are not allowed (container "httpd")`
+	undecodable := `undecodable: desired pod object: invalid JSON: unexpected end of JSON input`
+	failed := func(name, reason string) bool {
+		p, err := h.kube.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
 		return err == nil && p.Status.Phase == v1.PodFailed && p.Status.Reason == ReasonNodeRefused && p.Status.Message == reason
+	}
+	refused := func(m map[string]protocol.Refusal) []byte {
+		return mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: idx.Revision, Refused: m})
+	}
+
+	other := protocol.Digest([]byte("another payload"))
+	h.after("node", nodeA, func() {
+		h.c.Handle(acksTopic(nodeA), refused(map[string]protocol.Refusal{
+			"pods/default/web-2": {Generation: e2.Generation, Digest: other, Reason: undecodable}}))
 	})
+	h.c.mu.Lock()
+	n := len(h.c.refusals)
+	h.c.mu.Unlock()
+	if n != 0 || h.statusUpdates() != 0 {
+		t.Fatalf("a refusal of another payload was taken for the pod's: %d refusals noted, %d status writes", n, h.statusUpdates())
+	}
+
+	h.c.Handle(acksTopic(nodeA), refused(map[string]protocol.Refusal{
+		"pods/default/web-1": {Generation: e1.Generation, Digest: e1.Digest, Reason: policy},
+		"pods/default/web-2": {Generation: e2.Generation, Digest: e2.Digest, Reason: undecodable}}))
+	waitFor(t, "both pods Failed with the node's reasons", func() bool { return failed("web-1", policy) && failed("web-2", undecodable) })
 }
 
 func TestEventsBecomeAPIEvents(t *testing.T) {
@@ -368,8 +607,9 @@ func podConditionIs(p *v1.Pod, typ v1.PodConditionType, s v1.ConditionStatus) bo
 }
 
 // A bridge that has not handled a pod's status yet (just started; statuses are read apart from the
-// acks) must not take the node's acks of the tombstone for confirmation while the broker still
-// holds a live status of that pod: the node takes the tombstone in before the pod has stopped.
+// acks) must not take the node's acks of the index that leaves the pod out for confirmation while
+// the broker still holds a live status of that pod: the node takes the index in before the pod has
+// stopped.
 func TestDeletionWithoutStatusInMemoryReadsTheRetainedStatus(t *testing.T) {
 	pod := apiPod("default", "web-3", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000003")
 	h := start(t, []string{nodeA}, pod)
@@ -380,20 +620,10 @@ func TestDeletionWithoutStatusInMemoryReadsTheRetainedStatus(t *testing.T) {
 		statusPayload(t, nodeA, pod, v1.PodStatus{Phase: v1.PodRunning}, false), true); err != nil {
 		t.Fatal(err)
 	}
-	now := metav1.Now()
-	p := pod.DeepCopy()
-	p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &now, ptr(int64(30))
-	if _, err := h.kube.CoreV1().Pods("default").Update(context.Background(), p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	var tomb *protocol.DesiredObject
-	waitFor(t, "tombstone", func() bool {
-		tomb = desiredOf(t, h.broker.get(topics.Desired(nodeA, protocol.KindPod, "default", "web-3")), nodeA, protocol.KindPod, "default", "web-3")
-		return tomb.Deleted
-	})
-	acks := mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: tomb.Generation,
-		Deleted: map[string]int64{"pods/default/web-3": tomb.Generation}})
-	h.after("node", nodeA, func() { h.c.Handle(protocol.Topic{Class: protocol.ClassAcks, Node: nodeA}, acks) })
+	markDeleted(t, h, pod)
+	idx := h.dropped(nodeA, "pods/default/web-3")
+	acks := mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: idx.Revision})
+	h.after("node", nodeA, func() { h.c.Handle(acksTopic(nodeA), acks) })
 	if d := h.deletes(); len(d) != 0 {
 		t.Fatalf("deleted on the acks while the retained status says the pod still runs: %+v", d)
 	}
@@ -444,4 +674,226 @@ func TestNodeSelectionJudgedAgainstTheAPINode(t *testing.T) {
 		t.Errorf("after the Node's labels changed: generation %d -> %d, nodeSelector %v; want the pod unchanged",
 			d.Generation, again.Generation, again.Pod.Spec.NodeSelector)
 	}
+}
+
+// shortReads makes the broker's reads of node's statuses lose the status topics in drop while
+// lossy() holds, and counts those reads.
+type shortReads struct {
+	mu    sync.Mutex
+	lossy bool
+	reads int
+}
+
+func (s *shortReads) install(b *memBroker, node string, drop ...string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.onSnapshot = func(filters []string, out map[string][]byte) {
+		if !slices.Contains(filters, topics.PodStatusFilter(node)) {
+			return
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.reads++
+		if s.lossy {
+			for _, t := range drop {
+				delete(out, t)
+			}
+		}
+	}
+}
+
+func (s *shortReads) set(lossy bool) {
+	s.mu.Lock()
+	s.lossy = lossy
+	s.mu.Unlock()
+}
+
+func (s *shortReads) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reads
+}
+
+func summaryPayload(t *testing.T, node string, pods int) []byte {
+	return mustEncode(t, &protocol.StatusSummary{Node: node, Pods: pods, Digest: protocol.Digest([]byte(node))})
+}
+
+// A read of a node's retained statuses with fewer live statuses than its status summary counts is
+// read again at once; still short, it is handled for what it holds, a warning names the node and
+// the counts, and it is read again later, never taking the missing status for gone. A node without
+// a summary is not checked.
+func TestShortStatusReadIsReadAgain(t *testing.T) {
+	web1 := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
+	web2 := apiPod("default", "web-2", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000002")
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeA},
+		Status: v1.NodeStatus{Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue}}}}
+	h := start(t, []string{nodeA}, web1, web2, node)
+	h.desired(nodeA, protocol.KindPod, "default", "web-2")
+	ctx := context.Background()
+	ts := metav1.NewTime(time.Date(2026, 3, 14, 9, 26, 53, 0, time.UTC))
+	running := v1.PodStatus{Phase: v1.PodRunning,
+		Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue, LastTransitionTime: ts}}}
+	for _, p := range []*v1.Pod{web1, web2} {
+		payload := statusPayload(t, nodeA, p, running, false)
+		h.broker.Publish(ctx, topics.PodStatus(nodeA, p.Namespace, p.Name), payload, true)
+		h.after("status", topics.PodStatus(nodeA, p.Namespace, p.Name), func() { h.c.Handle(statusTopic(nodeA, p), payload) })
+	}
+	// A pod the node reported gone keeps a retained status that the summary does not count.
+	old := apiPod("default", "web-9", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000009")
+	h.broker.Publish(ctx, topics.PodStatus(nodeA, "default", "web-9"), statusPayload(t, nodeA, old, v1.PodStatus{}, true), true)
+	h.broker.Publish(ctx, topics.Summary(nodeA), summaryPayload(t, nodeA, 2), true)
+	var reads shortReads
+	reads.install(h.broker, nodeA, topics.PodStatus(nodeA, "default", "web-2"))
+
+	ready := func(name string) v1.ConditionStatus {
+		p, err := h.kube.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == v1.PodReady {
+				return c.Status
+			}
+		}
+		return ""
+	}
+	// awayAndBack marks the node's pods not Ready (the node lifecycle controller, while the node
+	// was away) and brings the node back, which makes the controller read its statuses again.
+	awayAndBack := func() {
+		t.Helper()
+		setNode := func(s v1.ConditionStatus) {
+			n, err := h.kube.CoreV1().Nodes().Get(ctx, nodeA, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n.Status.Conditions[0].Status = s
+			if _, err := h.kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		setNode(v1.ConditionUnknown)
+		for _, name := range []string{"web-1", "web-2"} {
+			p, err := h.kube.CoreV1().Pods("default").Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range p.Status.Conditions {
+				if p.Status.Conditions[i].Type == v1.PodReady {
+					p.Status.Conditions[i].Status = v1.ConditionFalse
+				}
+			}
+			if _, err := h.kube.CoreV1().Pods("default").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, "the informers see the node away and its pods not Ready", func() bool {
+			n, err := h.c.nodeLister.Get(nodeA)
+			if err != nil || nodeReady(n) {
+				return false
+			}
+			for _, name := range []string{"web-1", "web-2"} {
+				if q, err := h.c.podLister.Pods("default").Get(name); err != nil || podConditionIs(q, v1.PodReady, v1.ConditionTrue) {
+					return false
+				}
+			}
+			return true
+		})
+		setNode(v1.ConditionTrue)
+	}
+
+	// One lossy read, then a whole one: repaired at once.
+	reads.set(true)
+	h.broker.mu.Lock()
+	once := h.broker.onSnapshot
+	h.broker.onSnapshot = func(filters []string, out map[string][]byte) {
+		once(filters, out)
+		if slices.Contains(filters, topics.PodStatusFilter(nodeA)) {
+			reads.set(false)
+		}
+	}
+	h.broker.mu.Unlock()
+	awayAndBack()
+	waitFor(t, "both pods Ready again", func() bool { return ready("web-1") == v1.ConditionTrue && ready("web-2") == v1.ConditionTrue })
+	if n := reads.count(); n != 2 {
+		t.Errorf("%d reads of the statuses, want 2 (the short one and the one again)", n)
+	}
+	if v := h.c.m.shortReads.With("repaired").Value(); v != 1 {
+		t.Errorf("repaired short reads %v, want 1", v)
+	}
+
+	// Lossy for good: web-1 comes back from what arrived; web-2 waits, with a warning, and is read
+	// again later.
+	reads.install(h.broker, nodeA, topics.PodStatus(nodeA, "default", "web-2"))
+	reads.set(true)
+	before := reads.count()
+	awayAndBack()
+	waitFor(t, "web-1 Ready again and a read again later", func() bool {
+		return ready("web-1") == v1.ConditionTrue && reads.count() >= before+4
+	})
+	if ready("web-2") != v1.ConditionFalse {
+		t.Errorf("web-2 Ready %s, want False: its status never arrived", ready("web-2"))
+	}
+	if logs := h.logs.String(); !strings.Contains(logs, "stays short of its status summary") ||
+		!strings.Contains(logs, "node="+nodeA) || !strings.Contains(logs, "expected=2") || !strings.Contains(logs, "got=1") {
+		t.Errorf("no warning naming the node and the counts; logs:\n%s", logs)
+	}
+	if v := h.c.m.shortReads.With("short").Value(); v < 1 {
+		t.Errorf("short reads %v, want at least 1", v)
+	}
+	reads.set(false)
+	waitFor(t, "web-2 Ready again once a read is whole", func() bool { return ready("web-2") == v1.ConditionTrue })
+
+	// Without a summary (an older node) nothing is checked: one read.
+	h.broker.Publish(ctx, topics.Summary(nodeA), nil, true)
+	reads.set(true)
+	before = reads.count()
+	awayAndBack()
+	waitFor(t, "web-1 Ready again", func() bool { return ready("web-1") == v1.ConditionTrue })
+	h.after("node", nodeA, func() { h.c.NodeServed(nodeA) })
+	if n := reads.count() - before; n != 1 {
+		t.Errorf("%d reads of a node without a summary, want 1", n)
+	}
+}
+
+// The retained status that tells "still stopping" from "never ran" must come from a whole read: a
+// read that lost it (fewer live statuses than the node's summary counts) does not confirm a
+// deletion the acks alone would.
+func TestShortStatusReadDoesNotConfirmADeletion(t *testing.T) {
+	pod := apiPod("default", "web-3", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000003")
+	h := start(t, []string{nodeA}, pod)
+	h.desired(nodeA, protocol.KindPod, "default", "web-3")
+	ctx := context.Background()
+	statusTopicName := topics.PodStatus(nodeA, "default", "web-3")
+	h.broker.Publish(ctx, statusTopicName, statusPayload(t, nodeA, pod, v1.PodStatus{Phase: v1.PodRunning}, false), true)
+	h.broker.Publish(ctx, topics.Summary(nodeA), summaryPayload(t, nodeA, 1), true)
+	var reads shortReads
+	reads.install(h.broker, nodeA, statusTopicName)
+	reads.set(true)
+
+	markDeleted(t, h, pod)
+	idx := h.dropped(nodeA, "pods/default/web-3")
+	acks := mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: idx.Revision})
+	h.after("node", nodeA, func() { h.c.Handle(acksTopic(nodeA), acks) })
+	if d := h.deletes(); len(d) != 0 {
+		t.Fatalf("deleted on a short read of the statuses: %+v", d)
+	}
+	waitFor(t, "a retry after the short read", func() bool { return reads.count() >= 4 })
+	if d := h.deletes(); len(d) != 0 {
+		t.Fatalf("deleted on a short read of the statuses: %+v", d)
+	}
+	if !strings.Contains(h.logs.String(), "expected=1 got=0") {
+		t.Errorf("no warning with the counts; logs:\n%s", h.logs.String())
+	}
+	// The read is whole again: the pod still runs, so nothing is deleted yet; gone, it is.
+	reads.set(false)
+	n := reads.count()
+	waitFor(t, "a whole read", func() bool { return reads.count() > n })
+	h.after("node", nodeA, func() { h.c.NodeServed(nodeA) })
+	if d := h.deletes(); len(d) != 0 {
+		t.Fatalf("deleted while the retained status says the pod runs: %+v", d)
+	}
+	h.broker.Publish(ctx, statusTopicName, statusPayload(t, nodeA, pod, v1.PodStatus{}, true), true)
+	h.broker.Publish(ctx, topics.Summary(nodeA), summaryPayload(t, nodeA, 0), true)
+	h.after("node", nodeA, func() { h.c.NodeServed(nodeA) })
+	waitFor(t, "web-3 deleted", func() bool { return len(h.deletes()) == 1 })
 }

@@ -2,7 +2,9 @@ package pods
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/mqlet/mqlet/agent/admission"
@@ -14,8 +16,9 @@ import (
 )
 
 // syncNode brings one node's retained desired state in line with the API: read the retained state
-// if this bridge does not know it yet, publish what changed (objects, tombstones, then the index),
-// then act on what the node's acks say (refusals, confirmed deletions).
+// if this bridge does not know it yet, publish what changed (objects, then the index, then the
+// clearing of what the index no longer lists), then act on what the node's acks say (refusals,
+// confirmed deletions).
 func (c *Controller) syncNode(ctx context.Context, node string) error {
 	if !c.o.Served(node) {
 		c.mu.Lock()
@@ -27,8 +30,13 @@ func (c *Controller) syncNode(ctx context.Context, node string) error {
 	restatus := c.restatus[node]
 	delete(c.restatus, node)
 	c.mu.Unlock()
+	// A read of the statuses that came back short is retried through the queue's back-off once
+	// the rest of the sync is done: the node's desired state does not wait for its statuses.
+	var later error
 	if restatus {
-		if err := c.rereadStatuses(ctx, node); err != nil {
+		if err := c.rereadStatuses(ctx, node); errors.Is(err, errShortRead) {
+			later = err
+		} else if err != nil {
 			return err
 		}
 	}
@@ -44,15 +52,18 @@ func (c *Controller) syncNode(ctx context.Context, node string) error {
 	if err != nil {
 		return err
 	}
-	tomb := make(map[string]bool, len(terminating))
+	termKeys := make(map[string]bool, len(terminating))
 	for _, p := range terminating {
-		tomb[protocol.ObjectKey(protocol.KindPod, p.Namespace, p.Name)] = true
+		termKeys[protocol.ObjectKey(protocol.KindPod, p.Namespace, p.Name)] = true
 	}
 	c.mu.Lock()
 	resend := c.resync[node]
 	delete(c.resync, node)
 	c.mu.Unlock()
-	pl := st.plan(node, want, tomb, resend, resend != nil)
+	pl, err := st.plan(node, want, termKeys, resend, resend != nil)
+	if err != nil {
+		return fmt.Errorf("node %s: %w", node, err)
+	}
 	if !pl.empty() {
 		if err := c.publish(ctx, node, pl); err != nil {
 			c.mu.Lock()
@@ -67,38 +78,36 @@ func (c *Controller) syncNode(ctx context.Context, node string) error {
 		}
 		st.commit(pl)
 	}
+	// Only pods waiting for their node's confirmation need the revision that dropped them.
+	for k := range st.dropped {
+		if !termKeys[k] {
+			delete(st.dropped, k)
+		}
+	}
+	c.checkIndexRefused(node, st, acks)
 	c.checkRefusals(node, st, acks)
 	if err := c.finishDeletions(ctx, node, st, terminating, acks); err != nil {
 		return err
 	}
-	return c.clearTombstones(ctx, node, st, acks, tomb)
+	return later
 }
 
-// clearTombstones removes the retained tombstones the node has taken in (its acks show the key
-// deleted at or above the tombstone's generation), as protocol section 4.3 allows: otherwise every
-// pod ever deleted would stay on the broker and in every restart's snapshot. The index keeps the
-// deletion safe. A pod still Terminating in the API keeps its tombstone: it is what its deletion
-// waits on.
-func (c *Controller) clearTombstones(ctx context.Context, node string, st *nodeState, acks *protocol.Acks, terminating map[string]bool) error {
-	if acks == nil {
-		return nil
+// checkIndexRefused reports a node that refused the index this bridge holds for it (stale,
+// conflicting, invalid): its desired set cannot follow the API until a writer fixes that, and only
+// a person can tell why two writers meet (docs/protocol.md section 16).
+func (c *Controller) checkIndexRefused(node string, st *nodeState, acks *protocol.Acks) {
+	if acks == nil || acks.IndexRefused == nil {
+		return
 	}
-	for key, e := range st.entries {
-		if !e.Deleted || terminating[key] || acks.Deleted[key] < e.Gen {
-			continue
-		}
-		kind, ns, name, err := protocol.ParseObjectKey(key)
-		if err != nil {
-			continue
-		}
-		topic := c.o.Topics.Desired(node, kind, ns, name)
-		if err := c.o.Broker.Publish(ctx, topic, nil, true); err != nil {
-			return fmt.Errorf("node %s: clear the tombstone %s: %w", node, topic, err)
-		}
-		st.forget(key)
-		c.m.tombstonesCleared.Inc()
+	r := acks.IndexRefused
+	if r.Generation != st.indexRev || r.Digest != "" && r.Digest != st.indexDigest {
+		return // an index this bridge no longer holds: the node has moved on
 	}
-	return nil
+	if st.warnedRefusedRev == r.Generation {
+		return // said once per revision: every sync of the node would repeat it
+	}
+	st.warnedRefusedRev = r.Generation
+	c.log.Warn("the node refused the current index", "node", node, "revision", r.Generation, "reason", r.Reason)
 }
 
 // nodeState returns the node's state, reading its retained index, acks and desired objects first
@@ -150,8 +159,9 @@ func (c *Controller) nodeAcks(node string) *protocol.Acks {
 
 // wanted is the node's desired set from the informers' caches: every pod bound to it that is not
 // being deleted, and the configMaps and secrets those pods reference. Pods being deleted are
-// returned apart: they get tombstones. A referenced object that does not exist is not sent (the
-// node waits for it, as kubelet does); so secrets reach only nodes whose pods reference them.
+// returned apart: the index leaves them out, and their deletion waits for the node to confirm it.
+// A referenced object that does not exist is not sent (the node waits for it, as kubelet does); so
+// secrets reach only nodes whose pods reference them.
 func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*v1.Pod, error) {
 	objs, err := c.pods.GetIndexer().ByIndex(byNode, node)
 	if err != nil {
@@ -241,9 +251,9 @@ func (c *Controller) podObject(node string, st *nodeState, p *v1.Pod) (*object, 
 		return nil, nil, err
 	}
 	switch sent, ok := st.entries[protocol.ObjectKey(protocol.KindPod, p.Namespace, p.Name)]; {
-	case ok && !sent.Deleted && sent.Hash == full.Hash:
+	case ok && sent.Hash == full.Hash:
 		return full, sp, nil
-	case ok && !sent.Deleted && sent.Hash == lean.Hash:
+	case ok && sent.Hash == lean.Hash:
 		return lean, bare, nil
 	}
 	if n, err := c.nodeLister.Get(node); err == nil && admission.NodeAffinityMatches(sp, node, n.Labels) {
@@ -252,8 +262,9 @@ func (c *Controller) podObject(node string, st *nodeState, p *v1.Pod) (*object, 
 	return full, sp, nil
 }
 
-// publish sends a plan: every object and tombstone (at most PublishBurst waiting for their PUBACK
-// at once), and only when all are acknowledged, the index.
+// publish sends a plan: every object (at most PublishBurst waiting for their PUBACK at once), and
+// only when all are acknowledged the index, and only once the index is acknowledged the clearing
+// of the topics it no longer lists.
 func (c *Controller) publish(ctx context.Context, node string, pl plan) error {
 	type out struct {
 		topic   string
@@ -262,69 +273,80 @@ func (c *Controller) publish(ctx context.Context, node string, pl plan) error {
 	}
 	msgs := make([]out, 0, len(pl.Writes))
 	for _, w := range pl.Writes {
-		payload, err := protocol.Encode(w.Msg)
-		if err != nil {
-			return err
-		}
-		kind := string(w.Msg.Kind)
-		if w.Msg.Deleted {
-			kind = "tombstone"
-		}
-		msgs = append(msgs, out{c.o.Topics.Desired(node, w.Msg.Kind, w.Msg.Namespace, w.Msg.Name), payload, kind})
+		msgs = append(msgs, out{c.o.Topics.Desired(node, w.Msg.Kind, w.Msg.Namespace, w.Msg.Name), w.Payload, string(w.Msg.Kind)})
 	}
+	if err := publishAll(c, ctx, msgs, func(m out) (string, []byte) { return m.topic, m.payload },
+		func(m out) { c.m.published.With(m.kind).Inc() }); err != nil {
+		return err
+	}
+	if pl.Index != nil {
+		if len(pl.IndexPayload) > c.o.MaxPayload {
+			return fmt.Errorf("the index at revision %d would be %d bytes, more than the %d a node accepts",
+				pl.Index.Revision, len(pl.IndexPayload), c.o.MaxPayload)
+		}
+		if err := c.o.Broker.Publish(ctx, c.o.Topics.Index(node), pl.IndexPayload, true); err != nil {
+			return fmt.Errorf("publish %s (revision %d): %w", c.o.Topics.Index(node), pl.Index.Revision, err)
+		}
+		c.m.indexWrites.Inc()
+	}
+	clears := make([]string, 0, len(pl.Clears))
+	for _, k := range pl.Clears {
+		kind, ns, name, err := protocol.ParseObjectKey(k)
+		if err != nil {
+			return fmt.Errorf("clear retained desired object %q: %w", k, err) // keys come from parsed topics: a bug
+		}
+		clears = append(clears, c.o.Topics.Desired(node, kind, ns, name))
+	}
+	return publishAll(c, ctx, clears, func(topic string) (string, []byte) { return topic, nil },
+		func(string) { c.m.cleared.Inc() })
+}
+
+// publishAll publishes items as retained messages, at most PublishBurst waiting for their PUBACK at
+// once, calling done for each acknowledged one; the first failure is returned once all ended.
+func publishAll[T any](c *Controller, ctx context.Context, items []T, msg func(T) (string, []byte), done func(T)) error {
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
 		firstErr error
 		sem      = make(chan struct{}, c.o.PublishBurst)
 	)
-	for _, m := range msgs {
+	for _, it := range items {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			err := c.o.Broker.Publish(ctx, m.topic, m.payload, true)
-			if err != nil {
+			topic, payload := msg(it)
+			if err := c.o.Broker.Publish(ctx, topic, payload, true); err != nil {
 				mu.Lock()
 				if firstErr == nil {
-					firstErr = fmt.Errorf("publish %s: %w", m.topic, err)
+					what := "publish"
+					if len(payload) == 0 {
+						what = "clear"
+					}
+					firstErr = fmt.Errorf("%s %s: %w", what, topic, err)
 				}
 				mu.Unlock()
 				return
 			}
-			c.m.published.With(m.kind).Inc()
+			done(it)
 		})
 	}
 	wg.Wait()
-	if firstErr != nil {
-		return firstErr
-	}
-	if pl.Index == nil {
-		return nil
-	}
-	payload, err := protocol.Encode(pl.Index)
-	if err != nil {
-		return err
-	}
-	if len(payload) > c.o.MaxPayload {
-		return fmt.Errorf("the index would be %d bytes, more than the %d a node accepts", len(payload), c.o.MaxPayload)
-	}
-	if err := c.o.Broker.Publish(ctx, c.o.Topics.Index(node), payload, true); err != nil {
-		return fmt.Errorf("publish %s: %w", c.o.Topics.Index(node), err)
-	}
-	c.m.indexWrites.Inc()
-	return nil
+	return firstErr
 }
 
 // checkRefusals notes the pods whose current generation the node refused, so their status
 // becomes Failed (kubelet fails pods its admission rejects), and forgets refusals of older
-// generations.
+// generations. Every refusal counts the same: the node's admission or policy, and a payload the
+// node could not decode (its reason starts with "undecodable"), which the node will not run either
+// until a new generation comes. A refusal of another payload than the one retained (another
+// digest) is not about what this bridge sent.
 func (c *Controller) checkRefusals(node string, st *nodeState, acks *protocol.Acks) {
 	var queue []string
 	c.mu.Lock()
 	for topic, r := range c.refusals {
 		if t, err := c.o.Topics.Parse(topic); err == nil && t.Node == node {
-			e := st.entries[protocol.ObjectKey(protocol.KindPod, t.Namespace, t.Name)]
-			if e.Deleted || e.Gen != r.gen {
+			e, ok := st.entries[protocol.ObjectKey(protocol.KindPod, t.Namespace, t.Name)]
+			if !ok || e.Gen != r.gen {
 				delete(c.refusals, topic)
 			}
 		}
@@ -339,7 +361,7 @@ func (c *Controller) checkRefusals(node string, st *nodeState, acks *protocol.Ac
 			continue
 		}
 		e, ok := st.entries[key]
-		if !ok || e.Deleted || e.Gen != r.Generation {
+		if !ok || e.Gen != r.Generation || r.Digest != "" && r.Digest != e.Digest {
 			continue
 		}
 		p, err := c.podLister.Pods(ns).Get(name)
@@ -351,6 +373,12 @@ func (c *Controller) checkRefusals(node string, st *nodeState, acks *protocol.Ac
 		if old, ok := c.refusals[topic]; !ok || old.gen != r.Generation || old.uid != string(p.UID) {
 			c.refusals[topic] = refusal{uid: string(p.UID), gen: r.Generation, reason: r.Reason}
 			queue = append(queue, topic)
+			if strings.HasPrefix(r.Reason, reasonUndecodable) {
+				// The bridge wrote it: a node that cannot decode it speaks another contract,
+				// or the bridge has a bug.
+				c.log.Warn("the node could not decode a pod the bridge sent; the pod fails", "node", node,
+					"namespace", ns, "name", name, "generation", r.Generation, "reason", r.Reason)
+			}
 		}
 		c.mu.Unlock()
 	}
@@ -359,63 +387,71 @@ func (c *Controller) checkRefusals(node string, st *nodeState, acks *protocol.Ac
 	}
 }
 
+// reasonUndecodable starts the reason of a refusal of a payload the node could not decode.
+const reasonUndecodable = "undecodable"
+
 // finishDeletions deletes, with grace period 0 and a UID precondition, the API pods being deleted
-// whose node confirmed the tombstone: its acks show the key deleted at or above the tombstone's
-// generation, and the node does not report the pod still there (the agent stops a pod within its
-// grace period and then reports it gone; a pod it never ran is confirmed by the acks alone). A
-// node that is offline confirms nothing: the pod stays Terminating, as with kubelet.
+// whose node confirmed the deletion: its acks are at or above the revision of the index that left
+// the pod out and name the pod in none of their outcomes, and the node does not report the pod
+// still there (the agent stops a pod within its grace period and then reports it gone; a pod it
+// never ran is confirmed by the acks alone). A node that is offline confirms nothing: the pod
+// stays Terminating, as with kubelet.
 func (c *Controller) finishDeletions(ctx context.Context, node string, st *nodeState, terminating []*v1.Pod, acks *protocol.Acks) error {
+	var (
+		retained map[string][]byte // the node's retained statuses, read once when needed
+		whole    bool
+		short    error
+	)
 	for _, p := range terminating {
 		key := protocol.ObjectKey(protocol.KindPod, p.Namespace, p.Name)
-		e, ok := st.entries[key]
-		if !ok || !e.Deleted {
-			continue
-		}
+		acked := goneFromNode(acks, key, st.dropRevision(key))
 		topic := c.o.Topics.PodStatus(node, p.Namespace, p.Name)
 		c.mu.Lock()
 		s, reported := c.summary[topic]
 		c.mu.Unlock()
-		ackedDeleted := acks != nil && acks.Deleted[key] >= e.Gen
-		if ackedDeleted && (!reported || s.uid != string(p.UID)) {
-			// The node writes acks.deleted when it takes the tombstone in, before the pod has
-			// stopped. With no status of this pod in memory (a bridge that just started, its
-			// statuses still being read), only the retained status can tell "never ran" from
-			// "still stopping".
-			rs, ok, err := c.retainedStatus(ctx, topic)
-			if err != nil {
-				return err
+		if acked && (!reported || s.uid != string(p.UID)) {
+			// The node acks the index that leaves the pod out when it takes that index in,
+			// before the pod has stopped. With no status of this pod in memory (a bridge that
+			// just started, its statuses still being read), only the retained status can tell
+			// "never ran" from "still stopping", and only a whole read can tell it is absent.
+			if retained == nil {
+				var err error
+				if retained, whole, err = c.readStatuses(ctx, node); err != nil {
+					return err
+				}
 			}
-			if ok {
+			rs, ok := c.statusIn(retained, topic)
+			switch {
+			case ok:
 				s, reported = rs, true
+			case !whole:
+				short = fmt.Errorf("node %s: pod %s/%s waits for its deletion: %w", node, p.Namespace, p.Name, errShortRead)
+				continue
 			}
 		}
 		goneReported := reported && s.uid == string(p.UID) && s.deleted
 		stillThere := reported && s.uid == string(p.UID) && !s.deleted
-		if goneReported || ackedDeleted && !stillThere {
+		if goneReported || acked && !stillThere {
 			if err := c.deletePod(ctx, p.Namespace, p.Name, p.UID); err != nil {
 				return err
 			}
 		}
 	}
-	return nil
+	return short
 }
 
-// retainedStatus reads one pod's retained status from the broker: ok is false when the broker
-// holds none (or an unreadable one, which says nothing about the pod either).
-func (c *Controller) retainedStatus(ctx context.Context, topic string) (statusSummary, bool, error) {
-	msgs, err := c.o.Broker.Snapshot(ctx, topic)
-	if err != nil {
-		return statusSummary{}, false, fmt.Errorf("read retained status %s: %w", topic, err)
-	}
-	payload, ok := msgs[topic]
+// statusIn is what a pod's retained status in a read of the node's statuses says: ok is false when
+// the read holds none (or an unreadable one, which says nothing about the pod either).
+func (c *Controller) statusIn(retained map[string][]byte, topic string) (statusSummary, bool) {
+	payload, ok := retained[topic]
 	if !ok || len(payload) == 0 {
-		return statusSummary{}, false, nil
+		return statusSummary{}, false
 	}
 	ps, err := protocol.DecodePodStatus(payload, c.o.MaxPayload)
 	if err != nil {
-		return statusSummary{}, false, nil
+		return statusSummary{}, false
 	}
-	return statusSummary{uid: string(ps.UID), deleted: ps.Deleted}, true, nil
+	return statusSummary{uid: string(ps.UID), deleted: ps.Deleted}, true
 }
 
 // deletePod removes an API pod the node confirmed gone. Already gone, or replaced by a pod of

@@ -102,6 +102,9 @@ type memBroker struct {
 	retained map[string][]byte
 	log      []string // topics published, in order
 	fail     error
+	// onSnapshot, when set, may change what a Snapshot returns (a read that lost messages); it
+	// runs with the broker locked.
+	onSnapshot func(filters []string, out map[string][]byte)
 }
 
 func newMemBroker() *memBroker { return &memBroker{retained: map[string][]byte{}} }
@@ -133,6 +136,9 @@ func (b *memBroker) Snapshot(ctx context.Context, filters ...string) (map[string
 				out[t] = p
 			}
 		}
+	}
+	if b.onSnapshot != nil {
+		b.onSnapshot(filters, out)
 	}
 	return out, nil
 }

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/metrics"
+	"github.com/mqlet/mqlet/bridge/mq"
 	"github.com/mqlet/mqlet/internal/mqtttest"
-	"github.com/mqlet/mqlet/sync/ctlclient"
 	"github.com/mqlet/mqlet/sync/protocol"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
@@ -18,26 +18,31 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 )
 
-// mqttBroker is the controller's Broker over a real broker: paho for publishes (PUBACK awaited),
-// ctlclient's marker-based Snapshot for retained state. bridge/mq.Conn plays this part in the
-// bridge.
-type mqttBroker struct {
-	mc  mqtt.Client
-	ctl *ctlclient.Client
-}
-
-func (b *mqttBroker) Publish(ctx context.Context, topic string, payload []byte, retained bool) error {
-	tok := b.mc.Publish(topic, 1, retained, payload)
-	select {
-	case <-tok.Done():
-		return tok.Error()
-	case <-ctx.Done():
-		return ctx.Err()
+// startConn runs the bridge's own MQTT connection (bridge/mq.Conn: PUBACK-awaited publishes,
+// marker-based snapshots, the uplink of every node routed to handle) until the test ends. It is
+// the controller's Broker, as in the bridge.
+func startConn(t *testing.T, url, id string, handle func(protocol.Topic, []byte)) *mq.Conn {
+	t.Helper()
+	conn, err := mq.New(mq.Options{Broker: url, ClientID: id, Timeout: 10 * time.Second, Log: quietLog(),
+		Handler: func(m mq.Message) { handle(m.Topic, m.Payload) }})
+	if err != nil {
+		t.Fatalf("mq.New %s: %v", url, err)
 	}
-}
-
-func (b *mqttBroker) Snapshot(ctx context.Context, filters ...string) (map[string][]byte, error) {
-	return b.ctl.Snapshot(ctx, filters...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- conn.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("mq.Conn.Run: %v", err)
+		}
+	})
+	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+	defer wcancel()
+	if _, _, err := conn.WaitConnected(wctx); err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	return conn
 }
 
 func connectPaho(t *testing.T, url, id string, onMsg mqtt.MessageHandler, filters ...string) mqtt.Client {
@@ -91,11 +96,6 @@ func TestAgainstARealBroker(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ctl, err := ctlclient.Connect(ctx, ctlclient.Options{Broker: b.Plain, ClientID: "bridge-snap"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ctl.Close()
 
 	web1 := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
 	web2 := apiPod("default", "web-2", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000002")
@@ -108,19 +108,13 @@ func TestAgainstARealBroker(t *testing.T) {
 	served := map[string]bool{nodeA: true, "edge-b": true} // edge-c belongs to someone else
 
 	var current atomic.Pointer[Controller]
-	route := func(_ mqtt.Client, m mqtt.Message) {
-		tp, err := topics.Parse(m.Topic())
-		if err != nil {
-			t.Errorf("uplink topic %s: %v", m.Topic(), err)
-			return
-		}
+	broker := startConn(t, b.Plain, "bridge", func(tp protocol.Topic, payload []byte) {
 		if c := current.Load(); c != nil {
-			c.Handle(tp, m.Payload())
+			c.Handle(tp, payload)
 		}
-	}
-	mc := connectPaho(t, b.Plain, "bridge", route, topics.AllNodes(protocol.ClassPodStatus), topics.AllNodes(protocol.ClassAcks),
-		topics.AllNodes(protocol.ClassEvents), topics.AllNodes(protocol.ClassResync))
-	broker := &mqttBroker{mc: mc, ctl: ctl}
+	})
+	// A reader apart from the bridge, as a node or ctl would read the broker.
+	ctl := startConn(t, b.Plain, "reader", func(protocol.Topic, []byte) {})
 	var live recorder
 	connectPaho(t, b.Plain, "watcher", live.handle, topics.Node(nodeA)+"/#", topics.Node("edge-b")+"/#", topics.Node("edge-c")+"/#")
 
@@ -158,9 +152,17 @@ func TestAgainstARealBroker(t *testing.T) {
 		return syncs["node/"+node]
 	}
 	indexOf := func(node string) *protocol.Index {
-		idx, err := ctl.Index(ctx, node)
+		got, err := ctl.Snapshot(ctx, topics.Index(node))
 		if err != nil {
 			t.Fatal(err)
+		}
+		payload := got[topics.Index(node)]
+		if len(payload) == 0 {
+			return &protocol.Index{Node: node, Objects: map[string]protocol.IndexEntry{}}
+		}
+		idx, err := protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: node}, payload, 0)
+		if err != nil {
+			t.Fatalf("retained index of %s: %v", node, err)
 		}
 		return idx
 	}
@@ -225,50 +227,60 @@ func TestAgainstARealBroker(t *testing.T) {
 	if len(msgs) != 2 || msgs[0] != topics.Desired(nodeA, protocol.KindConfigMap, "default", "web-config") || msgs[1] != topics.Index(nodeA) {
 		t.Errorf("a configMap change published %v, want the configMap and then the index", msgs)
 	}
-	for k, g := range before.Objects {
-		if k != "configmaps/default/web-config" && after.Objects[k] != g {
-			t.Errorf("%s moved from generation %d to %d though it did not change", k, g, after.Objects[k])
+	for k, e := range before.Objects {
+		if k != "configmaps/default/web-config" && after.Objects[k] != e {
+			t.Errorf("%s moved from %+v to %+v though it did not change", k, e, after.Objects[k])
 		}
 	}
-	if after.Objects["configmaps/default/web-config"] != after.Revision {
+	if after.Objects["configmaps/default/web-config"].Generation != after.Revision {
 		t.Errorf("index %+v: the configMap should be at the new revision", after)
 	}
+	// Each entry lists the digest of the exact payload the broker holds.
+	snapA, err = ctl.Snapshot(ctx, topics.DesiredFilter(nodeA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, e := range after.Objects {
+		kind, ns, name, _ := protocol.ParseObjectKey(k)
+		if got := protocol.Digest(snapA[topics.Desired(nodeA, kind, ns, name)]); got != e.Digest {
+			t.Errorf("index entry %s lists digest %s, the retained payload has %s", k, e.Digest, got)
+		}
+	}
 
-	// Deletion: a tombstone; the API pod stays until the node confirms, then goes with grace 0.
+	// Deletion: an index without the pod (and the secret only it used), then their retained
+	// topics cleared; the API pod stays until the node confirms, then goes with grace 0.
 	p, _ := kube.CoreV1().Pods("default").Get(ctx, "web-1", metav1.GetOptions{})
 	now := metav1.Now()
 	p.DeletionTimestamp, p.DeletionGracePeriodSeconds = &now, ptr(int64(30))
 	if _, err := kube.CoreV1().Pods("default").Update(ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var tomb *protocol.DesiredObject
-	waitFor(t, "web-1's tombstone", func() bool {
-		got, err := ctl.Snapshot(ctx, topics.Desired(nodeA, protocol.KindPod, "default", "web-1"))
+	var dropIdx *protocol.Index
+	waitFor(t, "an index without web-1 and the secret only it used", func() bool {
+		dropIdx = indexOf(nodeA)
+		_, pod := dropIdx.Objects["pods/default/web-1"]
+		_, sec := dropIdx.Objects["secrets/default/web-secret"]
+		return dropIdx.Revision > after.Revision && !pod && !sec
+	})
+	waitFor(t, "web-1's and the secret's retained topics cleared", func() bool {
+		got, err := ctl.Snapshot(ctx, topics.Desired(nodeA, protocol.KindPod, "default", "web-1"),
+			topics.Desired(nodeA, protocol.KindSecret, "default", "web-secret"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		tomb = desiredOf(t, got[topics.Desired(nodeA, protocol.KindPod, "default", "web-1")], nodeA, protocol.KindPod, "default", "web-1")
-		return tomb.Deleted
+		return len(got) == 0
 	})
-	// Objects go before the index: wait for the index too.
-	waitFor(t, "an index without web-1 and the secret only it used", func() bool {
-		idx := indexOf(nodeA)
-		_, pod := idx.Objects["pods/default/web-1"]
-		_, sec := idx.Objects["secrets/default/web-secret"]
-		return idx.Revision >= tomb.Generation && !pod && !sec
-	})
-	if idx := indexOf(nodeA); idx.Objects["pods/default/web-2"] == 0 || idx.Objects["configmaps/default/web-config"] == 0 {
+	if idx := indexOf(nodeA); idx.Objects["pods/default/web-2"].Generation == 0 || idx.Objects["configmaps/default/web-config"].Generation == 0 {
 		t.Errorf("index %+v lost objects that are still wanted", idx)
 	}
 	if _, err := kube.CoreV1().Pods("default").Get(ctx, "web-1", metav1.GetOptions{}); err != nil {
 		t.Fatalf("web-1 left the API before its node confirmed: %v", err)
 	}
-	// The node takes the tombstone in and says so in its retained acks.
-	acks := mustEncode(t, &protocol.Acks{Node: nodeA, Session: 3, IndexRevision: tomb.Generation,
-		Applied: map[string]int64{"pods/default/web-2": after.Objects["pods/default/web-2"]},
-		Deleted: map[string]int64{"pods/default/web-1": tomb.Generation}})
-	if tok := mc.Publish(topics.Acks(nodeA), 1, true, acks); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
-		t.Fatal(tok.Error())
+	// The node takes the index in and says so in its retained acks: web-1 is in none of its
+	// outcomes any more.
+	acks := mustEncode(t, &protocol.Acks{Node: nodeA, Session: 3, IndexRevision: dropIdx.Revision, Applied: dropIdx.Objects})
+	if err := broker.Publish(ctx, topics.Acks(nodeA), acks, true); err != nil {
+		t.Fatal(err)
 	}
 	waitFor(t, "web-1 deleted from the API", func() bool {
 		_, err := kube.CoreV1().Pods("default").Get(ctx, "web-1", metav1.GetOptions{})
@@ -287,14 +299,6 @@ func TestAgainstARealBroker(t *testing.T) {
 	if !graceZero {
 		t.Errorf("web-1 was not deleted with grace period 0 and its uid as precondition")
 	}
-	// The node took the tombstone in: it is cleared from the broker.
-	waitFor(t, "web-1's tombstone cleared", func() bool {
-		got, err := ctl.Snapshot(ctx, topics.Desired(nodeA, protocol.KindPod, "default", "web-1"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(got) == 0
-	})
 	stop1()
 
 	// A restarted bridge over the same retained state writes nothing.

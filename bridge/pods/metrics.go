@@ -5,22 +5,23 @@ import (
 )
 
 type ctlMetrics struct {
-	published         *metrics.CounterVec
-	indexWrites       *metrics.Counter
-	oversize          *metrics.Counter
-	statusWrites      *metrics.Counter
-	statusConflicts   *metrics.Counter
-	refused           *metrics.CounterVec
-	deletions         *metrics.Counter
-	tombstonesCleared *metrics.Counter
-	eventsWritten     *metrics.Counter
-	eventsDropped     *metrics.Counter
+	published       *metrics.CounterVec
+	indexWrites     *metrics.Counter
+	oversize        *metrics.Counter
+	statusWrites    *metrics.Counter
+	statusConflicts *metrics.Counter
+	refused         *metrics.CounterVec
+	deletions       *metrics.Counter
+	cleared         *metrics.Counter
+	shortReads      *metrics.CounterVec
+	eventsWritten   *metrics.Counter
+	eventsDropped   *metrics.Counter
 }
 
 func newMetrics(r *metrics.Registry, c *Controller) *ctlMetrics {
 	m := &ctlMetrics{
 		published: r.CounterVec("mqlet_bridge_desired_published_total",
-			"Retained desired messages published, by kind (Pod, ConfigMap, Secret, tombstone).", "kind"),
+			"Retained desired messages published, by kind (Pod, ConfigMap, Secret).", "kind"),
 		indexWrites: r.Counter("mqlet_bridge_index_writes_total", "Node indexes published."),
 		oversize: r.Counter("mqlet_bridge_desired_oversize_total",
 			"Desired objects not sent because they exceed the payload limit."),
@@ -29,8 +30,11 @@ func newMetrics(r *metrics.Registry, c *Controller) *ctlMetrics {
 		refused: r.CounterVec("mqlet_bridge_refused_messages_total",
 			"Node messages refused (invalid, too large, about a pod not bound to the node, another uid), by class and reason.",
 			"class", "reason"),
-		tombstonesCleared: r.Counter("mqlet_bridge_tombstones_cleared_total",
-			"Retained tombstones cleared after the node's acks showed the deletion taken in."),
+		cleared: r.Counter("mqlet_bridge_desired_cleared_total",
+			"Retained desired topics cleared (an empty payload) after an index that no longer lists them was published."),
+		shortReads: r.CounterVec("mqlet_bridge_status_reads_short_total",
+			"Reads of a node's retained pod statuses that came back with fewer live statuses than its status summary counts, by outcome (repaired: a second read was whole; short: it was not, read again later).",
+			"outcome"),
 		deletions:     r.Counter("mqlet_bridge_pod_deletions_total", "API pods deleted after their node confirmed them gone."),
 		eventsWritten: r.Counter("mqlet_bridge_events_written_total", "Events written to the API from node events."),
 		eventsDropped: r.Counter("mqlet_bridge_events_dropped_total", "Node events dropped because the event queue was full."),

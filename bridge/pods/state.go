@@ -12,22 +12,41 @@ import (
 )
 
 // entry is one retained desired object of a node as this bridge knows it: from the snapshot read
-// at start, then from its own writes.
+// at start, then from its own writes. Only live objects have one: a deleted object's topic is
+// cleared (an empty retained payload), which leaves nothing to know.
 type entry struct {
-	Gen     int64
-	Hash    string // of the encoded object; "" for a tombstone or a payload this bridge cannot read
-	Deleted bool
+	Gen  int64  // 0: the payload is unreadable
+	Hash string // of the encoded object; "" for a payload this bridge cannot read or did not write for this node
+	// Digest is protocol.Digest of the exact retained payload: what an index lists for the object,
+	// and what the node checks the payload it receives against.
+	Digest string
 }
+
+// listable says whether an index may list the object as it is retained: only a payload this
+// bridge can read, written for this node, has a generation the node will find in it.
+func (e entry) listable() bool { return e.Gen > 0 && e.Hash != "" }
 
 // nodeState is the bridge's picture of one node's retained desired state. It is owned by the
 // node's worker (the work queue never hands one key to two workers), so it has no lock.
 type nodeState struct {
 	// counter is the node's generation counter: the highest revision or generation seen in the
 	// retained index, the retained objects and the node's acks, or written since.
-	counter  int64
-	entries  map[string]entry
-	index    map[string]int64 // the retained index's objects
-	indexRev int64            // 0: no retained index
+	counter     int64
+	entries     map[string]entry
+	index       map[string]protocol.IndexEntry // the retained index's objects
+	indexRev    int64                          // 0: no retained index
+	indexDigest string                         // protocol.Digest of the retained index payload
+	// dropped holds, for each key an index of this bridge stopped listing, the revision of that
+	// index: the node no longer holds the object once its acks are at that revision or above and
+	// name the key in none of their outcomes. Keys listed again leave it; syncNode keeps only
+	// those of pods still waiting for their node's confirmation.
+	dropped map[string]int64
+	// warnedRefusedRev is the revision of the last refused index a warning was logged for.
+	warnedRefusedRev int64
+}
+
+func newEmptyState() *nodeState {
+	return &nodeState{entries: map[string]entry{}, index: map[string]protocol.IndexEntry{}, dropped: map[string]int64{}}
 }
 
 // object is one wanted desired object, encoded.
@@ -53,7 +72,7 @@ func encodeObject(kind protocol.ObjectKind, namespace, name string, obj any) (*o
 	raw, err := json.Marshal(obj)
 	if err != nil {
 		// Still wanted: Stuck keeps whatever version the broker holds listed, rather than
-		// tombstoning an object the API wants because this copy cannot be encoded.
+		// deleting an object the API wants because this copy cannot be encoded.
 		return &object{Kind: kind, Namespace: namespace, Name: name, Stuck: true}, fmt.Errorf("encode %s %s/%s: %w", kind, namespace, name, err)
 	}
 	return &object{Kind: kind, Namespace: namespace, Name: name, Raw: raw, Hash: hashRaw(raw)}, nil
@@ -64,11 +83,11 @@ func encodeObject(kind protocol.ObjectKind, namespace, name string, obj any) (*o
 // raises the counter where a generation can be found, so the next generation is above every one
 // the node may hold (docs/protocol.md section 16).
 func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, maxPayload int) (*nodeState, []error) {
-	s := &nodeState{entries: map[string]entry{}, index: map[string]int64{}}
+	s := newEmptyState()
 	var problems []error
 	for topic, payload := range snap {
 		if len(payload) == 0 {
-			continue
+			continue // a cleared topic
 		}
 		t, err := topics.Parse(topic)
 		if err != nil || t.Node != node {
@@ -82,36 +101,44 @@ func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, m
 				continue
 			}
 			s.indexRev = idx.Revision
+			s.indexDigest = protocol.Digest(payload)
 			s.counter = max(s.counter, idx.Revision)
-			if idx.Objects != nil {
-				s.index = idx.Objects
-			}
+			s.index = idx.Objects
 		case protocol.ClassAcks:
 			a, err := protocol.DecodeAcks(payload, maxPayload)
-			if err != nil || a.Node != node {
-				problems = append(problems, fmt.Errorf("retained %s: unreadable acks: %v", topic, err))
+			if err == nil && a.Node != node {
+				err = fmt.Errorf("payload is for node %q", a.Node)
+			}
+			if err != nil {
+				problems = append(problems, fmt.Errorf("retained %s: unreadable acks: %w", topic, err))
 				continue
 			}
 			s.counter = max(s.counter, acksTop(a))
 		case protocol.ClassDesired:
-			// The envelope alone: what matters is the generation and whether the object is the
-			// one this bridge would write; a payload it cannot read is simply replaced.
+			// The envelope alone: what matters is the generation, whether the object is the one
+			// this bridge would write, and the digest of the exact bytes; a payload it cannot
+			// read is simply replaced (or cleared).
+			key := protocol.ObjectKey(t.Kind, t.Namespace, t.Name)
+			e := entry{Digest: protocol.Digest(payload)}
 			var d protocol.Desired
 			if err := json.Unmarshal(payload, &d); err != nil {
 				problems = append(problems, fmt.Errorf("retained %s: %w", topic, err))
-				s.entries[protocol.ObjectKey(t.Kind, t.Namespace, t.Name)] = entry{}
+				s.entries[key] = e
 				continue
 			}
 			s.counter = max(s.counter, d.Generation)
-			e := entry{Gen: d.Generation, Deleted: d.Deleted}
-			if !d.Deleted && d.Node == node && d.Kind == t.Kind && d.Namespace == t.Namespace && d.Name == t.Name {
+			if d.Generation > 0 {
+				e.Gen = d.Generation
+			}
+			if d.APIVersion == protocol.APIVersion && d.Node == node && d.Kind == t.Kind && d.Namespace == t.Namespace &&
+				d.Name == t.Name && len(d.Object) > 0 && string(d.Object) != "null" {
 				e.Hash = hashRaw(d.Object)
 			}
-			s.entries[protocol.ObjectKey(t.Kind, t.Namespace, t.Name)] = e
+			s.entries[key] = e
 		}
 	}
-	for _, g := range s.index {
-		s.counter = max(s.counter, g)
+	for _, e := range s.index {
+		s.counter = max(s.counter, e.Generation)
 	}
 	return s, problems
 }
@@ -119,133 +146,219 @@ func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, m
 // acksTop is the highest generation or revision a node's acks mention.
 func acksTop(a *protocol.Acks) int64 {
 	top := a.IndexRevision
-	for _, g := range a.Applied {
-		top = max(top, g)
-	}
-	for _, g := range a.Deleted {
-		top = max(top, g)
+	for _, e := range a.Applied {
+		top = max(top, e.Generation)
 	}
 	for _, r := range a.Refused {
 		top = max(top, r.Generation)
 	}
+	for _, e := range a.Missing {
+		top = max(top, e.Generation)
+	}
+	if a.IndexRefused != nil {
+		top = max(top, a.IndexRefused.Generation)
+	}
 	return top
 }
 
-// write is one retained desired message to publish.
+// write is one retained desired message to publish: Payload is exactly what goes out, and
+// Digest (protocol.Digest of it) is what the index lists.
 type write struct {
-	Key  string
-	Msg  *protocol.Desired
-	Hash string
+	Key     string
+	Msg     *protocol.Desired
+	Hash    string
+	Payload []byte
+	Digest  string
 }
 
-// plan is what one sync of a node publishes: objects and tombstones first, then the index.
+// plan is what one sync of a node publishes, in this order: objects, then the index, then the
+// clearing of the retained topics the index no longer lists (docs/protocol.md section 4.4). The
+// index goes after the objects it lists so that a crash between the steps never leaves an index
+// naming a payload the broker does not have; topics are cleared after the index so that no node
+// ever finds an object its index still lists gone from the broker.
 type plan struct {
 	Gen    int64 // the generation new writes got; the counter after the plan
 	Writes []write
 	Index  *protocol.Index // nil: the index stays as it is
+	// IndexPayload is Index encoded, and IndexDigest its digest.
+	IndexPayload []byte
+	IndexDigest  string
+	// Clears are the keys whose retained topics are cleared (an empty retained payload) once the
+	// index is out: objects no longer wanted, so the broker stops keeping them (secrets included).
+	Clears []string
 }
 
-func (p *plan) empty() bool { return len(p.Writes) == 0 && p.Index == nil }
+func (p *plan) empty() bool { return len(p.Writes) == 0 && p.Index == nil && len(p.Clears) == 0 }
 
 // plan compares the wanted objects with the retained state. A wanted object whose hash differs
-// from the retained one (or that is not retained, or only as a tombstone) is written at the next
-// generation; a retained live object that is not wanted gets a tombstone at that generation, and
-// so does each key in tombstone (pods being deleted) that has no tombstone yet. Keys in resend
-// (a node's resync request) are published again at their current generation if unchanged. The
-// index is written when its content changes or forceIndex is set.
-func (s *nodeState) plan(node string, want map[string]*object, tombstone map[string]bool, resend map[string]bool, forceIndex bool) plan {
+// from the retained one (or that is not retained, or not readably) is written at the next
+// generation; a retained object that is not wanted is left out of the index and its topic
+// cleared. Keys in resend (a node's resync request) are published again at their current
+// generation if unchanged (and their payload encodes to the digest listed; else at the next
+// generation). Keys in terminating (pods being deleted) need an index that leaves them out: when
+// there is no index at all, one is written. The index is written when its content changes or
+// forceIndex is set.
+func (s *nodeState) plan(node string, want map[string]*object, terminating, resend map[string]bool, forceIndex bool) (plan, error) {
 	gen := s.counter + 1
 	usedGen := false
 	p := plan{Gen: s.counter}
-	next := make(map[string]int64, len(want))
+	next := make(map[string]protocol.IndexEntry, len(want))
 	keys := make([]string, 0, len(want))
 	for k := range want {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	add := func(k string, o *object, g int64) error {
+		w, err := newWrite(node, k, o, g)
+		if err != nil {
+			return err
+		}
+		p.Writes = append(p.Writes, w)
+		next[k] = protocol.IndexEntry{Generation: g, Digest: w.Digest}
+		return nil
+	}
 	for _, k := range keys {
 		o := want[k]
 		e, ok := s.entries[k]
-		live := ok && !e.Deleted
+		live := ok && e.listable()
 		switch {
 		case o.Stuck:
 			if live {
-				next[k] = e.Gen
+				next[k] = protocol.IndexEntry{Generation: e.Gen, Digest: e.Digest}
 			}
+		case live && e.Hash == o.Hash && !resend[k]:
+			next[k] = protocol.IndexEntry{Generation: e.Gen, Digest: e.Digest}
 		case live && e.Hash == o.Hash:
-			next[k] = e.Gen
-			if resend[k] {
-				p.Writes = append(p.Writes, write{Key: k, Hash: o.Hash, Msg: desiredMsg(node, o, e.Gen)})
+			// Asked for again: the same bytes at the same generation, if this bridge's encoding
+			// gives them; a payload another writer encoded differently goes out as a new
+			// generation, so the index never lists a digest the broker does not hold.
+			w, err := newWrite(node, k, o, e.Gen)
+			if err != nil {
+				return plan{}, err
 			}
-		default:
-			next[k] = gen
+			if w.Digest == e.Digest {
+				p.Writes = append(p.Writes, w)
+				next[k] = protocol.IndexEntry{Generation: e.Gen, Digest: e.Digest}
+				continue
+			}
+			if err := add(k, o, gen); err != nil {
+				return plan{}, err
+			}
 			usedGen = true
-			p.Writes = append(p.Writes, write{Key: k, Hash: o.Hash, Msg: desiredMsg(node, o, gen)})
+		default:
+			if err := add(k, o, gen); err != nil {
+				return plan{}, err
+			}
+			usedGen = true
 		}
 	}
-	gone := map[string]bool{}
-	for k, e := range s.entries {
-		if _, wanted := want[k]; !wanted && !e.Deleted {
-			gone[k] = true
+	for k := range s.entries {
+		if _, wanted := want[k]; !wanted {
+			p.Clears = append(p.Clears, k)
 		}
 	}
-	for k := range tombstone {
-		if _, wanted := want[k]; wanted {
-			continue
+	sort.Strings(p.Clears)
+	// A pod being deleted that no index ever listed still needs a revision its node can confirm:
+	// without any index there is none.
+	needRev := false
+	for k := range terminating {
+		if _, wanted := want[k]; !wanted && s.indexRev == 0 {
+			needRev = true
 		}
-		if _, ok := s.entries[k]; !ok {
-			gone[k] = true
-		}
 	}
-	goneKeys := make([]string, 0, len(gone))
-	for k := range gone {
-		goneKeys = append(goneKeys, k)
-	}
-	sort.Strings(goneKeys)
-	for _, k := range goneKeys {
-		kind, ns, name, err := protocol.ParseObjectKey(k)
-		if err != nil {
-			continue // the snapshot only holds keys of parsed topics
-		}
-		usedGen = true
-		p.Writes = append(p.Writes, write{Key: k, Msg: protocol.NewTombstone(node, kind, ns, name, gen)})
-	}
-	if usedGen {
-		p.Gen = gen
-	}
+	changed := !maps.Equal(next, s.index)
 	switch {
-	case usedGen || !maps.Equal(next, s.index) && (len(next) > 0 || s.indexRev > 0):
+	case usedGen || needRev || changed && (len(next) > 0 || s.indexRev > 0):
 		p.Gen = gen
 		p.Index = &protocol.Index{APIVersion: protocol.APIVersion, Node: node, Revision: gen, Objects: next}
 	case forceIndex && s.indexRev > 0:
+		// The same index again: it must be the same bytes, or the node refuses it as a conflict
+		// (one revision, two payloads). An index encoded by another writer goes out as a new
+		// revision instead.
 		p.Index = &protocol.Index{APIVersion: protocol.APIVersion, Node: node, Revision: s.indexRev, Objects: next}
 	case forceIndex && len(next) > 0:
 		p.Gen = gen
 		p.Index = &protocol.Index{APIVersion: protocol.APIVersion, Node: node, Revision: gen, Objects: next}
 	}
-	return p
+	if p.Index == nil {
+		return p, nil
+	}
+	payload, err := protocol.Encode(p.Index)
+	if err != nil {
+		return plan{}, fmt.Errorf("encode the index of node %s at revision %d: %w", node, p.Index.Revision, err)
+	}
+	if p.Index.Revision == s.indexRev && protocol.Digest(payload) != s.indexDigest {
+		p.Gen = gen
+		p.Index.Revision = gen
+		if payload, err = protocol.Encode(p.Index); err != nil {
+			return plan{}, fmt.Errorf("encode the index of node %s at revision %d: %w", node, gen, err)
+		}
+	}
+	p.IndexPayload, p.IndexDigest = payload, protocol.Digest(payload)
+	return p, nil
 }
 
-func desiredMsg(node string, o *object, gen int64) *protocol.Desired {
-	return &protocol.Desired{APIVersion: protocol.APIVersion, Kind: o.Kind, Node: node, Namespace: o.Namespace,
+// newWrite encodes o for node at generation gen.
+func newWrite(node, key string, o *object, gen int64) (write, error) {
+	msg := &protocol.Desired{APIVersion: protocol.APIVersion, Kind: o.Kind, Node: node, Namespace: o.Namespace,
 		Name: o.Name, Generation: gen, Object: o.Raw}
+	payload, err := protocol.Encode(msg)
+	if err != nil {
+		return write{}, fmt.Errorf("encode desired %s of node %s at generation %d: %w", key, node, gen, err)
+	}
+	return write{Key: key, Msg: msg, Hash: o.Hash, Payload: payload, Digest: protocol.Digest(payload)}, nil
 }
 
 // commit records a plan that was published completely.
 func (s *nodeState) commit(p plan) {
 	for _, w := range p.Writes {
-		if w.Msg.Deleted {
-			s.entries[w.Key] = entry{Gen: w.Msg.Generation, Deleted: true}
-		} else {
-			s.entries[w.Key] = entry{Gen: w.Msg.Generation, Hash: w.Hash}
-		}
+		s.entries[w.Key] = entry{Gen: w.Msg.Generation, Hash: w.Hash, Digest: w.Digest}
+	}
+	for _, k := range p.Clears {
+		delete(s.entries, k)
 	}
 	if p.Index != nil {
+		for k := range s.index {
+			if _, listed := p.Index.Objects[k]; !listed {
+				if _, known := s.dropped[k]; !known {
+					s.dropped[k] = p.Index.Revision
+				}
+			}
+		}
+		for k := range p.Index.Objects {
+			delete(s.dropped, k)
+		}
 		s.index = p.Index.Objects
 		s.indexRev = p.Index.Revision
+		s.indexDigest = p.IndexDigest
 	}
 	s.counter = max(s.counter, p.Gen)
 }
 
-// forget drops a tombstone the bridge cleared from the broker.
-func (s *nodeState) forget(key string) { delete(s.entries, key) }
+// dropRevision is the revision of an index that leaves key out and is no older than any index
+// that listed it: 0 while the current index lists key or there is no index. Without a record of
+// the index that dropped the key (a bridge that started after it was written), the current index
+// serves: it leaves the key out and is at least as new.
+func (s *nodeState) dropRevision(key string) int64 {
+	if _, listed := s.index[key]; listed {
+		return 0
+	}
+	if r, ok := s.dropped[key]; ok {
+		return r
+	}
+	return s.indexRev
+}
+
+// goneFromNode says whether a node's acks show that it no longer holds key, which an index at
+// revision dropRev left out: the node has compared against that index or a newer one (a node
+// deletes an object when a newer index leaves it out) and reports no outcome for the key (every
+// entry of its current index has one: applied, refused or missing).
+func goneFromNode(acks *protocol.Acks, key string, dropRev int64) bool {
+	if acks == nil || dropRev <= 0 || acks.IndexRevision < dropRev {
+		return false
+	}
+	_, applied := acks.Applied[key]
+	_, refused := acks.Refused[key]
+	_, missing := acks.Missing[key]
+	return !applied && !refused && !missing
+}

@@ -2,6 +2,7 @@ package pods
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/mqlet/mqlet/sync/protocol"
@@ -210,3 +211,64 @@ func RefusedStatus(api *v1.PodStatus, reason string) v1.PodStatus {
 }
 
 func terminal(p v1.PodPhase) bool { return p == v1.PodSucceeded || p == v1.PodFailed }
+
+// errShortRead says that a read of a node's retained pod statuses came back with fewer live
+// statuses than the node's status summary counts, twice: what it lacks is read again later.
+var errShortRead = errors.New("fewer retained pod statuses arrived than the node's status summary counts; read again later")
+
+// readStatuses reads the node's retained pod statuses together with its status summary, whose
+// Pods counts the live (not deleted) statuses the node keeps and which the node publishes after
+// them. A read with fewer live statuses than that (a broker queue that dropped some, a status
+// published meanwhile) is read again once; whole is false when the second read is short too, and
+// then the caller must not take a status missing from the read for absent. A node without a
+// summary (an older node) is not checked.
+func (c *Controller) readStatuses(ctx context.Context, node string) (msgs map[string][]byte, whole bool, err error) {
+	var expected, got int
+	for attempt := 1; attempt <= 2; attempt++ {
+		msgs, err = c.o.Broker.Snapshot(ctx, c.o.Topics.PodStatusFilter(node), c.o.Topics.Summary(node))
+		if err != nil {
+			return nil, false, fmt.Errorf("node %s: read retained pod statuses: %w", node, err)
+		}
+		var checked bool
+		expected, got, checked = c.countStatuses(node, msgs)
+		if !checked || got >= expected {
+			if attempt > 1 {
+				c.m.shortReads.With("repaired").Inc()
+			}
+			return msgs, true, nil
+		}
+	}
+	c.m.shortReads.With("short").Inc()
+	c.log.Warn("a read of the node's retained pod statuses stays short of its status summary; reading again later",
+		"node", node, "expected", expected, "got", got)
+	return msgs, false, nil
+}
+
+// countStatuses compares a read of the node's statuses with its summary: expected is the summary's
+// count of live statuses, got the live statuses in the read (an unreadable one counts: it is there,
+// and only the node knows what it says). checked is false without a usable summary.
+func (c *Controller) countStatuses(node string, msgs map[string][]byte) (expected, got int, checked bool) {
+	sumTopic := c.o.Topics.Summary(node)
+	payload := msgs[sumTopic]
+	if len(payload) == 0 {
+		return 0, 0, false
+	}
+	sum, err := protocol.DecodeStatusSummary(payload, c.o.MaxPayload)
+	if err == nil && sum.Node != node {
+		err = fmt.Errorf("payload is for node %q", sum.Node)
+	}
+	if err != nil {
+		c.refuse(protocol.Topic{Class: protocol.ClassSummary, Node: node}, "invalid", err)
+		return 0, 0, false
+	}
+	for topic, p := range msgs {
+		if topic == sumTopic || len(p) == 0 {
+			continue
+		}
+		if ps, err := protocol.DecodePodStatus(p, c.o.MaxPayload); err == nil && ps.Deleted {
+			continue
+		}
+		got++
+	}
+	return sum.Pods, got, true
+}
