@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -428,11 +429,30 @@ spec:
   containers:
   - {name: c, image: mqlet.test/busybox:1, command: ["sh", "-c", "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.2; done"]}
 `)
+	// The node is online: apply waits for its acks, which say it applied the pod.
 	out := ctl("apply", "-f", file, "--node", e2eNode)
-	if !strings.Contains(out, "ticker") {
+	if !strings.Contains(out, "pod/default/ticker created") || !strings.Contains(out, "node "+e2eNode+" applied 1 of 1 objects") {
 		t.Fatalf("ctl apply printed %q", out)
 	}
 	h.waitPod("ticker", "running from ctl apply", allRunning)
+
+	// ctl sends what only the node judges; the node's policy refuses it, and apply says why
+	// and fails; get pods shows the refusal from the node's acks.
+	priv := writeFile(t, "priv.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: priv}
+spec:
+  containers:
+  - {name: c, image: mqlet.test/busybox:1, command: ["sleep", "3600"], securityContext: {privileged: true}}
+`)
+	out, err := h.mqletErr("ctl", "--broker", b.Plain, "apply", "-f", priv, "--node", e2eNode)
+	if err == nil || !strings.Contains(out, "pods/default/priv refused by node "+e2eNode+" (generation 2): ") || !strings.Contains(out, "privileged") {
+		t.Fatalf("ctl apply of a pod the node's policy refuses = %v:\n%s", err, out)
+	}
+	if out, err := h.mqletErr("ctl", "--broker", b.Plain, "get", "pods", "--node", e2eNode, "-o", "wide"); err != nil ||
+		!regexp.MustCompile(`priv\s+`+e2eNode+`\s+-\s+Refused\s.*privileged`).MatchString(out) {
+		t.Fatalf("ctl get pods after the refusal = %v:\n%s", err, out)
+	}
 	waitFor(t, "ctl get pods shows it Running", func() bool {
 		out, err := h.mqletErr("ctl", "--broker", b.Plain, "get", "pods", "--node", e2eNode)
 		return err == nil && strings.Contains(out, "ticker") && strings.Contains(out, "Running")
