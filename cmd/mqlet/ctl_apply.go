@@ -84,6 +84,15 @@ func objectRef(kind protocol.ObjectKind, namespace, name string) string {
 	return strings.ToLower(string(kind)) + "/" + namespace + "/" + name
 }
 
+// keyRef is objectRef of a protocol.ObjectKey (the key itself when it cannot be parsed).
+func keyRef(key string) string {
+	kind, ns, name, err := protocol.ParseObjectKey(key)
+	if err != nil {
+		return key
+	}
+	return objectRef(kind, ns, name)
+}
+
 // waitApplied waits up to wait for node to report an outcome, in its retained acks, for every
 // object of an apply at the generation the apply left it at: applied (with that generation and the
 // digest of the payload the index lists) or refused. Only the node judges an object (its policy is
@@ -136,7 +145,9 @@ func waitApplied(ctx context.Context, cl *ctlclient.Client, node string, res *ct
 		outcome = outcomes(a, want, res.Generation)
 		// The node refused the index this apply wrote (another writer's index of the same
 		// revision, say): none of its objects will be taken in from it.
-		if written && a.IndexRefused != nil && a.IndexRefused.Generation == res.Generation {
+		// A refusal of that revision while the node took another index of it (or a newer one) is
+		// about the other writer's index: then the entries below tell.
+		if written && a.IndexRefused != nil && a.IndexRefused.Generation == res.Generation && a.IndexRevision < res.Generation {
 			indexRefused = a.IndexRefused
 			return true
 		}
@@ -163,12 +174,12 @@ func waitApplied(ctx context.Context, cl *ctlclient.Client, node string, res *ct
 		case outcomeApplied:
 			applied++
 		case outcomeSuperseded:
-			fmt.Fprintf(env.errOut, "%s was changed or deleted by another writer before node %s took it in\n", key, node)
+			fmt.Fprintf(env.errOut, "%s was changed or deleted by another writer before node %s took it in\n", keyRef(key), node)
 		case outcomeRefused:
-			refused = append(refused, key)
-			fmt.Fprintf(env.errOut, "%s refused by node %s (generation %d): %s\n", key, node, o.refusal.Generation, o.refusal.Reason)
+			refused = append(refused, keyRef(key))
+			fmt.Fprintf(env.errOut, "%s refused by node %s (generation %d): %s\n", keyRef(key), node, o.refusal.Generation, o.refusal.Reason)
 		case outcomePending:
-			pending = append(pending, key)
+			pending = append(pending, keyRef(key))
 		}
 	}
 	if len(pending) > 0 {

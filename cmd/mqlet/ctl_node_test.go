@@ -192,10 +192,10 @@ func TestCtlApplyLeavesAdmissionToTheNode(t *testing.T) {
 	}
 
 	out, errOut, err = ctlRun(t, "", "--broker", b.Plain, "apply", "-f", file, "--node", "strict")
-	if err == nil || !strings.Contains(err.Error(), "node strict refused 1 of 1 objects: pods/default/sniffer") {
+	if err == nil || !strings.Contains(err.Error(), "node strict refused 1 of 1 objects: pod/default/sniffer") {
 		t.Errorf("apply to a node that refuses the pod = %v; want the refusal as the error", err)
 	}
-	if want := "\npods/default/sniffer refused by node strict (generation 1): " + strictReason + "\n"; !strings.HasSuffix(errOut, want) {
+	if want := "\npod/default/sniffer refused by node strict (generation 1): " + strictReason + "\n"; !strings.HasSuffix(errOut, want) {
 		t.Errorf("apply to the refusing node: stderr %q, want it to end in %q", errOut, want)
 	}
 	if out != "pod/default/sniffer created (generation 1)\n" {
@@ -243,7 +243,7 @@ func TestCtlApplyWaitIsBounded(t *testing.T) {
 	ctlPublish(t, raw, ctlTopics.Liveness("mute"), &protocol.Liveness{Node: "mute", Online: true, Session: 2})
 	out, errOut, err = ctlRun(t, "", "--broker", b.Plain, "apply", "-f", file, "--node", "mute", "--wait", "1s")
 	if err != nil || out != "pod/default/sniffer created (generation 1)\n" ||
-		!strings.Contains(errOut, "node mute has not reported on pods/default/sniffer within 1s: queued for it on the broker") {
+		!strings.Contains(errOut, "node mute has not reported on pod/default/sniffer within 1s: queued for it on the broker") {
 		t.Errorf("apply to a silent node = %q, %q, %v", out, errOut, err)
 	}
 	// --wait=0: not even the node's liveness is read.

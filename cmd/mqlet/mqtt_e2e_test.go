@@ -446,7 +446,7 @@ spec:
   - {name: c, image: mqlet.test/busybox:1, command: ["sleep", "3600"], securityContext: {privileged: true}}
 `)
 	out, err := h.mqletErr("ctl", "--broker", b.Plain, "apply", "-f", priv, "--node", e2eNode)
-	if err == nil || !strings.Contains(out, "pods/default/priv refused by node "+e2eNode+" (generation 2): ") || !strings.Contains(out, "privileged") {
+	if err == nil || !strings.Contains(out, "pod/default/priv refused by node "+e2eNode+" (generation 2): ") || !strings.Contains(out, "privileged") {
 		t.Fatalf("ctl apply of a pod the node's policy refuses = %v:\n%s", err, out)
 	}
 	if out, err := h.mqletErr("ctl", "--broker", b.Plain, "get", "pods", "--node", e2eNode, "-o", "wide"); err != nil ||
