@@ -46,6 +46,9 @@ type Config struct {
 	MQTTTopicPrefix  string   `json:"mqttTopicPrefix"`
 	MQTTReconnectMax Duration `json:"mqttReconnectMax"`
 	MQTTMaxPayload   int64    `json:"mqttMaxPayload"`
+	// MQTTTrustedKeys are public key files (PEM, Ed25519, from `mqlet ctl keygen`): with any, the
+	// node applies only desired state whose index one of them signed. Several allow a rotation.
+	MQTTTrustedKeys []string `json:"mqttTrustedKeys"`
 	// OutboxMaxBytes bounds the reports queued in the state store while the broker is unreachable.
 	OutboxMaxBytes int64 `json:"outboxMaxBytes"`
 	// SecretKeyFile is the node key that seals secrets in the state store. It lives outside

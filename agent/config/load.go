@@ -41,6 +41,7 @@ type Flags struct {
 	MQTTCertFile     *string        `name:"mqtt-cert-file" placeholder:"FILE" help:"Client certificate (PEM) for brokers that authenticate nodes by TLS; needs --mqtt-key-file (default none)."`
 	MQTTKeyFile      *string        `name:"mqtt-key-file" placeholder:"FILE" help:"Private key (PEM) of --mqtt-cert-file (default none)."`
 	MQTTUsername     *string        `name:"mqtt-username" placeholder:"NAME" help:"MQTT user name (default none)."`
+	MQTTTrustedKeys  []string       `name:"mqtt-trusted-key" placeholder:"FILE" help:"Public key (PEM, from mqlet ctl keygen) whose signature desired state must carry; repeatable for a key rotation; without any, every index on the broker is taken, with a warning (default none)."`
 	MQTTPasswordFile *string        `name:"mqtt-password-file" placeholder:"FILE" help:"File holding the MQTT password, readable by its owner only (chmod 600); the password is never logged (default none)."`
 	MQTTKeepalive    *time.Duration `name:"mqtt-keepalive" placeholder:"DURATION" help:"MQTT keepalive in whole seconds, 5s to 65535s; the broker declares the node offline after 1.5 times this without traffic (default ${mqtt_keepalive})."`
 	MQTTTopicPrefix  *string        `name:"mqtt-topic-prefix" placeholder:"PREFIX" help:"First levels of every MQTT topic: PREFIX/nodes/NODE/... (default ${mqtt_topic_prefix})."`
@@ -130,6 +131,7 @@ func settings() []setting {
 		{"mqttKeyFile", "mqtt-key-file", "MQLET_MQTT_KEY_FILE", func(c *Config) any { return &c.MQTTKeyFile }},
 		{"mqttUsername", "mqtt-username", "MQLET_MQTT_USERNAME", func(c *Config) any { return &c.MQTTUsername }},
 		{"mqttPasswordFile", "mqtt-password-file", "MQLET_MQTT_PASSWORD_FILE", func(c *Config) any { return &c.MQTTPasswordFile }},
+		{"mqttTrustedKeys", "mqtt-trusted-key", "MQLET_MQTT_TRUSTED_KEY", func(c *Config) any { return &c.MQTTTrustedKeys }},
 		{"mqttKeepalive", "mqtt-keepalive", "MQLET_MQTT_KEEPALIVE", func(c *Config) any { return &c.MQTTKeepalive }},
 		{"mqttTopicPrefix", "mqtt-topic-prefix", "MQLET_MQTT_TOPIC_PREFIX", func(c *Config) any { return &c.MQTTTopicPrefix }},
 		{"mqttReconnectMax", "mqtt-reconnect-max", "MQLET_MQTT_RECONNECT_MAX", func(c *Config) any { return &c.MQTTReconnectMax }},
@@ -536,6 +538,7 @@ func applyFlags(c *Config, origin map[string]string, f Flags) (flagErrs []error)
 	str(&c.MQTTKeyFile, f.MQTTKeyFile, "mqttKeyFile", "mqtt-key-file")
 	str(&c.MQTTUsername, f.MQTTUsername, "mqttUsername", "mqtt-username")
 	str(&c.MQTTPasswordFile, f.MQTTPasswordFile, "mqttPasswordFile", "mqtt-password-file")
+	list(&c.MQTTTrustedKeys, f.MQTTTrustedKeys, "mqttTrustedKeys", "mqtt-trusted-key")
 	dur(&c.MQTTKeepalive, f.MQTTKeepalive, "mqttKeepalive", "mqtt-keepalive")
 	str(&c.MQTTTopicPrefix, f.MQTTTopicPrefix, "mqttTopicPrefix", "mqtt-topic-prefix")
 	dur(&c.MQTTReconnectMax, f.MQTTReconnectMax, "mqttReconnectMax", "mqtt-reconnect-max")

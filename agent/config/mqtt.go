@@ -1,6 +1,7 @@
 package config
 
 import (
+	"crypto/ed25519"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -14,7 +15,17 @@ import (
 	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/sync/broker"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/signing"
 )
+
+// MQTTTrustAnchors reads the trusted public keys; call it on a validated Config.
+func (c Config) MQTTTrustAnchors() ([]ed25519.PublicKey, error) {
+	keys, err := signing.LoadPublicKeys(c.MQTTTrustedKeys)
+	if err != nil {
+		return nil, fmt.Errorf("mqttTrustedKeys (--mqtt-trusted-key): %w", err)
+	}
+	return keys, nil
+}
 
 // Limits of the MQTT settings. The protocol's own: the keepalive is a 16-bit number of seconds and
 // the largest packet is 268435455 bytes (the Remaining Length field's maximum).
@@ -162,6 +173,13 @@ func (c Config) validateMQTT(bad func(key, value, reason string, args ...any)) {
 		}
 	}
 
+	for _, k := range c.MQTTTrustedKeys {
+		if needsBroker("mqttTrustedKeys", k) {
+			if _, err := signing.LoadPublicKey(k); err != nil {
+				bad("mqttTrustedKeys", k, "not a usable trust anchor: %v", err)
+			}
+		}
+	}
 	needsBroker("mqttUsername", c.MQTTUsername)
 	if needsBroker("mqttPasswordFile", c.MQTTPasswordFile) {
 		c.validatePasswordFile(bad)

@@ -35,6 +35,13 @@ func channelOptions(cfg config.Config, db store.State, log *slog.Logger, logs lo
 	if err != nil {
 		return nodesync.Options{}, err
 	}
+	trusted, err := cfg.MQTTTrustAnchors()
+	if err != nil {
+		return nodesync.Options{}, err
+	}
+	if len(trusted) == 0 {
+		log.Warn("mqtt: no trusted keys (--mqtt-trusted-key): any index published for this node is applied, so whoever can write its topics on the broker can run pods here; see docs/security.md")
+	}
 	return nodesync.Options{
 		Node:   cfg.NodeName,
 		Topics: topics,
@@ -46,6 +53,7 @@ func channelOptions(cfg config.Config, db store.State, log *slog.Logger, logs lo
 		Store:      db,
 		MaxPayload: int(cfg.MQTTMaxPayload),
 		Outbox:     store.OutboxLimits{MaxBytes: cfg.OutboxMaxBytes},
+		Trusted:    trusted,
 		Logs:       logs,
 		Version:    version,
 		Log:        log,

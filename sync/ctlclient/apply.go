@@ -3,6 +3,7 @@ package ctlclient
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -385,6 +386,20 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, puts []*pro
 		b.entries = map[string]protocol.IndexEntry{}
 	}
 	b.existing = true
+	if c.o.SigningKey != nil {
+		// Signing vouches for every entry. Entries relayed by the broker could be forged, so
+		// only the index the node reports, signed by this writer's key, is built on.
+		x, err := c.verifiedAcksIndex(node, acks)
+		if err != nil {
+			return nil, nil, err
+		}
+		for k, e := range x.Objects {
+			if old, ok := b.entries[k]; !ok || e.Generation > old.Generation {
+				b.entries[k] = e
+			}
+		}
+		return b, warnings, nil
+	}
 	take := func(k string, e protocol.IndexEntry) {
 		if old, ok := b.entries[k]; !ok || e.Generation > old.Generation {
 			b.entries[k] = e
@@ -418,6 +433,26 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, puts []*pro
 			"the index cannot be rebuilt without them; apply (or delete) them in this same command", node, strings.Join(unknown, ", "))
 	}
 	return b, warnings, nil
+}
+
+// verifiedAcksIndex is the index a node reports in its acks, checked: signed by this client's key,
+// for this node, and the one the acks' digest names.
+func (c *Client) verifiedAcksIndex(node string, acks *protocol.Acks) (*protocol.Index, error) {
+	what := fmt.Sprintf("node %s: the broker's index cannot be built on and the node's own", node)
+	if len(acks.Index) == 0 {
+		return nil, fmt.Errorf("%s is not in its acks (its index is unsigned, or it runs none): re-apply its whole desired set with the signing key, or fix the broker", what)
+	}
+	if protocol.Digest(acks.Index) != acks.IndexDigest {
+		return nil, fmt.Errorf("%s does not match the digest the acks give", what)
+	}
+	x, err := protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: node}, acks.Index, protocol.DefaultMaxPayload)
+	if err == nil {
+		err = protocol.VerifyIndex(x, []ed25519.PublicKey{c.o.SigningKey.Public().(ed25519.PublicKey)})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s cannot be verified with this client's key: %w", what, err)
+	}
+	return x, nil
 }
 
 // acksTop is the highest generation or revision a node's acks mention.
@@ -506,6 +541,9 @@ func (c *Client) planWrite(node string, b *writeBase, gen int64, puts []*protoco
 	if !changed {
 		p.result.Generation = b.counter
 		return p, nil
+	}
+	if c.o.SigningKey != nil {
+		protocol.SignIndex(next, c.o.SigningKey)
 	}
 	payload, err := protocol.Encode(next)
 	if err != nil {

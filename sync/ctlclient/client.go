@@ -10,6 +10,7 @@ package ctlclient
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
@@ -49,6 +50,9 @@ type Options struct {
 	// Timeout bounds each operation (connect, each publish and subscribe, each snapshot); default
 	// DefaultTimeout.
 	Timeout time.Duration
+	// SigningKey, when set, signs every index this client writes (nodes with trust anchors take
+	// only signed ones), and makes a rebuild from a node's acks verify the index the node reports.
+	SigningKey ed25519.PrivateKey
 }
 
 // Client is a connection to the broker. Its methods are safe for concurrent use; snapshots are

@@ -18,6 +18,7 @@ package downlink
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -80,6 +81,9 @@ type Options struct {
 	// Resync publishes a resync request naming the missing keys, for a control plane that lost
 	// them; it must not block.
 	Resync func(reason string, missing []string)
+	// Trusted are the public keys a signed index must verify with. Empty: any index is taken
+	// (the broker and every writer on it are trusted), which New's caller says once at start.
+	Trusted []ed25519.PublicKey
 	// Settle is how long an index entry may stay missing before it is fetched again and asked for:
 	// retained messages of different topics arrive in no set order after a (re)subscribe.
 	Settle time.Duration
@@ -111,6 +115,7 @@ type Downlink struct {
 	// Owned by Run's goroutine.
 	index        *protocol.Index // the last verified index; nil before the first
 	indexDigest  string
+	indexPayload []byte
 	indexRefused *protocol.Refusal
 	held         map[string]held
 	pending      map[string]pending
@@ -291,7 +296,15 @@ func (d *Downlink) restoreIndex(m store.SyncMark) {
 		d.o.Log.Warn("mqtt downlink: the stored index cannot be read; waiting for the broker's", "err", err)
 		return
 	}
-	d.index, d.indexDigest = x, m.Digest
+	if len(d.o.Trusted) > 0 {
+		if err := protocol.VerifyIndex(x, d.o.Trusted); err != nil {
+			// The trust anchors changed (a key removed), or the file was altered: the broker's
+			// index is verified again when it arrives.
+			d.o.Log.Warn("mqtt downlink: the stored index is not signed by a trusted key; waiting for the broker's", "err", err)
+			return
+		}
+	}
+	d.index, d.indexDigest, d.indexPayload = x, m.Digest, m.Data
 }
 
 // settleDelay backs off while the set does not converge, so a control plane that lost an object
@@ -336,6 +349,11 @@ func (d *Downlink) handle(m Message) {
 func (d *Downlink) onIndex(t protocol.Topic, m Message) {
 	digest := protocol.Digest(m.Payload)
 	x, err := protocol.DecodeIndex(t, m.Payload, d.o.MaxPayload)
+	if err == nil && len(d.o.Trusted) > 0 {
+		// Before anything else: an index no trusted key signed says nothing, not even that it
+		// is stale or conflicting.
+		err = protocol.VerifyIndex(x, d.o.Trusted)
+	}
 	if err != nil {
 		d.refuseIndex(m.Topic, peekRevision(m.Payload), digest, err)
 		return
@@ -361,7 +379,7 @@ func (d *Downlink) onIndex(t protocol.Topic, m Message) {
 		d.o.Log.Error("mqtt downlink: store the index; not acting on it", "revision", x.Revision, "err", err)
 		return
 	}
-	d.index, d.indexDigest, d.indexRefused = x, digest, nil
+	d.index, d.indexDigest, d.indexPayload, d.indexRefused = x, digest, m.Payload, nil
 	d.deleteUnlisted()
 	for _, key := range slices.Sorted(maps.Keys(d.pending)) {
 		p := d.pending[key]
@@ -657,6 +675,11 @@ func (d *Downlink) ack() {
 		return
 	}
 	a.IndexRevision, a.IndexDigest = d.index.Revision, d.indexDigest
+	if d.index.Signature != nil {
+		// A writer rebuilding from these acks verifies the signed index rather than trusting
+		// entries the broker relayed.
+		a.Index = d.indexPayload
+	}
 	for key, e := range d.index.Objects {
 		switch h := d.held[key]; {
 		case h.gen != e.Generation || h.digest != e.Digest:

@@ -2,6 +2,8 @@ package downlink
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -40,10 +42,12 @@ type rig struct {
 	done    chan struct{}
 }
 
-func newRig(t *testing.T, st *store.Memory) *rig {
+func newRig(t *testing.T, st *store.Memory) *rig { return newRigWith(t, st, nil) }
+
+func newRigWith(t *testing.T, st *store.Memory, trusted []ed25519.PublicKey) *rig {
 	r := &rig{t: t, st: st, done: make(chan struct{})}
 	r.d = New(Options{
-		Node: node, Topics: tp, Store: st, Settle: 50 * time.Millisecond,
+		Node: node, Topics: tp, Store: st, Settle: 50 * time.Millisecond, Trusted: trusted,
 		Events: event.SinkFunc(func(e event.Event) { r.mu.Lock(); r.events = append(r.events, e); r.mu.Unlock() }),
 		Acks:   func(a protocol.Acks) { r.mu.Lock(); r.acks = append(r.acks, a); r.mu.Unlock() },
 		Resync: func(_ string, missing []string) { r.mu.Lock(); r.resends = append(r.resends, missing); r.mu.Unlock() },
@@ -510,3 +514,69 @@ func TestStateStaysBoundedAfterManyShortLivedPods(t *testing.T) {
 }
 
 func must[T any](v T, _ ...any) T { return v }
+
+// signedIndexOf is indexOf signed with key.
+func signedIndexOf(t *testing.T, key ed25519.PrivateKey, rev int64, msgs map[string][]byte) (string, []byte) {
+	t.Helper()
+	topic, b := indexOf(t, rev, msgs)
+	x, err := protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: node}, b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	protocol.SignIndex(x, key)
+	b, _ = protocol.Encode(x)
+	return topic, b
+}
+
+// With trust anchors, only an index signed by one of them is taken: an unsigned one, a forged one
+// (altered after signing), one signed by another key, or an older signed one (a replay) changes
+// nothing and is refused in the acks. A signed one applies, and a rotation (two anchors) takes both.
+func TestTrustAnchorsOnlySignedIndexesApply(t *testing.T) {
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	_, rogue, _ := ed25519.GenerateKey(rand.Reader)
+	st := store.NewMemory()
+	r := newRigWith(t, st, []ed25519.PublicKey{pub})
+	ta, a := podMsg(t, "a", 1, "img")
+	tb, b := podMsg(t, "b", 2, "evil")
+	ti, signed := signedIndexOf(t, priv, 1, map[string][]byte{ta: a})
+	r.send(ta, a, true)
+	r.send(ti, signed, true)
+	if got := upserts(must(r.snapshot())); !slices.Equal(got, []string{"a@1"}) {
+		t.Fatalf("upserts %v, want a from the signed index", got)
+	}
+	_, unsigned := indexOf(t, 2, map[string][]byte{tb: b})
+	_, otherKey := signedIndexOf(t, rogue, 2, map[string][]byte{tb: b})
+	var x protocol.Index
+	_, good2 := signedIndexOf(t, priv, 2, map[string][]byte{ta: a})
+	json.Unmarshal(good2, &x)
+	x.Objects["pods/default/b"] = protocol.IndexEntry{Generation: 2, Digest: protocol.Digest(b)} // added after signing
+	forged, _ := protocol.Encode(&x)
+	r.send(tb, b, true) // the attacker's object, retained
+	for name, idx := range map[string][]byte{"unsigned": unsigned, "another key": otherKey, "forged": forged} {
+		r.send(ti, idx, false)
+		changes, _ := r.snapshot()
+		if got := upserts(changes); len(got) != 1 || len(deletes(changes)) != 0 {
+			t.Fatalf("%s index changed the node: upserts %v deletes %v", name, got, deletes(changes))
+		}
+		if a := r.lastAcks(); a.IndexRefused == nil || a.IndexRevision != 1 || len(a.Applied) != 1 {
+			t.Fatalf("%s index: acks %+v, want it refused and revision 1 in force", name, a)
+		}
+	}
+	// A later signed index applies; replaying the older signed one changes nothing.
+	_, third := signedIndexOf(t, priv, 3, map[string][]byte{ta: a})
+	r.send(ti, third, false)
+	r.send(ti, signed, false)
+	if a := r.lastAcks(); a.IndexRevision != 3 || a.IndexRefused == nil || !strings.Contains(a.IndexRefused.Reason, "stale") {
+		t.Fatalf("acks %+v, want revision 3 in force and the replay refused as stale", a)
+	}
+	// The acks carry the signed index, for a writer that must rebuild without trusting the broker.
+	if a := r.lastAcks(); string(a.Index) != string(third) {
+		t.Fatalf("acks carry index %q", a.Index)
+	}
+	r.stop()
+	// Restarted with the key no longer trusted: the stored index is not in force any more.
+	r2 := newRigWith(t, st, []ed25519.PublicKey{rogue.Public().(ed25519.PublicKey)})
+	if a := r2.lastAcks(); a.IndexRevision != 0 {
+		t.Fatalf("a stored index signed by a key no longer trusted stayed in force: %+v", a)
+	}
+}

@@ -5,6 +5,7 @@ package nodesync
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -39,6 +40,8 @@ type Options struct {
 	Store      Store
 	MaxPayload int
 	Outbox     store.OutboxLimits
+	// Trusted are the public keys desired state must be signed by; empty takes any index.
+	Trusted []ed25519.PublicKey
 	// Logs, when set, finds container logs for `mqlet ctl logs` (served over MQTT).
 	Logs    logserve.LogFinder
 	Version string
@@ -120,7 +123,7 @@ func New(o Options) (*Sync, error) {
 	s.up = uplink.New(uplink.Options{Node: o.Node, Topics: t, Store: o.Store, Link: sender{l}, Limits: o.Outbox, Log: o.Log})
 	s.down = downlink.New(downlink.Options{
 		Node: o.Node, Topics: t, Store: o.Store, MaxPayload: o.MaxPayload, Events: s.up,
-		Acks:    s.up.Acks,
+		Acks: s.up.Acks, Trusted: o.Trusted,
 		Fetch:   func(keys []string) { s.queueOp(fetchOp{subscribe: keys}) },
 		Unfetch: func(keys []string) { s.queueOp(fetchOp{unsubscribe: keys}) },
 		Resync: func(reason string, missing []string) {

@@ -159,6 +159,11 @@ func DecodeIndex(t Topic, payload []byte, max int) (*Index, error) {
 	if x.Objects == nil {
 		x.Objects = map[string]IndexEntry{}
 	}
+	if x.Signature != nil {
+		if err := validSignatureShape(x.Signature); err != nil {
+			return nil, fmt.Errorf("index: %w", err)
+		}
+	}
 	for k, e := range x.Objects {
 		if _, _, _, err := ParseObjectKey(k); err != nil {
 			return nil, fmt.Errorf("index: %w", err)

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"bytes"
+	"crypto/ed25519"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -54,9 +55,15 @@ func FuzzDecodeDesired(f *testing.F) {
 	})
 }
 
+var fuzzPub, fuzzPriv, _ = ed25519.GenerateKey(nil)
+
 func FuzzDecodeIndex(f *testing.F) {
 	good, _ := Encode(&Index{Node: "n", Revision: 4, Objects: map[string]IndexEntry{"pods/default/a": {Generation: 4, Digest: Digest([]byte("a"))}}})
 	f.Add(good)
+	signed := &Index{Node: "n", Revision: 4, Objects: map[string]IndexEntry{"pods/default/a": {Generation: 4, Digest: Digest([]byte("a"))}}}
+	SignIndex(signed, fuzzPriv)
+	sb, _ := Encode(signed)
+	f.Add(sb)
 	f.Add([]byte(`{"apiVersion":"mqlet.io/v2","node":"n","revision":1,"objects":{"pods/x":{"generation":1,"digest":"00"}}}`))
 	f.Add([]byte(`{"apiVersion":"mqlet.io/v2","node":"n","revision":2,"objects":{"pods/default/a":{"generation":2,"digest":"` + strings.Repeat("A", 64) + `"}}}`))
 	topic, _ := tp.Parse(tp.Index("n"))
@@ -65,6 +72,8 @@ func FuzzDecodeIndex(f *testing.F) {
 		if err != nil {
 			return
 		}
+		// Verification never panics, whatever the decoder let through.
+		VerifyIndex(got, []ed25519.PublicKey{fuzzPub})
 		for k, e := range got.Objects {
 			if _, _, _, err := ParseObjectKey(k); err != nil || e.Generation <= 0 || e.Generation > got.Revision || !validDigest(e.Digest) {
 				t.Fatalf("accepted entry %q=%+v (revision %d)", k, e, got.Revision)

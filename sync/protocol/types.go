@@ -119,6 +119,8 @@ type Index struct {
 	Node       string                `json:"node"`
 	Revision   int64                 `json:"revision"`
 	Objects    map[string]IndexEntry `json:"objects"`
+	// Signature is the writer's, over IndexSigningBytes; required by a node with trust anchors.
+	Signature *Signature `json:"signature,omitempty"`
 }
 
 // IndexEntry is one object of an index: its generation and the digest of its desired payload.
@@ -219,9 +221,13 @@ type Acks struct {
 	Refused map[string]Refusal `json:"refused,omitempty"`
 	// Missing holds the entries whose payload has not arrived (or arrived with another digest).
 	Missing map[string]IndexEntry `json:"missing,omitempty"`
-	// IndexRefused is the last index the node refused (stale, conflicting, invalid), so a writer
-	// learns it without a live reader.
+	// IndexRefused is the last index the node refused (stale, conflicting, invalid, unsigned or
+	// forged), so a writer learns it without a live reader.
 	IndexRefused *Refusal `json:"indexRefused,omitempty"`
+	// Index is the payload of the index in force when it is signed: a writer that rebuilds from
+	// the acks (the broker lost its index) verifies it, instead of trusting entries a broker could
+	// have forged.
+	Index json.RawMessage `json:"index,omitempty"`
 }
 
 // Refusal is why a node did not apply a generation of an object (or, in Acks.IndexRefused, an
