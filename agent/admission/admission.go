@@ -88,6 +88,16 @@ func (a Admitter) Admit(it source.Item) (*v1.Pod, error) {
 	}
 	delete(pod.Annotations, AnnotationConfigHash) // the hash must not depend on an old hash
 	pod.Annotations[AnnotationConfigSource] = configSource(it.Ref.Kind)
+	delete(pod.Annotations, AnnotationHostPathRoots) // only admission says where a hostPath may lead
+	if it.Ref.Kind == source.MQTT {
+		if roots := a.MQTTPolicy.hostPathRoots(&pod.Spec); len(roots) > 0 {
+			b, err := json.Marshal(roots)
+			if err != nil {
+				return nil, fmt.Errorf("recording the hostPath roots of pod %s/%s: %w", pod.Namespace, pod.Name, err)
+			}
+			pod.Annotations[AnnotationHostPathRoots] = string(b)
+		}
+	}
 	sum, err := json.Marshal(pod)
 	if err != nil {
 		return nil, fmt.Errorf("hashing pod %s/%s: %w", pod.Namespace, pod.Name, err)

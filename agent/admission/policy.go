@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"encoding/json"
 	"fmt"
 	"path"
 	"slices"
@@ -132,9 +133,55 @@ func privileges(c *field.Path, sc *v1.SecurityContext) []Violation {
 	return out
 }
 
+// AnnotationHostPathRoots records, on a pod from a source the policy applies to (MQTT), the allowed
+// host path each of its hostPath volumes was admitted under: JSON, volume name -> root, e.g.
+// {"data":"/data"}. Admission judges the path as written; a pod that can write below an allowed
+// path can make that path lead anywhere with a symlink (ln -s / /data/escape), so the runtime opens
+// the volume's path beneath this root, at mount time, and refuses it if it leads out. Admission
+// sets it and drops whatever a source sent under this key, for every source: a pod cannot name its
+// own root.
+const AnnotationHostPathRoots = "mqlet.io/hostpath-roots"
+
+// HostPathRoots reads AnnotationHostPathRoots; nil when the pod has none.
+func HostPathRoots(pod *v1.Pod) (map[string]string, error) {
+	s, ok := pod.Annotations[AnnotationHostPathRoots]
+	if !ok {
+		return nil, nil
+	}
+	var roots map[string]string
+	if err := json.Unmarshal([]byte(s), &roots); err != nil {
+		return nil, fmt.Errorf("annotation %s %q: %w", AnnotationHostPathRoots, s, err)
+	}
+	return roots, nil
+}
+
+// hostPathRoots is what AnnotationHostPathRoots records for an admitted spec: for each hostPath
+// volume, the outermost allowed path it lies under. The outermost, because a pod allowed an outer
+// path could have made an inner allowed path a symlink: the inner one is no safe root.
+func (p Policy) hostPathRoots(spec *v1.PodSpec) map[string]string {
+	roots := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath == nil {
+			continue
+		}
+		clean := path.Clean(v.HostPath.Path)
+		best := ""
+		for _, allowed := range p.AllowedHostPaths {
+			if under(clean, allowed) && (best == "" || len(allowed) < len(best)) {
+				best = allowed
+			}
+		}
+		if best != "" {
+			roots[v.Name] = best
+		}
+	}
+	return roots
+}
+
 // hostPathRefused says why a hostPath is not allowed, or "" when it is. The path is judged as
 // written: a relative path or one with ".." could mean anything once resolved, so it is refused
-// rather than cleaned into something that happens to match.
+// rather than cleaned into something that happens to match. What it resolves to is checked again
+// when it is mounted (AnnotationHostPathRoots).
 func (p Policy) hostPathRefused(hp string) string {
 	if !path.IsAbs(hp) {
 		return "is not an absolute path"

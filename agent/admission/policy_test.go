@@ -153,3 +153,39 @@ func TestPolicyWithValidationErrors(t *testing.T) {
 		}
 	}
 }
+
+// An admitted MQTT pod carries, for each hostPath volume, the outermost allowed path it lies under
+// (the runtime opens the path beneath it at mount time); what a source sends under that key is
+// dropped, for every source, so no pod names its own root.
+func TestHostPathRootsRecorded(t *testing.T) {
+	a := Admitter{NodeName: node, MQTTPolicy: Policy{AllowedHostPaths: []string{"/data/inner", "/data", "/var/log/app"}}}
+	forged := func(p *v1.Pod) { p.Annotations = map[string]string{AnnotationHostPathRoots: `{"d":"/"}`} }
+	pod := policyPod(func(p *v1.Pod) {
+		forged(p)
+		p.Spec.Volumes = []v1.Volume{hostPathVolume("d", "/data/inner/x"), hostPathVolume("l", "/var/log/app/"),
+			{Name: "e", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}
+	})
+	got, err := a.Admit(source.Item{Pod: pod, Ref: source.Ref{Kind: source.MQTT, Origin: "t"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots, err := HostPathRoots(got)
+	if err != nil || len(roots) != 2 || roots["d"] != "/data" || roots["l"] != "/var/log/app" {
+		t.Errorf("roots %v, %v; want d under /data (the outermost), l under /var/log/app", roots, err)
+	}
+	if pod.Annotations[AnnotationHostPathRoots] != `{"d":"/"}` {
+		t.Errorf("Admit modified the item's pod")
+	}
+	for _, k := range []source.Kind{source.File, source.MQTT} {
+		got, err := a.Admit(source.Item{Pod: policyPod(forged), Ref: source.Ref{Kind: k, Origin: "t"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := got.Annotations[AnnotationHostPathRoots]; ok {
+			t.Errorf("%s pod kept a forged %s: %q", k, AnnotationHostPathRoots, v)
+		}
+	}
+	if _, err := HostPathRoots(&v1.Pod{}); err != nil {
+		t.Errorf("no annotation: %v", err)
+	}
+}

@@ -101,10 +101,13 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		return Container{}, &StartError{reason, err}
 	}
 	id := ContainerID(string(pod.UID), c.Name, restarts)
-	opts, err := r.specOpts(pod, sb, c, img, id)
+	opts, stage, err := r.specOpts(pod, sb, c, img, id)
 	if err != nil {
 		return Container{}, startErr(err)
 	}
+	// The hostPath and subPath mounts come from this stage (mountstage.go), which runc reads when
+	// it creates the task: it stays until then, and goes however this returns.
+	defer stage.Release()
 	devOpts, err := r.deviceOpts(pod, sb, c)
 	if err != nil {
 		return Container{}, err
@@ -169,6 +172,11 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		return Container{}, &StartError{"RunContainerError", err}
 	}
 	task, err := ctr.NewTask(ctx, ioCreator)
+	// Once the task exists (or failed) runc has copied the staged mounts into the container, which
+	// keeps its copies: the stage is not needed any more, and must not outlive the create.
+	if rerr := stage.Release(); rerr != nil {
+		r.log.Warn("volume mount stage not released", "container", id, "err", rerr)
+	}
 	releaseIO()
 	if err != nil {
 		r.releaseContainerIO(ctx, ctr)

@@ -5,7 +5,11 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
+	"strings"
 
+	"github.com/mqlet/mqlet/agent/admission"
+	"github.com/mqlet/mqlet/agent/runtime/beneath"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -30,6 +34,9 @@ func (e *MountError) Unwrap() error { return e.Err }
 // reason, unless it is a ConfigError too (a missing ConfigMap or Secret behind an object volume);
 // anything else is a CreateContainerConfigError.
 func startErr(err error) *StartError {
+	if se, ok := err.(*StartError); ok {
+		return se
+	}
 	if _, ok := errors.AsType[*ConfigError](err); ok {
 		return &StartError{"CreateContainerConfigError", err}
 	}
@@ -39,8 +46,44 @@ func startErr(err error) *StartError {
 	return &StartError{"CreateContainerConfigError", err}
 }
 
-// hostPathSource checks (and for the *OrCreate types makes) the host path of volume v as kubelet's
-// hostPath plugin does before every mount, and returns it as the bind mount's source.
+// hostPathScope is where a hostPath volume's path is opened from: the directory it must lie
+// beneath, and whether symlinks on the way may be followed (while they stay beneath it).
+type hostPathScope struct {
+	root       string
+	noSymlinks bool
+	what       string // how messages name the root
+}
+
+// hostPathScopeOf decides, from what admission recorded on the pod, how v's path is opened:
+//
+//   - a manifest-dir pod is trusted (whoever writes the manifest dir is root on the node): beneath
+//     "/", symlinks followed as the kernel would. It still gets the type check and the mount from
+//     one open file, so nothing changes between the two.
+//   - a pod admitted under the policy (MQTT) beneath the allowed host path admission recorded for
+//     the volume (admission.AnnotationHostPathRoots): symlinks are followed only while they stay
+//     beneath it. A pod that can write there can plant `ln -s / escape`; that link is refused.
+//   - any other pod (one admitted before the roots were recorded) beneath "/" with no symlink
+//     followed at all: with no root known, no link can be judged.
+func hostPathScopeOf(pod *v1.Pod, v v1.Volume) (hostPathScope, error) {
+	if pod.Annotations[admission.AnnotationConfigSource] == admission.ConfigSourceFile {
+		return hostPathScope{root: "/", what: "the host (manifest-dir pod)"}, nil
+	}
+	roots, err := admission.HostPathRoots(pod)
+	if err != nil {
+		return hostPathScope{}, err
+	}
+	if root, ok := roots[v.Name]; ok {
+		if !filepath.IsAbs(root) || filepath.Clean(root) != root {
+			return hostPathScope{}, fmt.Errorf("allowed host path %q recorded at admission is not absolute and clean", root)
+		}
+		return hostPathScope{root: root, what: "the allowed host path " + root}, nil
+	}
+	return hostPathScope{root: "/", noSymlinks: true, what: "the host, with no symlink followed (no allowed host path recorded for this pod)"}, nil
+}
+
+// openHostPath checks (and for the *OrCreate types makes) the host path of volume v as kubelet's
+// hostPath plugin does before every mount, and returns it open (O_PATH) as the bind mount's source:
+// the container gets exactly the file checked here, whatever is renamed or linked afterwards.
 //
 //   - "" (unset): no check; a missing path is made a directory (0755), as containerd's CRI does
 //     for kubelet, rather than failing in runc.
@@ -48,8 +91,12 @@ func startErr(err error) *StartError {
 //   - FileOrCreate: a missing path becomes an empty file (0644); its parent must exist (kubelet
 //     does not make it); then as File.
 //   - Directory, File, Socket, CharDevice, BlockDevice: the path must exist and be of that type,
-//     symlinks followed.
-func hostPathSource(v v1.Volume) (string, error) {
+//     symlinks followed as hostPathScopeOf allows.
+//
+// The path is opened beneath its scope's root (beneath.Open): a symlink that leads out of it, one
+// swapped in while the path is opened, or anything made through a link is refused with a
+// MountError naming the path and the reason, and the container waits and is tried again.
+func openHostPath(pod *v1.Pod, v v1.Volume) (*os.File, error) {
 	hp := v.HostPath
 	path := hp.Path
 	fail := func(format string, a ...any) error {
@@ -61,37 +108,77 @@ func hostPathSource(v v1.Volume) (string, error) {
 	}
 	kind, what, ok := hostPathWant(typ)
 	if !ok {
-		return "", configErr("volume %q: hostPath type %q is not one of \"\", DirectoryOrCreate, Directory, FileOrCreate, File, Socket, CharDevice, BlockDevice", v.Name, typ)
+		return nil, configErr("volume %q: hostPath type %q is not one of \"\", DirectoryOrCreate, Directory, FileOrCreate, File, Socket, CharDevice, BlockDevice", v.Name, typ)
 	}
-	fi, err := os.Stat(path)
-	missing := errors.Is(err, fs.ErrNotExist)
-	if err != nil && !missing {
-		return "", fail("hostPath %s (type %q): %v", path, typ, err)
+	scope, err := hostPathScopeOf(pod, v)
+	if err != nil {
+		return nil, fail("hostPath %s: %v", path, err)
 	}
-	if missing {
-		switch typ {
-		case v1.HostPathUnset, v1.HostPathDirectoryOrCreate:
-			if err := os.MkdirAll(path, 0o755); err != nil {
-				return "", fail("hostPath %s (type %q): create directory: %v", path, typ, err)
-			}
-			return path, nil
-		case v1.HostPathFileOrCreate:
-			f, err := os.OpenFile(path, os.O_CREATE|os.O_RDONLY, 0o644)
-			if err != nil {
-				return "", fail("hostPath %s (type FileOrCreate): create file: %v", path, err)
-			}
-			f.Close()
-			return path, nil
+	if !filepath.IsAbs(path) {
+		return nil, fail("hostPath %s (type %q): not an absolute path", path, typ)
+	}
+	clean := filepath.Clean(path)
+	if !pathBelow(clean, scope.root) {
+		return nil, fail("hostPath %s (type %q) is not beneath %s", path, typ, scope.what)
+	}
+	create := beneath.CreateNothing
+	switch typ {
+	case v1.HostPathUnset, v1.HostPathDirectoryOrCreate:
+		create = beneath.CreateDirs
+	case v1.HostPathFileOrCreate:
+		create = beneath.CreateFile
+	}
+	root, err := beneath.OpenDir(scope.root)
+	if errors.Is(err, fs.ErrNotExist) && create == beneath.CreateDirs {
+		// The allowed host path itself is missing. It is the operator's, not the pod's (no pod may
+		// write above it), so it is made as the path would be.
+		if err := os.MkdirAll(scope.root, 0o755); err != nil {
+			return nil, fail("hostPath %s (type %q): create directory: %v", path, typ, err)
 		}
-		return "", fail("hostPath type check failed: %s does not exist (type %s expects an existing %s)", path, typ, what)
+		root, err = beneath.OpenDir(scope.root)
+	}
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fail("hostPath type check failed: %s does not exist (type %s expects an existing %s)", path, typ, what)
+	}
+	if err != nil {
+		return nil, fail("hostPath %s (type %q): %v", path, typ, err)
+	}
+	defer root.Close()
+	rel := strings.TrimPrefix(strings.TrimPrefix(clean, scope.root), "/")
+	f, err := beneath.Open(root, rel, beneath.Options{Create: create, NoSymlinks: scope.noSymlinks})
+	if err != nil {
+		var esc *beneath.EscapeError
+		var link *beneath.SymlinkError
+		switch {
+		case errors.As(err, &esc) || errors.As(err, &link):
+			return nil, fail("hostPath %s (type %q) refused: it must stay beneath %s: %v", path, typ, scope.what, err)
+		case create == beneath.CreateFile:
+			return nil, fail("hostPath %s (type FileOrCreate): %v", path, err)
+		case errors.Is(err, fs.ErrNotExist):
+			return nil, fail("hostPath type check failed: %s does not exist (type %s expects an existing %s)", path, typ, what)
+		case create == beneath.CreateDirs:
+			return nil, fail("hostPath %s (type %q): create directory: %v", path, typ, err)
+		}
+		return nil, fail("hostPath %s (type %q): %v", path, typ, err)
 	}
 	if typ == v1.HostPathUnset {
-		return path, nil
+		return f, nil
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fail("hostPath %s (type %q): %v", path, typ, err)
 	}
 	if got := fileKind(fi.Mode()); got != kind {
-		return "", fail("hostPath type check failed: %s is not a %s (type %s), it is a %s", path, what, typ, got)
+		f.Close()
+		return nil, fail("hostPath type check failed: %s is not a %s (type %s), it is a %s", path, what, typ, got)
 	}
-	return path, nil
+	return f, nil
+}
+
+// pathBelow reports whether the clean absolute path p is root or lies below it, by whole segments.
+func pathBelow(p, root string) bool {
+	return root == "/" || p == root || strings.HasPrefix(p, root+"/")
 }
 
 // hostPathWant is the kind of file a hostPath type asks for (fileKind's names, "" for any) and how

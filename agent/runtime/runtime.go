@@ -142,6 +142,7 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 	if o.Devices != nil {
 		r.restoreDevices()
 	}
+	r.sweepMountStages() // mountstage.go: what an agent killed while creating a container left mounted
 	return r, nil
 }
 

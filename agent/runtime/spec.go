@@ -15,8 +15,8 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/oci"
-	securejoin "github.com/cyphar/filepath-securejoin"
 	"github.com/mqlet/mqlet/agent/qos"
+	"github.com/mqlet/mqlet/agent/runtime/beneath"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 )
@@ -87,11 +87,18 @@ func (e *ConfigError) Unwrap() error { return e.Err }
 func configErr(format string, a ...any) error { return &ConfigError{fmt.Errorf(format, a...)} }
 
 // specOpts turns a Kubernetes container into OCI spec options, with kubelet's semantics for
-// command/args, env expansion and resources.
-func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img containerd.Image, id string) ([]oci.SpecOpts, error) {
+// command/args, env expansion and resources. The stage the hostPath and subPath mounts come from
+// (volumeMounts) is returned: runc copies its mounts when it creates the container, so the caller
+// releases it once the task exists, or failed to.
+func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img containerd.Image, id string) (_ []oci.SpecOpts, stage *mountStage, err error) {
+	defer func() {
+		if err != nil {
+			stage.Release()
+		}
+	}()
 	env, skipped, err := containerEnvWith(pod, c, r.objectsOrNone())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(skipped) > 0 {
 		r.log.Warn(skippedMessage(c, skipped), "pod", pod.Namespace+"/"+pod.Name)
@@ -99,7 +106,7 @@ func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img contai
 	// Read once here for the command and the security options (the image's user).
 	ic, err := img.Spec(context.Background())
 	if err != nil {
-		return nil, fmt.Errorf("image config of %s: %w", img.Name(), err)
+		return nil, nil, fmt.Errorf("image config of %s: %w", img.Name(), err)
 	}
 	opts := []oci.SpecOpts{oci.WithImageConfig(img)}
 
@@ -116,7 +123,7 @@ func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img contai
 			args = append(args, ic.Config.Cmd...)
 		}
 		if len(args) == 0 {
-			return nil, configErr("container %q: no command: the image has no entrypoint or cmd and the pod gives none", c.Name)
+			return nil, nil, configErr("container %q: no command: the image has no entrypoint or cmd and the pod gives none", c.Name)
 		}
 		opts = append(opts, oci.WithProcessArgs(args...))
 	}
@@ -133,18 +140,18 @@ func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img contai
 
 	nsOpts, err := namespaceOpts(pod, sb)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	opts = append(opts, nsOpts...)
 	files, err := podFileMounts(pod, sb, c) // hosts, resolv.conf, hostname (dns.go)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	opts = append(opts, files)
 
-	mounts, err := r.volumeMounts(pod, sb, c, env)
+	mounts, stage, err := r.volumeMounts(pod, sb, c, env, id)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(mounts) > 0 {
 		opts = append(opts, oci.WithMounts(mounts))
@@ -153,11 +160,11 @@ func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img contai
 	opts = append(opts, withOOMScoreAdj(r.oomScoreAdj(pod, c)))
 	secOpts, err := r.securityOpts(pod, c, ic.Config.User)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	opts = append(opts, secOpts...)
 	opts = append(opts, oci.WithCgroup(filepath.Join(sb.CgroupParent, id)))
-	return opts, nil
+	return opts, stage, nil
 }
 
 func podHostname(pod *v1.Pod) string {
@@ -225,47 +232,51 @@ func withShm(src string) oci.SpecOpts {
 // volumeMounts supports emptyDir (made by the sandbox), hostPath, and configMap, secret,
 // downwardAPI and projected volumes (written when the container starts, objvolumes.go); other
 // volume kinds are refused clearly rather than silently skipped. env expands subPathExpr.
-func (r *Runtime) volumeMounts(pod *v1.Pod, sb *Sandbox, c *v1.Container, env []v1.EnvVar) ([]specs.Mount, error) {
+//
+// A hostPath, and a subPath of any volume, is opened here beneath its root (openHostPath,
+// openSubPath) and mounted from the open file, not from its path, through container id's mount
+// stage (mountstage.go): nothing a container renames or links afterwards changes what is mounted.
+// The caller releases the stage once runc has created the container (NewTask).
+func (r *Runtime) volumeMounts(pod *v1.Pod, sb *Sandbox, c *v1.Container, env []v1.EnvVar, id string) (_ []specs.Mount, stage *mountStage, err error) {
 	vols := map[string]v1.Volume{}
 	for _, v := range pod.Spec.Volumes {
 		vols[v.Name] = v
 	}
 	var out []specs.Mount
+	defer func() {
+		if err != nil {
+			stage.Release()
+		}
+	}()
 	for _, m := range c.VolumeMounts {
 		v, ok := vols[m.Name]
 		if !ok {
-			return nil, configErr("container %q: volumeMount %q names no volume of the pod", c.Name, m.Name)
+			return nil, nil, configErr("container %q: volumeMount %q names no volume of the pod", c.Name, m.Name)
 		}
-		var src string
+		var src string    // a directory the agent made and owns: mounted by its path
+		var file *os.File // or a file opened beneath its root: mounted from the open file
+		subCreate := beneath.CreateDirs
 		switch {
 		case v.EmptyDir != nil:
 			if src = sb.Volumes[v.Name]; src == "" {
-				return nil, fmt.Errorf("emptyDir %q: not set up by the pod's sandbox", v.Name)
+				return nil, nil, fmt.Errorf("emptyDir %q: not set up by the pod's sandbox", v.Name)
 			}
 		case v.HostPath != nil:
-			var err error
-			if src, err = hostPathSource(v); err != nil { // hostpath.go
-				return nil, err
+			if file, err = openHostPath(pod, v); err != nil { // hostpath.go
+				return nil, nil, err
 			}
 		default:
 			var handled bool
-			var err error
 			if src, handled, err = r.setUpObjectVolume(pod, sb.Dir, &v); err != nil {
-				return nil, err
+				return nil, nil, err
 			} else if !handled {
-				return nil, configErr("volume %q: only emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes are supported", v.Name)
+				return nil, nil, configErr("volume %q: only emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes are supported", v.Name)
 			}
+			// A missing key is not made: the volume is the object's, rewritten whole on each update.
+			subCreate = beneath.CreateNothing
 		}
-		subPath, err := mountSubPath(c, m, env)
-		if err != nil {
-			return nil, err
-		}
-		if subPath != "" {
-			sub, err := resolveSubPath(src, subPath)
-			if err != nil {
-				return nil, configErr("container %q volumeMount %q: subPath %q: %v", c.Name, m.Name, subPath, err)
-			}
-			src = sub
+		if src, err = r.stageMount(&stage, id, c, m, env, src, file, subCreate); err != nil {
+			return nil, nil, err
 		}
 		opt := "rw"
 		if m.ReadOnly || objectVolumeReadOnly(&v) {
@@ -273,64 +284,74 @@ func (r *Runtime) volumeMounts(pod *v1.Pod, sb *Sandbox, c *v1.Container, env []
 		}
 		out = append(out, specs.Mount{Destination: m.MountPath, Type: "bind", Source: src, Options: []string{"rbind", opt}})
 	}
-	return out, nil
+	return out, stage, nil
 }
 
-// resolveSubPath finds subPath inside the volume at root, refusing anything that leads out of it:
-// an absolute path, "..", or a symlink (planted by a container writing to the volume) whose target
-// is outside (kubelet's CVE-2017-1002101). securejoin resolves the path as if root were "/"; the
-// host resolves it for real. They agree only when no symlink on the way leaves the volume. A path
-// that does not exist yet is left to runc, as before.
-//
-// The check and runc's mount are not atomic: a container that swaps a checked directory for a
-// symlink in between can still win the race. Closing that needs the mount source passed as an open
-// file descriptor, which kubelet does and mqlet does not yet.
-func resolveSubPath(root, subPath string) (string, error) {
-	if filepath.IsAbs(subPath) || slices.Contains(strings.Split(filepath.ToSlash(subPath), "/"), "..") {
-		return "", fmt.Errorf("must be a relative path without '..'")
+// stageMount returns the source of mount m of a volume that is the directory src or the open file
+// (which it closes): the volume's subPath opened beneath it, if m has one, and anything open staged
+// in *stage (made at first use).
+func (r *Runtime) stageMount(stage **mountStage, id string, c *v1.Container, m v1.VolumeMount, env []v1.EnvVar, src string, file *os.File, subCreate beneath.Create) (string, error) {
+	if file != nil {
+		defer func() { file.Close() }()
 	}
-	realRoot, err := filepath.EvalSymlinks(root)
-	if err != nil {
-		return "", fmt.Errorf("volume root %s: %w", root, err)
-	}
-	scoped, err := securejoin.SecureJoin(realRoot, subPath)
-	if err != nil {
-		return "", fmt.Errorf("resolve in %s: %w", realRoot, err)
-	}
-	host, err := hostResolve(realRoot, subPath)
+	subPath, err := mountSubPath(c, m, env)
 	if err != nil {
 		return "", err
 	}
-	if host != scoped || (host != realRoot && !strings.HasPrefix(host, realRoot+string(filepath.Separator))) {
-		return "", fmt.Errorf("leads out of the volume (a symlink on the way resolves to %s)", host)
+	if subPath != "" {
+		sub, err := openSubPath(src, file, subPath, subCreate)
+		if err != nil {
+			return "", configErr("container %q volumeMount %q: subPath %q: %v", c.Name, m.Name, subPath, err)
+		}
+		if file != nil {
+			file.Close()
+		}
+		file = sub
 	}
-	return host, nil
+	if file == nil {
+		return src, nil
+	}
+	if *stage == nil {
+		if *stage, err = r.newMountStage(id); err != nil {
+			return "", &StartError{"CreateContainerError", fmt.Errorf("container %q volumeMount %q: %w", c.Name, m.Name, err)}
+		}
+	}
+	staged, err := (*stage).add(file)
+	if err != nil {
+		return "", &StartError{"CreateContainerError", fmt.Errorf("container %q volumeMount %q: %w", c.Name, m.Name, err)}
+	}
+	return staged, nil
 }
 
-// hostResolve follows subPath below root as the kernel would, symlinks included, as far as it
-// exists; the missing rest is appended as it is.
-func hostResolve(root, subPath string) (string, error) {
-	cur := root
-	parts := strings.Split(filepath.Clean(subPath), string(filepath.Separator))
-	for i, p := range parts {
-		if p == "" || p == "." {
-			continue
-		}
-		next := filepath.Join(cur, p)
-		if _, err := os.Lstat(next); errors.Is(err, os.ErrNotExist) {
-			return filepath.Join(append([]string{cur}, parts[i:]...)...), nil
-		} else if err != nil {
-			return "", err
-		}
-		real, err := filepath.EvalSymlinks(next)
-		if errors.Is(err, os.ErrNotExist) {
-			return "", fmt.Errorf("%s is a dangling symlink", next)
-		} else if err != nil {
-			return "", err
-		}
-		cur = real
+// openSubPath opens subPath beneath the volume's root (the directory dir, or the open file root of a
+// hostPath volume) and returns it: a subPath that leads out of the volume, through a symlink planted
+// by a container writing to it (kubelet's CVE-2017-1002101) or one swapped in while it is opened, is
+// refused; one staying inside works. What is missing is made as create says, relative to the
+// descriptors of its parents, with the volume root's permissions, as kubelet makes subPaths.
+func openSubPath(dir string, root *os.File, subPath string, create beneath.Create) (*os.File, error) {
+	if filepath.IsAbs(subPath) || slices.Contains(strings.Split(filepath.ToSlash(subPath), "/"), "..") {
+		return nil, fmt.Errorf("must be a relative path without '..'")
 	}
-	return cur, nil
+	if root == nil {
+		var err error
+		if root, err = beneath.OpenDir(dir); err != nil {
+			return nil, fmt.Errorf("volume root: %w", err)
+		}
+		defer root.Close()
+	}
+	fi, err := root.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("volume root %s: %w", root.Name(), err)
+	}
+	if !fi.IsDir() {
+		return nil, fmt.Errorf("the volume %s is not a directory", root.Name())
+	}
+	f, err := beneath.Open(root, subPath, beneath.Options{Create: create, Perm: fi.Mode().Perm()})
+	var esc *beneath.EscapeError
+	if errors.As(err, &esc) {
+		return nil, fmt.Errorf("leads out of the volume: %w", err)
+	}
+	return f, err
 }
 
 // oomScoreAdj is kubelet's score for the container's QoS class, raised to the floor this machine

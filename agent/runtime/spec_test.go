@@ -3,6 +3,8 @@ package runtime
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -303,20 +305,37 @@ func TestCapabilityOptsAll(t *testing.T) {
 	}
 }
 
+// A subPath is refused as written when absolute or with ".."; a missing one is made in the volume
+// (as kubelet does) with the volume's mode, whatever the umask, and staged.
 func TestSubPathEscapeRefused(t *testing.T) {
+	needRoot(t)
 	pod := &v1.Pod{Spec: v1.PodSpec{Volumes: []v1.Volume{{Name: "v", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}}}
 	pod.UID = "u1"
-	sb := &Sandbox{Volumes: map[string]string{"v": t.TempDir()}}
+	vol := t.TempDir()
+	os.Chmod(vol, 0o777)
+	sb := &Sandbox{Volumes: map[string]string{"v": vol}}
+	r := &Runtime{opts: Options{StateDir: t.TempDir()}}
 	for _, sub := range []string{"../../etc", "/etc", "a/../../b"} {
 		c := &v1.Container{Name: "c", VolumeMounts: []v1.VolumeMount{{Name: "v", MountPath: "/x", SubPath: sub}}}
 		var ce *ConfigError
-		if _, err := (&Runtime{}).volumeMounts(pod, sb, c, nil); !errors.As(err, &ce) {
+		if _, _, err := r.volumeMounts(pod, sb, c, nil, "cid-0"); !errors.As(err, &ce) {
 			t.Errorf("subPath %q: err = %v, want a ConfigError", sub, err)
 		}
 	}
-	c := &v1.Container{Name: "c", VolumeMounts: []v1.VolumeMount{{Name: "v", MountPath: "/x", SubPath: "data"}}}
-	if m, err := (&Runtime{}).volumeMounts(pod, sb, c, nil); err != nil || len(m) != 1 {
-		t.Errorf("subPath data: %v %v", m, err)
+	c := &v1.Container{Name: "c", VolumeMounts: []v1.VolumeMount{{Name: "v", MountPath: "/x", SubPath: "data/more"}}}
+	m, stage, err := r.volumeMounts(pod, sb, c, nil, "cid-0")
+	defer stage.Release()
+	if err != nil || len(m) != 1 || !strings.HasPrefix(m[0].Source, filepath.Join(r.opts.StateDir, mountStagesDir)) {
+		t.Fatalf("subPath data/more: %v %v", m, err)
+	}
+	for _, d := range []string{filepath.Join(vol, "data"), filepath.Join(vol, "data", "more")} {
+		if fi, err := os.Stat(d); err != nil || fi.Mode().Perm() != 0o777 {
+			t.Errorf("made %s: %v %v; want a 0777 directory like its volume", d, fi, err)
+		}
+	}
+	os.WriteFile(filepath.Join(vol, "data", "more", "f"), []byte("x"), 0o644)
+	if b, err := os.ReadFile(filepath.Join(m[0].Source, "f")); err != nil || string(b) != "x" {
+		t.Errorf("the staged subPath does not show the volume's directory: %q %v", b, err)
 	}
 }
 

@@ -48,8 +48,8 @@ const (
 // Options tune Open.
 type Options struct {
 	Create Create
-	// Perm is the mode of what Create makes, before the umask; 0 means 0755 for a directory and 0644
-	// for a file.
+	// Perm is the permission bits of what Create makes, set exactly (whatever the umask); 0 means
+	// 0755 for a directory and 0644 for a file, less the umask, as os.MkdirAll and os.Create do.
 	Perm os.FileMode
 	// NoSymlinks refuses every symlink on the way, even one that would stay below the root: for a
 	// path whose root is "/" only because no narrower one is known.
@@ -317,7 +317,7 @@ func create(dir *os.File, missing []string, asked string, o Options) (*os.File, 
 		if perm == 0 {
 			perm = 0o644
 		}
-		return createFile(dir, missing[0], asked, perm)
+		return createFile(dir, missing[0], asked, perm, o.Perm != 0)
 	}
 	perm := o.Perm
 	if perm == 0 {
@@ -325,7 +325,7 @@ func create(dir *os.File, missing []string, asked string, o Options) (*os.File, 
 	}
 	cur := dir
 	for _, name := range missing {
-		next, err := mkdirOpen(cur, name, asked, perm)
+		next, err := mkdirOpen(cur, name, asked, perm, o.Perm != 0)
 		if cur != dir {
 			cur.Close()
 		}
@@ -339,11 +339,18 @@ func create(dir *os.File, missing []string, asked string, o Options) (*os.File, 
 
 // createFile makes name in dir an empty regular file and returns it open (O_RDONLY). When something
 // appeared there meanwhile, that is opened instead, never through a symlink.
-func createFile(dir *os.File, name, asked string, perm os.FileMode) (*os.File, error) {
+func createFile(dir *os.File, name, asked string, perm os.FileMode, exact bool) (*os.File, error) {
 	path := filepath.Join(dir.Name(), name)
 	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_RDONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(perm.Perm()))
 	if err == nil {
-		return os.NewFile(uintptr(fd), path), nil
+		f := os.NewFile(uintptr(fd), path)
+		if exact {
+			if err := f.Chmod(perm.Perm()); err != nil {
+				f.Close()
+				return nil, fmt.Errorf("create file %s: %w", asked, err)
+			}
+		}
+		return f, nil
 	}
 	if !errors.Is(err, unix.EEXIST) {
 		return nil, fmt.Errorf("create file %s: %w", asked, err)
@@ -357,8 +364,11 @@ func createFile(dir *os.File, name, asked string, perm os.FileMode) (*os.File, e
 
 // mkdirOpen makes name a directory in dir (or finds one there) and opens it without following a
 // symlink: if a link was put in its place, the open fails.
-func mkdirOpen(dir *os.File, name, asked string, perm os.FileMode) (*os.File, error) {
-	if err := unix.Mkdirat(int(dir.Fd()), name, uint32(perm.Perm())); err != nil && !errors.Is(err, unix.EEXIST) {
+func mkdirOpen(dir *os.File, name, asked string, perm os.FileMode, exact bool) (*os.File, error) {
+	made := true
+	if err := unix.Mkdirat(int(dir.Fd()), name, uint32(perm.Perm())); errors.Is(err, unix.EEXIST) {
+		made = false
+	} else if err != nil {
 		return nil, fmt.Errorf("create directory %s: %w", filepath.Join(dir.Name(), name), err)
 	}
 	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
@@ -369,7 +379,16 @@ func mkdirOpen(dir *os.File, name, asked string, perm os.FileMode) (*os.File, er
 		}
 		return nil, lookupErr(asked, err)
 	}
-	return checkNotLink(os.NewFile(uintptr(fd), filepath.Join(dir.Name(), name)), asked)
+	f, err := checkNotLink(os.NewFile(uintptr(fd), filepath.Join(dir.Name(), name)), asked)
+	if err != nil || !made || !exact {
+		return f, err
+	}
+	// fchmod refuses an O_PATH descriptor; chmod of its /proc link reaches exactly this directory.
+	if err := os.Chmod("/proc/self/fd/"+strconv.Itoa(int(f.Fd())), perm.Perm()); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("create directory %s: %w", f.Name(), err)
+	}
+	return f, nil
 }
 
 // OpenDir opens the directory at path (following symlinks: it names a root the caller trusts, such
