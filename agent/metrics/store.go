@@ -103,6 +103,13 @@ func (t *timedState) OutboxPut(entries []store.OutboxEntry, lim store.OutboxLimi
 	return seqs, err
 }
 
+func (t *timedState) OutboxAckMany(acks []store.OutboxRef) error {
+	start := time.Now()
+	err := t.State.OutboxAckMany(acks)
+	t.timed("outbox_ack_many", start, err)
+	return err
+}
+
 func (t *timedState) OutboxAck(topic string, seq uint64) error {
 	start := time.Now()
 	err := t.State.OutboxAck(topic, seq)

@@ -129,10 +129,11 @@ type IndexEntry struct {
 	Digest     string `json:"digest"`
 }
 
-// StatusSummary is the node's retained summary of its pod statuses: how many live (not deleted)
-// pod status topics it keeps and a digest over them. It is published after the statuses it sums
-// up, so a reader can tell a partial read from a whole one (Pods), and the node, reading its own
-// summary back on every connection, can tell a broker that lost retained statuses (Digest).
+// StatusSummary is the node's retained summary of what it keeps on the broker: how many live (not
+// deleted) pod status topics, and a digest over every retained topic it keeps up to date (each
+// live pod status, the node status and the acks). It is published after what it sums up, so a
+// reader can tell a partial read from a whole one (Pods), and the node, reading its own summary
+// back on every connection, can tell a broker that lost retained messages (Digest).
 type StatusSummary struct {
 	APIVersion string `json:"apiVersion"`
 	Node       string `json:"node"`
