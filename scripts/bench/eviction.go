@@ -13,6 +13,8 @@ import (
 
 	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/hw"
+	"github.com/mqlet/mqlet/sync/ctlclient"
+	"github.com/mqlet/mqlet/sync/protocol"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -61,13 +63,14 @@ func (b *bench) measureEviction(ctx context.Context, r *results) error {
 	saved := b.agentExtra
 	defer func() { b.agentExtra = saved }()
 
-	// One control plane for every sample: its revisions must keep growing across agent restarts.
-	cpc, err := mqttClient(site.harnessURL(), "eviction-cp")
+	// The control plane is ctlclient, the real writer: this broker is new, but the agent's state
+	// holds the index (and revision) an earlier step's control plane reached, so each write must
+	// build on where the node stands (ctl.go, waitNodeAcks).
+	cp, err := b.ctlConnect(ctx, site, "eviction-cp")
 	if err != nil {
 		return err
 	}
-	defer cpc.Disconnect(100)
-	cp := &controlPlane{c: cpc, objects: map[string]int64{}}
+	defer cp.Close()
 	var samples []evictionSample
 	for i := 0; i < evictionSamples; i++ {
 		s, err := b.evictionSample(ctx, site, cp, fmt.Sprintf("hog-%d", i))
@@ -90,7 +93,7 @@ func (b *bench) measureEviction(ctx context.Context, r *results) error {
 
 // evictionSample restarts the agent with the threshold under what is free now, runs the hog, and
 // times it from the crossing to its exit.
-func (b *bench) evictionSample(ctx context.Context, site *broker, cp *controlPlane, name string) (evictionSample, error) {
+func (b *bench) evictionSample(ctx context.Context, site *broker, cp *ctlclient.Client, name string) (evictionSample, error) {
 	if err := b.stopAgent(); err != nil {
 		return evictionSample{}, err
 	}
@@ -111,7 +114,12 @@ func (b *bench) evictionSample(ctx context.Context, site *broker, cp *controlPla
 	if err := b.waitReady(ctx); err != nil {
 		return evictionSample{}, err
 	}
-	if err := cp.apply(b.hogPod(name)); err != nil {
+	// The node's acks on this broker first: on the first sample the broker is new and holds no
+	// index, and an apply that does not see the acks would start below the node's revision.
+	if _, err := b.waitNodeAcks(ctx, cp, nodeName); err != nil {
+		return evictionSample{}, err
+	}
+	if _, err := cp.Apply(ctx, nodeName, []any{b.hogPod(name)}); err != nil {
 		return evictionSample{}, err
 	}
 	if _, err := b.waitRunning(ctx, []string{name}); err != nil {
@@ -170,7 +178,7 @@ func (b *bench) evictionSample(ctx context.Context, site *broker, cp *controlPla
 	if err != nil {
 		return evictionSample{}, err
 	}
-	if err := cp.delete(name); err != nil {
+	if _, err := cp.Delete(ctx, nodeName, protocol.KindPod, podNamespace, name); err != nil {
 		return evictionSample{}, err
 	}
 	if err := b.waitGone(ctx, []string{name}); err != nil {

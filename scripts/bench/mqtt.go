@@ -180,19 +180,18 @@ func waitTok(tok mqtt.Token, what string) error {
 	return nil
 }
 
-// controlPlane writes desired pods the way docs/protocol.md section 4.4 says: objects at the next
-// revision first, then the index.
+// controlPlane writes desired pods the way docs/protocol.md section 4.4 says: the object at the
+// next revision first, then the index listing it with its generation and the digest of its payload.
+// It is the bare writer the apply figure times (the node then fetches the object the index lists);
+// every other control-plane write of the harness goes through ctlclient. It starts where the node
+// stands (newControlPlane): a node refuses an index whose revision is below the one it holds.
 type controlPlane struct {
 	c       mqtt.Client
 	rev     int64
-	objects map[string]int64
+	objects map[string]protocol.IndexEntry
 }
 
-func (cp *controlPlane) publish(topic string, v any) error {
-	payload, err := protocol.Encode(v)
-	if err != nil {
-		return err
-	}
+func (cp *controlPlane) publishRaw(topic string, payload []byte) error {
 	return waitTok(cp.c.Publish(topic, 1, true, payload), "publish "+topic)
 }
 
@@ -202,28 +201,37 @@ func (cp *controlPlane) apply(p *v1.Pod) error {
 	if err != nil {
 		return err
 	}
-	if err := cp.publish(mqttTopics.Desired(nodeName, protocol.KindPod, d.Namespace, d.Name), d); err != nil {
+	payload, err := protocol.Encode(d)
+	if err != nil {
 		return err
 	}
-	cp.objects[d.Key()] = cp.rev
+	if err := cp.publishRaw(mqttTopics.Desired(nodeName, protocol.KindPod, d.Namespace, d.Name), payload); err != nil {
+		return err
+	}
+	cp.objects[d.Key()] = protocol.IndexEntry{Generation: cp.rev, Digest: protocol.Digest(payload)}
 	return cp.publishIndex()
 }
 
+// delete publishes the index without the pod, then clears its retained desired topic (v2 has no
+// tombstones: the index that leaves an object out deletes it).
 func (cp *controlPlane) delete(name string) error {
 	cp.rev++
-	if err := cp.publish(mqttTopics.Desired(nodeName, protocol.KindPod, podNamespace, name),
-		protocol.NewTombstone(nodeName, protocol.KindPod, podNamespace, name, cp.rev)); err != nil {
+	delete(cp.objects, protocol.ObjectKey(protocol.KindPod, podNamespace, name))
+	if err := cp.publishIndex(); err != nil {
 		return err
 	}
-	delete(cp.objects, protocol.ObjectKey(protocol.KindPod, podNamespace, name))
-	return cp.publishIndex()
+	return cp.clear(mqttTopics.Desired(nodeName, protocol.KindPod, podNamespace, name))
 }
 
 func (cp *controlPlane) publishIndex() error {
-	return cp.publish(mqttTopics.Index(nodeName), &protocol.Index{Node: nodeName, Revision: cp.rev, Objects: cp.objects})
+	payload, err := protocol.Encode(&protocol.Index{Node: nodeName, Revision: cp.rev, Objects: cp.objects})
+	if err != nil {
+		return err
+	}
+	return cp.publishRaw(mqttTopics.Index(nodeName), payload)
 }
 
-// clear empties a retained topic (allowed for a tombstone once the node took it in, section 4.3).
+// clear empties a retained topic.
 func (cp *controlPlane) clear(topic string) error {
 	return waitTok(cp.c.Publish(topic, 1, true, []byte{}), "clear "+topic)
 }
@@ -370,12 +378,11 @@ func (b *bench) measureMQTT(ctx context.Context, r *results) error {
 		return err
 	}
 
-	cpc, err := mqttClient(site.harnessURL(), "cp")
+	cp, err := b.newControlPlane(ctx, site, "cp")
 	if err != nil {
 		return err
 	}
-	defer cpc.Disconnect(100)
-	cp := &controlPlane{c: cpc, objects: map[string]int64{}}
+	defer cp.c.Disconnect(100)
 
 	b.logf("measuring MQTT apply -> running (%d pods, one at a time)", mqttApplyPods)
 	if err := b.measureMQTTApply(ctx, r, cp); err != nil {
@@ -425,12 +432,9 @@ func (b *bench) measureMQTTApply(ctx context.Context, r *results, cp *controlPla
 	}
 	r.MQTTApplyP50Ms, r.MQTTApplyP90Ms = ms(percentile(samples, 50)), ms(percentile(samples, 90))
 	r.mqttApplySamples = len(samples)
-	// The node took every tombstone in (its pods are gone), so the control plane clears them and
-	// the pods' final statuses: a reconnect would otherwise carry them down again.
+	// The pods are gone (their desired topics were cleared with each deletion), so the control
+	// plane clears their final statuses too: a reader would otherwise keep listing them.
 	for _, n := range names {
-		if err := cp.clear(mqttTopics.Desired(nodeName, protocol.KindPod, podNamespace, n)); err != nil {
-			return err
-		}
 		if err := cp.clear(mqttTopics.PodStatus(nodeName, podNamespace, n)); err != nil {
 			return err
 		}
