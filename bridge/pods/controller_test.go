@@ -897,3 +897,69 @@ func TestShortStatusReadDoesNotConfirmADeletion(t *testing.T) {
 	h.after("node", nodeA, func() { h.c.NodeServed(nodeA) })
 	waitFor(t, "web-3 deleted", func() bool { return len(h.deletes()) == 1 })
 }
+
+// A node whose acks show it running another index than the retained one (a newer revision the
+// broker lost, or the same revision with other bytes) gets the API's desired set as an index at a
+// new revision above it, with the unchanged objects as they are; a node that refused the bridge's
+// index is not written to again and again.
+func TestNodeRunningAnotherIndexGetsANewRevision(t *testing.T) {
+	pod := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
+	h := start(t, []string{nodeA}, pod)
+	h.desired(nodeA, protocol.KindPod, "default", "web-1")
+	var idx *protocol.Index
+	waitFor(t, "an index", func() bool { idx = h.index(nodeA); return idx != nil })
+	digest := protocol.Digest(h.broker.get(topics.Index(nodeA)))
+	objects := len(h.broker.log) - 1
+	other := protocol.Digest([]byte("another writer's index"))
+	stale := map[string]protocol.IndexEntry{"pods/default/gone": {Generation: idx.Revision + 4, Digest: other}}
+
+	// The node acks the bridge's own index: nothing to write.
+	writes := h.c.m.indexWrites.Value()
+	h.after("node", nodeA, func() {
+		h.c.Handle(acksTopic(nodeA), mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: idx.Revision, IndexDigest: digest, Applied: idx.Objects}))
+	})
+	if v := h.c.m.indexWrites.Value(); v != writes {
+		t.Fatalf("%v index writes on acks of the retained index", v-writes)
+	}
+
+	for i, tc := range []struct {
+		name string
+		acks protocol.Acks
+	}{
+		{"newer revision", protocol.Acks{IndexRevision: idx.Revision + 5, IndexDigest: other, Applied: stale}},
+		{"same revision, other bytes", protocol.Acks{Applied: stale}}, // revision and digest set below
+	} {
+		cur := h.index(nodeA)
+		a := tc.acks
+		a.Node, a.Session = nodeA, int64(i+2)
+		if a.IndexRevision == 0 {
+			a.IndexRevision, a.IndexDigest = cur.Revision, other
+		}
+		h.after("node", nodeA, func() { h.c.Handle(acksTopic(nodeA), mustEncode(t, &a)) })
+		got := h.index(nodeA)
+		if got.Revision <= a.IndexRevision || got.Objects["pods/default/web-1"] != idx.Objects["pods/default/web-1"] || len(got.Objects) != 1 {
+			t.Fatalf("%s: index after acks at revision %d: %+v; want a higher revision listing web-1 as it was", tc.name, a.IndexRevision, got)
+		}
+	}
+	if n := len(h.broker.log) - 1 - objects - 2; n != 0 {
+		t.Errorf("%d messages besides the two indexes: unchanged objects must not be written again (%v)", n, h.broker.log)
+	}
+
+	// The node runs another index of the bridge's revision and refuses the bridge's as a conflict:
+	// writing again would only be refused again.
+	cur := h.index(nodeA)
+	writes = h.c.m.indexWrites.Value()
+	for i := range 3 {
+		h.after("node", nodeA, func() {
+			h.c.Handle(acksTopic(nodeA), mustEncode(t, &protocol.Acks{Node: nodeA, Session: int64(10 + i), IndexRevision: cur.Revision,
+				IndexDigest: other, Applied: stale, IndexRefused: &protocol.Refusal{Generation: cur.Revision,
+					Digest: protocol.Digest(h.broker.get(topics.Index(nodeA))), Reason: "conflict"}}))
+		})
+	}
+	if v := h.c.m.indexWrites.Value(); v != writes {
+		t.Errorf("%v index writes answering a refusal of the current index", v-writes)
+	}
+	if !strings.Contains(h.logs.String(), "the node refused the current index") {
+		t.Errorf("no warning about the refused index; logs:\n%s", h.logs.String())
+	}
+}

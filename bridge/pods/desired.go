@@ -60,7 +60,16 @@ func (c *Controller) syncNode(ctx context.Context, node string) error {
 	resend := c.resync[node]
 	delete(c.resync, node)
 	c.mu.Unlock()
-	pl, err := st.plan(node, want, termKeys, resend, resend != nil)
+	iw := indexIfChanged
+	switch {
+	case nodeRunsAnotherIndex(acks, st):
+		iw = indexNewRevision
+		c.log.Info("the node runs another index than the one retained; writing the API's desired set at a new revision",
+			"node", node, "node_revision", acks.IndexRevision, "retained_revision", st.indexRev)
+	case resend != nil:
+		iw = indexRepublish
+	}
+	pl, err := st.plan(node, want, termKeys, resend, iw)
 	if err != nil {
 		return fmt.Errorf("node %s: %w", node, err)
 	}

@@ -196,9 +196,9 @@ func (p *plan) empty() bool { return len(p.Writes) == 0 && p.Index == nil && len
 // cleared. Keys in resend (a node's resync request) are published again at their current
 // generation if unchanged (and their payload encodes to the digest listed; else at the next
 // generation). Keys in terminating (pods being deleted) need an index that leaves them out: when
-// there is no index at all, one is written. The index is written when its content changes or
-// forceIndex is set.
-func (s *nodeState) plan(node string, want map[string]*object, terminating, resend map[string]bool, forceIndex bool) (plan, error) {
+// there is no index at all, one is written. The index is written when its content changes, and
+// also as iw says.
+func (s *nodeState) plan(node string, want map[string]*object, terminating, resend map[string]bool, iw indexWrite) (plan, error) {
 	gen := s.counter + 1
 	usedGen := false
 	p := plan{Gen: s.counter}
@@ -268,15 +268,15 @@ func (s *nodeState) plan(node string, want map[string]*object, terminating, rese
 	}
 	changed := !maps.Equal(next, s.index)
 	switch {
-	case usedGen || needRev || changed && (len(next) > 0 || s.indexRev > 0):
+	case usedGen || needRev || iw == indexNewRevision || changed && (len(next) > 0 || s.indexRev > 0):
 		p.Gen = gen
 		p.Index = &protocol.Index{APIVersion: protocol.APIVersion, Node: node, Revision: gen, Objects: next}
-	case forceIndex && s.indexRev > 0:
+	case iw == indexRepublish && s.indexRev > 0:
 		// The same index again: it must be the same bytes, or the node refuses it as a conflict
 		// (one revision, two payloads). An index encoded by another writer goes out as a new
 		// revision instead.
 		p.Index = &protocol.Index{APIVersion: protocol.APIVersion, Node: node, Revision: s.indexRev, Objects: next}
-	case forceIndex && len(next) > 0:
+	case iw == indexRepublish && len(next) > 0:
 		p.Gen = gen
 		p.Index = &protocol.Index{APIVersion: protocol.APIVersion, Node: node, Revision: gen, Objects: next}
 	}
@@ -296,6 +296,40 @@ func (s *nodeState) plan(node string, want map[string]*object, terminating, rese
 	}
 	p.IndexPayload, p.IndexDigest = payload, protocol.Digest(payload)
 	return p, nil
+}
+
+// indexWrite says when a plan writes the index beyond a change of its content.
+type indexWrite int
+
+const (
+	indexIfChanged   indexWrite = iota
+	indexRepublish              // the same index again, if any (a resync request: the broker may have lost it)
+	indexNewRevision            // a new revision even unchanged (the node runs an index this bridge did not write)
+)
+
+// nodeRunsAnotherIndex says whether a node's acks show it running an index other than the one
+// this bridge holds for it: a newer revision (written by a writer whose index the broker then
+// lost, or by another writer), the same revision with other bytes (two writers crossed), or, with
+// no index on either side, objects the node applied from an earlier writer. The node keeps acting
+// on that index until a newer one reaches it, whatever the broker holds, so the bridge writes its
+// own at a new revision. Not when the node refused the index this bridge holds: writing again
+// would only be refused again, each acks answering the last write.
+func nodeRunsAnotherIndex(acks *protocol.Acks, s *nodeState) bool {
+	if acks == nil {
+		return false
+	}
+	if r := acks.IndexRefused; r != nil && s.indexRev > 0 && r.Generation == s.indexRev && (r.Digest == "" || r.Digest == s.indexDigest) {
+		return false
+	}
+	switch {
+	case acks.IndexRevision == 0:
+		return s.indexRev == 0 && len(acks.Applied) > 0
+	case acks.IndexRevision > s.indexRev:
+		return true
+	case acks.IndexRevision == s.indexRev:
+		return acks.IndexDigest != "" && acks.IndexDigest != s.indexDigest
+	}
+	return false // the node is behind: it catches up with the retained index
 }
 
 // newWrite encodes o for node at generation gen.

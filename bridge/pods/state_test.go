@@ -60,7 +60,11 @@ func keysOf(p plan) map[string]int64 {
 
 func mustPlan(t *testing.T, s *nodeState, want map[string]*object, terminating, resend map[string]bool, force bool) plan {
 	t.Helper()
-	p, err := s.plan(nodeA, want, terminating, resend, force)
+	iw := indexIfChanged
+	if force {
+		iw = indexRepublish
+	}
+	p, err := s.plan(nodeA, want, terminating, resend, iw)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}
@@ -295,6 +299,37 @@ func TestGoneFromNode(t *testing.T) {
 	} {
 		if got := goneFromNode(tc.acks, key, tc.rev); got != tc.gone {
 			t.Errorf("%s: goneFromNode %v, want %v", tc.name, got, tc.gone)
+		}
+	}
+}
+
+func TestNodeRunsAnotherIndex(t *testing.T) {
+	d1, d2 := protocol.Digest([]byte("1")), protocol.Digest([]byte("2"))
+	applied := map[string]protocol.IndexEntry{"pods/default/a": {Generation: 3}}
+	held := &nodeState{indexRev: 10, indexDigest: d1}
+	none := newEmptyState()
+	for _, tc := range []struct {
+		name string
+		acks *protocol.Acks
+		s    *nodeState
+		want bool
+	}{
+		{"no acks", nil, held, false},
+		{"the retained index", &protocol.Acks{IndexRevision: 10, IndexDigest: d1}, held, false},
+		{"behind", &protocol.Acks{IndexRevision: 9, IndexDigest: d2}, held, false},
+		{"newer", &protocol.Acks{IndexRevision: 11, IndexDigest: d2}, held, true},
+		{"same revision, other bytes", &protocol.Acks{IndexRevision: 10, IndexDigest: d2}, held, true},
+		{"same revision, no digest (older node)", &protocol.Acks{IndexRevision: 10}, held, false},
+		{"refused the retained one", &protocol.Acks{IndexRevision: 10, IndexDigest: d2,
+			IndexRefused: &protocol.Refusal{Generation: 10, Digest: d1, Reason: "conflict"}}, held, false},
+		{"refused an older one", &protocol.Acks{IndexRevision: 11, IndexDigest: d2,
+			IndexRefused: &protocol.Refusal{Generation: 8, Reason: "stale"}}, held, true},
+		{"no index anywhere, objects applied", &protocol.Acks{Applied: applied}, none, true},
+		{"no index anywhere, nothing applied", &protocol.Acks{}, none, false},
+		{"no index on the node yet", &protocol.Acks{Applied: applied}, held, false},
+	} {
+		if got := nodeRunsAnotherIndex(tc.acks, tc.s); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }
