@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/sync/ctlclient"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/signing"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -181,5 +183,95 @@ func TestChannelRefusalsAreInTheAcksWithoutAReader(t *testing.T) {
 	})
 	if _, err := h.getPod("priv"); err == nil {
 		t.Errorf("the refused pod runs")
+	}
+}
+
+// Signed desired state end to end: a node with a trust anchor refuses a pod the broker's admin
+// publishes (unsigned index), runs what a signing ctl applies, refuses a replayed older signed
+// index, and goes through a key rotation (add the new anchor, switch the writer, remove the old)
+// without restarting a pod.
+func TestChannelSignedDesiredStateAndKeyRotation(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	keys := t.TempDir()
+	pub1, err := signing.GenerateKeyPair(filepath.Join(keys, "k1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := signing.GenerateKeyPair(filepath.Join(keys, "k2")); err != nil {
+		t.Fatal(err)
+	}
+	k1, _ := signing.LoadPrivateKey(filepath.Join(keys, "k1.key"))
+	k2, _ := signing.LoadPrivateKey(filepath.Join(keys, "k2.key"))
+	h.startMQTTAgent(b.Plain, "--mqtt-trusted-key", filepath.Join(keys, "k1.pub"))
+
+	// The broker's admin (anyone who can publish there) forges a pod and an index listing it.
+	d, _ := protocol.NewDesired(e2eNode, 1, mustPod(t, sleeper("evil", "3600")))
+	evil, _ := protocol.Encode(d)
+	forged, _ := protocol.Encode(&protocol.Index{Node: e2eNode, Revision: 1, Objects: map[string]protocol.IndexEntry{
+		"pods/default/evil": {Generation: 1, Digest: protocol.Digest(evil)}}})
+	raw := connectMQTT(t, b.Plain)
+	for _, m := range []struct {
+		topic string
+		p     []byte
+	}{{topics.Desired(e2eNode, protocol.KindPod, "default", "evil"), evil}, {topics.Index(e2eNode), forged}} {
+		if tok := raw.Publish(m.topic, 1, true, m.p); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+			t.Fatalf("publish %s: %v", m.topic, tok.Error())
+		}
+	}
+	waitAcksE2E(t, b.Plain, "the forged index refused", func(a *protocol.Acks) bool {
+		return a.IndexRefused != nil && strings.Contains(a.IndexRefused.Reason, "not signed") && len(a.Applied) == 0
+	})
+
+	connect := func(key ed25519.PrivateKey, trusted ...ed25519.PublicKey) *ctlclient.Client {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c, err := ctlclient.Connect(ctx, ctlclient.Options{Broker: b.Plain, Timeout: 10 * time.Second, SigningKey: key, TrustedKeys: trusted})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	c1 := connect(k1)
+	res := ctlApply(t, c1, sleeper("a", "3600"))
+	if len(res.Warnings) == 0 || !strings.Contains(strings.Join(res.Warnings, " "), "not built on") {
+		t.Errorf("warnings %q, want the forged index named as not built on", res.Warnings)
+	}
+	h.waitPod("a", "a running", allRunning)
+	idx, _ := c1.Snapshot(context.Background(), topics.Index(e2eNode))
+	oldSigned := idx[topics.Index(e2eNode)]
+	ctlApply(t, c1, sleeper("b", "3600"))
+	h.waitPod("b", "b running", allRunning)
+	if _, err := h.getPod("evil"); err == nil {
+		t.Fatal("the forged pod runs")
+	}
+
+	// A replay of the older signed index changes nothing.
+	if tok := raw.Publish(topics.Index(e2eNode), 1, true, oldSigned); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatal(tok.Error())
+	}
+	waitAcksE2E(t, b.Plain, "the replay refused as stale", func(a *protocol.Acks) bool {
+		return a.IndexRefused != nil && strings.Contains(a.IndexRefused.Reason, "stale") && len(a.Applied) == 2
+	})
+	before := h.tasks()
+
+	// Rotation: the node trusts both keys, the writer switches to k2, the node drops k1.
+	h.stopAgent()
+	h.startMQTTAgent(b.Plain, "--mqtt-trusted-key", filepath.Join(keys, "k1.pub"), "--mqtt-trusted-key", filepath.Join(keys, "k2.pub"))
+	c2 := connect(k2, pub1)
+	ctlApply(t, c2, sleeper("c", "3600"))
+	h.waitPod("c", "c running under the new key", allRunning)
+	h.stopAgent()
+	h.startMQTTAgent(b.Plain, "--mqtt-trusted-key", filepath.Join(keys, "k2.pub"))
+	waitAcksE2E(t, b.Plain, "a, b and c in force under k2 alone", func(a *protocol.Acks) bool {
+		return len(a.Applied) == 3 && a.IndexRefused == nil
+	})
+	after := h.tasks()
+	for id, pid := range before {
+		if after[id] != pid {
+			t.Errorf("task %s changed from pid %d to %d across the rotation", id, pid, after[id])
+		}
 	}
 }

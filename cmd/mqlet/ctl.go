@@ -12,6 +12,8 @@ import (
 
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/sync/ctlclient"
+	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/signing"
 
 	"sigs.k8s.io/yaml"
 )
@@ -29,12 +31,31 @@ type CtlCmd struct {
 	PasswordFile string        `name:"password-file" help:"File holding the MQTT password (never on the command line, where ps shows it)."`
 	TopicPrefix  string        `name:"topic-prefix" help:"Topic prefix of the fleet (default mqlet/v2)."`
 	Timeout      time.Duration `name:"timeout" default:"10s" help:"Bound of each exchange with the broker."`
+	SigningKey   string        `name:"signing-key" help:"Ed25519 private key (PEM, from mqlet ctl keygen; mode 0600) that signs every index written; nodes with trusted keys take only signed ones."`
+	TrustedKeys  []string      `name:"trusted-key" placeholder:"FILE" help:"Public key (PEM) of a previous signing key whose indexes this ctl still builds on during a key rotation; repeatable."`
 
 	Apply    CtlApplyCmd    `cmd:"" help:"Apply Pods, ConfigMaps and Secrets from a file to a node."`
 	Delete   CtlDeleteCmd   `cmd:"" help:"Delete a pod, configmap or secret of a node."`
 	Get      CtlGetCmd      `cmd:"" help:"List nodes or pods."`
 	Describe CtlDescribeCmd `cmd:"" help:"Show a node or a pod in detail."`
 	Logs     CtlLogsCmd     `cmd:"" help:"Print the log of a container of a pod on a node."`
+	Keygen   CtlKeygenCmd   `cmd:"" help:"Make a key pair that signs desired state: PREFIX.key (keep it secret) and PREFIX.pub (give it to the nodes)."`
+}
+
+// CtlKeygenCmd is `mqlet ctl keygen`.
+type CtlKeygenCmd struct {
+	Out string `name:"out" required:"" placeholder:"PREFIX" help:"Write PREFIX.key (mode 0600) and PREFIX.pub; neither may exist."`
+}
+
+// Run writes the key pair. It needs no broker.
+func (c *CtlKeygenCmd) Run(env *ctlEnv) error {
+	pub, err := signing.GenerateKeyPair(c.Out)
+	if err != nil {
+		return fmt.Errorf("keygen: %w", err)
+	}
+	fmt.Fprintf(env.out, "wrote %s.key (private: keep it on the control plane only) and %s.pub (key id %s: give it to nodes with --mqtt-trusted-key)\n",
+		c.Out, c.Out, protocol.KeyID(pub))
+	return nil
 }
 
 // ctlEnv is what ctl commands read and write, and their clock and context: main binds the
@@ -60,13 +81,15 @@ func (e *ctlEnv) context() (context.Context, context.CancelFunc) {
 
 // ctlFile is the --config file. Paths in it are relative to the file's directory.
 type ctlFile struct {
-	Broker       string `json:"broker"`
-	CAFile       string `json:"caFile"`
-	CertFile     string `json:"certFile"`
-	KeyFile      string `json:"keyFile"`
-	Username     string `json:"username"`
-	PasswordFile string `json:"passwordFile"`
-	TopicPrefix  string `json:"topicPrefix"`
+	Broker       string   `json:"broker"`
+	CAFile       string   `json:"caFile"`
+	CertFile     string   `json:"certFile"`
+	KeyFile      string   `json:"keyFile"`
+	Username     string   `json:"username"`
+	PasswordFile string   `json:"passwordFile"`
+	TopicPrefix  string   `json:"topicPrefix"`
+	SigningKey   string   `json:"signingKey"`
+	TrustedKeys  []string `json:"trustedKeys"`
 }
 
 // options merges the config file and the flags (a flag that is set wins) and reads the password.
@@ -81,7 +104,7 @@ func (c *CtlCmd) options() (ctlclient.Options, error) {
 			return ctlclient.Options{}, fmt.Errorf("ctl config %s: %w", c.Config, err)
 		}
 		dir := filepath.Dir(c.Config)
-		for _, p := range []*string{&f.CAFile, &f.CertFile, &f.KeyFile, &f.PasswordFile} {
+		for _, p := range []*string{&f.CAFile, &f.CertFile, &f.KeyFile, &f.PasswordFile, &f.SigningKey} {
 			if *p != "" && !filepath.IsAbs(*p) {
 				*p = filepath.Join(dir, *p)
 			}
@@ -104,6 +127,30 @@ func (c *CtlCmd) options() (ctlclient.Options, error) {
 	}
 	if o.Broker == "" {
 		return o, fmt.Errorf("no broker: give --broker URL, or broker: in the --config file")
+	}
+	if k := pick(c.SigningKey, f.SigningKey); k != "" {
+		var err error
+		if o.SigningKey, err = signing.LoadPrivateKey(k); err != nil {
+			return o, fmt.Errorf("signing key: %w", err)
+		}
+	}
+	trusted := c.TrustedKeys
+	if len(trusted) == 0 {
+		trusted = f.TrustedKeys
+		for i, p := range trusted {
+			if p != "" && !filepath.IsAbs(p) && c.Config != "" {
+				trusted[i] = filepath.Join(filepath.Dir(c.Config), p)
+			}
+		}
+	}
+	if len(trusted) > 0 {
+		if o.SigningKey == nil {
+			return o, fmt.Errorf("--trusted-key needs --signing-key: trusted keys only say which signed indexes a signing ctl builds on")
+		}
+		var err error
+		if o.TrustedKeys, err = signing.LoadPublicKeys(trusted); err != nil {
+			return o, err
+		}
 	}
 	if pw := pick(c.PasswordFile, f.PasswordFile); pw != "" {
 		var err error

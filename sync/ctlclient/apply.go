@@ -340,7 +340,18 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, puts []*pro
 		if idx, err = c.decodeIndex(node, indexPayload); err != nil {
 			return nil, nil, err
 		}
-		b.entries, b.counter, b.existing = maps.Clone(idx.Objects), idx.Revision, true
+		b.counter = idx.Revision
+		if c.o.SigningKey != nil {
+			if err := protocol.VerifyIndex(idx, c.trust()); err != nil {
+				// Signing vouches for every entry: an index the broker (or anyone who can
+				// publish there) made up must not be carried into a signed one.
+				warnings = append(warnings, fmt.Sprintf("the broker's index of node %s is not built on: %v", node, err))
+				idx = nil
+			}
+		}
+		if idx != nil {
+			b.entries, b.existing = maps.Clone(idx.Objects), true
+		}
 	}
 	var acks *protocol.Acks
 	if acksPayload != nil {
@@ -435,6 +446,12 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, puts []*pro
 	return b, warnings, nil
 }
 
+// trust are the keys whose signed indexes this client builds on: its own and Options.TrustedKeys
+// (a previous signing key during a rotation).
+func (c *Client) trust() []ed25519.PublicKey {
+	return append([]ed25519.PublicKey{c.o.SigningKey.Public().(ed25519.PublicKey)}, c.o.TrustedKeys...)
+}
+
 // verifiedAcksIndex is the index a node reports in its acks, checked: signed by this client's key,
 // for this node, and the one the acks' digest names.
 func (c *Client) verifiedAcksIndex(node string, acks *protocol.Acks) (*protocol.Index, error) {
@@ -447,7 +464,7 @@ func (c *Client) verifiedAcksIndex(node string, acks *protocol.Acks) (*protocol.
 	}
 	x, err := protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: node}, acks.Index, protocol.DefaultMaxPayload)
 	if err == nil {
-		err = protocol.VerifyIndex(x, []ed25519.PublicKey{c.o.SigningKey.Public().(ed25519.PublicKey)})
+		err = protocol.VerifyIndex(x, c.trust())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s cannot be verified with this client's key: %w", what, err)

@@ -53,6 +53,9 @@ type Options struct {
 	// SigningKey, when set, signs every index this client writes (nodes with trust anchors take
 	// only signed ones), and makes a rebuild from a node's acks verify the index the node reports.
 	SigningKey ed25519.PrivateKey
+	// TrustedKeys are other keys whose signed indexes this client builds on (the previous key,
+	// during a rotation); with a SigningKey, an index no trusted key signed is not built on.
+	TrustedKeys []ed25519.PublicKey
 }
 
 // Client is a connection to the broker. Its methods are safe for concurrent use; snapshots are
