@@ -159,10 +159,16 @@ func TestWatchAcks(t *testing.T) {
 		return &protocol.Acks{Node: "n1", Session: 1, IndexRevision: rev, Applied: map[string]protocol.IndexEntry{}}
 	}
 	pub(t, raw, tp.Acks("n1"), acks(1), true)
+	later, err := protocol.Encode(acks(2))
+	if err != nil {
+		t.Fatal(err)
+	}
 	go func() {
 		time.Sleep(300 * time.Millisecond)
-		pub(t, raw, tp.Acks("n1"), "not json", true) // passed over
-		pub(t, raw, tp.Acks("n1"), acks(2), true)
+		// Not pub: t.Fatal belongs to the test's goroutine; a failed publish shows as a wrong
+		// result below.
+		raw.Publish(tp.Acks("n1"), 1, true, []byte("not json")).WaitTimeout(testTimeout) // passed over
+		raw.Publish(tp.Acks("n1"), 1, true, later).WaitTimeout(testTimeout)
 	}()
 	var seen []int64
 	a, err := c.WatchAcks(testCtx(t), "n1", func(a *protocol.Acks) bool {
@@ -173,7 +179,9 @@ func TestWatchAcks(t *testing.T) {
 		t.Errorf("WatchAcks = %+v, %v, saw revisions %v; want 1 then 2", a, err, seen)
 	}
 
-	ctx, cancel := context.WithTimeout(testCtx(t), 500*time.Millisecond)
+	// Long enough for the subscription to be answered on a loaded machine: the retained acks
+	// must have been read when the deadline comes.
+	ctx, cancel := context.WithTimeout(testCtx(t), 2*time.Second)
 	defer cancel()
 	a, err = c.WatchAcks(ctx, "n1", func(*protocol.Acks) bool { return false })
 	if !errors.Is(err, context.DeadlineExceeded) || a == nil || a.IndexRevision != 2 {
