@@ -18,7 +18,7 @@ func TestKeyPairRoundTripAndRefusals(t *testing.T) {
 		t.Errorf("private key mode %04o, want 0600", st.Mode().Perm())
 	}
 	priv, err := LoadPrivateKey(prefix + ".key")
-	if err != nil || !priv.Public().(interface{ Equal(any) bool }).Equal(pub) {
+	if err != nil || !pub.Equal(priv.Public()) {
 		t.Fatalf("LoadPrivateKey: %v", err)
 	}
 	got, err := LoadPublicKey(prefix + ".pub")
