@@ -223,8 +223,13 @@ func (s *nodeState) plan(node string, want map[string]*object, terminating, rese
 		live := ok && e.listable()
 		switch {
 		case o.Stuck:
+			// Wanted, but this version cannot go out: the node keeps the version it has. The
+			// retained object stays listed as it is; one the broker no longer holds keeps the
+			// entry the index has, since leaving it out would delete it from the node.
 			if live {
 				next[k] = protocol.IndexEntry{Generation: e.Gen, Digest: e.Digest}
+			} else if ie, listed := s.index[k]; listed {
+				next[k] = ie
 			}
 		case live && e.Hash == o.Hash && !resend[k]:
 			next[k] = protocol.IndexEntry{Generation: e.Gen, Digest: e.Digest}

@@ -333,3 +333,45 @@ func TestNodeRunsAnotherIndex(t *testing.T) {
 		}
 	}
 }
+
+// An object that cannot be sent (too large) stays listed as the retained state has it: with its
+// retained generation and digest, or, when the broker no longer holds its payload, with the entry
+// the index has; it is never left out (which would delete it from the node) nor cleared.
+func TestStuckObjectKeepsItsEntry(t *testing.T) {
+	pod := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-0123456789ab")
+	cm := configMap("default", "web-config", map[string]string{"a": "1"})
+	retained := map[string][]byte{}
+	first := newEmptyState()
+	p := mustPlan(t, first, wantOf(t, pod, cm), nil, nil, false)
+	retain(t, retained, p)
+	listed := p.Index.Objects
+
+	cm2 := cm.DeepCopy()
+	cm2.Data["a"] = "a change too large to send"
+	stuck := func() map[string]*object {
+		w := wantOf(t, pod, cm2)
+		w["configmaps/default/web-config"].Stuck = true
+		return w
+	}
+	s, _ := newNodeState(nodeA, topics, retained, 0)
+	if p := mustPlan(t, s, stuck(), nil, nil, false); !p.empty() {
+		t.Fatalf("a stuck change writes %v, index %+v, clears %v; want nothing", keysOf(p), p.Index, p.Clears)
+	}
+	// The broker lost the configMap's payload but kept the index.
+	delete(retained, topics.Desired(nodeA, protocol.KindConfigMap, "default", "web-config"))
+	s, _ = newNodeState(nodeA, topics, retained, 0)
+	if p := mustPlan(t, s, stuck(), nil, nil, false); !p.empty() {
+		t.Fatalf("a stuck object without its payload: writes %v, index %+v, clears %v; want nothing", keysOf(p), p.Index, p.Clears)
+	}
+	// Another change (the pod) rewrites the index: the stuck object keeps its entry.
+	pod2 := pod.DeepCopy()
+	pod2.Labels["v"] = "2"
+	w := stuck()
+	for k, o := range wantOf(t, pod2) {
+		w[k] = o
+	}
+	p = mustPlan(t, s, w, nil, nil, false)
+	if p.Index == nil || p.Index.Objects["configmaps/default/web-config"] != listed["configmaps/default/web-config"] || len(p.Clears) != 0 {
+		t.Fatalf("index %+v, clears %v: want the stuck configMap listed as %+v", p.Index, p.Clears, listed["configmaps/default/web-config"])
+	}
+}
