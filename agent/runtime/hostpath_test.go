@@ -256,3 +256,33 @@ func TestHostPathSubPath(t *testing.T) {
 		}
 	}
 }
+
+// What runc mounts is the file opened and checked, not the path: once volumeMounts returned, the
+// path swapped for a link to the outside (a container racing the agent) changes nothing staged.
+func TestHostPathMountedFromTheOpenFile(t *testing.T) {
+	needRoot(t)
+	allowed, outside := hostPathTree(t)
+	os.WriteFile(filepath.Join(outside, "f"), []byte("outside"), 0o644)
+	r := &Runtime{opts: Options{StateDir: t.TempDir()}}
+	pod := mqttPod(allowed)
+	pod.Spec.Volumes = []v1.Volume{hostPathVol(filepath.Join(allowed, "sub"), v1.HostPathDirectory)}
+	for _, sub := range []string{"", "."} {
+		c := &v1.Container{Name: "c", VolumeMounts: []v1.VolumeMount{{Name: "host", MountPath: "/x", SubPath: sub}}}
+		m, stage, err := r.volumeMounts(pod, &Sandbox{}, c, nil, "cid-0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(allowed, "sub"), filepath.Join(allowed, "sub.old")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(outside, filepath.Join(allowed, "sub")); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(filepath.Join(m[0].Source, "f")); err != nil || string(b) != "inside" {
+			t.Errorf("subPath %q: the mount source %s shows %q (%v) after the path was swapped; want the directory opened", sub, m[0].Source, b, err)
+		}
+		stage.Release()
+		os.Remove(filepath.Join(allowed, "sub"))
+		os.Rename(filepath.Join(allowed, "sub.old"), filepath.Join(allowed, "sub"))
+	}
+}

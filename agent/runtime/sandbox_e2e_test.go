@@ -244,6 +244,13 @@ func TestSubPathSymlinkOutOfVolumeRefused(t *testing.T) {
 		t.Errorf("subPath through a symlink to /etc: err = %v, want a CreateContainerConfigError naming subPath \"evil\"", err)
 	}
 	g.waitLog(g.start(p, sb, &p.Spec.Containers[2]), "inside")
+	// The subPaths were staged for runc (mountstage.go); nothing of it outlives the creates.
+	if ents, err := os.ReadDir(filepath.Join(g.state, "volume-mounts")); err != nil || len(ents) != 0 {
+		t.Errorf("volume mount stages left: %v %v", ents, err)
+	}
+	if b, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(b), filepath.Join(g.state, "volume-mounts")) {
+		t.Errorf("a volume mount stage is still mounted:\n%s", b)
+	}
 }
 
 // Teardown with no grace given (an orphan) stops each container with its pod's own grace from the

@@ -251,6 +251,10 @@ func walkNoSymlinks(root *os.File, rel, asked, name string) (*os.File, error) {
 	}
 	parts := splitPath(rel)
 	for i, p := range parts {
+		if p == ".." { // RESOLVE_BENEATH's rule: step 1 never yields one; nothing goes above root
+			unix.Close(fd)
+			return nil, lookupErr(asked, unix.EXDEV)
+		}
 		next, err := unix.Openat(fd, p, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 		unix.Close(fd)
 		if err != nil {

@@ -80,6 +80,17 @@ func sameFile(t *testing.T, f *os.File, path string) bool {
 	return os.SameFile(got, want)
 }
 
+// realPath is where the open file f really is, and closes it.
+func realPath(t *testing.T, f *os.File) string {
+	t.Helper()
+	defer f.Close()
+	p, err := fdPath(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // both runs a test with openat2 and with the per-component walk of kernels without it.
 func both(t *testing.T, f func(t *testing.T, o Options)) {
 	t.Run("openat2", func(t *testing.T) { f(t, Options{}) })
@@ -209,7 +220,7 @@ func TestOpenComponentSwappedForSymlink(t *testing.T) {
 			}
 			f, err := Open(r, "data/f", o)
 			if err == nil {
-				t.Fatalf("data swapped for a link to %s after resolving: opened %s (%v)", tgt, f.Name(), f.Close())
+				t.Fatalf("data swapped for a link to %s after resolving: opened %s", tgt, realPath(t, f))
 			}
 			var se *SymlinkError
 			if !errors.As(err, &se) {
@@ -226,7 +237,7 @@ func TestOpenComponentSwappedForSymlink(t *testing.T) {
 			os.Symlink(filepath.Join(outside, "secret"), filepath.Join(root, "data", "f"))
 		}
 		if f, err := Open(r, "data/f", o); err == nil {
-			t.Errorf("last component swapped for a link: opened %s", f.Name())
+			t.Errorf("last component swapped for a link: opened %s", realPath(t, f))
 			f.Close()
 		}
 	})
@@ -273,7 +284,7 @@ func TestOpenCreate(t *testing.T) {
 			o.afterResolve = func() { os.Symlink(outside, filepath.Join(root, "data", name)) }
 			f, err := Open(r, "data/"+name, o)
 			if err == nil {
-				t.Errorf("create %d: followed a link planted at data/%s to %s", c, name, f.Name())
+				t.Errorf("create %d: followed a link planted at data/%s to %s", c, name, realPath(t, f))
 				f.Close()
 			}
 			o.afterResolve = nil
