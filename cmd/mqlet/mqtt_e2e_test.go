@@ -282,7 +282,7 @@ func TestMQTTBadPayloadsAreRefusedAndPodsKeepRunning(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
 	cp := newControlPlane(t, b.Plain)
 	h.startMQTTAgent(b.Plain, "--mqtt-max-payload", "65536")
-	gen := cp.applyYAML(sleeper("web", "3600"))
+	cp.applyYAML(sleeper("web", "3600"))
 	h.waitPod("web", "running", allRunning)
 	tasks := h.tasks()
 	var session int64
@@ -305,26 +305,36 @@ func TestMQTTBadPayloadsAreRefusedAndPodsKeepRunning(t *testing.T) {
 		}
 	}).WaitTimeout(5 * time.Second)
 
-	topic := topics.Desired(e2eNode, protocol.KindPod, "default", "web")
-	// An older generation (0 when gen is 1, refused as non-positive: a stale message either way).
-	stale, _ := protocol.NewDesired(e2eNode, gen, mustPod(t, sleeper("web", "1")))
-	stale.Generation = gen - 1
-	dup, _ := protocol.NewDesired(e2eNode, gen, mustPod(t, sleeper("web", "2")))
-	other, _ := protocol.NewDesired("other-node", gen+1, mustPod(t, sleeper("web", "3")))
+	// v2: the node subscribes to its index and to the objects the index lists, so bad input reaches
+	// it as an index, or as a listed object. Each is refused with a Warning naming the topic and the
+	// reason; nothing stored or running changes.
+	cp.applyYAML(sleeper("web", "3600")) // unchanged pod, a second revision: a stale one can be made
+	rev := cp.rev
+	index := topics.Index(e2eNode)
+	idx := func(node string, r int64, objs map[string]protocol.IndexEntry) []byte {
+		return cp.encode(&protocol.Index{Node: node, Revision: r, Objects: objs})
+	}
 	cases := []struct {
 		payload []byte
 		want    string
 	}{
 		{[]byte("{garbled"), "invalid JSON"},
 		{[]byte(`{"apiVersion":"mqlet.io/v2","pad":"` + strings.Repeat("x", 70000) + `"}`), "payload too large"},
-		{cp.encode(other), `for node "other-node"`},
-		{cp.encode(stale), "generation"},
-		{cp.encode(dup), "duplicate generation"},
+		{idx("other-node", rev+1, nil), `for node "other-node"`},
+		{idx(e2eNode, rev-1, nil), "stale index revision"},
+		{idx(e2eNode, rev, nil), "conflicting index"},
+		{[]byte(`{"apiVersion":"mqlet.io/v2","node":"` + e2eNode + `","revision":` + fmt.Sprint(rev+1) + `,"objects":{"pods/default/web":{"generation":1,"digest":"nothex"}}}`), "digest"},
 	}
 	for _, c := range cases {
-		cp.raw(topic, c.payload, false)
+		cp.raw(index, c.payload, false)
 	}
-	cp.raw(topics.Node(e2eNode)+"/desired/jobs/default/x", []byte("{}"), false)
+	// An object the index lists by digest that the node cannot decode: refused at its generation.
+	broken := topics.Desired(e2eNode, protocol.KindPod, "default", "broken")
+	garbled := []byte(`{"apiVersion":"mqlet.io/v2","kind":"Pod","node":"` + e2eNode + `","namespace":"default","name":"broken","generation":` + fmt.Sprint(rev+1) + `,"object":{"spec":{"bogus":true}}}`)
+	cp.raw(broken, garbled, true)
+	cp.rev++
+	cp.objects["pods/default/broken"] = protocol.IndexEntry{Generation: cp.rev, Digest: protocol.Digest(garbled)}
+	cp.publishIndex()
 	// Matched by content: other events (about the running pod) may come in between.
 	found := func(want, topic string) bool {
 		for _, e := range events {
@@ -338,11 +348,16 @@ func TestMQTTBadPayloadsAreRefusedAndPodsKeepRunning(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, c := range cases {
-			if !found(c.want, topic) {
+			if !found(c.want, index) {
 				return false
 			}
 		}
-		return found("unknown kind", "desired/jobs")
+		return found("unknown field", broken)
+	})
+	waitRetained(t, b.Plain, topics.Acks(e2eNode), "broken refused at its generation", func(p []byte) bool {
+		a, err := protocol.DecodeAcks(p, 0)
+		return err == nil && a.IndexRevision == cp.rev && a.Refused["pods/default/broken"].Generation == cp.rev &&
+			a.Applied["pods/default/web"] == cp.objects["pods/default/web"]
 	})
 
 	p := h.waitPod("web", "still running", allRunning)
