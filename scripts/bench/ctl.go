@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
 	"sync"
+	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 
@@ -111,7 +114,7 @@ type acksFollower struct {
 }
 
 func followAcks(br *broker, role, node string) (*acksFollower, error) {
-	c, err := mqttClient(br.harnessURL(), role)
+	c, err := orderedClient(br.harnessURL(), role)
 	if err != nil {
 		return nil, err
 	}
@@ -163,4 +166,18 @@ func (f *acksFollower) wait(ctx context.Context, b *bench, what string, ok func(
 			return nil, nil, fmt.Errorf("the node's acks: %s not within %v (last acks: %+v)", what, b.cfg.step, last)
 		}
 	}
+}
+
+// orderedClient is mqttClient with paho's in-order delivery: the harness's other readers let paho
+// run each handler in a goroutine of its own, so two publishes of one topic can reach them in either
+// order, and a reader keeping "the latest" acks could keep an older one.
+func orderedClient(url, role string) (mqtt.Client, error) {
+	id := make([]byte, 4)
+	rand.Read(id)
+	c := mqtt.NewClient(mqtt.NewClientOptions().AddBroker(url).SetClientID("bench-" + role + "-" + hex.EncodeToString(id)).
+		SetProtocolVersion(4).SetCleanSession(true).SetAutoReconnect(false).SetConnectTimeout(5 * time.Second).SetOrderMatters(true))
+	if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		return nil, fmt.Errorf("connect the bench's %s client to %s: %v", role, url, tok.Error())
+	}
+	return c, nil
 }

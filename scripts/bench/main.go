@@ -92,7 +92,7 @@ func main() {
 	flag.StringVar(&c.mqttFloor, "mqtt-floor", "", "the mqttfloor binary (scripts/bench/mqttfloor), the idle link's floor")
 	flag.StringVar(&c.iptables, "iptables", "/usr/sbin/iptables", "iptables binary, to count the MQTT links' bytes")
 	flag.Var(&c.only, "only", "comma-separated steps to run, for development: "+strings.Join(stepKeys(), ",")+
-		"; a step needs the ones before it, except mqtt, eviction and idlecpu, which set up their own pods. A partial run writes no results file")
+		"; a step needs the ones before it, except mqtt, outbox, reconnect50, acks5000, eviction and idlecpu, which set up their own pods. A partial run writes no results file")
 	flag.Parse()
 	if c.containerdConfig == "" {
 		fatal(errors.New("-containerd-config is required (scripts/bench.sh writes it)"))
@@ -252,6 +252,13 @@ type results struct {
 	ran []string // keys of the steps that ran
 
 	probes struct{ base, probed probeRun } // issue 11's two runs
+
+	// Protocol v2 (reconnect50.go, acksjobs.go): see BENCHMARKS.md.
+	ReconnectBytes50Pods1Changed float64    `json:"reconnect_bytes_50_mqtt_pods_1_changed"`
+	ReconnectFloorBytes1Changed  float64    `json:"reconnect_floor_bytes_1_changed"`
+	AcksBytesAfter5000Jobs       float64    `json:"acks_bytes_after_5000_jobs"`
+	reconnect50                  r50Result  // reconnect50.go
+	jobs                         jobsResult // acksjobs.go
 }
 
 // burstRatio is the burst target as a share of containerd's own burst: the burst is bound by
@@ -381,6 +388,7 @@ func printResults(w io.Writer, r results) {
 			probeAnonTarget, p.probed.samples, p.probed.anonMiB, p.base.anonMiB, p.probed.anonEnd, p.base.anonEnd),
 			r.ProbeAnonDeltaMiB < probeAnonTarget)
 	}
+	printV2(tw, r, ran) // reconnect50.go, acksjobs.go
 	tw.Flush()
 
 	if ran("start") {

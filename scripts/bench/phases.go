@@ -82,7 +82,9 @@ func (b *bench) steps() []step {
 		{"agentstart", "agent start with 10 running pods", b.measureAgentStart},
 		{"recovery", "recovery of 10 pods", b.measureRecovery},
 		{"mqtt", "the MQTT link (apply, idle link, reconnect)", b.measureMQTT},
-		{"outbox", "bbolt commits per pod status drained through the outbox", b.measureOutbox}, // outbox.go
+		{"outbox", "bbolt commits per pod status drained through the outbox", b.measureOutbox},                     // outbox.go
+		{"reconnect50", "protocol v2: the reconnect of a node with 50 MQTT pods, 1 changed", b.measureReconnect50}, // reconnect50.go
+		{"acks5000", "protocol v2: the node's acks after 5,000 short-lived pods", b.measureAcksJobs},               // acksjobs.go
 		{"eviction", "eviction after a memory-pressure crossing", b.measureEviction},
 		{"probes", "25 pods with an httpGet readiness probe every second", b.measureProbes},
 	}
@@ -183,7 +185,8 @@ func (b *bench) cleanup() error {
 	}
 	if b.cfg.keepLogs != "" {
 		if err := os.MkdirAll(b.cfg.keepLogs, 0o755); err == nil {
-			for _, f := range []string{"agent.log", "containerd.log", "mqtt/agent/mosquitto.log"} {
+			for _, f := range []string{"agent.log", "containerd.log", "mqtt/agent/mosquitto.log",
+				"mqtt/r50/mosquitto.log", "mqtt/r50-floor/mosquitto.log", "mqtt/eviction/mosquitto.log", "jobs-node/node.log"} {
 				if data, err := os.ReadFile(b.path(f)); err == nil {
 					os.WriteFile(filepath.Join(b.cfg.keepLogs, strings.ReplaceAll(f, "/", "-")), data, 0o644)
 				}
