@@ -25,6 +25,10 @@ var ErrNotFound = errors.New("not found")
 // ErrLostRace is wrapped when a write kept losing to other writers of the same node.
 var ErrLostRace = errors.New("lost to a concurrent writer")
 
+// maxCounter bounds the generation counter a writer goes on from: far above any real node's (a
+// write a second for 10^9 years), far below where adding to it could overflow.
+const maxCounter = 1 << 62
+
 // writeAttempts bounds how often a write is redone after another writer's index crossed it.
 const writeAttempts = 6
 
@@ -272,14 +276,19 @@ func (c *Client) write(ctx context.Context, node string, puts []*protocol.Desire
 		if basePayload == nil && len(indexes) > 0 {
 			basePayload = indexes[len(indexes)-1]
 		}
-		base, warnings, err := c.base(node, basePayload, acksPayload, puts, drops)
+		base, warnings, err := c.base(node, basePayload, acksPayload, baseOverride != nil, puts, drops)
 		if err != nil {
 			return nil, err
 		}
-		gen := max(base.counter, floor) + 1
+		top := max(base.counter, floor)
 		for _, p := range indexes {
-			gen = max(gen, peekRevision(p)+1)
+			top = max(top, peekRevision(p))
 		}
+		if top >= maxCounter {
+			return nil, fmt.Errorf("node %s: the generation counter is at %d, past what a writer goes on from (forged acks or index on the broker?); check %s and %s",
+				node, top, c.topics.Index(node), c.topics.Acks(node))
+		}
+		gen := top + 1
 		plan, err := c.planWrite(node, base, gen, puts, drops, w, fixed)
 		if err != nil {
 			return nil, err
@@ -299,7 +308,15 @@ func (c *Client) write(ctx context.Context, node string, puts []*protocol.Desire
 		verdict, other := judge(after[from:], plan.payload, plan.index, puts, drops)
 		if verdict == "" {
 			if err := c.verifyObjects(ctx, w, node, plan); err == nil {
+				final := after[len(after)-1]
 				for _, key := range drops {
+					// Another writer may have applied the key again since: its payload stays.
+					var x protocol.Index
+					if json.Unmarshal(final, &x) == nil {
+						if _, again := x.Objects[key]; again {
+							continue
+						}
+					}
 					c.clearTopic(ctx, node, key)
 				}
 				return plan.result, nil
@@ -331,7 +348,10 @@ type writeBase struct {
 }
 
 // base picks the entries a write builds on; see write.
-func (c *Client) base(node string, indexPayload, acksPayload []byte, puts []*protocol.Desired, drops []string) (*writeBase, []string, error) {
+//
+// crossing is set when indexPayload is another writer's index seen during this write (a redo):
+// that writer is redoing too, and its index, not the node's, is what both writes build on.
+func (c *Client) base(node string, indexPayload, acksPayload []byte, crossing bool, puts []*protocol.Desired, drops []string) (*writeBase, []string, error) {
 	var warnings []string
 	b := &writeBase{entries: map[string]protocol.IndexEntry{}}
 	var idx *protocol.Index
@@ -372,7 +392,7 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, puts []*pro
 		return b, warnings, nil
 	}
 	b.counter = max(b.counter, acksTop(acks))
-	rebuild, merge := false, false
+	rebuild := false
 	switch {
 	case idx == nil && (len(acks.Applied)+len(acks.Refused)+len(acks.Missing) > 0 || acks.IndexRevision > 0):
 		rebuild = true
@@ -382,15 +402,16 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, puts []*pro
 		rebuild = true
 		warnings = append(warnings, fmt.Sprintf("the broker's index of node %s (revision %d) is older than the one the node runs (revision %d): the index is rebuilt from what the node reports",
 			node, idx.Revision, acks.IndexRevision))
-	case idx != nil && acks.IndexRevision == idx.Revision && acks.IndexDigest != "" && acks.IndexDigest != protocol.Digest(indexPayload):
-		// Two writers crossed at this revision: the node took one index, the broker kept the
-		// other. Neither is the whole desired set; their union loses no one's object (a deletion
-		// that crossed an apply may come back, and its writer, seeing that, writes again).
-		merge = true
-		warnings = append(warnings, fmt.Sprintf("node %s runs another index of revision %d than the broker holds (two writers crossed): this write builds on both",
+	case idx != nil && !crossing && acks.IndexRevision == idx.Revision && acks.IndexDigest != "" && acks.IndexDigest != protocol.Digest(indexPayload):
+		// The node runs another index of this revision than the broker holds: the broker's was
+		// refused (two writers crossed and one did not finish its redo, or the broker came back
+		// from an older save). What the node runs is what is in force; building on the broker's
+		// could bring back what the node's index deleted.
+		rebuild = true
+		warnings = append(warnings, fmt.Sprintf("node %s runs another index of revision %d than the broker holds (two writers crossed, or the broker was restored from an older save): the index is rebuilt from what the node reports",
 			node, idx.Revision))
 	}
-	if !rebuild && !merge {
+	if !rebuild {
 		return b, warnings, nil
 	}
 	if rebuild {
@@ -465,6 +486,10 @@ func (c *Client) verifiedAcksIndex(node string, acks *protocol.Acks) (*protocol.
 	x, err := protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: node}, acks.Index, protocol.DefaultMaxPayload)
 	if err == nil {
 		err = protocol.VerifyIndex(x, c.trust())
+	}
+	if err == nil && x.Revision != acks.IndexRevision {
+		// An old signed index passed off as the node's current one would roll its desired set back.
+		err = fmt.Errorf("it is revision %d, the acks say %d", x.Revision, acks.IndexRevision)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s cannot be verified with this client's key: %w", what, err)

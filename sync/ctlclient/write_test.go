@@ -2,9 +2,13 @@ package ctlclient
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -242,5 +246,140 @@ func TestConcurrentWritersNeverLoseAReportedWrite(t *testing.T) {
 		if _, ok := a.Applied[k]; !ok {
 			t.Errorf("%s was reported written but the node does not run it", k)
 		}
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Review regression: the broker comes back from an older save while the node is offline. A write
+// built on the broker's stale index is refused by the node; the next write builds on what the node
+// runs, so an object the node's index deleted does not come back.
+func TestBrokerFromAnOlderSaveBringsNothingBack(t *testing.T) {
+	mqtttest.Require(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	dbPath := filepath.Join(t.TempDir(), "state.db")
+	n := startNode(t, b.Plain, "edge-1", dbPath)
+	c := dial(t, b)
+	for _, name := range []string{"a", "x"} {
+		if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap(name)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitAcks(t, c, "edge-1", "a and x", func(a *protocol.Acks) bool { return a.IndexRevision == 2 && len(a.Applied) == 2 })
+	c.Close()
+	b.Stop(t)
+	save := filepath.Join(b.Dir, "mosquitto.db")
+	copyFile(t, save, save+".old")
+	b.Start(t)
+	c = dial(t, b)
+	if _, err := c.Delete(testCtx(t), "edge-1", protocol.KindConfigMap, "default", "x"); err != nil {
+		t.Fatal(err)
+	}
+	waitAcks(t, c, "edge-1", "x deleted", func(a *protocol.Acks) bool { return a.IndexRevision == 3 && len(a.Applied) == 1 })
+	n.stop()
+	c.Close()
+	b.Stop(t)
+	copyFile(t, save+".old", save)
+	b.Start(t)
+	c = dial(t, b)
+	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("y")}); err != nil {
+		t.Fatal(err)
+	}
+	n = startNode(t, b.Plain, "edge-1", dbPath)
+	waitAcks(t, c, "edge-1", "the node refuses the stale-based index", func(a *protocol.Acks) bool { return a.IndexRefused != nil })
+	res, err := c.Apply(testCtx(t), "edge-1", []any{configMap("z")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(res.Warnings, " "), "rebuilt from what the node reports") {
+		t.Errorf("warnings %q, want the rebuild from the node named", res.Warnings)
+	}
+	idx := index(t, c, "edge-1")
+	waitAcks(t, c, "edge-1", "the node took it", func(a *protocol.Acks) bool { return a.IndexRevision == idx.Revision && len(a.Missing) == 0 })
+	if _, ok, _ := n.db.GetObject(store.KindConfigMap, "default", "x"); ok {
+		t.Error("x, deleted at revision 3, is back on the node")
+	}
+	if _, ok, _ := n.db.GetObject(store.KindConfigMap, "default", "z"); !ok {
+		t.Error("z is not on the node")
+	}
+}
+
+// Review regression: a broker attacker replays an old signed index inside forged acks that claim a
+// newer revision; the signing writer refuses to build on it, and the node keeps everything.
+func TestSigningWriterRefusesAReplayedIndexInForgedAcks(t *testing.T) {
+	mqtttest.Require(t)
+	b := mqtttest.Start(t, mqtttest.Options{})
+	pubKey, key, _ := ed25519.GenerateKey(rand.Reader)
+	db, err := store.OpenWith(filepath.Join(t.TempDir(), "state.db"), store.Options{SecretKey: make([]byte, 32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := nodesync.New(nodesync.Options{Node: "edge-1", Topics: tp, Store: db, Trusted: []ed25519.PublicKey{pubKey},
+		Link: link.Options{Broker: b.Plain, Keepalive: 5 * time.Second, ReconnectMin: 50 * time.Millisecond, ReconnectMax: 300 * time.Millisecond},
+		Log:  slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); s.Run(ctx) }()
+	go func() {
+		defer wg.Done()
+		s.Source().Run(ctx, func(source.Change) source.Result { return source.Result{} })
+	}()
+	t.Cleanup(func() { cancel(); wg.Wait(); db.Close() })
+
+	c, err := Connect(testCtx(t), Options{Broker: b.Plain, Timeout: 5 * time.Second, SigningKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("a")}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := c.Snapshot(testCtx(t), tp.Index("edge-1"))
+	old := got[tp.Index("edge-1")]
+	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("b"), configMap("c")}); err != nil {
+		t.Fatal(err)
+	}
+	cur := index(t, c, "edge-1")
+	waitAcks(t, c, "edge-1", "a, b, c", func(a *protocol.Acks) bool { return a.IndexRevision == cur.Revision && len(a.Applied) == 3 })
+	pub(t, rawClient(t, b.Plain), tp.Acks("edge-1"), &protocol.Acks{Node: "edge-1", IndexRevision: cur.Revision + 1,
+		IndexDigest: protocol.Digest(old), Index: old, Applied: map[string]protocol.IndexEntry{}}, true)
+	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("d")}); err == nil || !strings.Contains(err.Error(), "cannot be verified") {
+		t.Fatalf("apply over forged acks = %v, want a refusal to build on the replayed index", err)
+	}
+	if idx := index(t, c, "edge-1"); idx.Revision != cur.Revision {
+		t.Fatalf("the writer published revision %d over forged acks", idx.Revision)
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		if _, ok, _ := db.GetObject(store.KindConfigMap, "default", name); !ok {
+			t.Errorf("configmap %s is gone from the node", name)
+		}
+	}
+}
+
+// Review regression: forged acks with a counter near the int64 limit cannot make a writer publish
+// an index that overflows.
+func TestWriterRefusesACounterNearTheLimit(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	pub(t, rawClient(t, b.Plain), tp.Acks("edge-1"), &protocol.Acks{Node: "edge-1", IndexRevision: 1, Applied: map[string]protocol.IndexEntry{},
+		IndexRefused: &protocol.Refusal{Generation: math.MaxInt64 - 1, Reason: "x"}}, true)
+	c := dial(t, b)
+	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("b")}); err == nil || !strings.Contains(err.Error(), "generation counter") {
+		t.Fatalf("apply = %v, want a refusal naming the counter", err)
+	}
+	if got, _ := c.Snapshot(testCtx(t), tp.Index("edge-1")); len(got) != 0 {
+		t.Fatalf("an index was published: %s", got[tp.Index("edge-1")])
 	}
 }

@@ -36,6 +36,7 @@ import (
 // Store is what the downlink needs of the state store.
 type Store interface {
 	ListDesired() ([]store.DesiredPod, []store.RecordError, error)
+	ListObjects() ([]store.ObjectRecord, []store.RecordError, error)
 	ListMarks() (map[string]store.SyncMark, []store.RecordError, error)
 	UpdateMarks(put []store.SyncMark, del []string) error
 	PutObject(r store.ObjectRecord) error
@@ -226,6 +227,25 @@ func (d *Downlink) Run(ctx context.Context, deliver func(source.Change) source.R
 			d.held[key] = held{gen: p.Generation}
 		}
 	}
+	// ConfigMaps and Secrets stored without their mark (a crash between the two writes) are held
+	// too, so an index that leaves them out deletes them.
+	objs, _, err := d.o.Store.ListObjects()
+	if err != nil {
+		return fmt.Errorf("mqtt downlink: read configmaps and secrets: %w", err)
+	}
+	for _, r := range objs {
+		if r.Source.Kind != source.MQTT {
+			continue
+		}
+		kind := protocol.KindConfigMap
+		if r.Kind == store.KindSecret {
+			kind = protocol.KindSecret
+		}
+		key := protocol.ObjectKey(kind, r.Namespace, r.Name)
+		if _, ok := d.held[key]; !ok {
+			d.held[key] = held{gen: r.Generation}
+		}
+	}
 	if len(drop) > 0 {
 		if err := d.o.Store.UpdateMarks(nil, drop); err != nil {
 			d.o.Log.Warn("mqtt downlink: remove obsolete sync marks", "keys", drop, "err", err)
@@ -252,6 +272,11 @@ func (d *Downlink) Run(ctx context.Context, deliver func(source.Change) source.R
 			settleC = settle.C
 		}
 	}
+	if len(d.missing()) > 0 || len(d.undeleted) > 0 {
+		// The stored index lists what has not arrived: ask for it even if the broker sends
+		// nothing at all (it lost its state).
+		arm()
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -271,7 +296,9 @@ func (d *Downlink) Run(ctx context.Context, deliver func(source.Change) source.R
 				d.o.Log.Warn("mqtt downlink: objects listed by the index have not arrived; fetching them again and asking the control plane",
 					"missing", missing, "revision", d.index.Revision, "attempt", d.attempts)
 				d.fetch(missing, true)
-				d.o.Resync(fmt.Sprintf("index revision %d lists %d objects this node does not have", d.index.Revision, len(missing)), missing)
+				// The attempt makes each request differ, so the uplink does not take a repeat
+				// for a duplicate of the last one.
+				d.o.Resync(fmt.Sprintf("index revision %d lists %d objects this node does not have (attempt %d)", d.index.Revision, len(missing), d.attempts), missing)
 			} else {
 				d.attempts = 0
 			}
@@ -401,7 +428,8 @@ func (d *Downlink) onIndex(t protocol.Topic, m Message) {
 		}
 	}
 	d.unfetch(done)
-	d.fetch(d.missing(), false)
+	// Again, even for keys subscribed before: that may have been on an earlier connection.
+	d.fetch(d.missing(), true)
 	d.ack()
 }
 
