@@ -411,3 +411,39 @@ func TestDrainingManyStatusesCommitsFew(t *testing.T) {
 	}
 	brokerHolds(t, b.Plain, n)
 }
+
+// One-off pods (Jobs with generated names) leave at most maxGoneStatuses deleted statuses on the
+// broker: older ones are cleared, so a node's retained statuses stay near its live pods.
+func TestDeletedStatusesAreBounded(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	n := startNode(t, b.Plain, filepath.Join(t.TempDir(), "state.db"))
+	n.report("live")
+	for i := range 150 {
+		name := fmt.Sprintf("job-%d", i)
+		n.report(name)
+		n.u.PodGone(brokerPod(name))
+	}
+	n.drained(t)
+	held := retainedState(t, b.Plain)
+	deleted, live := 0, 0
+	for topic, payload := range held {
+		if p, err := tp.Parse(topic); err != nil || p.Class != protocol.ClassPodStatus {
+			continue
+		}
+		s, err := protocol.DecodePodStatus(payload, 0)
+		if err != nil {
+			t.Fatalf("retained %s: %v", topic, err)
+		}
+		if s.Deleted {
+			deleted++
+		} else {
+			live++
+		}
+	}
+	if live != 1 || deleted != maxGoneStatuses {
+		t.Fatalf("the broker holds %d live and %d deleted pod statuses, want 1 and %d", live, deleted, maxGoneStatuses)
+	}
+	if _, ok := held[tp.PodStatus(edge, "default", "job-149")]; !ok {
+		t.Fatal("the newest deletion is not on the broker")
+	}
+}

@@ -133,6 +133,10 @@ type Uplink struct {
 	kept       map[string]*kept
 	summary    kept // the summary's own topic (payload nil before the first)
 	summaryDue bool // a kept topic changed since the last summary was queued
+	// gone are the pod status topics last published as deleted, oldest first: past
+	// maxGoneStatuses the oldest is cleared on the broker, so one-off pods (Jobs with generated
+	// names) do not pile up there and crowd a reader's queue.
+	gone []string
 	// summaryForce queues the summary even when unchanged: after a repair it must follow the
 	// statuses queued again.
 	summaryForce bool
@@ -259,9 +263,21 @@ func (u *Uplink) PodGone(d store.DesiredPod) {
 		u.summaryDue = true
 	}
 	u.putLatest(keptEntry(topic, payload))
+	u.gone = append(slices.DeleteFunc(u.gone, func(t string) bool { return t == topic }), topic)
+	if len(u.gone) > maxGoneStatuses {
+		oldest := u.gone[0]
+		u.gone = u.gone[1:]
+		if _, live := u.kept[oldest]; !live {
+			// An empty retained payload clears the topic; a reader sees no pod there.
+			u.putLatest(keptEntry(oldest, nil))
+		}
+	}
 	u.mu.Unlock()
 	signal(u.wake)
 }
+
+// maxGoneStatuses bounds the deleted pod statuses a node leaves retained on the broker.
+const maxGoneStatuses = 64
 
 // Emit sends an event.
 func (u *Uplink) Emit(e event.Event) {

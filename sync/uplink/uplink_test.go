@@ -189,12 +189,17 @@ func TestGonePodForgetsItsDigest(t *testing.T) {
 	if n != 1 {
 		t.Errorf("%d topics kept, want 1 (the live pod's)", n)
 	}
-	// The deleted statuses are still queued: forgetting the digest does not drop the report.
+	// The recent deleted statuses are still queued: forgetting the digest does not drop the
+	// report. The oldest, past maxGoneStatuses, are queued as clears of their topic.
 	u.mu.Lock()
-	e, ok := u.latest[tp.PodStatus("n1", "default", "job-7")]
+	e, ok := u.latest[tp.PodStatus("n1", "default", "job-90")]
+	old, oldOK := u.latest[tp.PodStatus("n1", "default", "job-7")]
 	u.mu.Unlock()
 	if !ok || !bytesContain(e.Payload, `"deleted":true`) {
-		t.Errorf("job-7's deleted status is not queued: %s", e.Payload)
+		t.Errorf("job-90's deleted status is not queued: %s", e.Payload)
+	}
+	if !oldOK || len(old.Payload) != 0 || !old.Retained {
+		t.Errorf("job-7's topic is not queued for clearing: %+v", old)
 	}
 }
 
