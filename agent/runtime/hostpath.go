@@ -10,6 +10,7 @@ import (
 
 	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/agent/runtime/beneath"
+	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -51,6 +52,7 @@ func startErr(err error) *StartError {
 type hostPathScope struct {
 	root       string
 	noSymlinks bool
+	trusted    bool   // any link is followed, by the kernel's lookup (root is "/")
 	what       string // how messages name the root
 }
 
@@ -66,7 +68,7 @@ type hostPathScope struct {
 //     followed at all: with no root known, no link can be judged.
 func hostPathScopeOf(pod *v1.Pod, v v1.Volume) (hostPathScope, error) {
 	if pod.Annotations[admission.AnnotationConfigSource] == admission.ConfigSourceFile {
-		return hostPathScope{root: "/", what: "the host (manifest-dir pod)"}, nil
+		return hostPathScope{root: "/", trusted: true, what: "the host (manifest-dir pod)"}, nil
 	}
 	roots, err := admission.HostPathRoots(pod)
 	if err != nil {
@@ -145,7 +147,20 @@ func openHostPath(pod *v1.Pod, v v1.Volume) (*os.File, error) {
 	}
 	defer root.Close()
 	rel := strings.TrimPrefix(strings.TrimPrefix(clean, scope.root), "/")
-	f, err := beneath.Open(root, rel, beneath.Options{Create: create, NoSymlinks: scope.noSymlinks})
+	var f *os.File
+	if scope.trusted {
+		// The kernel's own lookup, /proc magic links included (a namespace file), exactly as runc
+		// followed the path before; only what is missing is made beneath "/".
+		var fd int
+		if fd, err = unix.Open(clean, unix.O_PATH|unix.O_CLOEXEC, 0); err == nil {
+			f = os.NewFile(uintptr(fd), clean)
+		} else {
+			err = &fs.PathError{Op: "open", Path: clean, Err: err}
+		}
+	}
+	if f == nil && (!scope.trusted || errors.Is(err, fs.ErrNotExist) && create != beneath.CreateNothing) {
+		f, err = beneath.Open(root, rel, beneath.Options{Create: create, NoSymlinks: scope.noSymlinks})
+	}
 	if err != nil {
 		var esc *beneath.EscapeError
 		var link *beneath.SymlinkError

@@ -206,6 +206,12 @@ func TestHostPathBeneathAllowedRoot(t *testing.T) {
 	} else {
 		f.Close()
 	}
+	// ... with the kernel's own lookup: a /proc magic link (a namespace file) too.
+	if f, err := open(manifestPod(), "/proc/self/ns/net", v1.HostPathUnset); err != nil {
+		t.Errorf("manifest pod, a namespace file: %v", err)
+	} else {
+		f.Close()
+	}
 	// No recorded root: no link at all, not even one staying inside; a plain path works.
 	if _, err := open(mqttPod(""), filepath.Join(allowed, "inside", "f"), v1.HostPathFile); err == nil || !strings.Contains(err.Error(), "is a symlink") {
 		t.Errorf("policed pod without a recorded root, through a link: %v", err)

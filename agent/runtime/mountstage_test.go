@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+	v1 "k8s.io/api/core/v1"
 )
 
 // mounted reports whether anything is mounted at or below dir.
@@ -55,6 +57,26 @@ func TestMountStageRelease(t *testing.T) {
 	file.Close()
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A socket (hostPath type Socket) is staged like any other file.
+	l, err := net.Listen("unix", filepath.Join(host, "sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	sock, err := openHostPath(manifestPod(), hostPathVol(filepath.Join(host, "sock"), v1.HostPathSocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, err := s.add(sock)
+	sock.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err := net.Dial("unix", sp); err != nil {
+		t.Errorf("staged socket %s: %v", sp, err)
+	} else {
+		c.Close()
 	}
 	if b, err := os.ReadFile(filepath.Join(d, "f")); err != nil || string(b) != "x" {
 		t.Errorf("staged dir %s: %q %v", d, b, err)
