@@ -46,7 +46,7 @@ func (c *Controller) syncNode(ctx context.Context, node string) error {
 	}
 	acks := c.nodeAcks(node)
 	if acks != nil {
-		st.counter = max(st.counter, acksTop(acks))
+		st.counter = max(st.counter, acks.Top())
 	}
 	want, terminating, err := c.wanted(node, st)
 	if err != nil {

@@ -113,7 +113,7 @@ func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, m
 				problems = append(problems, fmt.Errorf("retained %s: unreadable acks: %w", topic, err))
 				continue
 			}
-			s.counter = max(s.counter, acksTop(a))
+			s.counter = max(s.counter, a.Top())
 		case protocol.ClassDesired:
 			// The envelope alone: what matters is the generation, whether the object is the one
 			// this bridge would write, and the digest of the exact bytes; a payload it cannot
@@ -141,24 +141,6 @@ func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, m
 		s.counter = max(s.counter, e.Generation)
 	}
 	return s, problems
-}
-
-// acksTop is the highest generation or revision a node's acks mention.
-func acksTop(a *protocol.Acks) int64 {
-	top := a.IndexRevision
-	for _, e := range a.Applied {
-		top = max(top, e.Generation)
-	}
-	for _, r := range a.Refused {
-		top = max(top, r.Generation)
-	}
-	for _, e := range a.Missing {
-		top = max(top, e.Generation)
-	}
-	if a.IndexRefused != nil {
-		top = max(top, a.IndexRefused.Generation)
-	}
-	return top
 }
 
 // write is one retained desired message to publish: Payload is exactly what goes out, and

@@ -222,7 +222,7 @@ func TestAcksTopCountsEveryV2Field(t *testing.T) {
 		{"missing", protocol.Acks{IndexRevision: 1, Missing: map[string]protocol.IndexEntry{"pods/default/a": {Generation: 50}}}},
 		{"indexRefused", protocol.Acks{IndexRevision: 1, IndexRefused: &protocol.Refusal{Generation: 50}}},
 	} {
-		if got := acksTop(&tc.a); got != 50 {
+		if got := tc.a.Top(); got != 50 {
 			t.Errorf("%s: acksTop %d, want 50", tc.name, got)
 		}
 	}

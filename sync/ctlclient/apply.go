@@ -391,7 +391,7 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, crossing bo
 		}
 		return b, warnings, nil
 	}
-	b.counter = max(b.counter, acksTop(acks))
+	b.counter = max(b.counter, acks.Top())
 	rebuild := false
 	switch {
 	case idx == nil && (len(acks.Applied)+len(acks.Refused)+len(acks.Missing) > 0 || acks.IndexRevision > 0):
@@ -495,24 +495,6 @@ func (c *Client) verifiedAcksIndex(node string, acks *protocol.Acks) (*protocol.
 		return nil, fmt.Errorf("%s cannot be verified with this client's key: %w", what, err)
 	}
 	return x, nil
-}
-
-// acksTop is the highest generation or revision a node's acks mention.
-func acksTop(a *protocol.Acks) int64 {
-	top := a.IndexRevision
-	for _, e := range a.Applied {
-		top = max(top, e.Generation)
-	}
-	for _, e := range a.Missing {
-		top = max(top, e.Generation)
-	}
-	for _, r := range a.Refused {
-		top = max(top, r.Generation)
-	}
-	if a.IndexRefused != nil {
-		top = max(top, a.IndexRefused.Generation)
-	}
-	return top
 }
 
 // writePlan is one attempt of a write.

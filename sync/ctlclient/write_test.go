@@ -38,11 +38,17 @@ type testNode struct {
 
 func startNode(t *testing.T, broker, name, dbPath string) *testNode {
 	t.Helper()
+	return startNodeTrusting(t, broker, name, dbPath, nil)
+}
+
+// startNodeTrusting starts a node channel with trust anchors.
+func startNodeTrusting(t *testing.T, broker, name, dbPath string, trusted []ed25519.PublicKey) *testNode {
+	t.Helper()
 	db, err := store.OpenWith(dbPath, store.Options{SecretKey: make([]byte, 32)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := nodesync.New(nodesync.Options{Node: name, Topics: tp, Store: db,
+	s, err := nodesync.New(nodesync.Options{Node: name, Topics: tp, Store: db, Trusted: trusted,
 		Link: link.Options{Broker: broker, Keepalive: 5 * time.Second, ReconnectMin: 50 * time.Millisecond, ReconnectMax: 300 * time.Millisecond},
 		Log:  slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -319,25 +325,7 @@ func TestSigningWriterRefusesAReplayedIndexInForgedAcks(t *testing.T) {
 	mqtttest.Require(t)
 	b := mqtttest.Start(t, mqtttest.Options{})
 	pubKey, key, _ := ed25519.GenerateKey(rand.Reader)
-	db, err := store.OpenWith(filepath.Join(t.TempDir(), "state.db"), store.Options{SecretKey: make([]byte, 32)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := nodesync.New(nodesync.Options{Node: "edge-1", Topics: tp, Store: db, Trusted: []ed25519.PublicKey{pubKey},
-		Link: link.Options{Broker: b.Plain, Keepalive: 5 * time.Second, ReconnectMin: 50 * time.Millisecond, ReconnectMax: 300 * time.Millisecond},
-		Log:  slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); s.Run(ctx) }()
-	go func() {
-		defer wg.Done()
-		s.Source().Run(ctx, func(source.Change) source.Result { return source.Result{} })
-	}()
-	t.Cleanup(func() { cancel(); wg.Wait(); db.Close() })
+	db := startNodeTrusting(t, b.Plain, "edge-1", filepath.Join(t.TempDir(), "state.db"), []ed25519.PublicKey{pubKey}).db
 
 	c, err := Connect(testCtx(t), Options{Broker: b.Plain, Timeout: 5 * time.Second, SigningKey: key})
 	if err != nil {

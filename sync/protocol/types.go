@@ -231,6 +231,25 @@ type Acks struct {
 	Index json.RawMessage `json:"index,omitempty"`
 }
 
+// Top is the highest revision or generation the acks mention: where the node's counter stands, so
+// a writer that lost the retained index goes on above it.
+func (a *Acks) Top() int64 {
+	top := a.IndexRevision
+	for _, e := range a.Applied {
+		top = max(top, e.Generation)
+	}
+	for _, e := range a.Missing {
+		top = max(top, e.Generation)
+	}
+	for _, r := range a.Refused {
+		top = max(top, r.Generation)
+	}
+	if a.IndexRefused != nil {
+		top = max(top, a.IndexRefused.Generation)
+	}
+	return top
+}
+
 // Refusal is why a node did not apply a generation of an object (or, in Acks.IndexRefused, an
 // index revision).
 type Refusal struct {
