@@ -66,7 +66,7 @@ func (b *bench) newControlPlane(ctx context.Context, br *broker, role string) (*
 	if err != nil {
 		return nil, err
 	}
-	cp := &controlPlane{rev: max(idx.Revision, acksTop(acks)), objects: maps.Clone(idx.Objects)}
+	cp := &controlPlane{rev: max(idx.Revision, acks.Top()), objects: maps.Clone(idx.Objects)}
 	if cp.objects == nil || acks.IndexRevision > idx.Revision {
 		cp.objects = map[string]protocol.IndexEntry{}
 		maps.Copy(cp.objects, acks.Missing)
@@ -81,24 +81,6 @@ func (b *bench) newControlPlane(ctx context.Context, br *broker, role string) (*
 	}
 	cp.c = c
 	return cp, nil
-}
-
-// acksTop is the highest revision or generation the acks mention.
-func acksTop(a *protocol.Acks) int64 {
-	top := a.IndexRevision
-	for _, e := range a.Applied {
-		top = max(top, e.Generation)
-	}
-	for _, e := range a.Missing {
-		top = max(top, e.Generation)
-	}
-	for _, r := range a.Refused {
-		top = max(top, r.Generation)
-	}
-	if a.IndexRefused != nil {
-		top = max(top, a.IndexRefused.Generation)
-	}
-	return top
 }
 
 // acksFollower keeps the latest retained acks of a node, from a subscription on br's harness
