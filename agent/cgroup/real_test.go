@@ -199,8 +199,10 @@ func TestOOMKilledRealV1(t *testing.T) {
 	if got, err := m.OOMKilled(dir, 0); err != nil || got {
 		t.Fatalf("fresh cgroup: OOMKilled = %v, %v", got, err)
 	}
-	// The shell joins the pod's memory cgroup itself, then tail holds a 64 MiB "line".
-	script := "echo $$ > " + filepath.Join(l.V1["memory"], dir, "cgroup.procs") + " && head -c 64m /dev/zero | tail"
+	// The shell joins the pod's memory cgroup itself, then becomes dd, which fills a 64 MiB
+	// buffer: one process in the cgroup, so it is the one the kernel kills (with a pipeline the
+	// kernel could pick the shell and leave the others behind, the cgroup then busy).
+	script := "echo $$ > " + filepath.Join(l.V1["memory"], dir, "cgroup.procs") + " && exec dd if=/dev/zero of=/dev/null bs=64M count=1"
 	cmd := exec.Command("sh", "-c", script)
 	done := make(chan error, 1)
 	if err := cmd.Start(); err != nil {
@@ -214,8 +216,8 @@ func TestOOMKilledRealV1(t *testing.T) {
 		t.Fatal("the allocating process was not killed within 30s")
 	}
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).ExitStatus() != 137 {
-		t.Fatalf("shell ended with %v, want exit status 137 (its tail OOM-killed)", err)
+	if !errors.As(err, &ee) || !ee.Sys().(syscall.WaitStatus).Signaled() || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("dd ended with %v, want killed by SIGKILL (OOM-killed)", err)
 	}
 	if got, err := m.OOMKilled(dir, 137); err != nil || !got {
 		t.Errorf("after the kill: OOMKilled = %v, %v; want true", got, err)
