@@ -117,52 +117,9 @@ install_packages() {
 	[ $rc = 0 ] || die "apt-get install ${missing[*]} failed (exit $rc)"
 }
 
-# stop_system_mosquitto: Debian's mosquitto package runs a system broker on
-# :1883 from its service where an init system starts it (or did before this
-# script's install, which keeps it from starting). The tests start their own
-# brokers on free ports and never use 1883; a stray system broker only adds
-# noise to port listings and byte counts. Only the package's service is asked
-# to stop: brokers that someone started by hand are left alone.
-stop_system_mosquitto() {
-	if [ -d /run/systemd/system ]; then
-		timeout 10 systemctl is-active --quiet mosquitto 2>/dev/null || return 0
-		log "stopping the system mosquitto service (tests start their own brokers)"
-		timeout 60 systemctl stop mosquitto || true
-	elif [ -x /etc/init.d/mosquitto ]; then
-		# The init script's status reads the service's own pidfile.
-		timeout 10 service mosquitto status >/dev/null 2>&1 || return 0
-		log "stopping the system mosquitto service (tests start their own brokers)"
-		timeout 60 service mosquitto stop >/dev/null 2>&1 || true
-	fi
-}
-
-# stop_system_etcd: Debian's etcd-server runs a system etcd on 127.0.0.1:2379
-# from its service where an init system starts it. internal/kubetest starts its
-# own etcd per cluster on free ports; the system one is stopped and disabled so
-# no stray etcd keeps running beside them (or comes back at boot).
-stop_system_etcd() {
-	if [ -d /run/systemd/system ]; then
-		if timeout 10 systemctl is-enabled --quiet etcd 2>/dev/null; then
-			timeout 60 systemctl disable etcd >/dev/null 2>&1 || true
-		fi
-		if timeout 10 systemctl is-active --quiet etcd 2>/dev/null; then
-			log "stopping the system etcd service (tests start their own)"
-			timeout 60 systemctl stop etcd || true
-		fi
-	elif [ -x /etc/init.d/etcd ]; then
-		if ls /etc/rc[2-5].d/S*etcd >/dev/null 2>&1; then
-			update-rc.d etcd disable >/dev/null 2>&1 || true
-		fi
-		if timeout 10 service etcd status >/dev/null 2>&1; then
-			log "stopping the system etcd service (tests start their own)"
-			timeout 60 service etcd stop >/dev/null 2>&1 || true
-		fi
-	fi
-	# An etcd started some other way is not ours to stop; say so.
-	local held
-	held=$(ss -Hltnp 'sport = :2379' 2>/dev/null || true)
-	[ -z "$held" ] || log "WARNING: something still listens on port 2379 (not the etcd service): $held"
-}
+# A system mosquitto or etcd the user runs is left alone: the tests start their own brokers and
+# etcds on free loopback ports and never use 1883 or 2379, and the packages this script installs
+# are kept from starting by the policy-rc.d above.
 
 # ensure_kube_bins: the kube binaries for internal/kubetest, built once per
 # version by scripts/kubebins.sh (it prints its own progress).
@@ -388,8 +345,6 @@ smoke_check() {
 # --- main -------------------------------------------------------------------
 
 install_packages
-stop_system_mosquitto
-stop_system_etcd
 mkdir -p "$RUN_DIR" "$LIB_DIR" "$IMAGES"
 ensure_containerd
 ensure_registry
