@@ -385,14 +385,14 @@ func (c *Client) decodePods(got map[string][]byte) (map[string]*nodePods, []erro
 	return byNode, skipped
 }
 
-// Indexes reads the retained indexes of every node, by node name, with the ones that could not be
-// read.
-func (c *Client) Indexes(ctx context.Context) (map[string]*protocol.Index, []error, error) {
-	got, err := c.Snapshot(ctx, c.topics.AllNodes(protocol.ClassIndex))
+// perNode reads the retained messages of class c of every node and decodes each, by node name,
+// with the ones that could not be read.
+func perNode[T any](ctx context.Context, c *Client, class protocol.Class, what string, decode func(node, topic string, payload []byte) (*T, error)) (map[string]*T, []error, error) {
+	got, err := c.Snapshot(ctx, c.topics.AllNodes(class))
 	if err != nil {
-		return nil, nil, fmt.Errorf("read indexes: %w", err)
+		return nil, nil, fmt.Errorf("read %s: %w", what, err)
 	}
-	out := map[string]*protocol.Index{}
+	out := map[string]*T{}
 	var skipped []error
 	for _, topic := range slices.Sorted(maps.Keys(got)) {
 		t, err := c.topics.Parse(topic)
@@ -400,14 +400,22 @@ func (c *Client) Indexes(ctx context.Context) (map[string]*protocol.Index, []err
 			skipped = append(skipped, err)
 			continue
 		}
-		idx, err := c.decodeIndex(t.Node, got[topic])
+		v, err := decode(t.Node, topic, got[topic])
 		if err != nil {
 			skipped = append(skipped, err)
 			continue
 		}
-		out[t.Node] = idx
+		out[t.Node] = v
 	}
 	return out, skipped, nil
+}
+
+// Indexes reads the retained indexes of every node, by node name, with the ones that could not be
+// read.
+func (c *Client) Indexes(ctx context.Context) (map[string]*protocol.Index, []error, error) {
+	return perNode(ctx, c, protocol.ClassIndex, "indexes", func(node, _ string, p []byte) (*protocol.Index, error) {
+		return c.decodeIndex(node, p)
+	})
 }
 
 // Acks reads a node's retained acks; nil (and no error) when it has none.
@@ -430,26 +438,7 @@ func (c *Client) Acks(ctx context.Context, node string) (*protocol.Acks, error) 
 // read. The acks carry the node's refusals, so a reader shows them without having watched the
 // node's events.
 func (c *Client) AllAcks(ctx context.Context) (map[string]*protocol.Acks, []error, error) {
-	got, err := c.Snapshot(ctx, c.topics.AllNodes(protocol.ClassAcks))
-	if err != nil {
-		return nil, nil, fmt.Errorf("read acks: %w", err)
-	}
-	out := map[string]*protocol.Acks{}
-	var skipped []error
-	for _, topic := range slices.Sorted(maps.Keys(got)) {
-		t, err := c.topics.Parse(topic)
-		if err != nil {
-			skipped = append(skipped, err)
-			continue
-		}
-		a, err := c.decodeAcks(t.Node, topic, got[topic])
-		if err != nil {
-			skipped = append(skipped, err)
-			continue
-		}
-		out[t.Node] = a
-	}
-	return out, skipped, nil
+	return perNode(ctx, c, protocol.ClassAcks, "acks", c.decodeAcks)
 }
 
 func (c *Client) decodeAcks(node, topic string, payload []byte) (*protocol.Acks, error) {
