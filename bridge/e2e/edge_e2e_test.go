@@ -505,12 +505,9 @@ func (s *edgeSuite) twoBridgesDoNotFight(t *testing.T) {
 	key := func(name string) string { return protocol.ObjectKey(protocol.KindPod, testNS, name) }
 	p := s.createPod(t, edgePod(uniqueName("once"), edgeTolerations()...))
 	s.waitRunning(t, p.Name)
-	cur, err := w.kube.CoreV1().Pods(testNS).Get(ctx, p.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cur.Labels["changed"] = "yes"
-	if _, err := w.kube.CoreV1().Pods(testNS).Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+	// A merge patch, not a read-modify-write: the bridge may write the pod's status in between.
+	if _, err := w.kube.CoreV1().Pods(testNS).Patch(ctx, p.Name, types.MergePatchType,
+		[]byte(`{"metadata":{"labels":{"changed":"yes"}}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The relabelled pod's generation, then what the node was sent up to it: two desired messages

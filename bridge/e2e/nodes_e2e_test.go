@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 )
 
 const (
@@ -279,18 +280,24 @@ func TestTwoReplicasOneLeader(t *testing.T) {
 
 	// The Lease is taken from the leader (e.g. it could not reach the API long enough): it stops
 	// with an error instead of writing on as a second leader.
+	// The leader renews the Lease every few seconds, so the theft may meet a conflict: read it
+	// again and retry, as any writer of a Lease must.
 	ctx := context.Background()
-	l, err := admin.CoordinationV1().Leases("mqlet-system").Get(ctx, bridge.LeaderLeaseName, metav1.GetOptions{})
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l, err := admin.CoordinationV1().Leases("mqlet-system").Get(ctx, bridge.LeaderLeaseName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		thief := "thief"
+		l.Spec.HolderIdentity = &thief
+		l.Spec.LeaseDurationSeconds = ptrTo(int32(3600))
+		now := metav1.NewMicroTime(time.Now())
+		l.Spec.RenewTime, l.Spec.AcquireTime = &now, &now
+		_, err = admin.CoordinationV1().Leases("mqlet-system").Update(ctx, l, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	thief := "thief"
-	l.Spec.HolderIdentity = &thief
-	l.Spec.LeaseDurationSeconds = ptrTo(int32(3600))
-	now := metav1.NewMicroTime(time.Now())
-	l.Spec.RenewTime, l.Spec.AcquireTime = &now, &now
-	if _, err := admin.CoordinationV1().Leases("mqlet-system").Update(ctx, l, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+		t.Fatalf("taking the Lease from the leader: %v", err)
 	}
 	select {
 	case <-b.done:
