@@ -413,7 +413,7 @@ func (c *Controller) finishDeletions(ctx context.Context, node string, st *nodeS
 	)
 	for _, p := range terminating {
 		key := protocol.ObjectKey(protocol.KindPod, p.Namespace, p.Name)
-		acked := goneFromNode(acks, key, st.dropRevision(key))
+		acked := goneFromNode(acks, key, st.dropRevision(key), st.current())
 		topic := c.o.Topics.PodStatus(node, p.Namespace, p.Name)
 		c.mu.Lock()
 		s, reported := c.summary[topic]

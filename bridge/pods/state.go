@@ -373,13 +373,27 @@ func (s *nodeState) dropRevision(key string) int64 {
 // goneFromNode says whether a node's acks show that it no longer holds key, which an index at
 // revision dropRev left out: the node has compared against that index or a newer one (a node
 // deletes an object when a newer index leaves it out) and reports no outcome for the key (every
-// entry of its current index has one: applied, refused or missing).
-func goneFromNode(acks *protocol.Acks, key string, dropRev int64) bool {
+// entry of its current index has one: applied, refused or missing). Compact acks tell the applied
+// entries only against the index they name: current (the bridge's own) when it is that one;
+// otherwise nothing is confirmed until the node runs the bridge's index or lists its entries.
+func goneFromNode(acks *protocol.Acks, key string, dropRev int64, current *protocol.Index) bool {
 	if acks == nil || dropRev <= 0 || acks.IndexRevision < dropRev {
 		return false
 	}
-	_, applied := acks.Applied[key]
+	applied, known := acks.AppliedIn(current)
+	if !known {
+		return false
+	}
+	_, isApplied := applied[key]
 	_, refused := acks.Refused[key]
 	_, missing := acks.Missing[key]
-	return !applied && !refused && !missing
+	return !isApplied && !refused && !missing
+}
+
+// current is the index this bridge last wrote for the node, as acks name it; nil before any.
+func (s *nodeState) current() *protocol.Index {
+	if s.indexRev == 0 {
+		return nil
+	}
+	return &protocol.Index{Revision: s.indexRev, Objects: s.index, PayloadDigest: s.indexDigest}
 }

@@ -47,12 +47,34 @@ func ctlApply(t *testing.T, c *ctlclient.Client, docs ...string) *ctlclient.Appl
 }
 
 // waitAcksE2E waits until the node's retained acks satisfy ok.
-func waitAcksE2E(t *testing.T, broker, what string, ok func(*protocol.Acks) bool) {
+func waitAcksE2E(t *testing.T, broker, what string, ok func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool) {
 	t.Helper()
-	waitRetained(t, broker, topics.Acks(e2eNode), what, func(p []byte) bool {
-		a, err := protocol.DecodeAcks(p, 0)
-		return err == nil && ok(a)
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := ctlclient.Connect(ctx, ctlclient.Options{Broker: broker, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("connect %s: %v", broker, err)
+	}
+	defer c.Close()
+	var last *protocol.Acks
+	for ctx.Err() == nil {
+		// Compact acks name the index they answer: what was applied is read against the
+		// broker's index (complete acks list it themselves).
+		a, err := c.Acks(ctx, e2eNode)
+		idx, err2 := c.Index(ctx, e2eNode)
+		if err == nil && err2 == nil && a != nil {
+			last = a
+			applied, _ := a.AppliedIn(idx)
+			if ok(a, applied) {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+	t.Fatalf("%s: the node's acks never matched within 60s; last: %+v", what, last)
 }
 
 // The reproduction, end to end: pods a, b and c run; the broker is killed -9 and comes back
@@ -77,7 +99,7 @@ func TestChannelBrokerLostItsStateThenAnApplyKeepsEveryPod(t *testing.T) {
 	}
 	b.Start(t)
 	// The node reconnects, finds its status summary gone, and reports again what it runs.
-	waitAcksE2E(t, b.Plain, "the node reports its pods to the empty broker", func(a *protocol.Acks) bool { return len(a.Applied) == 3 })
+	waitAcksE2E(t, b.Plain, "the node reports its pods to the empty broker", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool { return len(applied) == 3 })
 
 	c = dialCtl(t, b.Plain)
 	res := ctlApply(t, c, sleeper("d", "3600"))
@@ -85,7 +107,7 @@ func TestChannelBrokerLostItsStateThenAnApplyKeepsEveryPod(t *testing.T) {
 		t.Errorf("apply warnings %q, want one saying the index was rebuilt from the node", res.Warnings)
 	}
 	h.waitPod("d", "d running", allRunning)
-	waitAcksE2E(t, b.Plain, "all four applied", func(a *protocol.Acks) bool { return len(a.Applied) == 4 && len(a.Missing) == 0 })
+	waitAcksE2E(t, b.Plain, "all four applied", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool { return len(applied) == 4 && len(a.Missing) == 0 })
 	after := h.tasks()
 	for id, pid := range before {
 		if after[id] != pid {
@@ -129,7 +151,7 @@ func TestChannelKill9BetweenIndexAndObject(t *testing.T) {
 	publishRaw(ta, pa)
 	publishRaw(topics.Index(e2eNode), idx)
 	h.waitPod("a", "a running", allRunning)
-	waitAcksE2E(t, b.Plain, "b missing", func(a *protocol.Acks) bool { return a.Missing["pods/default/b"].Generation == 1 })
+	waitAcksE2E(t, b.Plain, "b missing", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool { return a.Missing["pods/default/b"].Generation == 1 })
 	before := h.tasks()
 	h.kill9Agent()
 
@@ -176,8 +198,8 @@ func TestChannelRefusalsAreInTheAcksWithoutAReader(t *testing.T) {
 		}
 	}
 	raw.Disconnect(100) // no reader is connected while the node judges
-	waitAcksE2E(t, b.Plain, "both refused at generation 1", func(a *protocol.Acks) bool {
-		return len(a.Applied) == 0 && len(a.Missing) == 0 &&
+	waitAcksE2E(t, b.Plain, "both refused at generation 1", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool {
+		return len(applied) == 0 && len(a.Missing) == 0 &&
 			a.Refused["pods/default/priv"].Generation == 1 && strings.Contains(a.Refused["pods/default/priv"].Reason, "privileged") &&
 			a.Refused["pods/default/newer"].Generation == 1 && strings.Contains(a.Refused["pods/default/newer"].Reason, "fieldFromANewerAPI")
 	})
@@ -220,8 +242,8 @@ func TestChannelSignedDesiredStateAndKeyRotation(t *testing.T) {
 			t.Fatalf("publish %s: %v", m.topic, tok.Error())
 		}
 	}
-	waitAcksE2E(t, b.Plain, "the forged index refused", func(a *protocol.Acks) bool {
-		return a.IndexRefused != nil && strings.Contains(a.IndexRefused.Reason, "not signed") && len(a.Applied) == 0
+	waitAcksE2E(t, b.Plain, "the forged index refused", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool {
+		return a.IndexRefused != nil && strings.Contains(a.IndexRefused.Reason, "not signed") && len(applied) == 0
 	})
 
 	connect := func(key ed25519.PrivateKey, trusted ...ed25519.PublicKey) *ctlclient.Client {
@@ -252,8 +274,8 @@ func TestChannelSignedDesiredStateAndKeyRotation(t *testing.T) {
 	if tok := raw.Publish(topics.Index(e2eNode), 1, true, oldSigned); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		t.Fatal(tok.Error())
 	}
-	waitAcksE2E(t, b.Plain, "the replay refused as stale", func(a *protocol.Acks) bool {
-		return a.IndexRefused != nil && strings.Contains(a.IndexRefused.Reason, "stale") && len(a.Applied) == 2
+	waitAcksE2E(t, b.Plain, "the replay refused as stale", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool {
+		return a.IndexRefused != nil && strings.Contains(a.IndexRefused.Reason, "stale") && len(applied) == 2
 	})
 	before := h.tasks()
 
@@ -265,8 +287,8 @@ func TestChannelSignedDesiredStateAndKeyRotation(t *testing.T) {
 	h.waitPod("c", "c running under the new key", allRunning)
 	h.stopAgent()
 	h.startMQTTAgent(b.Plain, "--mqtt-trusted-key", filepath.Join(keys, "k2.pub"))
-	waitAcksE2E(t, b.Plain, "a, b and c in force under k2 alone", func(a *protocol.Acks) bool {
-		return len(a.Applied) == 3 && a.IndexRefused == nil
+	waitAcksE2E(t, b.Plain, "a, b and c in force under k2 alone", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool {
+		return len(applied) == 3 && a.IndexRefused == nil
 	})
 	after := h.tasks()
 	for id, pid := range before {

@@ -142,7 +142,7 @@ func waitApplied(ctx context.Context, cl *ctlclient.Client, node string, res *ct
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	_, err = cl.WatchAcks(wctx, node, func(a *protocol.Acks) bool {
-		outcome = outcomes(a, want, res.Generation)
+		outcome = outcomes(a, want, idx)
 		// The node refused the index this apply wrote (another writer's index of the same
 		// revision, say): none of its objects will be taken in from it.
 		// A refusal of that revision while the node took another index of it (or a newer one) is
@@ -208,12 +208,15 @@ const (
 	outcomeSuperseded        // the node is past this generation: another writer changed or deleted the object
 )
 
-// outcomes reads the node's acks for each wanted key; revision is the index revision the apply
-// wrote (or left in force).
-func outcomes(a *protocol.Acks, want map[string]protocol.IndexEntry, revision int64) map[string]applyOutcome {
+// outcomes reads the node's acks for each wanted key; idx is the index the apply wrote (or left
+// in force), read back from the broker. Compact acks tell what was applied only against the index
+// they name: for a newer one, written by another writer since, the outcome is that writer's to see.
+func outcomes(a *protocol.Acks, want map[string]protocol.IndexEntry, idx *protocol.Index) map[string]applyOutcome {
 	out := make(map[string]applyOutcome, len(want))
+	revision := idx.Revision
+	appliedSet, _ := a.AppliedIn(idx)
 	for key, e := range want {
-		applied, isApplied := a.Applied[key]
+		applied, isApplied := appliedSet[key]
 		refused, isRefused := a.Refused[key]
 		missing, isMissing := a.Missing[key]
 		switch {

@@ -445,8 +445,13 @@ func describeNode(out io.Writer, n *ctlclient.Node, idx *protocol.Index, pl *ctl
 		if a.IndexRevision < idx.Revision {
 			caughtUp = fmt.Sprintf("behind: the index is at %d", idx.Revision)
 		}
-		d.line(0, "Acknowledged", fmt.Sprintf("index revision %d (%s), %d applied, %d refused, %d missing, session %d",
-			a.IndexRevision, caughtUp, len(a.Applied), len(a.Refused), len(a.Missing), a.Session))
+		// Compact acks tell the applied count only against the index they name.
+		applied := "? applied (the node runs another index than the broker holds)"
+		if m, ok := a.AppliedIn(idx); ok {
+			applied = fmt.Sprintf("%d applied", len(m))
+		}
+		d.line(0, "Acknowledged", fmt.Sprintf("index revision %d (%s), %s, %d refused, %d missing, session %d",
+			a.IndexRevision, caughtUp, applied, len(a.Refused), len(a.Missing), a.Session))
 		if a.IndexRefused != nil {
 			d.line(0, "Index refused", fmt.Sprintf("revision %d: %s", a.IndexRefused.Generation, a.IndexRefused.Reason))
 		}

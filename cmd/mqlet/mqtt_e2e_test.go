@@ -354,10 +354,9 @@ func TestMQTTBadPayloadsAreRefusedAndPodsKeepRunning(t *testing.T) {
 		}
 		return found("unknown field", broken)
 	})
-	waitRetained(t, b.Plain, topics.Acks(e2eNode), "broken refused at its generation", func(p []byte) bool {
-		a, err := protocol.DecodeAcks(p, 0)
-		return err == nil && a.IndexRevision == cp.rev && a.Refused["pods/default/broken"].Generation == cp.rev &&
-			a.Applied["pods/default/web"] == cp.objects["pods/default/web"]
+	waitAcksE2E(t, b.Plain, "broken refused at its generation", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool {
+		return a.IndexRevision == cp.rev && a.Refused["pods/default/broken"].Generation == cp.rev &&
+			applied["pods/default/web"] == cp.objects["pods/default/web"]
 	})
 
 	p := h.waitPod("web", "still running", allRunning)

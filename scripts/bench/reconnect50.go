@@ -223,7 +223,8 @@ func (b *bench) measureReconnect50(ctx context.Context, r *results) error {
 				}
 			case mqttTopics.Acks(nodeName):
 				if a, err := protocol.DecodeAcks(m.payload, protocol.DefaultMaxPayload); err == nil {
-					tookIn = a.IndexRevision == idx.Revision && a.Applied[key] == want
+					applied, known := a.AppliedIn(idx)
+					tookIn = known && applied[key] == want
 				}
 			case statusTopic:
 				if s, err := protocol.DecodePodStatus(m.payload, 0); err == nil && s.Object != nil {
@@ -315,11 +316,12 @@ func runsNew(p *v1.Pod, oldID string) bool {
 
 // appliedAll says whether the acks are for idx and list every entry of it applied.
 func appliedAll(a *protocol.Acks, idx *protocol.Index) bool {
-	if a.IndexRevision != idx.Revision || len(a.Applied) != len(idx.Objects) {
+	applied, known := a.AppliedIn(idx)
+	if !known || len(applied) != len(idx.Objects) {
 		return false
 	}
 	for k, e := range idx.Objects {
-		if a.Applied[k] != e {
+		if applied[k] != e {
 			return false
 		}
 	}

@@ -228,6 +228,27 @@ func (w *indexWatch) sync(ctx context.Context) error {
 	}
 }
 
+// awaitChange waits until topic's latest payload is no longer old, for at most d; false when it
+// did not change.
+func (w *indexWatch) awaitChange(ctx context.Context, topic string, old []byte, d time.Duration) bool {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		if _, now := w.seen(topic); !bytes.Equal(now, old) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			return false
+		case <-tick.C:
+		}
+	}
+}
+
 // seen returns the index payloads received so far and the latest payload of topic.
 func (w *indexWatch) seen(topic string) ([][]byte, []byte) {
 	w.mu.Lock()
@@ -270,13 +291,25 @@ func (c *Client) write(ctx context.Context, node string, puts []*protocol.Desire
 	// index may already list that payload's digest (it built on this write's index), so a redo
 	// must not replace it with one at a new generation; only the index's revision moves on.
 	fixed := map[string]pendingPublish{}
+	// A connected node publishes complete acks right after it finds the broker without its
+	// index: a write that needs them waits for them up to the client's timeout.
+	var completeBy time.Time
 	for attempt := 1; ; attempt++ {
 		indexes, acksPayload := w.seen(c.topics.Acks(node))
 		basePayload := baseOverride
 		if basePayload == nil && len(indexes) > 0 {
 			basePayload = indexes[len(indexes)-1]
 		}
-		base, warnings, err := c.base(node, basePayload, acksPayload, baseOverride != nil, puts, drops)
+		base, warnings, err := c.base(node, basePayload, acksPayload, baseOverride != nil, indexes, puts, drops)
+		if errors.Is(err, errAcksIncomplete) {
+			if completeBy.IsZero() {
+				completeBy = time.Now().Add(c.o.Timeout)
+			}
+			if w.awaitChange(ctx, c.topics.Acks(node), acksPayload, time.Until(completeBy)) {
+				attempt--
+				continue
+			}
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -350,8 +383,10 @@ type writeBase struct {
 // base picks the entries a write builds on; see write.
 //
 // crossing is set when indexPayload is another writer's index seen during this write (a redo):
-// that writer is redoing too, and its index, not the node's, is what both writes build on.
-func (c *Client) base(node string, indexPayload, acksPayload []byte, crossing bool, puts []*protocol.Desired, drops []string) (*writeBase, []string, error) {
+// that writer is redoing too, and its index, not the node's, is what both writes build on. seen
+// are the index payloads the write watched go by: compact acks name the node's index by digest,
+// and one of them may be it.
+func (c *Client) base(node string, indexPayload, acksPayload []byte, crossing bool, seen [][]byte, puts []*protocol.Desired, drops []string) (*writeBase, []string, error) {
 	var warnings []string
 	b := &writeBase{entries: map[string]protocol.IndexEntry{}}
 	var idx *protocol.Index
@@ -397,7 +432,7 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, crossing bo
 	case idx == nil && (len(acks.Applied)+len(acks.Refused)+len(acks.Missing) > 0 || acks.IndexRevision > 0):
 		rebuild = true
 		warnings = append(warnings, fmt.Sprintf("the broker holds no index for node %s, but the node reports %d objects under revision %d: the broker lost its retained state; the index is rebuilt from what the node reports",
-			node, len(acks.Applied)+len(acks.Refused)+len(acks.Missing), acks.IndexRevision))
+			node, reported(acks), acks.IndexRevision))
 	case idx != nil && acks.IndexRevision > idx.Revision:
 		rebuild = true
 		warnings = append(warnings, fmt.Sprintf("the broker's index of node %s (revision %d) is older than the one the node runs (revision %d): the index is rebuilt from what the node reports",
@@ -414,10 +449,18 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, crossing bo
 	if !rebuild {
 		return b, warnings, nil
 	}
-	if rebuild {
-		b.entries = map[string]protocol.IndexEntry{}
-	}
+	b.entries = map[string]protocol.IndexEntry{}
 	b.existing = true
+	if !acks.Complete {
+		// Compact acks name the node's index by digest, and every outcome they stand for is an
+		// entry of it: that index, if this write saw it go by, is the node's whole set.
+		x, err := c.namedIndex(node, acks, seen)
+		if err != nil {
+			return nil, nil, err
+		}
+		maps.Copy(b.entries, x.Objects)
+		return b, warnings, nil
+	}
 	if c.o.SigningKey != nil {
 		// Signing vouches for every entry. Entries relayed by the broker could be forged, so
 		// only the index the node reports, signed by this writer's key, is built on.
@@ -465,6 +508,37 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, crossing bo
 			"the index cannot be rebuilt without them; apply (or delete) them in this same command", node, strings.Join(unknown, ", "))
 	}
 	return b, warnings, nil
+}
+
+// errAcksIncomplete: a write must rebuild the node's index from its acks, and they are compact.
+var errAcksIncomplete = errors.New("the broker does not hold the index the node runs, and the node's acks do not list its entries yet")
+
+// reported is how many entries acks give an outcome for (complete acks: all of them).
+func reported(a *protocol.Acks) int {
+	return len(a.Applied) + len(a.Refused) + len(a.Missing)
+}
+
+// namedIndex finds, among index payloads seen, the one compact acks name, checked as the node
+// checked it (signed by a trusted key when this client signs). errAcksIncomplete when none is.
+func (c *Client) namedIndex(node string, acks *protocol.Acks, seen [][]byte) (*protocol.Index, error) {
+	for _, p := range slices.Backward(seen) {
+		if protocol.Digest(p) != acks.IndexDigest {
+			continue
+		}
+		x, err := protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: node}, p, protocol.DefaultMaxPayload)
+		if err == nil && x.Revision != acks.IndexRevision {
+			err = fmt.Errorf("it is revision %d, the acks say %d", x.Revision, acks.IndexRevision)
+		}
+		if err == nil && c.o.SigningKey != nil {
+			err = protocol.VerifyIndex(x, c.trust())
+		}
+		if err != nil {
+			return nil, fmt.Errorf("node %s: the index its acks name cannot be built on: %w", node, err)
+		}
+		return x, nil
+	}
+	return nil, fmt.Errorf("node %s: %w (revision %d): wait for the node to connect and report them, then apply again",
+		node, errAcksIncomplete, acks.IndexRevision)
 }
 
 // trust are the keys whose signed indexes this client builds on: its own and Options.TrustedKeys

@@ -72,6 +72,18 @@ func configMap(name string) *v1.ConfigMap {
 	return &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name}, Data: map[string]string{"k": name}}
 }
 
+// applied is what acks say the node applied: complete acks list it, compact ones against the
+// broker's index (nil when they name another index than the broker holds).
+func applied(t *testing.T, c *Client, node string, a *protocol.Acks) map[string]protocol.IndexEntry {
+	t.Helper()
+	idx, err := c.Index(testCtx(t), node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := a.AppliedIn(idx)
+	return m
+}
+
 // waitAcks waits (bounded) until the node's retained acks satisfy ok, and returns them.
 func waitAcks(t *testing.T, c *Client, node, what string, ok func(*protocol.Acks) bool) *protocol.Acks {
 	t.Helper()
@@ -99,7 +111,7 @@ func TestBrokerLostItsStateAndAnApplyDeletesNothing(t *testing.T) {
 	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("a"), configMap("b"), configMap("c")}); err != nil {
 		t.Fatal(err)
 	}
-	waitAcks(t, c, "edge-1", "a, b, c applied", func(a *protocol.Acks) bool { return len(a.Applied) == 3 })
+	waitAcks(t, c, "edge-1", "a, b, c applied", func(a *protocol.Acks) bool { return len(applied(t, c, "edge-1", a)) == 3 })
 
 	b.Kill(t) // before any autosave: the restarted broker holds nothing
 	b.Start(t)
@@ -108,7 +120,7 @@ func TestBrokerLostItsStateAndAnApplyDeletesNothing(t *testing.T) {
 		t.Fatalf("the restarted broker still holds %v (%v): the test needs it to have lost its state", got, err)
 	}
 	// The node reconnects and reports what it runs.
-	waitAcks(t, c, "edge-1", "the node reports again", func(a *protocol.Acks) bool { return len(a.Applied) == 3 })
+	waitAcks(t, c, "edge-1", "the node reports again", func(a *protocol.Acks) bool { return len(applied(t, c, "edge-1", a)) == 3 })
 
 	res, err := c.Apply(testCtx(t), "edge-1", []any{configMap("d")})
 	if err != nil {
@@ -123,7 +135,7 @@ func TestBrokerLostItsStateAndAnApplyDeletesNothing(t *testing.T) {
 	}
 	// The node takes the index in, then fetches d: wait for the outcome, not the index alone.
 	waitAcks(t, c, "edge-1", "all four applied", func(a *protocol.Acks) bool {
-		return a.IndexRevision == idx.Revision && len(a.Applied) == 4 && len(a.Missing) == 0
+		return a.IndexRevision == idx.Revision && len(applied(t, c, "edge-1", a)) == 4 && len(a.Missing) == 0
 	})
 	for _, name := range []string{"a", "b", "c", "d"} {
 		if _, ok, _ := n.db.GetObject(store.KindConfigMap, "default", name); !ok {
@@ -141,7 +153,7 @@ func TestWriterBuildsOnTheNodesIndexWhenTheBrokersIsOlder(t *testing.T) {
 	dg := func(s string) string { return protocol.Digest([]byte(s)) }
 	pub(t, raw, tp.Index("n1"), &protocol.Index{Node: "n1", Revision: 2,
 		Objects: map[string]protocol.IndexEntry{"configmaps/default/a": {Generation: 2, Digest: dg("a")}}}, true)
-	pub(t, raw, tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 1, IndexRevision: 5,
+	pub(t, raw, tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 1, IndexRevision: 5, Complete: true,
 		Applied: map[string]protocol.IndexEntry{"configmaps/default/a": {Generation: 2, Digest: dg("a")}, "configmaps/default/b": {Generation: 5, Digest: dg("b")}},
 		Missing: map[string]protocol.IndexEntry{"configmaps/default/m": {Generation: 4, Digest: dg("m")}}}, true)
 	c := dial(t, b)
@@ -155,7 +167,7 @@ func TestWriterBuildsOnTheNodesIndexWhenTheBrokersIsOlder(t *testing.T) {
 		t.Fatalf("index %+v (warnings %q), want revision 6 with a, b, m kept from the node and c", idx, res.Warnings)
 	}
 
-	pub(t, raw, tp.Acks("n2"), &protocol.Acks{Node: "n2", Session: 1, IndexRevision: 0,
+	pub(t, raw, tp.Acks("n2"), &protocol.Acks{Node: "n2", Session: 1, IndexRevision: 0, Complete: true,
 		Applied: map[string]protocol.IndexEntry{"pods/default/old": {Generation: 3}}}, true)
 	_, err = c.Apply(testCtx(t), "n2", []any{configMap("x")})
 	if err == nil || !strings.Contains(err.Error(), "pods/default/old") {
@@ -248,8 +260,9 @@ func TestConcurrentWritersNeverLoseAReportedWrite(t *testing.T) {
 	a := waitAcks(t, reader, "edge-1", "the node took in the final index", func(a *protocol.Acks) bool {
 		return a.IndexRevision == idx.Revision && len(a.Missing) == 0
 	})
+	runs := applied(t, reader, "edge-1", a)
 	for _, k := range written {
-		if _, ok := a.Applied[k]; !ok {
+		if _, ok := runs[k]; !ok {
 			t.Errorf("%s was reported written but the node does not run it", k)
 		}
 	}
@@ -280,7 +293,7 @@ func TestBrokerFromAnOlderSaveBringsNothingBack(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitAcks(t, c, "edge-1", "a and x", func(a *protocol.Acks) bool { return a.IndexRevision == 2 && len(a.Applied) == 2 })
+	waitAcks(t, c, "edge-1", "a and x", func(a *protocol.Acks) bool { return a.IndexRevision == 2 && len(applied(t, c, "edge-1", a)) == 2 })
 	c.Close()
 	b.Stop(t)
 	save := filepath.Join(b.Dir, "mosquitto.db")
@@ -290,7 +303,7 @@ func TestBrokerFromAnOlderSaveBringsNothingBack(t *testing.T) {
 	if _, err := c.Delete(testCtx(t), "edge-1", protocol.KindConfigMap, "default", "x"); err != nil {
 		t.Fatal(err)
 	}
-	waitAcks(t, c, "edge-1", "x deleted", func(a *protocol.Acks) bool { return a.IndexRevision == 3 && len(a.Applied) == 1 })
+	waitAcks(t, c, "edge-1", "x deleted", func(a *protocol.Acks) bool { return a.IndexRevision == 3 && len(applied(t, c, "edge-1", a)) == 1 })
 	n.stop()
 	c.Close()
 	b.Stop(t)
@@ -341,8 +354,8 @@ func TestSigningWriterRefusesAReplayedIndexInForgedAcks(t *testing.T) {
 		t.Fatal(err)
 	}
 	cur := index(t, c, "edge-1")
-	waitAcks(t, c, "edge-1", "a, b, c", func(a *protocol.Acks) bool { return a.IndexRevision == cur.Revision && len(a.Applied) == 3 })
-	pub(t, rawClient(t, b.Plain), tp.Acks("edge-1"), &protocol.Acks{Node: "edge-1", IndexRevision: cur.Revision + 1,
+	waitAcks(t, c, "edge-1", "a, b, c", func(a *protocol.Acks) bool { return a.IndexRevision == cur.Revision && len(applied(t, c, "edge-1", a)) == 3 })
+	pub(t, rawClient(t, b.Plain), tp.Acks("edge-1"), &protocol.Acks{Node: "edge-1", IndexRevision: cur.Revision + 1, Complete: true,
 		IndexDigest: protocol.Digest(old), Index: old, Applied: map[string]protocol.IndexEntry{}}, true)
 	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("d")}); err == nil || !strings.Contains(err.Error(), "cannot be verified") {
 		t.Fatalf("apply over forged acks = %v, want a refusal to build on the replayed index", err)
@@ -361,7 +374,7 @@ func TestSigningWriterRefusesAReplayedIndexInForgedAcks(t *testing.T) {
 // an index that overflows.
 func TestWriterRefusesACounterNearTheLimit(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
-	pub(t, rawClient(t, b.Plain), tp.Acks("edge-1"), &protocol.Acks{Node: "edge-1", IndexRevision: 1, Applied: map[string]protocol.IndexEntry{},
+	pub(t, rawClient(t, b.Plain), tp.Acks("edge-1"), &protocol.Acks{Node: "edge-1", IndexRevision: 1, Complete: true, Applied: map[string]protocol.IndexEntry{},
 		IndexRefused: &protocol.Refusal{Generation: math.MaxInt64 - 1, Reason: "x"}}, true)
 	c := dial(t, b)
 	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("b")}); err == nil || !strings.Contains(err.Error(), "generation counter") {

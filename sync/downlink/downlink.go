@@ -48,6 +48,11 @@ type Message struct {
 	Topic    string
 	Payload  []byte
 	Retained bool
+	// Session is the connection it arrived on (0: unknown). The node's own marker (a message on
+	// Topics.NodeMarker) must be handed over too, in the order it arrived: on a connection, it
+	// comes after the retained index, so it tells the downlink whether the broker holds the
+	// index the node runs.
+	Session int64
 }
 
 // indexMark is the mark key holding the last verified index (its payload in Data). Object keys
@@ -125,6 +130,12 @@ type Downlink struct {
 	undeleted    map[string]bool // keys whose deletion failed (store error): retried on the timer
 	deliver      func(source.Change) source.Result
 	attempts     int // fetches in a row without the set converging
+
+	// Whether the broker holds the index in force, which decides compact or complete acks.
+	session  int64 // the newest connection a message arrived on
+	sawIndex bool  // the index in force arrived on that connection
+	settled  bool  // the node's marker came back on that connection: sawIndex is final
+	complete bool  // the broker lacks the index in force: acks list every applied entry
 }
 
 // New makes a downlink; Run starts it.
@@ -261,6 +272,10 @@ func (d *Downlink) Run(ctx context.Context, deliver func(source.Change) source.R
 
 	var settle *time.Timer
 	var settleC <-chan time.Time
+	// What was missing when the timer was armed: only those have waited a whole settle period
+	// when it fires. An object that went missing just before (a new index a moment ago) is
+	// given its own period instead of being asked for at once.
+	var armedFor map[string]int64 // key -> the generation missing
 	defer func() {
 		if settle != nil {
 			settle.Stop()
@@ -270,6 +285,10 @@ func (d *Downlink) Run(ctx context.Context, deliver func(source.Change) source.R
 		if settle == nil {
 			settle = time.NewTimer(d.settleDelay())
 			settleC = settle.C
+			armedFor = map[string]int64{}
+			for _, k := range d.missing() {
+				armedFor[k] = d.index.Objects[k].Generation
+			}
 		}
 	}
 	if len(d.missing()) > 0 || len(d.undeleted) > 0 {
@@ -291,7 +310,13 @@ func (d *Downlink) Run(ctx context.Context, deliver func(source.Change) source.R
 			if len(d.undeleted) > 0 {
 				d.deleteKeys(slices.Sorted(maps.Keys(d.undeleted)))
 			}
-			if missing := d.missing(); len(missing) > 0 {
+			var missing []string
+			for _, k := range d.missing() {
+				if g, ok := armedFor[k]; ok && g == d.index.Objects[k].Generation {
+					missing = append(missing, k)
+				}
+			}
+			if len(missing) > 0 {
 				d.attempts++
 				d.o.Log.Warn("mqtt downlink: objects listed by the index have not arrived; fetching them again and asking the control plane",
 					"missing", missing, "revision", d.index.Revision, "attempt", d.attempts)
@@ -299,7 +324,7 @@ func (d *Downlink) Run(ctx context.Context, deliver func(source.Change) source.R
 				// The attempt makes each request differ, so the uplink does not take a repeat
 				// for a duplicate of the last one.
 				d.o.Resync(fmt.Sprintf("index revision %d lists %d objects this node does not have (attempt %d)", d.index.Revision, len(missing), d.attempts), missing)
-			} else {
+			} else if len(d.missing()) == 0 {
 				d.attempts = 0
 			}
 			if len(d.missing()) > 0 || len(d.undeleted) > 0 {
@@ -346,6 +371,9 @@ func (d *Downlink) settleDelay() time.Duration {
 
 // handle applies one message.
 func (d *Downlink) handle(m Message) {
+	if m.Session > d.session {
+		d.session, d.sawIndex, d.settled = m.Session, false, false
+	}
 	t, err := d.o.Topics.Parse(m.Topic)
 	if err != nil {
 		d.refuseMessage(m.Topic, protocol.Topic{}, err)
@@ -359,6 +387,9 @@ func (d *Downlink) handle(m Message) {
 		// An empty retained payload clears a topic (a writer removing a deleted object). It is
 		// never a deletion: nothing is deleted because a message is missing.
 		d.o.Log.Debug("mqtt downlink: cleared topic ignored", "topic", m.Topic)
+		if t.Class == protocol.ClassIndex {
+			d.brokerLacksIndex() // someone cleared the index the node runs
+		}
 		return
 	}
 	switch t.Class {
@@ -366,6 +397,8 @@ func (d *Downlink) handle(m Message) {
 		d.object(t, m)
 	case protocol.ClassIndex:
 		d.onIndex(t, m)
+	case protocol.ClassNodeMarker:
+		d.onMarker(m.Session)
 	default:
 		d.refuseMessage(m.Topic, t, fmt.Errorf("topic class %q carries no desired state", t.Class))
 	}
@@ -381,21 +414,29 @@ func (d *Downlink) onIndex(t protocol.Topic, m Message) {
 		// is stale or conflicting.
 		err = protocol.VerifyIndex(x, d.o.Trusted)
 	}
+	// Whatever is refused below, the broker holds it on the index topic instead of the index in
+	// force: the acks must then list every applied entry, for a writer to rebuild from.
 	if err != nil {
+		if d.index != nil {
+			d.complete = true
+		}
 		d.refuseIndex(m.Topic, peekRevision(m.Payload), digest, err)
 		return
 	}
 	if d.index != nil {
 		switch {
 		case x.Revision < d.index.Revision:
+			d.complete = true
 			d.refuseIndex(m.Topic, x.Revision, digest, fmt.Errorf("stale index revision %d: revision %d is already in force", x.Revision, d.index.Revision))
 			return
 		case x.Revision == d.index.Revision && digest == d.indexDigest:
 			// The retained index replayed by a new connection (or a resubscribe): fetch what is
 			// still missing on this connection, silently.
 			d.fetch(d.missing(), true)
+			d.brokerHoldsIndex(m.Session)
 			return
 		case x.Revision == d.index.Revision:
+			d.complete = true
 			d.refuseIndex(m.Topic, x.Revision, digest, fmt.Errorf("conflicting index: revision %d is already in force with other content (two writers used one revision)", x.Revision))
 			return
 		}
@@ -407,6 +448,10 @@ func (d *Downlink) onIndex(t protocol.Topic, m Message) {
 		return
 	}
 	d.index, d.indexDigest, d.indexPayload, d.indexRefused = x, digest, m.Payload, nil
+	d.complete = false
+	if m.Session == d.session {
+		d.sawIndex = true
+	}
 	d.deleteUnlisted()
 	for _, key := range slices.Sorted(maps.Keys(d.pending)) {
 		p := d.pending[key]
@@ -431,6 +476,40 @@ func (d *Downlink) onIndex(t protocol.Topic, m Message) {
 	// Again, even for keys subscribed before: that may have been on an earlier connection.
 	d.fetch(d.missing(), true)
 	d.ack()
+}
+
+// brokerHoldsIndex notes that the index in force arrived on connection session: compact acks
+// are enough again.
+func (d *Downlink) brokerHoldsIndex(session int64) {
+	if session == d.session {
+		d.sawIndex = true
+	}
+	if d.complete {
+		d.complete = false
+		d.ack()
+	}
+}
+
+// brokerLacksIndex switches to complete acks: the broker does not hold the index in force, and a
+// writer must be able to rebuild it from what the node reports.
+func (d *Downlink) brokerLacksIndex() {
+	if d.index != nil && !d.complete {
+		d.complete = true
+		d.ack()
+	}
+}
+
+// onMarker takes the node's own marker coming back on connection session: every retained message
+// of the node's subscriptions on that connection arrived before it. If the index in force was not
+// among them, the broker lost it (restarted without its state, or someone cleared the topic).
+func (d *Downlink) onMarker(session int64) {
+	if session != d.session || d.settled {
+		return
+	}
+	d.settled = true
+	if !d.sawIndex {
+		d.brokerLacksIndex()
+	}
 }
 
 // deleteUnlisted deletes every held object the current index does not list.
@@ -688,11 +767,15 @@ func (d *Downlink) unfetch(keys []string) {
 	}
 }
 
-// ack hands the current acknowledgements to the uplink: one outcome per entry of the index.
+// ack hands the current acknowledgements to the uplink: the index in force and its entries not
+// applied (compact), or, while the broker lacks that index, every entry's outcome (complete).
 // Before any index, what the node holds is listed as applied, so a control plane that starts from
 // nothing can learn what the node runs.
 func (d *Downlink) ack() {
-	a := protocol.Acks{Node: d.o.Node, Applied: map[string]protocol.IndexEntry{}, IndexRefused: d.indexRefused}
+	a := protocol.Acks{Node: d.o.Node, IndexRefused: d.indexRefused}
+	if d.index == nil || d.complete {
+		a.Complete, a.Applied = true, map[string]protocol.IndexEntry{}
+	}
 	if d.index == nil {
 		for key, h := range d.held {
 			if h.refused == "" {
@@ -703,7 +786,7 @@ func (d *Downlink) ack() {
 		return
 	}
 	a.IndexRevision, a.IndexDigest = d.index.Revision, d.indexDigest
-	if d.index.Signature != nil {
+	if d.complete && d.index.Signature != nil {
 		// A writer rebuilding from these acks verifies the signed index rather than trusting
 		// entries the broker relayed.
 		a.Index = d.indexPayload
@@ -720,7 +803,7 @@ func (d *Downlink) ack() {
 				a.Refused = map[string]protocol.Refusal{}
 			}
 			a.Refused[key] = protocol.Refusal{Generation: h.gen, Digest: h.digest, Reason: h.refused}
-		default:
+		case a.Complete:
 			a.Applied[key] = e
 		}
 	}

@@ -6,10 +6,12 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/event"
@@ -87,6 +89,11 @@ func (r *rig) stop() {
 // an unparsable topic, offered after it, is refused (with an event) only once it is done.
 func (r *rig) send(topic string, payload []byte, retained bool) {
 	r.t.Helper()
+	r.sendMsg(Message{Topic: topic, Payload: payload, Retained: retained})
+}
+
+func (r *rig) sendMsg(m Message) {
+	r.t.Helper()
 	count := func() int {
 		r.mu.Lock()
 		defer r.mu.Unlock()
@@ -99,7 +106,7 @@ func (r *rig) send(topic string, payload []byte, retained bool) {
 		return n
 	}
 	before := count()
-	if !r.d.Offer(Message{Topic: topic, Payload: payload, Retained: retained}) || !r.d.Offer(Message{Topic: "sentinel"}) {
+	if !r.d.Offer(m) || !r.d.Offer(Message{Topic: "sentinel"}) {
 		r.t.Fatal("offer refused")
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -169,6 +176,24 @@ func indexOf(t *testing.T, rev int64, msgs map[string][]byte) (string, []byte) {
 	return tp.Index(node), b
 }
 
+// applied is what acks say the node applied: complete acks list it; compact ones against the
+// index in force, which the node stored (the broker's copy, for a real reader).
+func (r *rig) applied(a protocol.Acks) map[string]protocol.IndexEntry {
+	r.t.Helper()
+	var x *protocol.Index
+	if marks, _, err := r.st.ListMarks(); err == nil && len(marks[indexMark].Data) > 0 {
+		var derr error
+		if x, derr = protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: node}, marks[indexMark].Data, 0); derr != nil {
+			r.t.Fatalf("stored index: %v", derr)
+		}
+	}
+	m, ok := a.AppliedIn(x)
+	if !ok {
+		r.t.Fatalf("compact acks %+v name an index the node does not hold", a)
+	}
+	return m
+}
+
 func (r *rig) lastAcks() protocol.Acks {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -225,7 +250,7 @@ func TestOnlyWhatTheIndexListsIsApplied(t *testing.T) {
 	if len(events) != 1 || events[0].Reason != "DigestMismatch" {
 		t.Fatalf("events %+v, want one DigestMismatch", events)
 	}
-	if a := r.lastAcks(); a.Applied["pods/default/a"].Generation != 2 || a.IndexRevision != 2 || a.IndexDigest != protocol.Digest(idx) {
+	if a := r.lastAcks(); r.applied(a)["pods/default/a"].Generation != 2 || a.IndexRevision != 2 || a.IndexDigest != protocol.Digest(idx) {
 		t.Fatalf("acks %+v", a)
 	}
 }
@@ -253,7 +278,7 @@ func TestRestartBetweenIndexAndObjectLosesNothing(t *testing.T) {
 	if got := upserts(changes); !slices.Equal(got, []string{"b@3"}) || len(deletes(changes)) != 0 {
 		t.Fatalf("upserts %v deletes %v, want b applied and nothing deleted", got, deletes(changes))
 	}
-	if a := r2.lastAcks(); len(a.Applied) != 2 || len(a.Missing) != 0 {
+	if a := r2.lastAcks(); len(r2.applied(a)) != 2 || len(a.Missing) != 0 {
 		t.Fatalf("acks %+v", a)
 	}
 }
@@ -329,7 +354,7 @@ func TestMissingIsAskedForNeverDeleted(t *testing.T) {
 	if got := deletes(must(r.snapshot())); len(got) != 0 {
 		t.Fatalf("deleted %v", got)
 	}
-	if a := r.lastAcks(); a.Missing["pods/default/b"].Generation != 3 || a.Applied["pods/default/a"].Generation != 1 {
+	if a := r.lastAcks(); a.Missing["pods/default/b"].Generation != 3 || r.applied(a)["pods/default/a"].Generation != 1 {
 		t.Fatalf("acks %+v", a)
 	}
 }
@@ -353,7 +378,7 @@ func TestRefusalsAreDurableOutcomes(t *testing.T) {
 	r.send(tn, newer, true)
 	check := func(a protocol.Acks) {
 		t.Helper()
-		if len(a.Applied) != 0 || len(a.Missing) != 0 || len(a.Refused) != 2 ||
+		if len(r.applied(a)) != 0 || len(a.Missing) != 0 || len(a.Refused) != 2 ||
 			a.Refused["pods/default/priv"].Generation != 4 || !strings.Contains(a.Refused["pods/default/priv"].Reason, "privileged") ||
 			a.Refused["pods/default/newer"].Generation != 4 || !strings.Contains(a.Refused["pods/default/newer"].Reason, "fieldFromANewerAPI") {
 			t.Fatalf("acks %+v, want both refused at generation 4 with their reasons", a)
@@ -395,7 +420,7 @@ func TestConfigMapsAndSecretsFollowTheIndex(t *testing.T) {
 	if _, ok, _ := st.GetObject(store.KindSecret, "default", "creds"); ok {
 		t.Fatal("secret still stored after an index left it out")
 	}
-	if a := r.lastAcks(); len(a.Applied) != 0 || a.IndexRevision != 3 {
+	if a := r.lastAcks(); len(r.applied(a)) != 0 || a.IndexRevision != 3 {
 		t.Fatalf("acks %+v", a)
 	}
 }
@@ -439,7 +464,7 @@ func TestBadInputIsRefusedAndChangesNothing(t *testing.T) {
 			t.Errorf("case %d: event %+v, want one naming the topic and %q", i, events[i], c.want)
 		}
 	}
-	if a := r.lastAcks(); a.Applied["pods/default/web"].Generation != 1 || a.IndexRevision != 1 {
+	if a := r.lastAcks(); r.applied(a)["pods/default/web"].Generation != 1 || a.IndexRevision != 1 {
 		t.Fatalf("acks changed: %+v", a)
 	}
 }
@@ -457,7 +482,7 @@ func TestStoredPodWithoutDigestIsRestatedThenFetched(t *testing.T) {
 	if changes[0].Op != source.Resync || len(changes[0].Items) != 1 || changes[0].Items[0].Generation != 4 {
 		t.Fatalf("initial change %+v", changes[0])
 	}
-	if a := r.lastAcks(); a.Applied["pods/default/web"].Generation != 4 {
+	if a := r.lastAcks(); r.applied(a)["pods/default/web"].Generation != 4 {
 		t.Fatalf("before any index the acks must say what the node runs: %+v", a)
 	}
 	topic, msg := podMsg(t, "web", 4, "img")
@@ -504,8 +529,8 @@ func TestStateStaysBoundedAfterManyShortLivedPods(t *testing.T) {
 	}
 	a := r.lastAcks()
 	b, _ := protocol.Encode(&a)
-	if len(a.Applied) != 1 || len(b) > 1024 {
-		t.Fatalf("acks after 5,000 jobs: %d applied, %d bytes", len(a.Applied), len(b))
+	if len(r.applied(a)) != 1 || len(b) > 1024 {
+		t.Fatalf("acks after 5,000 jobs: %d applied, %d bytes", len(r.applied(a)), len(b))
 	}
 	if marks, _, _ := st.ListMarks(); len(marks) != 2 {
 		t.Fatalf("%d marks after 5,000 jobs, want 2 (the index and the last job)", len(marks))
@@ -558,7 +583,7 @@ func TestTrustAnchorsOnlySignedIndexesApply(t *testing.T) {
 		if got := upserts(changes); len(got) != 1 || len(deletes(changes)) != 0 {
 			t.Fatalf("%s index changed the node: upserts %v deletes %v", name, got, deletes(changes))
 		}
-		if a := r.lastAcks(); a.IndexRefused == nil || a.IndexRevision != 1 || len(a.Applied) != 1 {
+		if a := r.lastAcks(); a.IndexRefused == nil || a.IndexRevision != 1 || len(r.applied(a)) != 1 {
 			t.Fatalf("%s index: acks %+v, want it refused and revision 1 in force", name, a)
 		}
 	}
@@ -623,4 +648,70 @@ func TestMissingAtStartIsAskedForWithoutAnyMessage(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// Acks are compact while the broker holds the index in force and complete (every applied entry,
+// for a writer to rebuild from) when it holds another (older, or cleared) or, after a reconnect,
+// none: the node's marker, which comes back after the connection's retained messages, tells.
+func TestAcksCompleteWhileTheBrokerLacksTheIndexInForce(t *testing.T) {
+	r := newRig(t, store.NewMemory())
+	ta, a := podMsg(t, "a", 2, "img")
+	ti, idx := indexOf(t, 2, map[string][]byte{ta: a})
+	_, old := indexOf(t, 1, nil)
+	marker := tp.NodeMarker(node)
+	r.sendMsg(Message{Topic: ta, Payload: a, Retained: true, Session: 1})
+	r.sendMsg(Message{Topic: ti, Payload: idx, Retained: true, Session: 1})
+	want := map[string]protocol.IndexEntry{"pods/default/a": {Generation: 2, Digest: protocol.Digest(a)}}
+	step := func(what string, m Message, complete bool) {
+		t.Helper()
+		r.sendMsg(m)
+		got := r.lastAcks()
+		switch {
+		case got.IndexRevision != 2 || got.IndexDigest != protocol.Digest(idx):
+			t.Fatalf("%s: acks %+v, want revision 2 in force", what, got)
+		case complete && (!got.Complete || !maps.Equal(got.Applied, want)):
+			t.Fatalf("%s: acks %+v, want complete ones listing a", what, got)
+		case !complete && (got.Complete || len(got.Applied) != 0):
+			t.Fatalf("%s: acks %+v, want compact ones", what, got)
+		}
+	}
+	step("the index in force on the broker", Message{Topic: marker, Payload: []byte("m1"), Session: 1}, false)
+	step("the broker holds an older index", Message{Topic: ti, Payload: old, Retained: true, Session: 1}, true)
+	step("the index in force again", Message{Topic: ti, Payload: idx, Retained: true, Session: 1}, false)
+	step("a reconnect: the marker came back without the index", Message{Topic: marker, Payload: []byte("m2"), Session: 2}, true)
+	step("a reconnect with the index", Message{Topic: ti, Payload: idx, Retained: true, Session: 3}, false)
+	step("its marker", Message{Topic: marker, Payload: []byte("m3"), Session: 3}, false)
+	step("an older connection's marker", Message{Topic: marker, Payload: []byte("m2"), Session: 2}, false)
+	step("the index topic cleared", Message{Topic: ti, Payload: nil, Retained: true, Session: 3}, true)
+}
+
+// An object is asked for again only after it has been missing a whole settle period: one that a
+// newer index listed just before the timer fired (its payload is on its way) waits for its own
+// period instead of triggering a resync request at once. Fake time (synctest), so the periods are
+// exact.
+func TestSettleAsksOnlyForWhatWaitedAWholePeriod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRig(t, store.NewMemory()) // Settle: 50 ms
+		ta, a := podMsg(t, "a", 1, "img")
+		tb, b := podMsg(t, "b", 2, "img")
+		ti, idx1 := indexOf(t, 1, map[string][]byte{ta: a})
+		_, idx2 := indexOf(t, 2, map[string][]byte{ta: a, tb: b})
+		resends := func() [][]string {
+			synctest.Wait()
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return slices.Clone(r.resends)
+		}
+		r.send(ti, idx1, true) // a missing: the timer is armed
+		time.Sleep(40 * time.Millisecond)
+		r.send(ti, idx2, true) // b missing too, 10 ms before the timer fires
+		time.Sleep(20 * time.Millisecond)
+		if got := resends(); len(got) != 1 || !slices.Equal(got[0], []string{"pods/default/a"}) {
+			t.Fatalf("resync requests after the first period: %v, want one naming a alone", got)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if got := resends(); len(got) < 2 || !slices.Equal(got[1], []string{"pods/default/a", "pods/default/b"}) {
+			t.Fatalf("resync requests after b's own period: %v, want the second naming a and b", got)
+		}
+	})
 }

@@ -298,8 +298,15 @@ func (s *Sync) route(ctx context.Context) error {
 				if s.logs != nil {
 					s.logs.Handle(m.Payload)
 				}
-			case err == nil && t.Node == s.o.Node && (t.Class == protocol.ClassSummary || t.Class == protocol.ClassNodeMarker):
+			case err == nil && t.Node == s.o.Node && t.Class == protocol.ClassSummary:
 				s.up.Receive(t.Class, m.Payload, m.Retained, m.Session)
+			case err == nil && t.Node == s.o.Node && t.Class == protocol.ClassNodeMarker:
+				s.up.Receive(t.Class, m.Payload, m.Retained, m.Session)
+				// The downlink too, behind the retained index of this connection: whether that
+				// arrived decides what its acks must carry.
+				if err := s.down.Deliver(ctx, downlink.Message{Topic: m.Topic, Payload: m.Payload, Retained: m.Retained, Session: m.Session}); err != nil {
+					return nil
+				}
 			default:
 				if err == nil && t.Class == protocol.ClassDesired {
 					s.desiredIn.Add(1)
@@ -307,7 +314,7 @@ func (s *Sync) route(ctx context.Context) error {
 				// Everything else, bad topics included (the downlink refuses those with an event
 				// naming topic and reason). Waiting here is fine: this is not paho's goroutine, and the link's own bounded
 				// inbox (with its coalesced overflow -> resend) absorbs a burst meanwhile.
-				if err := s.down.Deliver(ctx, downlink.Message{Topic: m.Topic, Payload: m.Payload, Retained: m.Retained}); err != nil {
+				if err := s.down.Deliver(ctx, downlink.Message{Topic: m.Topic, Payload: m.Payload, Retained: m.Retained, Session: m.Session}); err != nil {
 					return nil
 				}
 			}

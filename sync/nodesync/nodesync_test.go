@@ -185,7 +185,7 @@ func TestDesiredDownStatusUp(t *testing.T) {
 	r := start(t, b.Plain, filepath.Join(t.TempDir(), "state.db"))
 	ctl := client(t, b.Plain)
 
-	writeDesired(t, ctl, node, 1, nil, testPod("web"))
+	entries := writeDesired(t, ctl, node, 1, nil, testPod("web"))
 	waitFor(t, "upsert delivered", func() bool {
 		for _, c := range r.Changes() {
 			if c.Op == source.Upsert && c.Items[0].Pod.Name == "web" && c.Items[0].Generation == 1 {
@@ -197,8 +197,10 @@ func TestDesiredDownStatusUp(t *testing.T) {
 
 	// Acks and liveness reach the broker as retained messages.
 	retained(t, b.Plain, tp.Acks(node), func(p []byte) bool {
+		// Compact acks, the broker holding the index: the pod is applied as the index lists it
+		// (not missing, not refused).
 		a, err := protocol.DecodeAcks(p, 0)
-		return err == nil && a.Applied["pods/default/web"].Generation == 1 && a.IndexRevision == 1
+		return err == nil && !a.Complete && a.IndexRevision == 1 && len(a.Missing)+len(a.Refused) == 0 && entries["pods/default/web"].Generation == 1
 	})
 	retained(t, b.Plain, tp.Liveness(node), func(p []byte) bool {
 		l, err := protocol.DecodeLiveness(p, 0)
@@ -407,4 +409,43 @@ func TestReconnectAndRestartFetchOnlyWhatChanged(t *testing.T) {
 	if n := upserted(r2); n != 2 {
 		t.Fatalf("%d upserts after the restart, want 2", n)
 	}
+}
+
+// Acks are compact (the index's revision and digest, and the exceptions) while the broker holds the
+// index the node runs, and complete (every applied entry) from the moment the node finds the broker
+// without it until an index reaches it again: a writer rebuilding after a broker lost its state
+// has what it needs, and a change costs O(exceptions) otherwise.
+func TestAcksCompleteOnlyWhileTheBrokerLacksTheIndex(t *testing.T) {
+	mqtttest.Require(t)
+	b := mqtttest.Start(t, mqtttest.Options{}) // no persistence: a restart loses everything
+	start(t, b.Plain, filepath.Join(t.TempDir(), "state.db"))
+	ctl := client(t, b.Plain)
+	var pods []any
+	for i := range 50 {
+		pods = append(pods, testPod(fmt.Sprintf("p%02d", i)))
+	}
+	entries := writeDesired(t, ctl, node, 1, nil, pods...)
+	acks := func(what string, ok func(a *protocol.Acks, size int) bool) {
+		t.Helper()
+		retained(t, b.Plain, tp.Acks(node), func(p []byte) bool {
+			a, err := protocol.DecodeAcks(p, 0)
+			return err == nil && ok(a, len(p))
+		})
+	}
+	compact := func(rev int64) func(*protocol.Acks, int) bool {
+		return func(a *protocol.Acks, size int) bool {
+			return !a.Complete && len(a.Applied) == 0 && a.IndexRevision == rev && len(a.Missing)+len(a.Refused) == 0 && size < 512
+		}
+	}
+	acks("compact acks of revision 1", compact(1))
+
+	b.Stop(t)
+	b.Start(t)
+	acks("complete acks after the broker lost the index", func(a *protocol.Acks, _ int) bool {
+		return a.Complete && a.IndexRevision == 1 && maps.Equal(a.Applied, entries)
+	})
+
+	ctl = client(t, b.Plain)
+	writeDesired(t, ctl, node, 2, entries)
+	acks("compact again once an index is back", compact(2))
 }

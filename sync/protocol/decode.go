@@ -159,6 +159,7 @@ func DecodeIndex(t Topic, payload []byte, max int) (*Index, error) {
 	if x.Objects == nil {
 		x.Objects = map[string]IndexEntry{}
 	}
+	x.PayloadDigest = Digest(payload)
 	if x.Signature != nil {
 		if err := validSignatureShape(x.Signature); err != nil {
 			return nil, fmt.Errorf("index: %w", err)

@@ -121,6 +121,10 @@ type Index struct {
 	Objects    map[string]IndexEntry `json:"objects"`
 	// Signature is the writer's, over IndexSigningBytes; required by a node with trust anchors.
 	Signature *Signature `json:"signature,omitempty"`
+	// PayloadDigest is the Digest of the payload DecodeIndex read it from (not sent: it is the
+	// payload's own). Acks name the index a node runs by this digest. Empty for an index built
+	// in memory.
+	PayloadDigest string `json:"-"`
 }
 
 // IndexEntry is one object of an index: its generation and the digest of its desired payload.
@@ -202,12 +206,19 @@ type Event struct {
 	Dropped uint64 `json:"dropped,omitempty"`
 }
 
-// Acks is the node's retained statement of what it has taken in, O(desired set): the index it
-// compared against (revision and the digest of its payload), and for every entry of that index
-// exactly one outcome: applied, refused (with why) or missing (not received yet, asked for again).
-// An object that the node's current index does not list is gone from the node. It is how the
-// control plane knows what the node runs, when a deletion took effect, and where the node's counter
-// stands after a broker lost its retained state.
+// Acks is the node's retained statement of what it has taken in: the index it compared against
+// (revision and the digest of its payload), and the entries of that index it has not applied:
+// refused (with why) or missing (not received yet, asked for again). Every other entry of that
+// index is applied. An object that the node's current index does not list is gone from the node.
+// It is how the control plane knows what the node runs, when a deletion took effect, and where the
+// node's counter stands after a broker lost its retained state.
+//
+// Acks are compact while the broker holds the index the node runs: a reader takes the applied
+// entries from that index (AppliedIn), so an acks costs O(exceptions), not O(desired set), on
+// every change. When the node finds the broker without that index (none after a reconnect, an
+// older one, another writer's of the same revision), or before it has any index, it publishes
+// complete acks: Applied lists every applied entry (and Index the signed index), which is what a
+// writer rebuilds the index from.
 type Acks struct {
 	APIVersion    string `json:"apiVersion"`
 	Node          string `json:"node"`
@@ -215,8 +226,11 @@ type Acks struct {
 	IndexRevision int64  `json:"indexRevision"`
 	// IndexDigest is the digest of the index payload compared against; two different indexes with
 	// one revision (two writers at once) have different digests.
-	IndexDigest string                `json:"indexDigest,omitempty"`
-	Applied     map[string]IndexEntry `json:"applied"`
+	IndexDigest string `json:"indexDigest,omitempty"`
+	// Complete says Applied lists every applied entry; otherwise it is empty and the applied
+	// entries are those of the index named above that are neither refused nor missing.
+	Complete bool                  `json:"complete,omitempty"`
+	Applied  map[string]IndexEntry `json:"applied,omitempty"`
 	// Refused holds the entries the node refused (admission, policy, a payload it cannot decode),
 	// by key. A refused generation is an outcome: it is not asked for again.
 	Refused map[string]Refusal `json:"refused,omitempty"`
@@ -225,14 +239,36 @@ type Acks struct {
 	// IndexRefused is the last index the node refused (stale, conflicting, invalid, unsigned or
 	// forged), so a writer learns it without a live reader.
 	IndexRefused *Refusal `json:"indexRefused,omitempty"`
-	// Index is the payload of the index in force when it is signed: a writer that rebuilds from
-	// the acks (the broker lost its index) verifies it, instead of trusting entries a broker could
-	// have forged.
+	// Index is the payload of the index in force, in complete acks when it is signed: a writer
+	// that rebuilds from the acks (the broker lost its index) verifies it, instead of trusting
+	// entries a broker could have forged.
 	Index json.RawMessage `json:"index,omitempty"`
 }
 
+// AppliedIn returns the entries the node applied, and whether the acks tell them: complete acks
+// list them; compact acks tell them only against the index they name (x decoded from the payload
+// whose digest the acks give), as that index's entries less the refused and missing ones.
+func (a *Acks) AppliedIn(x *Index) (map[string]IndexEntry, bool) {
+	if a.Complete {
+		return a.Applied, true
+	}
+	if x == nil || x.PayloadDigest == "" || x.PayloadDigest != a.IndexDigest || x.Revision != a.IndexRevision {
+		return nil, false
+	}
+	out := make(map[string]IndexEntry, len(x.Objects))
+	for k, e := range x.Objects {
+		_, refused := a.Refused[k]
+		_, missing := a.Missing[k]
+		if !refused && !missing {
+			out[k] = e
+		}
+	}
+	return out, true
+}
+
 // Top is the highest revision or generation the acks mention: where the node's counter stands, so
-// a writer that lost the retained index goes on above it.
+// a writer that lost the retained index goes on above it. Every entry of an index is at or below
+// its revision, so compact acks tell it as well as complete ones.
 func (a *Acks) Top() int64 {
 	top := a.IndexRevision
 	for _, e := range a.Applied {
