@@ -62,6 +62,7 @@ const indexMark = "index"
 // Defaults.
 const (
 	DefaultSettle    = 3 * time.Second
+	DefaultAckHold   = 500 * time.Millisecond
 	maxResendBackoff = 5 * time.Minute
 	inboxSize        = 1024
 	// maxPending bounds the objects kept in memory that are newer than the index (a writer
@@ -93,6 +94,10 @@ type Options struct {
 	// Settle is how long an index entry may stay missing before it is fetched again and asked for:
 	// retained messages of different topics arrive in no set order after a (re)subscribe.
 	Settle time.Duration
+	// AckHold is how long acks that name missing objects are held back while those are fetched
+	// (0: DefaultAckHold; negative: not at all): a change then costs one acks, naming it applied,
+	// instead of one naming it missing and another naming it applied.
+	AckHold time.Duration
 	Log    *slog.Logger
 	Now    func() time.Time
 }
@@ -136,6 +141,10 @@ type Downlink struct {
 	sawIndex bool  // the index in force arrived on that connection
 	settled  bool  // the node's marker came back on that connection: sawIndex is final
 	complete bool  // the broker lacks the index in force: acks list every applied entry
+
+	running  bool        // Run's loop has started: acks may be held back
+	ackDue   bool        // acks changed and were held back
+	ackTimer *time.Timer // nil unless acks are held back
 }
 
 // New makes a downlink; Run starts it.
@@ -145,6 +154,9 @@ func New(o Options) *Downlink {
 	}
 	if o.Settle <= 0 {
 		o.Settle = DefaultSettle
+	}
+	if o.AckHold == 0 {
+		o.AckHold = DefaultAckHold
 	}
 	if o.Now == nil {
 		o.Now = time.Now
@@ -269,6 +281,12 @@ func (d *Downlink) Run(ctx context.Context, deliver func(source.Change) source.R
 		d.deleteUnlisted()
 	}
 	d.ack()
+	d.running = true
+	defer func() {
+		if d.ackTimer != nil {
+			d.ackTimer.Stop()
+		}
+	}()
 
 	var settle *time.Timer
 	var settleC <-chan time.Time
@@ -304,6 +322,11 @@ func (d *Downlink) Run(ctx context.Context, deliver func(source.Change) source.R
 			d.handle(m)
 			if len(d.missing()) > 0 || len(d.undeleted) > 0 {
 				arm()
+			}
+		case <-d.ackHeld():
+			d.ackTimer = nil
+			if d.ackDue {
+				d.flushAcks()
 			}
 		case <-settleC:
 			settle, settleC = nil, nil
@@ -767,11 +790,38 @@ func (d *Downlink) unfetch(keys []string) {
 	}
 }
 
-// ack hands the current acknowledgements to the uplink: the index in force and its entries not
-// applied (compact), or, while the broker lacks that index, every entry's outcome (complete).
+// ack states that the acks changed. While the index in force lists objects not taken in yet (just
+// fetched: their payloads are on their way), the acks are held back for AckHold, and sent at once
+// when nothing is missing any more.
+func (d *Downlink) ack() {
+	if d.running && d.o.AckHold > 0 && len(d.missing()) > 0 {
+		d.ackDue = true
+		if d.ackTimer == nil {
+			d.ackTimer = time.NewTimer(d.o.AckHold)
+		}
+		return
+	}
+	d.flushAcks()
+}
+
+// ackHeld is the hold timer's channel; nil (never ready) when acks are not held back.
+func (d *Downlink) ackHeld() <-chan time.Time {
+	if d.ackTimer == nil {
+		return nil
+	}
+	return d.ackTimer.C
+}
+
+// flushAcks hands the current acknowledgements to the uplink: the index in force and its entries
+// not applied (compact), or, while the broker lacks that index, every entry's outcome (complete).
 // Before any index, what the node holds is listed as applied, so a control plane that starts from
 // nothing can learn what the node runs.
-func (d *Downlink) ack() {
+func (d *Downlink) flushAcks() {
+	d.ackDue = false
+	if d.ackTimer != nil {
+		d.ackTimer.Stop()
+		d.ackTimer = nil
+	}
 	a := protocol.Acks{Node: d.o.Node, IndexRefused: d.indexRefused}
 	if d.index == nil || d.complete {
 		a.Complete, a.Applied = true, map[string]protocol.IndexEntry{}

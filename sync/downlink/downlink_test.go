@@ -47,9 +47,13 @@ type rig struct {
 func newRig(t *testing.T, st *store.Memory) *rig { return newRigWith(t, st, nil) }
 
 func newRigWith(t *testing.T, st *store.Memory, trusted []ed25519.PublicKey) *rig {
+	return newRigHolding(t, st, trusted, -1)
+}
+
+func newRigHolding(t *testing.T, st *store.Memory, trusted []ed25519.PublicKey, hold time.Duration) *rig {
 	r := &rig{t: t, st: st, done: make(chan struct{})}
 	r.d = New(Options{
-		Node: node, Topics: tp, Store: st, Settle: 50 * time.Millisecond, Trusted: trusted,
+		Node: node, Topics: tp, Store: st, Settle: 50 * time.Millisecond, Trusted: trusted, AckHold: hold,
 		Events: event.SinkFunc(func(e event.Event) { r.mu.Lock(); r.events = append(r.events, e); r.mu.Unlock() }),
 		Acks:   func(a protocol.Acks) { r.mu.Lock(); r.acks = append(r.acks, a); r.mu.Unlock() },
 		Resync: func(_ string, missing []string) { r.mu.Lock(); r.resends = append(r.resends, missing); r.mu.Unlock() },
@@ -712,6 +716,40 @@ func TestSettleAsksOnlyForWhatWaitedAWholePeriod(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		if got := resends(); len(got) < 2 || !slices.Equal(got[1], []string{"pods/default/a", "pods/default/b"}) {
 			t.Fatalf("resync requests after b's own period: %v, want the second naming a and b", got)
+		}
+	})
+}
+
+// A change costs one acks: acks naming objects just fetched are held back (AckHold) until those
+// arrive, and sent when the hold ends if they have not. Fake time (synctest).
+func TestAcksHeldBackWhileFetchedObjectsArrive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newRigHolding(t, store.NewMemory(), nil, 500*time.Millisecond)
+		acks := func() []protocol.Acks {
+			synctest.Wait()
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return slices.Clone(r.acks)
+		}
+		start := len(acks()) // the acks of the initial resync
+		ta, a := podMsg(t, "a", 1, "img")
+		ti, idx1 := indexOf(t, 1, map[string][]byte{ta: a})
+		r.send(ti, idx1, true)
+		time.Sleep(100 * time.Millisecond) // the fetch's round trip
+		r.send(ta, a, true)
+		if got := acks()[start:]; len(got) != 1 || got[0].IndexRevision != 1 || len(got[0].Missing) != 0 {
+			t.Fatalf("acks after an index and its object: %+v, want one, naming nothing missing", got)
+		}
+		tb, b := podMsg(t, "b", 2, "img")
+		_, idx2 := indexOf(t, 2, map[string][]byte{ta: a, tb: b})
+		r.send(ti, idx2, true) // b never arrives
+		time.Sleep(490 * time.Millisecond)
+		if got := acks()[start:]; len(got) != 1 {
+			t.Fatalf("acks sent %d ms into the hold: %+v", 490, got[1:])
+		}
+		time.Sleep(20 * time.Millisecond)
+		if got := acks()[start:]; len(got) != 2 || got[1].IndexRevision != 2 || got[1].Missing["pods/default/b"].Generation != 2 {
+			t.Fatalf("acks after the hold: %+v, want revision 2 naming b missing", got)
 		}
 	})
 }

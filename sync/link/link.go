@@ -1,6 +1,7 @@
 package link
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -310,7 +311,7 @@ func (l *Link) connection(ctx context.Context) (up time.Duration, err error) {
 	case <-ctx.Done():
 	}
 	if err == nil && ctx.Err() == nil && l.o.LivenessTopic != "" {
-		err = c.publishWait(ctx, l.o.Online(session), l.o.ConnectTimeout)
+		err = c.publishWait(ctx, c.online(), l.o.ConnectTimeout)
 	}
 	if err != nil || ctx.Err() != nil {
 		c.close()
@@ -383,6 +384,11 @@ type conn struct {
 	subscribed  chan error    // 1-buffered: the OnConnect handler's result
 	handlerDone chan struct{} // closed when the OnConnect handler returned
 	stale       chan struct{} // 1-buffered: a stale offline was seen on LivenessTopic
+	// The latest Online payload published on this connection, and whether its echo came back:
+	// a liveness message delivered before that echo was on the broker before the Online and was
+	// replaced by it (the broker forwards in order on a connection), so it needs no answer.
+	ownOnline  atomic.Pointer[[]byte]
+	onlineBack atomic.Bool
 
 	lost     chan struct{} // closed when the connection is over (lost, abandoned or stopped)
 	lostOnce sync.Once
@@ -433,7 +439,13 @@ func (c *conn) onLost(_ mqtt.Client, err error) {
 func (c *conn) onMessage(_ mqtt.Client, m mqtt.Message) {
 	l := c.l
 	if l.o.LivenessTopic != "" && m.Topic() == l.o.LivenessTopic {
-		if l.o.IsStaleOffline(m.Payload(), c.session) {
+		if p := c.ownOnline.Load(); p != nil && bytes.Equal(m.Payload(), *p) {
+			c.onlineBack.Store(true)
+			return
+		}
+		// E.g. the previous session's Will, retained, sent on subscribing: the Online that
+		// followed replaced it.
+		if c.onlineBack.Load() && l.o.IsStaleOffline(m.Payload(), c.session) {
 			select {
 			case c.stale <- struct{}{}:
 			default: // a republish is already due
@@ -566,6 +578,14 @@ func (c *conn) publishWait(ctx context.Context, payload []byte, timeout time.Dur
 	return c.publish(c.l.o.LivenessTopic, payload, true).Wait(ctx)
 }
 
+// online makes the Online payload to publish next on this connection and remembers it.
+func (c *conn) online() []byte {
+	p := c.l.o.Online(c.session)
+	c.onlineBack.Store(false)
+	c.ownOnline.Store(&p)
+	return p
+}
+
 // keepOnline republishes Online(session) whenever a stale offline shows up on the liveness topic,
 // until the connection is over.
 func (c *conn) keepOnline() {
@@ -577,7 +597,7 @@ func (c *conn) keepOnline() {
 		}
 		c.l.o.Log.Info("stale offline on the liveness topic; publishing online again",
 			"topic", c.l.o.LivenessTopic, "session", c.session)
-		r := c.publish(c.l.o.LivenessTopic, c.l.o.Online(c.session), true)
+		r := c.publish(c.l.o.LivenessTopic, c.online(), true)
 		select {
 		case <-r.Done():
 			if err := r.Err(); err != nil {

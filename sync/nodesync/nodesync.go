@@ -71,6 +71,9 @@ type fetchOp struct {
 	subscribe, unsubscribe []string // keys
 	resync                 *protocol.ResyncRequest
 	replayIndex            bool // resubscribe the index (after an inbox overflow)
+	// dropSummary ends the summary subscription of this session once the uplink read it back:
+	// every summary the node publishes would otherwise come back to it.
+	dropSummary int64
 }
 
 // sender adapts the link to the uplink's Link interface.
@@ -120,7 +123,8 @@ func New(o Options) (*Sync, error) {
 		return nil, err
 	}
 	s.link = l
-	s.up = uplink.New(uplink.Options{Node: o.Node, Topics: t, Store: o.Store, Link: sender{l}, Limits: o.Outbox, Log: o.Log})
+	s.up = uplink.New(uplink.Options{Node: o.Node, Topics: t, Store: o.Store, Link: sender{l}, Limits: o.Outbox, Log: o.Log,
+		Settled: func(session int64) { s.queueOp(fetchOp{dropSummary: session}) }})
 	s.down = downlink.New(downlink.Options{
 		Node: o.Node, Topics: t, Store: o.Store, MaxPayload: o.MaxPayload, Events: s.up,
 		Acks: s.up.Acks, Trusted: o.Trusted,
@@ -229,6 +233,11 @@ func (s *Sync) do(op fetchOp, session int64) error {
 		return out
 	}
 	switch {
+	case op.dropSummary != 0:
+		if op.dropSummary != session {
+			return nil // a new connection subscribed again, for its own read-back
+		}
+		return s.link.UnsubscribeInbox([]string{s.o.Topics.Summary(s.o.Node)})
 	case op.replayIndex:
 		return s.link.Resubscribe(s.o.Topics.Index(s.o.Node))
 	case op.resync != nil:

@@ -86,6 +86,10 @@ type Options struct {
 	Now    func() time.Time
 	// MarkerRetry, when set, replaces markerRetryMin (tests).
 	MarkerRetry time.Duration
+	// Settled, when set, is called (without blocking) once a connection's check is done: the
+	// summary topic has served its purpose on that connection, and the node's own summaries
+	// need not come back to it.
+	Settled func(session int64)
 }
 
 // kept is a retained, latest-only topic the uplink keeps on the broker, and what is known of
@@ -453,6 +457,9 @@ func (u *Uplink) markerBack(value string, session int64) {
 	close(c.done)
 	summary := u.summaryForce
 	u.mu.Unlock()
+	if u.o.Settled != nil {
+		u.o.Settled(session)
+	}
 	switch {
 	case again > 0 || summary:
 		u.o.Log.Info("uplink: the broker does not hold what the node reported; queueing it again",
