@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/mqlet/mqlet/internal/mqtttest"
 )
 
@@ -273,6 +276,53 @@ func TestLiveness(t *testing.T) {
 	l.stop(t)
 	if got := retained(t, b.Plain, topic); got != "offline 42" {
 		t.Fatalf("retained after a clean stop %q, want %q", got, "offline 42")
+	}
+}
+
+// A stale offline the broker retained before the link connected (the last session's Will) comes
+// with the subscription, before the echo of the new session's Online, which already replaced it:
+// it is not answered with a second Online. The stop's Offline closes what the watcher saw.
+func TestRetainedStaleOfflineIsNotAnsweredTwice(t *testing.T) {
+	checkGoroutines(t)
+	const topic = "mqlet/v2/nodes/node-a/online"
+	b := mqtttest.Start(t, mqtttest.Options{})
+	bystander := pahoClient(t, b.Plain)
+	if tok := bystander.Publish(topic, 1, true, "offline 41"); !tok.WaitTimeout(ackWait) || tok.Error() != nil {
+		t.Fatalf("publish the stale will: %v", tok.Error())
+	}
+	var mu sync.Mutex
+	var seen []string
+	done := make(chan struct{})
+	watcher := pahoClient(t, b.Plain)
+	if tok := watcher.Subscribe(topic, 1, func(_ mqtt.Client, m mqtt.Message) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, string(m.Payload()))
+		if string(m.Payload()) == "offline 42" {
+			close(done)
+		}
+	}); !tok.WaitTimeout(ackWait) || tok.Error() != nil {
+		t.Fatalf("subscribe: %v", tok.Error())
+	}
+	var sessions atomic.Int64
+	sessions.Store(41)
+	l := startLink(t, liveness(testOptions(t, b.Plain, "node-a"), topic, &sessions))
+	waitConnected(t, l.Link)
+	// A message the link publishes after connecting: the broker forwards the link's publishes in
+	// order, so a second Online, if any, comes before it.
+	if err := waitReceipt(t, l.Publish("mqlet/v2/nodes/node-a/events", []byte("x"), false)); err != nil {
+		t.Fatal(err)
+	}
+	l.stop(t)
+	select {
+	case <-done:
+	case <-time.After(ackWait):
+		t.Fatal("the stop's offline 42 never reached the watcher")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"offline 41", "online 42", "offline 42"}; !slices.Equal(seen, want) {
+		t.Fatalf("liveness messages %q, want %q", seen, want)
 	}
 }
 
