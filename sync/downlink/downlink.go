@@ -420,7 +420,8 @@ func (d *Downlink) handle(m Message) {
 		d.object(t, m)
 	case protocol.ClassIndex:
 		d.onIndex(t, m)
-	case protocol.ClassNodeMarker:
+	case protocol.ClassNodeMarker, protocol.ClassLiveness:
+		// The node's marker, or the echo of its own online message on this connection.
 		d.onMarker(m.Session)
 	default:
 		d.refuseMessage(m.Topic, t, fmt.Errorf("topic class %q carries no desired state", t.Class))

@@ -439,19 +439,22 @@ func (c *conn) onLost(_ mqtt.Client, err error) {
 func (c *conn) onMessage(_ mqtt.Client, m mqtt.Message) {
 	l := c.l
 	if l.o.LivenessTopic != "" && m.Topic() == l.o.LivenessTopic {
-		if p := c.ownOnline.Load(); p != nil && bytes.Equal(m.Payload(), *p) {
-			c.onlineBack.Store(true)
+		p := c.ownOnline.Load()
+		if p == nil || !bytes.Equal(m.Payload(), *p) || m.Retained() {
+			// E.g. the previous session's Will, retained, sent on subscribing: the Online
+			// that followed replaced it.
+			if c.onlineBack.Load() && l.o.IsStaleOffline(m.Payload(), c.session) {
+				select {
+				case c.stale <- struct{}{}:
+				default: // a republish is already due
+				}
+			}
 			return
 		}
-		// E.g. the previous session's Will, retained, sent on subscribing: the Online that
-		// followed replaced it.
-		if c.onlineBack.Load() && l.o.IsStaleOffline(m.Payload(), c.session) {
-			select {
-			case c.stale <- struct{}{}:
-			default: // a republish is already due
-			}
-		}
-		return
+		// The echo of this connection's own Online goes to the inbox too: it came after every
+		// retained message of the subscriptions made before it, which tells the reader that
+		// they are all in (see Options.LivenessTopic).
+		c.onlineBack.Store(true)
 	}
 	msg := Message{Topic: m.Topic(), Payload: m.Payload(), Retained: m.Retained(), Duplicate: m.Duplicate(), Session: c.session}
 	select {

@@ -309,7 +309,9 @@ func (s *Sync) route(ctx context.Context) error {
 				}
 			case err == nil && t.Node == s.o.Node && t.Class == protocol.ClassSummary:
 				s.up.Receive(t.Class, m.Payload, m.Retained, m.Session)
-			case err == nil && t.Node == s.o.Node && t.Class == protocol.ClassNodeMarker:
+			case err == nil && t.Node == s.o.Node && (t.Class == protocol.ClassNodeMarker || t.Class == protocol.ClassLiveness):
+				// The marker, or the echo of the connection's own online (the link passes on
+				// only that), which comes after every retained message of the connection.
 				s.up.Receive(t.Class, m.Payload, m.Retained, m.Session)
 				// The downlink too, behind the retained index of this connection: whether that
 				// arrived decides what its acks must carry.

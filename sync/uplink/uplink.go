@@ -153,6 +153,8 @@ type Uplink struct {
 	// rxSummary is the last retained summary received, on the connection rxSession.
 	rxSession int64
 	rxSummary []byte
+	// echoSession is the newest connection whose own online message came back.
+	echoSession int64
 
 	wake   chan struct{} // writer
 	drain  chan struct{} // drainer
@@ -376,14 +378,35 @@ func (u *Uplink) Receive(class protocol.Class, payload []byte, retained bool, se
 		u.mu.Unlock()
 	case protocol.ClassNodeMarker:
 		u.markerBack(string(payload), session)
+	case protocol.ClassLiveness:
+		u.onlineBack(session)
 	}
+}
+
+// onlineBack takes the echo of the connection's own online message: the node subscribed before
+// publishing it, so every retained message of its subscriptions arrived before it, as before a
+// marker (which is then not needed). It may come before connected made the check.
+func (u *Uplink) onlineBack(session int64) {
+	u.mu.Lock()
+	u.echoSession = max(u.echoSession, session)
+	c := u.check
+	if c == nil || c.session != session || c.settled {
+		u.mu.Unlock()
+		return
+	}
+	u.settle(c, session) // unlocks
 }
 
 // connected starts the check of a new connection. It runs on the drainer before anything is sent
 // on the connection, so expect is what the broker held before it.
 func (u *Uplink) connected(session int64, lost <-chan struct{}) {
 	u.mu.Lock()
-	u.check = &check{session: session, lost: lost, expect: u.ackedSummary, expectAt: u.ackedSummaryAt, done: make(chan struct{})}
+	c := &check{session: session, lost: lost, expect: u.ackedSummary, expectAt: u.ackedSummaryAt, done: make(chan struct{})}
+	u.check = c
+	if u.echoSession == session {
+		u.settle(c, session) // the online came back already; unlocks
+		return
+	}
 	u.mu.Unlock()
 	signal(u.verify)
 }
@@ -409,6 +432,21 @@ func (u *Uplink) verifier(ctx context.Context) {
 func (u *Uplink) verifyConnection(ctx context.Context, c *check) {
 	topic := u.o.Topics.NodeMarker(u.o.Node)
 	delay := u.o.MarkerRetry
+	// The echo of the connection's online message settles the check without a marker; the
+	// marker is for when that echo does not come (a link without liveness, a dropped message).
+	first := time.NewTimer(delay)
+	select {
+	case <-ctx.Done():
+		first.Stop()
+		return
+	case <-c.lost:
+		first.Stop()
+		return
+	case <-c.done:
+		first.Stop()
+		return
+	case <-first.C:
+	}
 	for {
 		var b [16]byte
 		_, _ = rand.Read(b[:]) // never fails (crypto/rand panics rather than return an error)
@@ -447,6 +485,12 @@ func (u *Uplink) markerBack(value string, session int64) {
 		u.mu.Unlock()
 		return // an older marker, another connection's, or a check already settled
 	}
+	u.settle(c, session)
+}
+
+// settle finishes the check of connection session: every retained message of the node's
+// subscriptions has arrived. u.mu must be held; settle unlocks it.
+func (u *Uplink) settle(c *check, session int64) {
 	c.settled = true
 	var seen []byte
 	if u.rxSession == session {

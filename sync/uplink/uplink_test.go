@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/event"
@@ -325,4 +326,55 @@ func TestMarkerRetriedAndOnlyTheLatestCounts(t *testing.T) {
 	if got := len(l.markers()); got != n {
 		t.Errorf("%d markers sent after the check settled", got-n)
 	}
+}
+
+// The echo of the connection's own online message settles the check without any marker, whether
+// it arrives before the uplink made the check (the link offers the connection after the online's
+// PUBACK) or after; a marker goes only when no echo came within the retry period. Fake time.
+func TestOnlineEchoSettlesTheCheckWithoutAMarker(t *testing.T) {
+	for _, early := range []bool{true, false} {
+		t.Run(fmt.Sprintf("echo before the check %v", early), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				l := &fakeLink{up: make(chan struct{}), lost: make(chan struct{})}
+				u := New(Options{Node: "n1", Topics: tp, Store: store.NewMemory(), Link: l, MarkerRetry: time.Second})
+				run(t, u)
+				settled := func() bool {
+					synctest.Wait()
+					u.mu.Lock()
+					defer u.mu.Unlock()
+					return u.check != nil && u.check.settled
+				}
+				if early {
+					u.Receive(protocol.ClassLiveness, []byte("online"), false, 1)
+				}
+				close(l.up)
+				if !early {
+					time.Sleep(500 * time.Millisecond)
+					u.Receive(protocol.ClassLiveness, []byte("online"), false, 1)
+				}
+				if !settled() {
+					t.Fatal("the echo did not settle the check")
+				}
+				time.Sleep(5 * time.Second)
+				synctest.Wait()
+				if m := l.markers(); len(m) != 0 {
+					t.Fatalf("markers sent though the echo settled the check: %q", m)
+				}
+			})
+		})
+	}
+	t.Run("no echo", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			l := &fakeLink{up: make(chan struct{}), lost: make(chan struct{})}
+			u := New(Options{Node: "n1", Topics: tp, Store: store.NewMemory(), Link: l, MarkerRetry: time.Second})
+			run(t, u)
+			close(l.up)
+			u.Receive(protocol.ClassLiveness, []byte("online"), false, 7) // another connection's
+			time.Sleep(1100 * time.Millisecond)
+			synctest.Wait()
+			if m := l.markers(); len(m) != 1 {
+				t.Fatalf("markers after the retry period without an echo: %q, want one", m)
+			}
+		})
+	})
 }
