@@ -48,12 +48,12 @@ type Link struct {
 	tls    *tls.Config // nil for tcp and ws
 	subs   map[string]bool
 
-	inbox   chan Message
-	dropped atomic.Uint64
+	inbox    chan Message
+	dropped  atomic.Uint64
+	overflow chan struct{} // 1-buffered: an overflow OnOverflow has not heard of yet
 
 	inboundLimit int           // InboundLimit(o.MaxPayload); 0: no guard on the connection
 	oversized    atomic.Uint64 // connections dropped at an oversized (or malformed) packet header
-	overflow     chan struct{} // 1-buffered: an overflow OnOverflow has not heard of yet
 
 	running     atomic.Bool
 	lastSession int64 // only touched by Run's goroutine
