@@ -35,9 +35,9 @@ test: testenv
 
 # The MQTT payload and topic decoders, and the link's inbound packet framing, under the fuzzer,
 # each for a bounded number of executions (CI runs this as part of `make test`; raise FUZZTIME for
-# a longer hunt). A count, not a duration: Go
-# 1.26's fuzz coordinator can report "context deadline exceeded" when a duration budget ends while a
-# worker is busy (go.dev/issue/75804, fixed in Go 1.27), which failed CI once with no crasher.
+# a longer hunt). A count, not a duration: Go 1.26's fuzz coordinator can report "context deadline
+# exceeded" when a duration budget ends while a worker is busy (go.dev/issue/75804, fixed in Go
+# 1.27), which failed CI once with no crasher.
 FUZZTIME ?= 100000x
 FUZZ_TARGETS := FuzzParseTopic FuzzDecodeDesired FuzzDecodeIndex FuzzDecodeLogsRequest
 fuzz:
