@@ -56,6 +56,7 @@ func TestExampleACLConfinesSitesAndNodes(t *testing.T) {
 	own := nodeTopic(nodeA1, "desired/pods/default/web")
 	publishDenied(t, site, all, nodeTopic(nodeB1, "desired/pods/default/web"), own, siteA)
 	publishDenied(t, site, all, nodeTopic(nodeB1, "index"), nodeTopic(nodeA2, "index"), siteA)
+	publishDenied(t, site, all, nodeTopic(nodeB1, "logs/req"), own, siteA)
 	publishDenied(t, site, all, "mqlet/v2/ctl/admin/marker", own, siteA)
 	publishDenied(t, site, all, nodeTopic(siteB, "index"), own, siteA)
 
