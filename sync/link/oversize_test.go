@@ -12,7 +12,8 @@ import (
 	"github.com/mqlet/mqlet/internal/mqtttest"
 )
 
-// An oversized retained message on a topic the node subscribes to, published by another client on
+// An oversized retained message on a desired topic the node subscribes to (as it does to fetch an
+// object its index lists), published by another client on
 // a real mosquitto whose message_size_limit lets it through (the harness sets none): each
 // connection is dropped at the packet's header, the link's heap does not take the packet in
 // (TotalAlloc, which counts every allocation of the process, grows by far less than the packet),
@@ -22,7 +23,7 @@ func TestOversizedPacketDropsConnection(t *testing.T) {
 	checkGoroutines(t)
 	const (
 		node       = "node-a"
-		topic      = "mqlet/v2/nodes/" + node + "/index"
+		topic      = "mqlet/v2/nodes/" + node + "/desired/pods/default/web"
 		maxPayload = 64 << 10
 		packet     = 16 << 20 // the oversized payload
 	)
