@@ -13,9 +13,9 @@ import (
 )
 
 // An oversized retained message on a desired topic the node subscribes to (as it does to fetch an
-// object its index lists), published by another client on
-// a real mosquitto whose message_size_limit lets it through (the harness sets none): each
-// connection is dropped at the packet's header, the link's heap does not take the packet in
+// object its index lists), published by another client on a real mosquitto whose
+// message_size_limit lets it through (the harness sets none): each connection is dropped at the
+// packet's header, the link's heap does not take the packet in
 // (TotalAlloc, which counts every allocation of the process, grows by far less than the packet),
 // and the link keeps reconnecting; once the message is replaced it connects and receives again.
 // Over TLS (how nodes connect), plain TCP and websockets: the guard sits above TLS and websockets.
