@@ -33,14 +33,16 @@ test: testenv
 	set -a && . $(TESTENV) && set +a && MQLET_TEST_REQUIRE=1 go test -count=1 -timeout 20m ./...
 	$(MAKE) fuzz
 
-# The MQTT payload and topic decoders under the fuzzer, each for a bounded number of executions (CI
-# runs this as part of `make test`; raise FUZZTIME for a longer hunt). A count, not a duration: Go
-# 1.26's fuzz coordinator can report "context deadline exceeded" when a duration budget ends while a
-# worker is busy (go.dev/issue/75804, fixed in Go 1.27), which failed CI once with no crasher.
+# The MQTT payload and topic decoders, and the link's inbound packet framing, under the fuzzer,
+# each for a bounded number of executions (CI runs this as part of `make test`; raise FUZZTIME for
+# a longer hunt). A count, not a duration: Go 1.26's fuzz coordinator can report "context deadline
+# exceeded" when a duration budget ends while a worker is busy (go.dev/issue/75804, fixed in Go
+# 1.27), which failed CI once with no crasher.
 FUZZTIME ?= 100000x
 FUZZ_TARGETS := FuzzParseTopic FuzzDecodeDesired FuzzDecodeIndex FuzzDecodeLogsRequest
 fuzz:
 	for f in $(FUZZ_TARGETS); do go test -run=NONE -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) ./sync/protocol/ || exit 1; done
+	go test -run=NONE -fuzz='^FuzzFrameGuard$$' -fuzztime=$(FUZZTIME) ./sync/link/
 
 # Pure-logic tests only; no containerd needed.
 unit:

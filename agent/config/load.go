@@ -39,7 +39,7 @@ type Flags struct {
 	MQTTBroker       *string        `name:"mqtt-broker" placeholder:"URL" help:"MQTT broker, scheme://host:port with scheme tcp, ssl, tls, ws or wss (mqtt means tcp, mqtts ssl); empty runs standalone with the manifest dir as the only source (default none)."`
 	MQTTCAFile       *string        `name:"mqtt-ca-file" placeholder:"FILE" help:"CA bundle (PEM) for the broker's certificate, instead of the system roots; ssl, tls and wss brokers only (default none)."`
 	MQTTCertFile     *string        `name:"mqtt-cert-file" placeholder:"FILE" help:"Client certificate (PEM) for brokers that authenticate nodes by TLS; needs --mqtt-key-file (default none)."`
-	MQTTKeyFile      *string        `name:"mqtt-key-file" placeholder:"FILE" help:"Private key (PEM) of --mqtt-cert-file (default none)."`
+	MQTTKeyFile      *string        `name:"mqtt-key-file" placeholder:"FILE" help:"Private key (PEM) of --mqtt-cert-file, readable by its owner only (chmod 600: a key others can read is refused) (default none)."`
 	MQTTUsername     *string        `name:"mqtt-username" placeholder:"NAME" help:"MQTT user name (default none)."`
 	MQTTTrustedKeys  []string       `name:"mqtt-trusted-key" placeholder:"FILE" help:"Public key (PEM, from mqlet ctl keygen) whose signature desired state must carry; repeatable for a key rotation; without any, every index on the broker is taken, with a warning (default none)."`
 	MQTTPasswordFile *string        `name:"mqtt-password-file" placeholder:"FILE" help:"File holding the MQTT password, readable by its owner only (chmod 600); the password is never logged (default none)."`

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -30,13 +31,13 @@ func (c Config) MQTTTrustAnchors() ([]ed25519.PublicKey, error) {
 // Limits of the MQTT settings. The protocol's own: the keepalive is a 16-bit number of seconds and
 // the largest packet is 268435455 bytes (the Remaining Length field's maximum).
 const (
-	minKeepalive        = 5 * time.Second
-	maxKeepalive        = 65535 * time.Second
-	minReconnectMax     = time.Second
-	minMaxPayload       = 1024
-	maxMaxPayload       = 268435455
-	minOutboxMaxBytes   = 64 << 10
-	passwordFileBadMode = 0o077
+	minKeepalive       = 5 * time.Second
+	maxKeepalive       = 65535 * time.Second
+	minReconnectMax    = time.Second
+	minMaxPayload      = 1024
+	maxMaxPayload      = 268435455
+	minOutboxMaxBytes  = 64 << 10
+	privateFileBadMode = 0o077 // password file, TLS key: any access for group or others
 )
 
 // parseBroker checks the broker URL with the rules of sync/broker, and that it names its port: in
@@ -157,10 +158,7 @@ func (c Config) validateMQTT(bad func(key, value, reason string, args ...any)) {
 		}
 	}
 	if keyOK {
-		var err error
-		if keyPEM, err = os.ReadFile(c.MQTTKeyFile); err != nil {
-			bad("mqttKeyFile", c.MQTTKeyFile, "cannot read it: %v", errors.Unwrap(err))
-		}
+		keyPEM = c.readKeyFile(bad)
 	}
 	switch {
 	case c.MQTTCertFile != "" && c.MQTTKeyFile == "":
@@ -222,6 +220,40 @@ func (c Config) validateMQTT(bad func(key, value, reason string, args ...any)) {
 	}
 }
 
+// readKeyFile reads the TLS client key, once it is known to be a regular file that no one but its
+// owner can read or change (as the password file): whoever can read it can connect as this node,
+// with this node's rights on the broker. It returns nil after reporting a problem; nothing of the
+// key goes into a message.
+func (c Config) readKeyFile(bad func(key, value, reason string, args ...any)) []byte {
+	const key = "mqttKeyFile"
+	path := c.MQTTKeyFile
+	f, err := os.Open(path)
+	if err != nil {
+		bad(key, path, "cannot read it: %v", errors.Unwrap(err))
+		return nil
+	}
+	defer f.Close()
+	st, err := f.Stat() // the file opened, not the path again
+	if err != nil {
+		bad(key, path, "cannot read it: %v", errors.Unwrap(err))
+		return nil
+	}
+	if !st.Mode().IsRegular() {
+		bad(key, path, "is not a regular file")
+		return nil
+	}
+	if m := st.Mode().Perm(); m&privateFileBadMode != 0 {
+		bad(key, path, "is readable or writable by group or others (mode %04o): the node's private key must be private, whoever reads it can connect as this node; run chmod 600 %s", m, path)
+		return nil
+	}
+	pem, err := io.ReadAll(f)
+	if err != nil {
+		bad(key, path, "cannot read it: %v", errors.Unwrap(err))
+		return nil
+	}
+	return pem
+}
+
 // validatePasswordFile checks that the password file is a readable, non-empty regular file that no
 // one but its owner can read or change. Nothing of its content goes into a message.
 func (c Config) validatePasswordFile(bad func(key, value, reason string, args ...any)) {
@@ -244,7 +276,7 @@ func (c Config) validatePasswordFile(bad func(key, value, reason string, args ..
 		bad(key, path, "is not a regular file")
 		return
 	}
-	if m := st.Mode().Perm(); m&passwordFileBadMode != 0 {
+	if m := st.Mode().Perm(); m&privateFileBadMode != 0 {
 		bad(key, path, "is readable or writable by group or others (mode %04o): the password must be private; run chmod 600 %s", m, path)
 		return
 	}

@@ -215,6 +215,54 @@ func TestMQTTFiles(t *testing.T) {
 	}
 }
 
+// A TLS client key that group or others can read or write is refused at start, naming the file
+// and its mode, as the password file is.
+func TestMQTTKeyFileMode(t *testing.T) {
+	f := newMQTTFixture(t)
+	key, err := os.ReadFile(f.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := writeMode(t, filepath.Join(f.dir, "open.key"), string(key), 0o644)
+	group := writeMode(t, filepath.Join(f.dir, "group.key"), string(key), 0o640)
+	othersWrite := writeMode(t, filepath.Join(f.dir, "writable.key"), string(key), 0o602)
+	owner := writeMode(t, filepath.Join(f.dir, "owner.key"), string(key), 0o400)
+	link := filepath.Join(f.dir, "link.key")
+	if err := os.Symlink(open, link); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name  string
+		key   string
+		wants []string
+	}{
+		{"owner read-write", f.key, nil},
+		{"owner read-only", owner, nil},
+		{"readable by all", open, []string{"mqttKeyFile", "--mqtt-key-file", open, "group or others", "mode 0644", "chmod 600 " + open}},
+		{"readable by group", group, []string{"mqttKeyFile", group, "mode 0640", "chmod 600 " + group}},
+		{"writable by others", othersWrite, []string{"mqttKeyFile", "mode 0602"}},
+		{"a link to a loose key", link, []string{"mqttKeyFile", link, "mode 0644"}},
+		{"a directory", f.dir, []string{"mqttKeyFile", f.dir, "not a regular file"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := f.config()
+			c.MQTTKeyFile = tt.key
+			err := c.Validate()
+			if tt.wants == nil {
+				if err != nil {
+					t.Fatalf("want valid, got %v", err)
+				}
+				return
+			}
+			requireErr(t, err, tt.wants...)
+			if strings.Contains(err.Error(), "PRIVATE KEY") {
+				t.Errorf("error shows the key: %v", err)
+			}
+		})
+	}
+}
+
 func TestMQTTPasswordFile(t *testing.T) {
 	f := newMQTTFixture(t)
 	open := writeMode(t, filepath.Join(f.dir, "open-password"), testPassword, 0o644)

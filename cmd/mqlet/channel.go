@@ -49,6 +49,9 @@ func channelOptions(cfg config.Config, db store.State, log *slog.Logger, logs lo
 			Broker: cfg.MQTTBrokerURL(), CAFile: cfg.MQTTCAFile, CertFile: cfg.MQTTCertFile, KeyFile: cfg.MQTTKeyFile,
 			Username: cfg.MQTTUsername, Password: password,
 			Keepalive: cfg.MQTTKeepalive.Duration, ReconnectMax: cfg.MQTTReconnectMax.Duration,
+			// A packet too large for this payload limit is never read: the link drops the
+			// connection at its header (docs/security.md).
+			MaxPayload: int(cfg.MQTTMaxPayload),
 		},
 		Store:      db,
 		MaxPayload: int(cfg.MQTTMaxPayload),

@@ -44,7 +44,7 @@ type FleetSimCmd struct {
 	Broker           string         `name:"broker" aliases:"mqtt-broker" required:"" placeholder:"URL" help:"MQTT broker, scheme://host:port with scheme tcp, ssl, tls, ws or wss (mqtt means tcp, mqtts ssl), as the agent's --mqtt-broker."`
 	MQTTCAFile       *string        `name:"mqtt-ca-file" placeholder:"FILE" help:"CA bundle (PEM) for the broker's certificate; ssl, tls and wss brokers only (default the system roots)."`
 	MQTTCertFile     *string        `name:"mqtt-cert-file" placeholder:"FILE" help:"Client certificate (PEM), used by every simulated node; needs --mqtt-key-file (default none)."`
-	MQTTKeyFile      *string        `name:"mqtt-key-file" placeholder:"FILE" help:"Private key (PEM) of --mqtt-cert-file (default none)."`
+	MQTTKeyFile      *string        `name:"mqtt-key-file" placeholder:"FILE" help:"Private key (PEM) of --mqtt-cert-file, readable by its owner only (chmod 600) (default none)."`
 	MQTTUsername     *string        `name:"mqtt-username" placeholder:"NAME" help:"MQTT user name of every simulated node (default none)."`
 	MQTTPasswordFile *string        `name:"mqtt-password-file" placeholder:"FILE" help:"File holding the MQTT password, readable by its owner only (default none)."`
 	MQTTKeepalive    *time.Duration `name:"mqtt-keepalive" placeholder:"DURATION" help:"MQTT keepalive of each node in whole seconds, 5s to 65535s: with N nodes the broker sees N pings per keepalive (default ${mqtt_keepalive})."`

@@ -1,9 +1,12 @@
 package mqtttest
 
 import (
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,6 +30,9 @@ const examplesDir = "../../configs/mosquitto"
 type fleet struct {
 	dir  string
 	pool *x509.CertPool
+	ca   *certAuthority
+
+	crlNumber int64
 }
 
 func newFleet(t *testing.T, identities ...string) *fleet {
@@ -50,7 +56,45 @@ func newFleet(t *testing.T, identities ...string) *fleet {
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.cert)
-	return &fleet{dir: dir, pool: pool}
+	f := &fleet{dir: dir, pool: pool, ca: ca}
+	// mosquitto.conf names a CRL (crlfile); a new CA's revokes nothing.
+	f.writeCRL(t, time.Now().Add(24*time.Hour))
+	return f
+}
+
+// writeCRL writes the CA's CRL, ca.crl, revoking the certificates of identities, valid until
+// nextUpdate.
+func (f *fleet) writeCRL(t *testing.T, nextUpdate time.Time, identities ...string) {
+	t.Helper()
+	var revoked []x509.RevocationListEntry
+	for _, id := range identities {
+		data, err := os.ReadFile(filepath.Join(f.dir, id+".crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		block, _ := pem.Decode(data)
+		if block == nil {
+			t.Fatalf("%s.crt holds no PEM", id)
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		revoked = append(revoked, x509.RevocationListEntry{SerialNumber: cert.SerialNumber, RevocationTime: time.Now().Add(-time.Minute)})
+	}
+	f.crlNumber++
+	der, err := x509.CreateRevocationList(rand.Reader, &x509.RevocationList{
+		Number:                    big.NewInt(f.crlNumber),
+		ThisUpdate:                time.Now().Add(-time.Hour),
+		NextUpdate:                nextUpdate,
+		RevokedCertificateEntries: revoked,
+	}, f.ca.cert, f.ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := writePEM(filepath.Join(f.dir, "ca.crl"), "X509 CRL", der); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (f *fleet) tlsConfig(t *testing.T, identity string) *tls.Config {
@@ -73,22 +117,24 @@ func startExample(t *testing.T, f *fleet, name string, more map[string]string) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	acl, err := os.ReadFile(filepath.Join(examplesDir, "acl"))
+	// The broker reads the shipped ACL file itself, not a copy: what the tests prove of it holds
+	// for the file in the repository.
+	acl, err := filepath.Abs(filepath.Join(examplesDir, "acl"))
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(acl); err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
 	b := &Broker{
 		Dir:     dir,
-		ACLFile: filepath.Join(dir, "acl"),
+		ACLFile: acl,
 		CAFile:  filepath.Join(f.dir, "ca.crt"),
 		LogFile: filepath.Join(dir, "mosquitto.log"),
 		bin:     bin,
 		conf:    filepath.Join(dir, name),
 		outFile: filepath.Join(dir, "mosquitto.out"),
-	}
-	if err := os.WriteFile(b.ACLFile, acl, 0o600); err != nil {
-		t.Fatal(err)
 	}
 	p, err := loopback.FreePorts(1)
 	if err != nil {
@@ -114,6 +160,8 @@ func startExample(t *testing.T, f *fleet, name string, more map[string]string) *
 		conf = strings.ReplaceAll(conf, old, new)
 	}
 	for _, line := range strings.Split(conf, "\n") {
+		// The ACL is the repository's file, wherever the checkout lives.
+		line = strings.ReplaceAll(line, b.ACLFile, "")
 		if !strings.HasPrefix(line, "#") && (strings.Contains(line, "/etc/") || strings.Contains(line, "/var/")) {
 			t.Fatalf("configs/mosquitto/%s: a path the test did not move: %q", name, line)
 		}
@@ -185,7 +233,7 @@ func TestExampleBrokerConfig(t *testing.T) {
 }
 
 func TestExampleSiteBridgeConfig(t *testing.T) {
-	f := newFleet(t, "node-a", Admin, "site-factory1")
+	f := newFleet(t, nodeA1, nodeB1, Admin, siteA)
 	cloud := startExample(t, f, "mosquitto.conf", nil)
 	site := startExample(t, f, "site-bridge.conf", map[string]string{
 		"address broker.example:8883": "address " + strings.TrimPrefix(cloud.TLS, "ssl://"),
@@ -198,26 +246,56 @@ func TestExampleSiteBridgeConfig(t *testing.T) {
 	admin, _ := dialSession(t, cloud.TLS, f.tlsConfig(t, Admin))
 	all, _ := subscribe(t, admin, "mqlet/v2/#")
 
-	// Cloud to site: desired state published retained on the cloud reaches node-a on
+	// Cloud to site: desired state published retained on the cloud reaches factory1-line1 on
 	// the site (polled: the bridge connects in the background).
-	publish(t, admin, "mqlet/v2/nodes/node-a/desired/pods/p1", true, "gen 1")
-	nodeA := dial(t, site.TLS, "node-a", f.tlsConfig(t, "node-a"))
-	mine, _ := subscribe(t, nodeA, "mqlet/v2/nodes/node-a/#")
-	waitFor(t, mine, 3*arrive, "mqlet/v2/nodes/node-a/desired/pods/p1", "gen 1")
+	publish(t, admin, "mqlet/v2/nodes/"+nodeA1+"/desired/pods/p1", true, "gen 1")
+	nodeA := dial(t, site.TLS, nodeA1, f.tlsConfig(t, nodeA1))
+	mine, _ := subscribe(t, nodeA, "mqlet/v2/nodes/"+nodeA1+"/#")
+	waitFor(t, mine, 3*arrive, "mqlet/v2/nodes/"+nodeA1+"/desired/pods/p1", "gen 1")
 
-	// Site to cloud: node-a's status reaches admin on the cloud.
-	publish(t, nodeA, "mqlet/v2/nodes/node-a/status", true, "running")
-	waitFor(t, all, arrive, "mqlet/v2/nodes/node-a/status", "running")
+	// Site to cloud: factory1-line1's status reaches admin on the cloud.
+	publish(t, nodeA, "mqlet/v2/nodes/"+nodeA1+"/status", true, "running")
+	waitFor(t, all, arrive, "mqlet/v2/nodes/"+nodeA1+"/status", "running")
+
+	// The cloud's ACL confines the site's bridge to the site's nodes (configs/mosquitto/acl):
+	// another site's node, even when it connects to this site's broker, gets nothing from the
+	// cloud, and what it publishes here does not reach the cloud.
+	// (One observer of the whole tree on the site and one on the cloud: the bridge keeps the
+	// order, so what crossed would arrive before the message that follows it.)
+	siteAll, _ := subscribe(t, dial(t, site.TLS, "", f.tlsConfig(t, Admin)), "mqlet/v2/#")
+	publish(t, admin, "mqlet/v2/nodes/"+nodeB1+"/desired/pods/p1", true, "for site 2")
+	publish(t, admin, "mqlet/v2/nodes/"+nodeA1+"/desired/pods/p2", true, "for site 1")
+	for {
+		m := expectAny(t, siteAll)
+		if strings.Contains(m.Topic(), nodeB1) {
+			t.Fatalf("another site's desired state crossed this site's bridge: %s %q", m.Topic(), m.Payload())
+		}
+		if string(m.Payload()) == "for site 1" {
+			break
+		}
+	}
+	nodeB := dial(t, site.TLS, nodeB1, f.tlsConfig(t, nodeB1))
+	publish(t, nodeB, "mqlet/v2/nodes/"+nodeB1+"/status", true, "forged at site 1")
+	publish(t, nodeA, "mqlet/v2/nodes/"+nodeA1+"/status", true, "running again")
+	for {
+		m := expectAny(t, all)
+		if strings.Contains(m.Topic(), nodeB1) && string(m.Payload()) == "forged at site 1" {
+			t.Fatalf("site 1's bridge wrote %s on the cloud", m.Topic())
+		}
+		if string(m.Payload()) == "running again" {
+			break
+		}
+	}
 
 	// The uplink goes down. The site keeps serving its nodes, and queues
 	// what they publish for the cloud (cleansession false).
 	admin.Disconnect(100)
 	cloud.Stop(t)
-	publish(t, nodeA, "mqlet/v2/nodes/node-a/events", false, "while the uplink was down")
-	waitFor(t, mine, arrive, "mqlet/v2/nodes/node-a/events", "while the uplink was down")
+	publish(t, nodeA, "mqlet/v2/nodes/"+nodeA1+"/events", false, "while the uplink was down")
+	waitFor(t, mine, arrive, "mqlet/v2/nodes/"+nodeA1+"/events", "while the uplink was down")
 	cloud.Start(t)
 	_, all = dialSession(t, cloud.TLS, f.tlsConfig(t, Admin))
-	waitFor(t, all, 3*arrive, "mqlet/v2/nodes/node-a/events", "while the uplink was down")
+	waitFor(t, all, 3*arrive, "mqlet/v2/nodes/"+nodeA1+"/events", "while the uplink was down")
 }
 
 // dialSession connects as admin with a persistent session (clean session

@@ -52,6 +52,12 @@
 // calls paho's Publish. Put finds the receipt by the packet's Payload address (the same backing
 // array) and moves it to a map keyed by message id, all before the packet can reach the wire.
 //
+// Reading: packets.ReadPacket allocates a packet's whole remaining length as soon as it has read
+// the fixed header, up to 256 MiB. With Options.MaxPayload set, the connection paho reads from is
+// opened here (SetCustomOpenConnectionFn, dialing as paho's own openConnection does) and wrapped
+// above TLS and websockets in a reader that follows the MQTT framing and fails the read that would
+// complete an oversized header (framing.go): paho never sees that length.
+//
 // Other pitfalls this package defeats: the message handler only does a non-blocking send to the
 // inbox (a blocking handler stalls paho's router and the connection with it); subscriptions are
 // made in the OnConnect handler of each client (paho would forget them on reconnect); AutoReconnect

@@ -52,6 +52,9 @@ type Link struct {
 	dropped  atomic.Uint64
 	overflow chan struct{} // 1-buffered: an overflow OnOverflow has not heard of yet
 
+	inboundLimit int           // InboundLimit(o.MaxPayload); 0: no guard on the connection
+	oversized    atomic.Uint64 // connections dropped at an oversized (or malformed) packet header
+
 	running     atomic.Bool
 	lastSession int64 // only touched by Run's goroutine
 
@@ -89,9 +92,14 @@ func New(o Options) (*Link, error) {
 	for _, f := range o.Subscriptions {
 		l.subs[f] = true
 	}
+	l.inboundLimit = InboundLimit(o.MaxPayload)
 	l.o = o
 	return l, nil
 }
+
+// Oversized is the number of connections dropped because the broker sent a packet over the
+// inbound limit (Options.MaxPayload) or with a malformed length.
+func (l *Link) Oversized() uint64 { return l.oversized.Load() }
 
 // Inbox delivers the messages received on the subscriptions. It is never closed. paho's handler
 // never waits for it: when it is full a message is dropped, counted in Dropped and OnOverflow is
@@ -368,6 +376,9 @@ func (l *Link) clientOptions(c *conn) *mqtt.ClientOptions {
 	if l.tls != nil {
 		o.SetTLSConfig(l.tls)
 	}
+	if l.inboundLimit > 0 {
+		o.SetCustomOpenConnectionFn(c.openConnection)
+	}
 	if l.o.LivenessTopic != "" {
 		o.SetBinaryWill(l.o.LivenessTopic, l.o.Offline(c.session), 1, true)
 	}
@@ -396,6 +407,8 @@ type conn struct {
 
 	pahoDone chan struct{} // closed when paho's comms goroutines have stopped
 	pahoOnce sync.Once
+
+	refused atomic.Pointer[error] // why the inbound guard dropped the connection, if it did
 }
 
 func (l *Link) newConn(session int64) *conn {
@@ -428,8 +441,21 @@ func (c *conn) abandon(err error) {
 	c.end(err)
 }
 
+// refusedPacket is the inbound guard's report (from paho's reader goroutine): the connection is
+// closed already; paho reports the loss next.
+func (c *conn) refusedPacket(err error) {
+	if c.refused.CompareAndSwap(nil, &err) {
+		c.l.oversized.Add(1)
+		c.l.o.Log.Warn("mqtt inbound packet refused; dropping the connection", "broker", c.l.broker,
+			"session", c.session, "err", err)
+	}
+}
+
 // onLost is paho's OnConnectionLost handler. paho calls it once its comms goroutines stopped.
 func (c *conn) onLost(_ mqtt.Client, err error) {
+	if r := c.refused.Load(); r != nil && !errors.Is(err, *r) {
+		err = *r // the guard's reason, not a write error on the socket it closed
+	}
 	c.store.fail(ErrConnectionLost)
 	c.pahoStopped() // before end: whoever wakes on lost must see that paho has stopped
 	c.end(fmt.Errorf("mqtt connection to %s lost: %w", c.l.broker, err))

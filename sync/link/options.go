@@ -32,6 +32,13 @@ type Options struct {
 	// Subscriptions are topic filters subscribed with QoS 1 on every connection, in paho's
 	// OnConnect handler.
 	Subscriptions []string
+	// MaxPayload, when above 0, bounds what is read from the broker: a packet whose MQTT remaining
+	// length is above InboundLimit(MaxPayload) (MaxPayload + PublishOverhead: a PUBLISH with that
+	// payload and the longest topic) is never read into memory. The connection is dropped at the
+	// packet's fixed header (a *TooLargeError, counted in Oversized) and Run reconnects. A payload
+	// up to that bound is delivered: checking MaxPayload exactly stays the caller's job. 0 reads
+	// whatever the broker sends, up to MQTT's 256 MiB, as paho does.
+	MaxPayload int
 	// InboxSize is the capacity of Inbox() (default 1024).
 	InboxSize int
 	// OnOverflow, when set, is called after the inbox overflowed (messages were dropped), from a
@@ -134,6 +141,9 @@ func (o Options) validate() error {
 	}
 	if o.ReconnectMin > o.ReconnectMax {
 		return fmt.Errorf("reconnect min %s is above reconnect max %s", o.ReconnectMin, o.ReconnectMax)
+	}
+	if o.MaxPayload < 0 {
+		return fmt.Errorf("max payload %d is negative", o.MaxPayload)
 	}
 	if o.InboxSize < 0 {
 		return fmt.Errorf("inbox size %d is negative", o.InboxSize)
