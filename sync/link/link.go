@@ -320,6 +320,11 @@ func (l *Link) connection(ctx context.Context) (up time.Duration, err error) {
 	}
 	if err == nil && ctx.Err() == nil && l.o.LivenessTopic != "" {
 		err = c.publishWait(ctx, c.online(), l.o.ConnectTimeout)
+		if err == nil {
+			// Subscribed only now: what the broker retains there is this Online, or an
+			// offline published after it (a late Will), never the previous session's state.
+			err = c.subscribeLiveness()
+		}
 	}
 	if err != nil || ctx.Err() != nil {
 		c.close()
@@ -395,11 +400,8 @@ type conn struct {
 	subscribed  chan error    // 1-buffered: the OnConnect handler's result
 	handlerDone chan struct{} // closed when the OnConnect handler returned
 	stale       chan struct{} // 1-buffered: a stale offline was seen on LivenessTopic
-	// The latest Online payload published on this connection, and whether its echo came back:
-	// a liveness message delivered before that echo was on the broker before the Online and was
-	// replaced by it (the broker forwards in order on a connection), so it needs no answer.
-	ownOnline  atomic.Pointer[[]byte]
-	onlineBack atomic.Bool
+	// The latest Online payload published on this connection.
+	ownOnline atomic.Pointer[[]byte]
 
 	lost     chan struct{} // closed when the connection is over (lost, abandoned or stopped)
 	lostOnce sync.Once
@@ -466,10 +468,10 @@ func (c *conn) onMessage(_ mqtt.Client, m mqtt.Message) {
 	l := c.l
 	if l.o.LivenessTopic != "" && m.Topic() == l.o.LivenessTopic {
 		p := c.ownOnline.Load()
-		if p == nil || !bytes.Equal(m.Payload(), *p) || m.Retained() {
-			// E.g. the previous session's Will, retained, sent on subscribing: the Online
-			// that followed replaced it.
-			if c.onlineBack.Load() && l.o.IsStaleOffline(m.Payload(), c.session) {
+		if p == nil || !bytes.Equal(m.Payload(), *p) {
+			// The subscription was made after this connection's Online: an older session's
+			// offline here was published after it (a late Will).
+			if l.o.IsStaleOffline(m.Payload(), c.session) {
 				select {
 				case c.stale <- struct{}{}:
 				default: // a republish is already due
@@ -477,10 +479,10 @@ func (c *conn) onMessage(_ mqtt.Client, m mqtt.Message) {
 			}
 			return
 		}
-		// The echo of this connection's own Online goes to the inbox too: it came after every
-		// retained message of the subscriptions made before it, which tells the reader that
-		// they are all in (see Options.LivenessTopic).
-		c.onlineBack.Store(true)
+		// This connection's own Online (retained, on subscribing, or an echo of a republish)
+		// goes to the inbox too: it came after every retained message of the subscriptions
+		// made before it, which tells the reader that they are all in (see
+		// Options.LivenessTopic).
 	}
 	msg := Message{Topic: m.Topic(), Payload: m.Payload(), Retained: m.Retained(), Duplicate: m.Duplicate(), Session: c.session}
 	select {
@@ -501,13 +503,24 @@ func (c *conn) onConnect(cl mqtt.Client) {
 	c.subscribed <- c.subscribeAll(cl)
 }
 
+// subscribeLiveness subscribes to the liveness topic, after Online was published.
+func (c *conn) subscribeLiveness() error {
+	topic := c.l.o.LivenessTopic
+	tok := c.client.Subscribe(topic, 1, nil)
+	err := c.await(tok)
+	if err == nil {
+		err = subackError(tok)
+	}
+	if err != nil {
+		return fmt.Errorf("mqtt subscribe %q: %w", topic, err)
+	}
+	return nil
+}
+
 func (c *conn) subscribeAll(cl mqtt.Client) error {
 	filters := map[string]byte{}
 	for _, f := range c.l.o.Subscriptions {
 		filters[f] = 1
-	}
-	if c.l.o.LivenessTopic != "" {
-		filters[c.l.o.LivenessTopic] = 1
 	}
 	if len(filters) == 0 {
 		return nil
@@ -610,7 +623,6 @@ func (c *conn) publishWait(ctx context.Context, payload []byte, timeout time.Dur
 // online makes the Online payload to publish next on this connection and remembers it.
 func (c *conn) online() []byte {
 	p := c.l.o.Online(c.session)
-	c.onlineBack.Store(false)
 	c.ownOnline.Store(&p)
 	return p
 }

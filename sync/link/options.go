@@ -53,13 +53,14 @@ type Options struct {
 	// Each connection attempt takes a new session number from NextSession (persistent and
 	// growing, so a Will left over from before a reboot is recognisably old). The Will (retained,
 	// QoS 1, on LivenessTopic) is Offline(session); once connected Online(session) is published
-	// retained on LivenessTopic, after the subscriptions. The link subscribes to LivenessTopic
-	// itself; of its messages only the echo of the connection's own Online is delivered to Inbox
-	// (it arrives after every retained message of the connection's subscriptions, which tells a
-	// reader they are all in). When a message there, after that echo, is a stale offline
+	// retained on LivenessTopic, after the subscriptions. The link then subscribes to
+	// LivenessTopic itself; of its messages only the connection's own Online is delivered to
+	// Inbox (it arrives after every retained message of the connection's subscriptions, which
+	// tells a reader they are all in). When a message there is a stale offline
 	// (IsStaleOffline(payload, current) is true: an older session's Will delivered late, e.g.
-	// when the broker noticed the previous connection's death after this one began) it
-	// republishes Online(current); one before the echo was replaced by that Online. Before
+	// when the broker noticed the previous connection's death after this one began; subscribed
+	// after the Online, the link never sees the state from before it) it republishes
+	// Online(current). Before
 	// any clean disconnect (Run's stop included) it publishes Offline(session) retained and waits
 	// up to 2s for its PUBACK, since a clean DISCONNECT suppresses the Will.
 	//
