@@ -373,3 +373,15 @@ func setCondition(n *v1.Node, t v1.NodeConditionType, status v1.ConditionStatus,
 		Type: t, Status: status, Reason: reason, Message: msg, LastHeartbeatTime: ts, LastTransitionTime: ts,
 	})
 }
+
+// Annotation sets one annotation to a fixed value (e.g. the node's sealing key); it must run after
+// HardwareFacts when the key is a mqlet.io/ one, since that setter owns and resets those.
+func Annotation(key, value string) Setter {
+	return func(_ context.Context, n *v1.Node) error {
+		if n.Annotations == nil {
+			n.Annotations = map[string]string{}
+		}
+		n.Annotations[key] = value
+		return nil
+	}
+}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/mqlet/mqlet/agent/metrics"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
 	v1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -230,7 +231,10 @@ func New(o Options) (*Controller, error) {
 	c.cmLister, c.secLister = cms.Lister(), secs.Lister()
 	nodes := o.Factory.Core().V1().Nodes()
 	c.nodeLister = nodes.Lister()
-	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{UpdateFunc: c.nodeChanged}); err != nil {
+	if _, err := nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.sealingKeyChanged(nil, obj) },
+		UpdateFunc: func(old, obj any) { c.nodeChanged(old, obj); c.sealingKeyChanged(old, obj) },
+	}); err != nil {
 		return nil, fmt.Errorf("pods controller: node handler: %w", err)
 	}
 	c.hasSynced = []cache.InformerSynced{c.pods.HasSynced, cms.Informer().HasSynced, secs.Informer().HasSynced, nodes.Informer().HasSynced}
@@ -336,6 +340,22 @@ func (c *Controller) nodeChanged(oldObj, newObj any) {
 	c.restatus[cur.Name] = true
 	c.mu.Unlock()
 	c.queueNode(cur.Name)
+}
+
+// sealingKeyChanged queues a node whose sealing key appeared or changed: its Secrets go out (again)
+// sealed to it.
+func (c *Controller) sealingKeyChanged(oldObj, newObj any) {
+	cur, ok := newObj.(*v1.Node)
+	if !ok || !c.o.Served(cur.Name) {
+		return
+	}
+	key := cur.Annotations[sealing.AnnotationKey]
+	if old, ok := oldObj.(*v1.Node); ok && old.Annotations[sealing.AnnotationKey] == key {
+		return
+	}
+	if key != "" {
+		c.queueNode(cur.Name)
+	}
 }
 
 func nodeReady(n *v1.Node) bool {

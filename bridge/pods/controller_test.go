@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -336,7 +337,8 @@ func TestDeletionConfirmedOnlyByTheV2AcksRule(t *testing.T) {
 // and after a restart that read the retained state back.
 func TestIndexDigestsArePublishedPayloads(t *testing.T) {
 	pod := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
-	h := start(t, []string{nodeA}, pod,
+	node, _ := sealedNode(t, nodeA)
+	h := start(t, []string{nodeA}, pod, node,
 		configMap("default", "web-config", map[string]string{"a": "1"}),
 		secret("default", "web-secret", map[string][]byte{"token": []byte("x")}))
 	check := func(when string, n int) *protocol.Index {
@@ -961,5 +963,32 @@ func TestNodeRunningAnotherIndexGetsANewRevision(t *testing.T) {
 	}
 	if !strings.Contains(h.logs.String(), "the node refused the current index") {
 		t.Errorf("no warning about the refused index; logs:\n%s", h.logs.String())
+	}
+}
+
+// A Secret goes to a node only sealed to the key its API Node carries: while the node has not
+// published one, the pod and its ConfigMap go out and the Secret does not; once the key is there,
+// the Secret follows, sealed, and opens with the node's key.
+func TestSecretWaitsForTheNodesSealingKey(t *testing.T) {
+	pod := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
+	h := start(t, []string{nodeA}, pod,
+		configMap("default", "web-config", map[string]string{"a": "1"}),
+		secret("default", "web-secret", map[string][]byte{"token": []byte("x")}))
+	secKey := protocol.ObjectKey(protocol.KindSecret, "default", "web-secret")
+	var idx *protocol.Index
+	waitFor(t, "an index with the pod and its configMap", func() bool { idx = h.index(nodeA); return idx != nil && len(idx.Objects) >= 2 })
+	if _, listed := idx.Objects[secKey]; listed || len(idx.Objects) != 2 {
+		t.Fatalf("index without the node's sealing key: %v, want the pod and the configMap only", slices.Sorted(maps.Keys(idx.Objects)))
+	}
+	node, key := sealedNode(t, nodeA)
+	if _, err := h.kube.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d := h.desired(nodeA, protocol.KindSecret, "default", "web-secret")
+	if len(d.Secret.Data) != 0 || d.Sealed == nil {
+		t.Fatalf("secret sent as %+v, want it sealed", d.Secret)
+	}
+	if err := key.Open(nodeA, d.Secret, d.Sealed); err != nil || string(d.Secret.Data["token"]) != "x" {
+		t.Fatalf("sealed secret opened: %q, %v", d.Secret.Data, err)
 	}
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 
 	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -230,11 +232,34 @@ func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*
 				if err != nil {
 					continue
 				}
-				add(encodeObject(protocol.KindSecret, s.Namespace, s.Name, SanitizeSecret(s)))
+				add(c.secretObject(node, s))
 			}
 		}
 	}
 	return want, terminating, nil
+}
+
+// secretObject is a Secret as its node gets it: sealed to the key the node publishes (its API
+// Node's annotation, from its node status). A node whose key is unknown gets no new version.
+func (c *Controller) secretObject(node string, s *v1.Secret) (*object, error) {
+	o, err := encodeObject(protocol.KindSecret, s.Namespace, s.Name, SanitizeSecret(s))
+	if err != nil {
+		return o, err
+	}
+	n, err := c.nodeLister.Get(node)
+	if err != nil {
+		o.Stuck = true
+		return o, fmt.Errorf("secret %s/%s is not sent to node %s: its sealing key is unknown (no API Node yet: %w)", s.Namespace, s.Name, node, err)
+	}
+	pub, err := sealing.NodePublic(n)
+	if err != nil {
+		o.Stuck = true
+		return o, fmt.Errorf("secret %s/%s is not sent to node %s: %w", s.Namespace, s.Name, node, err)
+	}
+	o.SealTo = pub
+	// Another node key (a node set up again) must have the Secret sealed again.
+	o.Hash = hashRaw(append(slices.Clip(o.Raw), sealing.KeyID(pub)...))
+	return o, nil
 }
 
 // podObject is the pod as its node gets it, and its sanitized spec. The node re-checks nodeSelector

@@ -2,12 +2,14 @@ package pods
 
 import (
 	"context"
+	"crypto/rand"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -180,4 +182,18 @@ func desiredOf(t *testing.T, b []byte, node string, kind protocol.ObjectKind, ns
 		t.Fatalf("decode %s %s/%s: %v", kind, ns, name, err)
 	}
 	return d
+}
+
+// sealedNode is an API Node with the sealing key its agent publishes, and that key.
+func sealedNode(t *testing.T, name string) (*v1.Node, *sealing.Key) {
+	t.Helper()
+	nodeKey := make([]byte, 32)
+	if _, err := rand.Read(nodeKey); err != nil {
+		t.Fatal(err)
+	}
+	key, err := sealing.FromNodeKey(nodeKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Annotations: map[string]string{sealing.AnnotationKey: key.Public()}}}, key
 }

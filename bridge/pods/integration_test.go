@@ -1,6 +1,7 @@
 package pods
 
 import (
+	"bytes"
 	"context"
 	"sync"
 	"sync/atomic"
@@ -101,7 +102,8 @@ func TestAgainstARealBroker(t *testing.T) {
 	web2 := apiPod("default", "web-2", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000002")
 	web2.Spec.Containers[0].Env = nil // references the configMap only
 	elsewhere := apiPod("default", "web-3", "edge-c", "6f1c2d3e-aaaa-4bbb-8ccc-000000000003")
-	kube := fake.NewClientset(web1, web2, elsewhere,
+	apiNode, sealKey := sealedNode(t, nodeA)
+	kube := fake.NewClientset(web1, web2, elsewhere, apiNode,
 		configMap("default", "web-config", map[string]string{"index.html": "v1"}),
 		secret("default", "web-secret", map[string][]byte{"token": []byte("s3cr3t")}),
 		secret("default", "unused", map[string][]byte{"x": []byte("y")}))
@@ -198,8 +200,13 @@ func TestAgainstARealBroker(t *testing.T) {
 				t.Errorf("the node's admission: %v, warnings %q", err, warnings)
 			}
 		}
-		if d.Secret != nil && string(d.Secret.Data["token"]) != "s3cr3t" {
-			t.Errorf("secret data %q", d.Secret.Data)
+		if d.Secret != nil {
+			// Sealed to the node's key: nothing in clear on the broker, and the node opens it.
+			if len(d.Secret.Data) != 0 || d.Sealed == nil || bytes.Contains(payload, []byte("s3cr3t")) {
+				t.Errorf("secret sent unsealed: %s", payload)
+			} else if err := sealKey.Open(nodeA, d.Secret, d.Sealed); err != nil || string(d.Secret.Data["token"]) != "s3cr3t" {
+				t.Errorf("secret data %q, %v", d.Secret.Data, err)
+			}
 		}
 	}
 	for _, n := range []string{"edge-b", "edge-c"} {

@@ -1,6 +1,7 @@
 package pods
 
 import (
+	"crypto/ecdh"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -9,6 +10,8 @@ import (
 	"sort"
 
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
+	v1 "k8s.io/api/core/v1"
 )
 
 // entry is one retained desired object of a node as this bridge knows it: from the snapshot read
@@ -56,8 +59,11 @@ type object struct {
 	Name      string
 	Raw       []byte // the object's JSON, as it goes into Desired.Object
 	Hash      string
-	// Stuck objects cannot be sent (too large, or not encodable): the retained version, if any, stays listed.
+	// Stuck objects cannot be sent (too large, not encodable, a Secret for a node whose sealing
+	// key is unknown): the retained version, if any, stays listed.
 	Stuck bool
+	// SealTo is the node key a Secret's data is sealed to when it is written.
+	SealTo *ecdh.PublicKey
 }
 
 func (o *object) key() string { return protocol.ObjectKey(o.Kind, o.Namespace, o.Name) }
@@ -323,6 +329,21 @@ func nodeRunsAnotherIndex(acks *protocol.Acks, s *nodeState) bool {
 func newWrite(node, key string, o *object, gen int64) (write, error) {
 	msg := &protocol.Desired{APIVersion: protocol.APIVersion, Kind: o.Kind, Node: node, Namespace: o.Namespace,
 		Name: o.Name, Generation: gen, Object: o.Raw}
+	if o.SealTo != nil {
+		// The broker and the site gateway see the Secret's data only sealed to this node.
+		var s v1.Secret
+		if err := json.Unmarshal(o.Raw, &s); err != nil {
+			return write{}, fmt.Errorf("seal desired %s of node %s: %w", key, node, err)
+		}
+		bare, sealed, err := sealing.Seal(o.SealTo, node, &s)
+		if err != nil {
+			return write{}, err
+		}
+		if msg.Object, err = json.Marshal(bare); err != nil {
+			return write{}, fmt.Errorf("seal desired %s of node %s: %w", key, node, err)
+		}
+		msg.Sealed = sealed
+	}
 	payload, err := protocol.Encode(msg)
 	if err != nil {
 		return write{}, fmt.Errorf("encode desired %s of node %s at generation %d: %w", key, node, gen, err)

@@ -85,6 +85,12 @@ func (c *AgentCmd) Run() error {
 	if storeOpts.SecretKey, err = nodeKey(cfg, log); err != nil {
 		return err
 	}
+	// Secrets from the control plane arrive sealed to a key derived from the node key; its
+	// public half goes out in the node status (sync/sealing).
+	sealKey, err := nodeSealingKey(storeOpts.SecretKey) // wire_objects.go
+	if err != nil {
+		return err
+	}
 	db, err := store.OpenWith(cfg.StatePath(), storeOpts)
 	if err != nil {
 		return err
@@ -99,7 +105,7 @@ func (c *AgentCmd) Run() error {
 	var report agent.Reporter
 	var a *agent.Agent
 	if cfg.MQTTBroker != "" && !cfg.Once {
-		channel, err = newChannel(cfg, objs.Guard(state, source.MQTT), log, func() *agent.Agent { return a })
+		channel, err = newChannel(cfg, objs.Guard(state, source.MQTT), sealKey, log, func() *agent.Agent { return a })
 		if err != nil {
 			return err
 		}
@@ -154,7 +160,7 @@ func (c *AgentCmd) Run() error {
 	// Disk pressure reclaims unused images and dead containers before any pod is evicted.
 	// The node status shows the eviction manager's pressure, and is recomputed when it changes.
 	pressure := &pressureRef{}
-	nodeStatus = newNodeStatus(cfg, rt, db, log, a, channel, nodeInputs{pressure: pressure, devices: devs, network: network.Ready})
+	nodeStatus = newNodeStatus(cfg, rt, db, log, a, channel, nodeInputs{pressure: pressure, devices: devs, network: network.Ready, sealing: sealKey})
 	evictions = startEviction(ctx, cfg, a, rt, report, gc.Manager, nodeStatus.m.Trigger, log)
 	defer evictions.Wait()
 	pressure.p = evictions.Manager

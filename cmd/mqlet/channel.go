@@ -11,16 +11,18 @@ import (
 	"github.com/mqlet/mqlet/sync/logserve"
 	"github.com/mqlet/mqlet/sync/nodesync"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
 )
 
 // newChannel builds the MQTT channel from the validated config. The agent is handed over lazily
 // because the agent needs the channel's source and reporter to be built first. The node status
 // reaches it from the node status manager (wire_nodestatus.go), on real changes only.
-func newChannel(cfg config.Config, db store.State, log *slog.Logger, agentOf func() *agent.Agent) (*nodesync.Sync, error) {
+func newChannel(cfg config.Config, db store.State, sealKey *sealing.Key, log *slog.Logger, agentOf func() *agent.Agent) (*nodesync.Sync, error) {
 	o, err := channelOptions(cfg, db, log, lazyLogs(agentOf))
 	if err != nil {
 		return nil, err
 	}
+	o.Sealing = sealKey
 	return nodesync.New(o)
 }
 

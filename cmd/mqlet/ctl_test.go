@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/mqlet/mqlet/sync/ctlclient"
 	"github.com/mqlet/mqlet/sync/logserve"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
 
 	"github.com/alecthomas/kong"
 	mqtt "github.com/eclipse/paho.mqtt.golang"
@@ -142,13 +144,22 @@ spec:
 
 func TestCtlApplyAndDelete(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
+	// The node published its status (with its sealing key) once, and no acks.
+	nodeKey := make([]byte, 32)
+	rand.Read(nodeKey)
+	sealKey, err := sealing.FromNodeKey(nodeKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctlPublish(t, ctlRaw(t, b.Plain), ctlTopics.NodeStatus("edge-1"), &protocol.NodeStatus{Node: "edge-1",
+		Object: &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-1", Annotations: map[string]string{sealing.AnnotationKey: sealKey.Public()}}}})
 	file := writeFile(t, "app.yaml", ctlManifests)
 	out, errOut, err := ctlRun(t, "", "--broker", b.Plain, "apply", "-f", file, "--node", "edge-1")
 	if err != nil {
 		t.Fatalf("apply: %v\n%s", err, errOut)
 	}
 	// A node the broker never heard of: said so, and that the objects wait for it.
-	for _, want := range []string{"Warning: node edge-1 has never reported to this broker", "node edge-1 has not connected yet: the objects are queued for it"} {
+	for _, want := range []string{"Warning: node edge-1 has never reported to this broker", "node edge-1 is unknown: the objects are queued for it"} {
 		if !strings.Contains(errOut, want) {
 			t.Errorf("apply to a new node: stderr lacks %q:\n%s", want, errOut)
 		}
@@ -180,8 +191,11 @@ func TestCtlApplyAndDelete(t *testing.T) {
 		objs["configmaps/default/web-config"].ConfigMap.Data["index.html"] != "hello" {
 		t.Fatalf("retained desired objects: %v", objs)
 	}
-	if s := objs["secrets/prod/web-token"].Secret; string(s.Data["token"]) != "s3cret" || len(s.StringData) != 0 {
-		t.Errorf("secret sent as %+v, want stringData folded into data", s)
+	sec := objs["secrets/prod/web-token"]
+	if len(sec.Secret.Data) != 0 || len(sec.Secret.StringData) != 0 || sec.Sealed == nil {
+		t.Errorf("secret sent as %+v, want its data sealed", sec.Secret)
+	} else if err := sealKey.Open("edge-1", sec.Secret, sec.Sealed); err != nil || string(sec.Secret.Data["token"]) != "s3cret" {
+		t.Errorf("secret opened with the node's key: %q, %v; want stringData folded into data", sec.Secret.Data, err)
 	}
 	idx, err := protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: "edge-1"}, got[ctlTopics.Index("edge-1")], 0)
 	if err != nil || idx.Revision != 1 || len(idx.Objects) != 4 {
@@ -307,7 +321,8 @@ func fakeNodeStatus(t *testing.T, b *mqtttest.Broker) {
 	t.Helper()
 	cl := ctlRaw(t, b.Plain)
 	ctlPublish(t, cl, ctlTopics.Liveness("edge-1"), &protocol.Liveness{Node: "edge-1", Online: true, Session: 7, Time: now.Add(-time.Hour), Version: "v0.3.0"})
-	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-1"}, Status: v1.NodeStatus{
+	sealKey, _ := sealing.FromNodeKey(make([]byte, 32))
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-1", Annotations: map[string]string{sealing.AnnotationKey: sealKey.Public()}}, Status: v1.NodeStatus{
 		Conditions: []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady"}},
 		Addresses:  []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.0.0.7"}},
 		NodeInfo:   v1.NodeSystemInfo{Architecture: "arm64", KubeletVersion: "v0.3.0"},

@@ -14,6 +14,7 @@ import (
 	"github.com/mqlet/mqlet/hw"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/nodesync"
+	"github.com/mqlet/mqlet/sync/sealing"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -23,6 +24,7 @@ type nodeInputs struct {
 	pressure nodestatus.Pressure
 	devices  *devices.Manager
 	network  func() error // why pods cannot get a network now, nil when they can (wire_cni.go)
+	sealing  *sealing.Key // its public key is published for control planes to seal Secrets to
 }
 
 // pressureRef hands the node status the eviction manager's conditions; p is set before the status
@@ -75,6 +77,10 @@ func newNodeStatus(cfg config.Config, rt *runtime.Runtime, db *store.DB, log *sl
 		c.Ready = nodestatus.NetworkReady(c.Ready, in.network)
 	}
 	setters := nodestatus.DefaultSetters(c)
+	if in.sealing != nil {
+		// After HardwareFacts, which resets the mqlet.io/ annotations.
+		setters = append(setters, nodestatus.Annotation(sealing.AnnotationKey, in.sealing.Public()))
+	}
 	m := nodestatus.New(nodestatus.Options{
 		Name:    cfg.NodeName,
 		Setters: setters,

@@ -13,6 +13,7 @@ import (
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/store/seal"
+	"github.com/mqlet/mqlet/sync/sealing"
 )
 
 // nodeKey loads (or creates, 0600, at first start) the node key that seals Secrets in the state
@@ -30,6 +31,15 @@ func nodeKey(cfg config.Config, log *slog.Logger) ([]byte, error) {
 	log.Warn("no node key: Secrets in the manifest dir will be refused (they are never stored in clear)",
 		"secretKeyFile", cfg.SecretKeyFile, "err", err)
 	return nil, nil
+}
+
+// nodeSealingKey is the key Secrets from the control plane are sealed to (nil without a node key:
+// sealed Secrets are then refused, each with the reason).
+func nodeSealingKey(nodeKey []byte) (*sealing.Key, error) {
+	if nodeKey == nil {
+		return nil, nil
+	}
+	return sealing.FromNodeKey(nodeKey)
 }
 
 // newObjects makes the store of ConfigMaps and Secrets that pods use: the runtime reads env and

@@ -1,6 +1,7 @@
 package ctlclient
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"maps"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -182,6 +184,11 @@ func TestApplyAndDelete(t *testing.T) {
 	p.Spec.Containers[0].Image = "busybox:2"
 	cm := &v1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cfg"}, Data: map[string]string{"k": "v"}}
 	sec := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "kube-system"}, Data: map[string][]byte{"k": []byte("v")}}
+	// A Secret goes sealed to the key the node publishes in its status, and is refused without one.
+	if _, err := c.Apply(ctx, node, []any{sec}); err == nil || !strings.Contains(err.Error(), "sealing key is unknown") {
+		t.Fatalf("Apply of a secret to a node without a status: %v, want a refusal naming the sealing key", err)
+	}
+	key := publishSealingKey(t, b, node)
 	res, err = c.Apply(ctx, node, []any{p, cm, sec})
 	if err != nil {
 		t.Fatalf("second Apply: %v", err)
@@ -192,8 +199,11 @@ func TestApplyAndDelete(t *testing.T) {
 	cmKey, secKey := protocol.ObjectKey(protocol.KindConfigMap, "default", "cfg"), protocol.ObjectKey(protocol.KindSecret, "kube-system", "s")
 	d = desired(t, c, node)
 	if d[web].Generation != 2 || d[web].Pod.Spec.Containers[0].Image != "busybox:2" || d[db].Generation != 1 ||
-		d[cmKey].ConfigMap == nil || d[secKey].Secret == nil || string(d[secKey].Secret.Data["k"]) != "v" {
+		d[cmKey].ConfigMap == nil || d[secKey].Secret == nil || len(d[secKey].Secret.Data) != 0 || d[secKey].Sealed == nil {
 		t.Errorf("retained desired after the second apply: %+v", d)
+	}
+	if err := key.Open(node, d[secKey].Secret, d[secKey].Sealed); err != nil || string(d[secKey].Secret.Data["k"]) != "v" {
+		t.Errorf("the sealed secret opened with the node's key: %q, %v", d[secKey].Secret.Data, err)
 	}
 	if idx := index(t, c, node); idx.Revision != 2 || !maps.Equal(gens(idx), map[string]int64{web: 2, db: 1, cmKey: 2, secKey: 2}) {
 		t.Errorf("index after the second apply: %+v", idx)
@@ -401,4 +411,21 @@ func TestApplyCountsAboveTheAcks(t *testing.T) {
 	if gen, err := c.Delete(testCtx(t), "n1", protocol.KindPod, "default", "web"); err != nil || gen != 11 {
 		t.Errorf("Delete = %d, %v; want generation 11", gen, err)
 	}
+}
+
+// publishSealingKey publishes, as node would, a node status carrying a fresh sealing key, and
+// returns the key.
+func publishSealingKey(t *testing.T, b *mqtttest.Broker, node string) *sealing.Key {
+	t.Helper()
+	nodeKey := make([]byte, 32)
+	if _, err := rand.Read(nodeKey); err != nil {
+		t.Fatal(err)
+	}
+	key, err := sealing.FromNodeKey(nodeKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Annotations: map[string]string{sealing.AnnotationKey: key.Public()}}}
+	pub(t, rawClient(t, b.Plain), tp.NodeStatus(node), &protocol.NodeStatus{Node: node, Object: n}, true)
+	return key
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/protocol"
+	v1 "k8s.io/api/core/v1"
 )
 
 // Store is what the downlink needs of the state store.
@@ -88,6 +89,9 @@ type Options struct {
 	// Resync publishes a resync request naming the missing keys, for a control plane that lost
 	// them; it must not block.
 	Resync func(reason string, missing []string)
+	// Unseal opens a Secret's sealed data into it (nil: this node has no sealing key, and sealed
+	// Secrets are refused).
+	Unseal func(*v1.Secret, *protocol.Sealed) error
 	// Trusted are the public keys a signed index must verify with. Empty: any index is taken
 	// (the broker and every writer on it are trusted), which New's caller says once at start.
 	Trusted []ed25519.PublicKey
@@ -98,8 +102,8 @@ type Options struct {
 	// (0: DefaultAckHold; negative: not at all): a change then costs one acks, naming it applied,
 	// instead of one naming it missing and another naming it applied.
 	AckHold time.Duration
-	Log    *slog.Logger
-	Now    func() time.Time
+	Log     *slog.Logger
+	Now     func() time.Time
 }
 
 // held is what the node took in for one key: applied (refused empty) or refused, at a generation
@@ -701,6 +705,23 @@ func (d *Downlink) apply(obj *protocol.DesiredObject, topic string) (string, err
 		}
 		return "", nil
 	case protocol.KindConfigMap, protocol.KindSecret:
+		switch {
+		case obj.Sealed != nil && d.o.Unseal == nil:
+			return "the secret is sealed and this node has no sealing key (no node key)", nil
+		case obj.Sealed != nil:
+			if err := d.o.Unseal(obj.Secret, obj.Sealed); err != nil {
+				// The same payload never opens later: a verdict, until a writer seals it again.
+				return err.Error(), nil
+			}
+		case obj.Secret != nil && (len(obj.Secret.Data) > 0 || len(obj.Secret.StringData) > 0):
+			d.o.Log.Warn("mqtt downlink: a secret arrived in clear; the broker and everyone who can read its topic saw it (writers seal secrets to the node's key)", "topic", topic)
+			d.o.Events.Emit(event.Event{
+				Time: d.o.Now(), Type: event.Warning, Reason: "SecretNotSealed",
+				Object:  event.Object{Kind: "Secret", Namespace: obj.Namespace, Name: obj.Name},
+				Message: fmt.Sprintf("%s arrived in clear: the broker and whoever can read the topic saw its data; a current mqlet ctl or mqlet-bridge seals secrets to this node's key", topic),
+				Source:  "mqtt " + topic,
+			})
+		}
 		r := store.ObjectRecord{Kind: storeKind(obj.Kind), Namespace: obj.Namespace, Name: obj.Name, Generation: obj.Generation, Source: ref}
 		if obj.ConfigMap != nil {
 			obj.ConfigMap.Namespace = obj.Namespace

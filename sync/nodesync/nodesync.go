@@ -19,6 +19,7 @@ import (
 	"github.com/mqlet/mqlet/sync/link"
 	"github.com/mqlet/mqlet/sync/logserve"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
 	"github.com/mqlet/mqlet/sync/uplink"
 	v1 "k8s.io/api/core/v1"
 )
@@ -42,6 +43,9 @@ type Options struct {
 	Outbox     store.OutboxLimits
 	// Trusted are the public keys desired state must be signed by; empty takes any index.
 	Trusted []ed25519.PublicKey
+	// Sealing, when set, opens the Secrets sealed to this node; without it sealed Secrets are
+	// refused.
+	Sealing *sealing.Key
 	// Logs, when set, finds container logs for `mqlet ctl logs` (served over MQTT).
 	Logs    logserve.LogFinder
 	Version string
@@ -127,7 +131,7 @@ func New(o Options) (*Sync, error) {
 		Settled: func(session int64) { s.queueOp(fetchOp{dropSummary: session}) }})
 	s.down = downlink.New(downlink.Options{
 		Node: o.Node, Topics: t, Store: o.Store, MaxPayload: o.MaxPayload, Events: s.up,
-		Acks: s.up.Acks, Trusted: o.Trusted,
+		Acks: s.up.Acks, Trusted: o.Trusted, Unseal: unsealer(o),
 		Fetch:   func(keys []string) { s.queueOp(fetchOp{subscribe: keys}) },
 		Unfetch: func(keys []string) { s.queueOp(fetchOp{unsubscribe: keys}) },
 		Resync: func(reason string, missing []string) {
@@ -139,6 +143,14 @@ func New(o Options) (*Sync, error) {
 		s.logs = logserve.New(logserve.Options{Node: o.Node, Topics: t, Finder: o.Logs, Pub: logPublisher{l}, Log: o.Log})
 	}
 	return s, nil
+}
+
+// unsealer opens Secrets sealed to this node, or nil without a sealing key.
+func unsealer(o Options) func(*v1.Secret, *protocol.Sealed) error {
+	if o.Sealing == nil {
+		return nil
+	}
+	return func(s *v1.Secret, sd *protocol.Sealed) error { return o.Sealing.Open(o.Node, s, sd) }
 }
 
 func (s *Sync) liveness(online bool, session int64) []byte {

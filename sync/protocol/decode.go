@@ -141,6 +141,16 @@ func DecodeDesired(t Topic, payload []byte, max int) (*DesiredObject, error) {
 	if namespace != d.Namespace || name != d.Name {
 		return nil, fmt.Errorf("%s: object is %s/%s, the envelope says %s/%s", what, namespace, name, d.Namespace, d.Name)
 	}
+	if d.Sealed != nil {
+		switch {
+		case d.Secret == nil:
+			return nil, fmt.Errorf("%s %s/%s: only a secret's data is sealed", what, d.Namespace, d.Name)
+		case len(d.Secret.Data) > 0 || len(d.Secret.StringData) > 0:
+			return nil, fmt.Errorf("%s %s/%s: sealed, yet it also carries data in clear", what, d.Namespace, d.Name)
+		case d.Sealed.KeyID == "" || len(d.Sealed.Ciphertext) == 0:
+			return nil, fmt.Errorf("%s %s/%s: sealed data without a key id or ciphertext", what, d.Namespace, d.Name)
+		}
+	}
 	return &d, nil
 }
 

@@ -93,6 +93,19 @@ type Desired struct {
 	Name       string          `json:"name"`
 	Generation int64           `json:"generation"`
 	Object     json.RawMessage `json:"object"`
+	// Sealed carries a Secret's data encrypted to the node's sealing key (package
+	// sync/sealing): the Secret in Object then has no data of its own, so the broker, a site
+	// gateway and every other node see only ciphertext.
+	Sealed *Sealed `json:"sealed,omitempty"`
+}
+
+// Sealed is a Secret's data (and stringData, merged) sealed with HPKE to one node's key.
+type Sealed struct {
+	// KeyID names the node key it is sealed to (sealing.KeyID of the public key), so a node that
+	// changed its key says which one it was.
+	KeyID string `json:"keyID"`
+	// Ciphertext is the HPKE encapsulated key followed by the sealed data.
+	Ciphertext []byte `json:"ciphertext"`
 }
 
 // DesiredObject is a decoded, validated Desired: exactly one of the pointers is set.
