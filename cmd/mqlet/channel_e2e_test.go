@@ -107,7 +107,9 @@ func TestChannelBrokerLostItsStateThenAnApplyKeepsEveryPod(t *testing.T) {
 		t.Errorf("apply warnings %q, want one saying the index was rebuilt from the node", res.Warnings)
 	}
 	h.waitPod("d", "d running", allRunning)
-	waitAcksE2E(t, b.Plain, "all four applied", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool { return len(applied) == 4 && len(a.Missing) == 0 })
+	waitAcksE2E(t, b.Plain, "all four applied", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool {
+		return len(applied) == 4 && len(a.Missing) == 0
+	})
 	after := h.tasks()
 	for id, pid := range before {
 		if after[id] != pid {
@@ -151,7 +153,9 @@ func TestChannelKill9BetweenIndexAndObject(t *testing.T) {
 	publishRaw(ta, pa)
 	publishRaw(topics.Index(e2eNode), idx)
 	h.waitPod("a", "a running", allRunning)
-	waitAcksE2E(t, b.Plain, "b missing", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool { return a.Missing["pods/default/b"].Generation == 1 })
+	waitAcksE2E(t, b.Plain, "b missing", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool {
+		return a.Missing["pods/default/b"].Generation == 1
+	})
 	before := h.tasks()
 	h.kill9Agent()
 

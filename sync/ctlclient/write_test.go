@@ -354,7 +354,9 @@ func TestSigningWriterRefusesAReplayedIndexInForgedAcks(t *testing.T) {
 		t.Fatal(err)
 	}
 	cur := index(t, c, "edge-1")
-	waitAcks(t, c, "edge-1", "a, b, c", func(a *protocol.Acks) bool { return a.IndexRevision == cur.Revision && len(applied(t, c, "edge-1", a)) == 3 })
+	waitAcks(t, c, "edge-1", "a, b, c", func(a *protocol.Acks) bool {
+		return a.IndexRevision == cur.Revision && len(applied(t, c, "edge-1", a)) == 3
+	})
 	pub(t, rawClient(t, b.Plain), tp.Acks("edge-1"), &protocol.Acks{Node: "edge-1", IndexRevision: cur.Revision + 1, Complete: true,
 		IndexDigest: protocol.Digest(old), Index: old, Applied: map[string]protocol.IndexEntry{}}, true)
 	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("d")}); err == nil || !strings.Contains(err.Error(), "cannot be verified") {
