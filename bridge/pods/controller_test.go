@@ -225,7 +225,7 @@ func TestDeletionWaitsForTheNodesConfirmation(t *testing.T) {
 	// The node takes the index in: web-2 never ran there, so that is confirmation enough;
 	// web-1 still runs (grace period), so it waits for the node to report it gone.
 	h.after("node", nodeA, func() {
-		h.c.Handle(acksTopic(nodeA), mustEncode(t, &protocol.Acks{Complete: true, Node: nodeA, Session: 1,
+		h.c.Handle(acksTopic(nodeA), mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1,
 			IndexRevision: idx.Revision, IndexDigest: protocol.Digest(h.broker.get(topics.Index(nodeA))), Applied: idx.Objects}))
 	})
 	d := h.deletes()
@@ -306,14 +306,14 @@ func TestDeletionConfirmedOnlyByTheV2AcksRule(t *testing.T) {
 		name string
 		acks protocol.Acks
 	}{
-		{"acks of the index before", protocol.Acks{Complete: true, IndexRevision: before.Revision, Applied: before.Objects}},
-		{"acks below the dropping index, key left out", protocol.Acks{Complete: true, IndexRevision: idx.Revision - 1,
+		{"acks of the index before", protocol.Acks{IndexRevision: before.Revision, Applied: before.Objects}},
+		{"acks below the dropping index, key left out", protocol.Acks{IndexRevision: idx.Revision - 1,
 			Applied: map[string]protocol.IndexEntry{"pods/default/web-1": keepEntry}}},
-		{"applied still", protocol.Acks{Complete: true, IndexRevision: idx.Revision,
+		{"applied still", protocol.Acks{IndexRevision: idx.Revision,
 			Applied: map[string]protocol.IndexEntry{"pods/default/web-1": keepEntry, "pods/default/web-2": sentEntry}}},
-		{"refused still", protocol.Acks{Complete: true, IndexRevision: idx.Revision, Applied: map[string]protocol.IndexEntry{"pods/default/web-1": keepEntry},
+		{"refused still", protocol.Acks{IndexRevision: idx.Revision, Applied: map[string]protocol.IndexEntry{"pods/default/web-1": keepEntry},
 			Refused: map[string]protocol.Refusal{"pods/default/web-2": {Generation: sentEntry.Generation, Digest: sentEntry.Digest, Reason: "policy"}}}},
-		{"missing still", protocol.Acks{Complete: true, IndexRevision: idx.Revision, Applied: map[string]protocol.IndexEntry{"pods/default/web-1": keepEntry},
+		{"missing still", protocol.Acks{IndexRevision: idx.Revision, Applied: map[string]protocol.IndexEntry{"pods/default/web-1": keepEntry},
 			Missing: map[string]protocol.IndexEntry{"pods/default/web-2": sentEntry}}},
 	} {
 		a := tc.acks
@@ -324,7 +324,7 @@ func TestDeletionConfirmedOnlyByTheV2AcksRule(t *testing.T) {
 		}
 	}
 	h.after("node", nodeA, func() {
-		h.c.Handle(acksTopic(nodeA), mustEncode(t, &protocol.Acks{Complete: true, Node: nodeA, Session: 1, IndexRevision: idx.Revision,
+		h.c.Handle(acksTopic(nodeA), mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: idx.Revision,
 			Applied: map[string]protocol.IndexEntry{"pods/default/web-1": keepEntry}}))
 	})
 	if d := h.deletes(); len(d) != 1 || d[0].GetName() != "web-2" {
@@ -489,7 +489,7 @@ func TestRefusedPodBecomesFailed(t *testing.T) {
 		return err == nil && p.Status.Phase == v1.PodFailed && p.Status.Reason == ReasonNodeRefused && p.Status.Message == reason
 	}
 	refused := func(m map[string]protocol.Refusal) []byte {
-		return mustEncode(t, &protocol.Acks{Complete: true, Node: nodeA, Session: 1, IndexRevision: idx.Revision, Refused: m})
+		return mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: idx.Revision, Refused: m})
 	}
 
 	other := protocol.Digest([]byte("another payload"))
@@ -624,7 +624,7 @@ func TestDeletionWithoutStatusInMemoryReadsTheRetainedStatus(t *testing.T) {
 	}
 	markDeleted(t, h, pod)
 	idx := h.dropped(nodeA, "pods/default/web-3")
-	acks := mustEncode(t, &protocol.Acks{Complete: true, Node: nodeA, Session: 1, IndexRevision: idx.Revision})
+	acks := mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: idx.Revision})
 	h.after("node", nodeA, func() { h.c.Handle(acksTopic(nodeA), acks) })
 	if d := h.deletes(); len(d) != 0 {
 		t.Fatalf("deleted on the acks while the retained status says the pod still runs: %+v", d)
@@ -874,7 +874,7 @@ func TestShortStatusReadDoesNotConfirmADeletion(t *testing.T) {
 
 	markDeleted(t, h, pod)
 	idx := h.dropped(nodeA, "pods/default/web-3")
-	acks := mustEncode(t, &protocol.Acks{Complete: true, Node: nodeA, Session: 1, IndexRevision: idx.Revision})
+	acks := mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: idx.Revision})
 	h.after("node", nodeA, func() { h.c.Handle(acksTopic(nodeA), acks) })
 	if d := h.deletes(); len(d) != 0 {
 		t.Fatalf("deleted on a short read of the statuses: %+v", d)
@@ -918,7 +918,7 @@ func TestNodeRunningAnotherIndexGetsANewRevision(t *testing.T) {
 	// The node acks the bridge's own index: nothing to write.
 	writes := h.c.m.indexWrites.Value()
 	h.after("node", nodeA, func() {
-		h.c.Handle(acksTopic(nodeA), mustEncode(t, &protocol.Acks{Complete: true, Node: nodeA, Session: 1, IndexRevision: idx.Revision, IndexDigest: digest, Applied: idx.Objects}))
+		h.c.Handle(acksTopic(nodeA), mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: idx.Revision, IndexDigest: digest, Applied: idx.Objects}))
 	})
 	if v := h.c.m.indexWrites.Value(); v != writes {
 		t.Fatalf("%v index writes on acks of the retained index", v-writes)
@@ -928,8 +928,8 @@ func TestNodeRunningAnotherIndexGetsANewRevision(t *testing.T) {
 		name string
 		acks protocol.Acks
 	}{
-		{"newer revision", protocol.Acks{Complete: true, IndexRevision: idx.Revision + 5, IndexDigest: other, Applied: stale}},
-		{"same revision, other bytes", protocol.Acks{Complete: true, Applied: stale}}, // revision and digest set below
+		{"newer revision", protocol.Acks{IndexRevision: idx.Revision + 5, IndexDigest: other, Applied: stale}},
+		{"same revision, other bytes", protocol.Acks{Applied: stale}}, // revision and digest set below
 	} {
 		cur := h.index(nodeA)
 		a := tc.acks
@@ -953,7 +953,7 @@ func TestNodeRunningAnotherIndexGetsANewRevision(t *testing.T) {
 	writes = h.c.m.indexWrites.Value()
 	for i := range 3 {
 		h.after("node", nodeA, func() {
-			h.c.Handle(acksTopic(nodeA), mustEncode(t, &protocol.Acks{Complete: true, Node: nodeA, Session: int64(10 + i), IndexRevision: cur.Revision,
+			h.c.Handle(acksTopic(nodeA), mustEncode(t, &protocol.Acks{Node: nodeA, Session: int64(10 + i), IndexRevision: cur.Revision,
 				IndexDigest: other, Applied: stale, IndexRefused: &protocol.Refusal{Generation: cur.Revision,
 					Digest: protocol.Digest(h.broker.get(topics.Index(nodeA))), Reason: "conflict"}}))
 		})

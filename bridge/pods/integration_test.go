@@ -285,7 +285,7 @@ func TestAgainstARealBroker(t *testing.T) {
 	}
 	// The node takes the index in and says so in its retained acks: web-1 is in none of its
 	// outcomes any more.
-	acks := mustEncode(t, &protocol.Acks{Complete: true, Node: nodeA, Session: 3, IndexRevision: dropIdx.Revision, Applied: dropIdx.Objects})
+	acks := mustEncode(t, &protocol.Acks{Node: nodeA, Session: 3, IndexRevision: dropIdx.Revision, Applied: dropIdx.Objects})
 	if err := broker.Publish(ctx, topics.Acks(nodeA), acks, true); err != nil {
 		t.Fatal(err)
 	}

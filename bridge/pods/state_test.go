@@ -180,7 +180,7 @@ func TestRestartFromSnapshotWritesNothingAndCountsAbove(t *testing.T) {
 	retain(t, retained, p)
 	first.commit(p)
 	// The node's acks show a generation above the index (another writer, or a lost index).
-	retained[topics.Acks(nodeA)] = mustEncode(t, &protocol.Acks{Complete: true, Node: nodeA, Session: 1, IndexRevision: 1,
+	retained[topics.Acks(nodeA)] = mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: 1,
 		Applied: map[string]protocol.IndexEntry{"pods/default/web-1": p.Index.Objects["pods/default/web-1"]},
 		Refused: map[string]protocol.Refusal{"pods/default/x": {Generation: 40, Reason: "r"}}})
 	// And someone else's payload the bridge cannot read.
@@ -216,11 +216,11 @@ func TestAcksTopCountsEveryV2Field(t *testing.T) {
 		name string
 		a    protocol.Acks
 	}{
-		{"indexRevision", protocol.Acks{Complete: true, IndexRevision: 50}},
-		{"applied", protocol.Acks{Complete: true, IndexRevision: 1, Applied: map[string]protocol.IndexEntry{"pods/default/a": {Generation: 50}}}},
-		{"refused", protocol.Acks{Complete: true, IndexRevision: 1, Refused: map[string]protocol.Refusal{"pods/default/a": {Generation: 50}}}},
-		{"missing", protocol.Acks{Complete: true, IndexRevision: 1, Missing: map[string]protocol.IndexEntry{"pods/default/a": {Generation: 50}}}},
-		{"indexRefused", protocol.Acks{Complete: true, IndexRevision: 1, IndexRefused: &protocol.Refusal{Generation: 50}}},
+		{"indexRevision", protocol.Acks{IndexRevision: 50}},
+		{"applied", protocol.Acks{IndexRevision: 1, Applied: map[string]protocol.IndexEntry{"pods/default/a": {Generation: 50}}}},
+		{"refused", protocol.Acks{IndexRevision: 1, Refused: map[string]protocol.Refusal{"pods/default/a": {Generation: 50}}}},
+		{"missing", protocol.Acks{IndexRevision: 1, Missing: map[string]protocol.IndexEntry{"pods/default/a": {Generation: 50}}}},
+		{"indexRefused", protocol.Acks{IndexRevision: 1, IndexRefused: &protocol.Refusal{Generation: 50}}},
 	} {
 		if got := tc.a.Top(); got != 50 {
 			t.Errorf("%s: acksTop %d, want 50", tc.name, got)
@@ -292,17 +292,17 @@ func TestGoneFromNode(t *testing.T) {
 		gone bool
 	}{
 		{"no acks", nil, 5, false},
-		{"no drop revision", &protocol.Acks{Complete: true, IndexRevision: 9}, 0, false},
-		{"acks below the dropping revision", &protocol.Acks{Complete: true, IndexRevision: 4}, 5, false},
-		{"still applied", &protocol.Acks{Complete: true, IndexRevision: 5, Applied: map[string]protocol.IndexEntry{key: e}}, 5, false},
-		{"still refused", &protocol.Acks{Complete: true, IndexRevision: 5, Refused: map[string]protocol.Refusal{key: {Generation: 4, Reason: "r"}}}, 5, false},
-		{"still missing", &protocol.Acks{Complete: true, IndexRevision: 6, Missing: map[string]protocol.IndexEntry{key: e}}, 5, false},
-		{"at the dropping revision, not named", &protocol.Acks{Complete: true, IndexRevision: 5, Applied: other}, 5, true},
-		{"above it, not named", &protocol.Acks{Complete: true, IndexRevision: 8}, 5, true},
+		{"no drop revision", &protocol.Acks{IndexRevision: 9}, 0, false},
+		{"acks below the dropping revision", &protocol.Acks{IndexRevision: 4}, 5, false},
+		{"still applied", &protocol.Acks{IndexRevision: 5, Applied: map[string]protocol.IndexEntry{key: e}}, 5, false},
+		{"still refused", &protocol.Acks{IndexRevision: 5, Refused: map[string]protocol.Refusal{key: {Generation: 4, Reason: "r"}}}, 5, false},
+		{"still missing", &protocol.Acks{IndexRevision: 6, Missing: map[string]protocol.IndexEntry{key: e}}, 5, false},
+		{"at the dropping revision, not named", &protocol.Acks{IndexRevision: 5, Applied: other}, 5, true},
+		{"above it, not named", &protocol.Acks{IndexRevision: 8}, 5, true},
 		// Compact acks list only exceptions: they confirm against the index they name.
-		{"compact, the bridge's index", &protocol.Acks{IndexRevision: 5, IndexDigest: mine.PayloadDigest}, 5, true},
-		{"compact, another index of that revision", &protocol.Acks{IndexRevision: 5, IndexDigest: protocol.Digest([]byte("theirs"))}, 5, false},
-		{"compact, a newer index", &protocol.Acks{IndexRevision: 8, IndexDigest: protocol.Digest([]byte("index 8"))}, 5, false},
+		{"compact, the bridge's index", &protocol.Acks{Compact: true, IndexRevision: 5, IndexDigest: mine.PayloadDigest}, 5, true},
+		{"compact, another index of that revision", &protocol.Acks{Compact: true, IndexRevision: 5, IndexDigest: protocol.Digest([]byte("theirs"))}, 5, false},
+		{"compact, a newer index", &protocol.Acks{Compact: true, IndexRevision: 8, IndexDigest: protocol.Digest([]byte("index 8"))}, 5, false},
 	} {
 		if got := goneFromNode(tc.acks, key, tc.rev, mine); got != tc.gone {
 			t.Errorf("%s: goneFromNode %v, want %v", tc.name, got, tc.gone)
@@ -322,18 +322,18 @@ func TestNodeRunsAnotherIndex(t *testing.T) {
 		want bool
 	}{
 		{"no acks", nil, held, false},
-		{"the retained index", &protocol.Acks{Complete: true, IndexRevision: 10, IndexDigest: d1}, held, false},
-		{"behind", &protocol.Acks{Complete: true, IndexRevision: 9, IndexDigest: d2}, held, false},
-		{"newer", &protocol.Acks{Complete: true, IndexRevision: 11, IndexDigest: d2}, held, true},
-		{"same revision, other bytes", &protocol.Acks{Complete: true, IndexRevision: 10, IndexDigest: d2}, held, true},
-		{"same revision, no digest (older node)", &protocol.Acks{Complete: true, IndexRevision: 10}, held, false},
-		{"refused the retained one", &protocol.Acks{Complete: true, IndexRevision: 10, IndexDigest: d2,
+		{"the retained index", &protocol.Acks{IndexRevision: 10, IndexDigest: d1}, held, false},
+		{"behind", &protocol.Acks{IndexRevision: 9, IndexDigest: d2}, held, false},
+		{"newer", &protocol.Acks{IndexRevision: 11, IndexDigest: d2}, held, true},
+		{"same revision, other bytes", &protocol.Acks{IndexRevision: 10, IndexDigest: d2}, held, true},
+		{"same revision, no digest (older node)", &protocol.Acks{IndexRevision: 10}, held, false},
+		{"refused the retained one", &protocol.Acks{IndexRevision: 10, IndexDigest: d2,
 			IndexRefused: &protocol.Refusal{Generation: 10, Digest: d1, Reason: "conflict"}}, held, false},
-		{"refused an older one", &protocol.Acks{Complete: true, IndexRevision: 11, IndexDigest: d2,
+		{"refused an older one", &protocol.Acks{IndexRevision: 11, IndexDigest: d2,
 			IndexRefused: &protocol.Refusal{Generation: 8, Reason: "stale"}}, held, true},
-		{"no index anywhere, objects applied", &protocol.Acks{Complete: true, Applied: applied}, none, true},
-		{"no index anywhere, nothing applied", &protocol.Acks{Complete: true}, none, false},
-		{"no index on the node yet", &protocol.Acks{Complete: true, Applied: applied}, held, false},
+		{"no index anywhere, objects applied", &protocol.Acks{Applied: applied}, none, true},
+		{"no index anywhere, nothing applied", &protocol.Acks{}, none, false},
+		{"no index on the node yet", &protocol.Acks{Applied: applied}, held, false},
 	} {
 		if got := nodeRunsAnotherIndex(tc.acks, tc.s); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)

@@ -175,6 +175,8 @@ func waitApplied(ctx context.Context, cl *ctlclient.Client, node string, res *ct
 			applied++
 		case outcomeSuperseded:
 			fmt.Fprintf(env.errOut, "%s was changed or deleted by another writer before node %s took it in\n", keyRef(key), node)
+		case outcomeNewerIndex:
+			fmt.Fprintf(env.errOut, "node %s runs a newer index than this apply wrote (another writer's): `mqlet ctl describe node %s` shows what it made of %s\n", node, node, keyRef(key))
 		case outcomeRefused:
 			refused = append(refused, keyRef(key))
 			fmt.Fprintf(env.errOut, "%s refused by node %s (generation %d): %s\n", keyRef(key), node, o.refusal.Generation, o.refusal.Reason)
@@ -206,6 +208,7 @@ const (
 	outcomeApplied           // applied at this generation, with this digest
 	outcomeRefused           // refused at this generation
 	outcomeSuperseded        // the node is past this generation: another writer changed or deleted the object
+	outcomeNewerIndex        // the node runs a newer index (another writer's) that this client has not read
 )
 
 // outcomes reads the node's acks for each wanted key; idx is the index the apply wrote (or left
@@ -214,7 +217,7 @@ const (
 func outcomes(a *protocol.Acks, want map[string]protocol.IndexEntry, idx *protocol.Index) map[string]applyOutcome {
 	out := make(map[string]applyOutcome, len(want))
 	revision := idx.Revision
-	appliedSet, _ := a.AppliedIn(idx)
+	appliedSet, known := a.AppliedIn(idx)
 	for key, e := range want {
 		applied, isApplied := appliedSet[key]
 		refused, isRefused := a.Refused[key]
@@ -227,6 +230,10 @@ func outcomes(a *protocol.Acks, want map[string]protocol.IndexEntry, idx *protoc
 		case isApplied && applied.Generation > e.Generation, isRefused && refused.Generation > e.Generation,
 			isMissing && missing.Generation > e.Generation:
 			out[key] = applyOutcome{state: outcomeSuperseded}
+		case !isApplied && !isRefused && !isMissing && a.IndexRevision > revision && !known:
+			// Compact acks of a newer index, which this client has not read: whether it still
+			// lists the object is that index's writer's to tell.
+			out[key] = applyOutcome{state: outcomeNewerIndex}
 		case !isApplied && !isRefused && !isMissing && a.IndexRevision > revision:
 			// A newer index leaves the object out: deleted since.
 			out[key] = applyOutcome{state: outcomeSuperseded}

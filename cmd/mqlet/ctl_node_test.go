@@ -82,7 +82,7 @@ func (n *fakeNode) report() {
 		return
 	}
 	// Compact acks, as a node sends while the broker holds its index: only the exceptions.
-	acks := &protocol.Acks{Node: n.name, Session: 3, IndexRevision: idx.Revision, IndexDigest: protocol.Digest(n.index),
+	acks := &protocol.Acks{Node: n.name, Session: 3, Compact: true, IndexRevision: idx.Revision, IndexDigest: protocol.Digest(n.index),
 		Refused: map[string]protocol.Refusal{}, Missing: map[string]protocol.IndexEntry{}}
 	runs := map[string]*v1.Pod{}
 	for key, e := range idx.Objects {

@@ -340,7 +340,7 @@ func fakeNodeStatus(t *testing.T, b *mqtttest.Broker) {
 	ctlPublish(t, cl, ctlTopics.PodStatus("edge-1", "default", "gone"),
 		&protocol.PodStatus{Node: "edge-1", Namespace: "default", Name: "gone", Source: "mqtt", Generation: 1, Deleted: true})
 	ctlPublish(t, cl, ctlTopics.Summary("edge-1"), &protocol.StatusSummary{Node: "edge-1", Pods: 2, Digest: "x"})
-	ctlPublish(t, cl, ctlTopics.Acks("edge-1"), &protocol.Acks{Node: "edge-1", Session: 7, IndexRevision: 1, Complete: true,
+	ctlPublish(t, cl, ctlTopics.Acks("edge-1"), &protocol.Acks{Node: "edge-1", Session: 7, IndexRevision: 1,
 		Applied: map[string]protocol.IndexEntry{"pods/default/web": {Generation: 1, Digest: ctlDigest}},
 		Refused: map[string]protocol.Refusal{"pods/default/db": {Generation: 1, Digest: ctlDigest, Reason: "hostPath /etc is not allowed"}},
 		Missing: map[string]protocol.IndexEntry{"configmaps/default/web-config": {Generation: 1, Digest: ctlDigest}}})

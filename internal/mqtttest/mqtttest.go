@@ -56,7 +56,7 @@ const (
 	DebianMosquitto = "/usr/sbin/mosquitto"
 
 	readyTimeout = 10 * time.Second // listeners accepting after a start
-	stopTimeout  = 10 * time.Second // exit after SIGTERM, before SIGKILL
+	stopTimeout  = 30 * time.Second // exit after SIGTERM, before SIGKILL: generous, since a loaded CI machine has made mosquitto take over 10 s
 	killTimeout  = 5 * time.Second  // exit after SIGKILL
 	// bridgeTimeout bounds WaitBridge. The site retries a lost bridge after
 	// 1 to 3 seconds (restart_timeout 1 2).

@@ -172,7 +172,7 @@ func (b *bench) measureAcksJobs(ctx context.Context, r *results) error {
 			if a.IndexRevision != res.Generation || a.Missing[k].Generation != 0 || a.Refused[k].Generation != 0 {
 				return false
 			}
-			return !a.Complete || a.Applied[k].Generation == gen
+			return a.Compact || a.Applied[k].Generation == gen
 		}); err != nil {
 			return fmt.Errorf("job %d: %w", i, errors.Join(err, alive()))
 		}

@@ -68,6 +68,10 @@ func (b *bench) newControlPlane(ctx context.Context, br *broker, role string) (*
 	}
 	cp := &controlPlane{rev: max(idx.Revision, acks.Top()), objects: maps.Clone(idx.Objects)}
 	if cp.objects == nil || acks.IndexRevision > idx.Revision {
+		if acks.Compact {
+			// Only the exceptions: rebuilding from them would drop what the node applied.
+			return nil, fmt.Errorf("node %s: compact acks of index revision %d, which the broker (at %d) does not hold: cannot rebuild its desired set", nodeName, acks.IndexRevision, idx.Revision)
+		}
 		cp.objects = map[string]protocol.IndexEntry{}
 		maps.Copy(cp.objects, acks.Missing)
 		maps.Copy(cp.objects, acks.Applied)

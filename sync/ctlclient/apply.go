@@ -499,7 +499,7 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, crossing bo
 	}
 	b.entries = map[string]protocol.IndexEntry{}
 	b.existing = true
-	if !acks.Complete {
+	if acks.Compact {
 		// Compact acks name the node's index by digest, and every outcome they stand for is an
 		// entry of it: that index, if this write saw it go by, is the node's whole set.
 		x, err := c.namedIndex(node, acks, seen)

@@ -321,7 +321,7 @@ func TestNodesStaleOffline(t *testing.T) {
 		t.Errorf("fresh client: %+v, %v; want offline", n, err)
 	}
 	// ... until the node's acks show that session 5 was connected.
-	pub(t, raw, tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 5, Complete: true, Applied: map[string]protocol.IndexEntry{}}, true)
+	pub(t, raw, tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 5, Applied: map[string]protocol.IndexEntry{}}, true)
 	if n, _, err := fresh.Node(ctx, "n1"); err != nil || n.State != StateOnline || !n.StaleOffline {
 		t.Errorf("fresh client with acks of session 5: %+v, %v; want online", n, err)
 	}
@@ -400,7 +400,7 @@ func TestConcurrentAppliesOfOneClientDrawDistinctGenerations(t *testing.T) {
 // not from 1 again: the node would refuse the lower generations as stale.
 func TestApplyCountsAboveTheAcks(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
-	pub(t, rawClient(t, b.Plain), tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 3, IndexRevision: 9, Complete: true,
+	pub(t, rawClient(t, b.Plain), tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 3, IndexRevision: 9,
 		Applied: map[string]protocol.IndexEntry{"pods/default/web": {Generation: 9, Digest: protocol.Digest([]byte("w"))}},
 		Refused: map[string]protocol.Refusal{"pods/default/old": {Generation: 8, Digest: protocol.Digest([]byte("o")), Reason: "policy"}}}, true)
 	c := dial(t, b)

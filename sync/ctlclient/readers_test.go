@@ -156,7 +156,7 @@ func TestWatchAcks(t *testing.T) {
 	raw := rawClient(t, b.Plain)
 	c := dial(t, b)
 	acks := func(rev int64) *protocol.Acks {
-		return &protocol.Acks{Node: "n1", Session: 1, IndexRevision: rev, Complete: true, Applied: map[string]protocol.IndexEntry{}}
+		return &protocol.Acks{Node: "n1", Session: 1, IndexRevision: rev, Applied: map[string]protocol.IndexEntry{}}
 	}
 	pub(t, raw, tp.Acks("n1"), acks(1), true)
 	later, err := protocol.Encode(acks(2))

@@ -153,7 +153,7 @@ func TestWriterBuildsOnTheNodesIndexWhenTheBrokersIsOlder(t *testing.T) {
 	dg := func(s string) string { return protocol.Digest([]byte(s)) }
 	pub(t, raw, tp.Index("n1"), &protocol.Index{Node: "n1", Revision: 2,
 		Objects: map[string]protocol.IndexEntry{"configmaps/default/a": {Generation: 2, Digest: dg("a")}}}, true)
-	pub(t, raw, tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 1, IndexRevision: 5, Complete: true,
+	pub(t, raw, tp.Acks("n1"), &protocol.Acks{Node: "n1", Session: 1, IndexRevision: 5,
 		Applied: map[string]protocol.IndexEntry{"configmaps/default/a": {Generation: 2, Digest: dg("a")}, "configmaps/default/b": {Generation: 5, Digest: dg("b")}},
 		Missing: map[string]protocol.IndexEntry{"configmaps/default/m": {Generation: 4, Digest: dg("m")}}}, true)
 	c := dial(t, b)
@@ -167,7 +167,7 @@ func TestWriterBuildsOnTheNodesIndexWhenTheBrokersIsOlder(t *testing.T) {
 		t.Fatalf("index %+v (warnings %q), want revision 6 with a, b, m kept from the node and c", idx, res.Warnings)
 	}
 
-	pub(t, raw, tp.Acks("n2"), &protocol.Acks{Node: "n2", Session: 1, IndexRevision: 0, Complete: true,
+	pub(t, raw, tp.Acks("n2"), &protocol.Acks{Node: "n2", Session: 1, IndexRevision: 0,
 		Applied: map[string]protocol.IndexEntry{"pods/default/old": {Generation: 3}}}, true)
 	_, err = c.Apply(testCtx(t), "n2", []any{configMap("x")})
 	if err == nil || !strings.Contains(err.Error(), "pods/default/old") {
@@ -357,7 +357,7 @@ func TestSigningWriterRefusesAReplayedIndexInForgedAcks(t *testing.T) {
 	waitAcks(t, c, "edge-1", "a, b, c", func(a *protocol.Acks) bool {
 		return a.IndexRevision == cur.Revision && len(applied(t, c, "edge-1", a)) == 3
 	})
-	pub(t, rawClient(t, b.Plain), tp.Acks("edge-1"), &protocol.Acks{Node: "edge-1", IndexRevision: cur.Revision + 1, Complete: true,
+	pub(t, rawClient(t, b.Plain), tp.Acks("edge-1"), &protocol.Acks{Node: "edge-1", IndexRevision: cur.Revision + 1,
 		IndexDigest: protocol.Digest(old), Index: old, Applied: map[string]protocol.IndexEntry{}}, true)
 	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("d")}); err == nil || !strings.Contains(err.Error(), "cannot be verified") {
 		t.Fatalf("apply over forged acks = %v, want a refusal to build on the replayed index", err)
@@ -376,7 +376,7 @@ func TestSigningWriterRefusesAReplayedIndexInForgedAcks(t *testing.T) {
 // an index that overflows.
 func TestWriterRefusesACounterNearTheLimit(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
-	pub(t, rawClient(t, b.Plain), tp.Acks("edge-1"), &protocol.Acks{Node: "edge-1", IndexRevision: 1, Complete: true, Applied: map[string]protocol.IndexEntry{},
+	pub(t, rawClient(t, b.Plain), tp.Acks("edge-1"), &protocol.Acks{Node: "edge-1", IndexRevision: 1, Applied: map[string]protocol.IndexEntry{},
 		IndexRefused: &protocol.Refusal{Generation: math.MaxInt64 - 1, Reason: "x"}}, true)
 	c := dial(t, b)
 	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("b")}); err == nil || !strings.Contains(err.Error(), "generation counter") {

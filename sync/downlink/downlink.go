@@ -284,6 +284,10 @@ func (d *Downlink) Run(ctx context.Context, deliver func(source.Change) source.R
 		// agent stopped between storing it and acting on it.
 		d.deleteUnlisted()
 	}
+	// Until a connection shows that the broker holds the restored index, the acks are complete:
+	// the broker may have lost it while the node was down, and compact acks would then leave a
+	// writer nothing to rebuild from.
+	d.complete = d.index != nil
 	d.ack()
 	d.running = true
 	defer func() {
@@ -523,7 +527,7 @@ func (d *Downlink) brokerHoldsIndex(session int64) {
 func (d *Downlink) brokerLacksIndex() {
 	if d.index != nil && !d.complete {
 		d.complete = true
-		d.ack()
+		d.flushAcks() // not held back: they are what a writer needs now
 	}
 }
 
@@ -814,9 +818,10 @@ func (d *Downlink) unfetch(keys []string) {
 
 // ack states that the acks changed. While the index in force lists objects not taken in yet (just
 // fetched: their payloads are on their way), the acks are held back for AckHold, and sent at once
-// when nothing is missing any more.
+// when nothing is missing any more. Complete acks are never held back: a writer may be waiting
+// for them.
 func (d *Downlink) ack() {
-	if d.running && d.o.AckHold > 0 && len(d.missing()) > 0 {
+	if d.running && d.o.AckHold > 0 && !d.complete && len(d.missing()) > 0 {
 		d.ackDue = true
 		if d.ackTimer == nil {
 			d.ackTimer = time.NewTimer(d.o.AckHold)
@@ -844,9 +849,9 @@ func (d *Downlink) flushAcks() {
 		d.ackTimer.Stop()
 		d.ackTimer = nil
 	}
-	a := protocol.Acks{Node: d.o.Node, IndexRefused: d.indexRefused}
-	if d.index == nil || d.complete {
-		a.Complete, a.Applied = true, map[string]protocol.IndexEntry{}
+	a := protocol.Acks{Node: d.o.Node, IndexRefused: d.indexRefused, Compact: d.index != nil && !d.complete}
+	if !a.Compact {
+		a.Applied = map[string]protocol.IndexEntry{}
 	}
 	if d.index == nil {
 		for key, h := range d.held {
@@ -875,7 +880,7 @@ func (d *Downlink) flushAcks() {
 				a.Refused = map[string]protocol.Refusal{}
 			}
 			a.Refused[key] = protocol.Refusal{Generation: h.gen, Digest: h.digest, Reason: h.refused}
-		case a.Complete:
+		case !a.Compact:
 			a.Applied[key] = e
 		}
 	}

@@ -89,6 +89,19 @@ func (l *Link) SubscribeInbox(filters []string) error {
 	return nil
 }
 
+// UnsubscribeSession is UnsubscribeInbox on connection session only: nothing when another
+// connection (which subscribed again) is current.
+func (l *Link) UnsubscribeSession(session int64, filters []string) error {
+	c := l.current()
+	if c == nil || c.session != session || len(filters) == 0 {
+		return nil
+	}
+	if err := c.await(c.client.Unsubscribe(filters...)); err != nil {
+		return fmt.Errorf("mqtt unsubscribe %d filters (first %q): %w", len(filters), filters[0], err)
+	}
+	return nil
+}
+
 // UnsubscribeInbox ends subscriptions made with SubscribeInbox on the current connection.
 func (l *Link) UnsubscribeInbox(filters []string) error {
 	if len(filters) == 0 {

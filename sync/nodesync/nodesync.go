@@ -246,10 +246,8 @@ func (s *Sync) do(op fetchOp, session int64) error {
 	}
 	switch {
 	case op.dropSummary != 0:
-		if op.dropSummary != session {
-			return nil // a new connection subscribed again, for its own read-back
-		}
-		return s.link.UnsubscribeInbox([]string{s.o.Topics.Summary(s.o.Node)})
+		// Not on a newer connection, which subscribed again for its own read-back.
+		return s.link.UnsubscribeSession(op.dropSummary, []string{s.o.Topics.Summary(s.o.Node)})
 	case op.replayIndex:
 		return s.link.Resubscribe(s.o.Topics.Index(s.o.Node))
 	case op.resync != nil:

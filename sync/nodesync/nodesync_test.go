@@ -200,7 +200,7 @@ func TestDesiredDownStatusUp(t *testing.T) {
 		// Compact acks, the broker holding the index: the pod is applied as the index lists it
 		// (not missing, not refused).
 		a, err := protocol.DecodeAcks(p, 0)
-		return err == nil && !a.Complete && a.IndexRevision == 1 && len(a.Missing)+len(a.Refused) == 0 && entries["pods/default/web"].Generation == 1
+		return err == nil && a.Compact && a.IndexRevision == 1 && len(a.Missing)+len(a.Refused) == 0 && entries["pods/default/web"].Generation == 1
 	})
 	retained(t, b.Plain, tp.Liveness(node), func(p []byte) bool {
 		l, err := protocol.DecodeLiveness(p, 0)
@@ -434,7 +434,7 @@ func TestAcksCompleteOnlyWhileTheBrokerLacksTheIndex(t *testing.T) {
 	}
 	compact := func(rev int64) func(*protocol.Acks, int) bool {
 		return func(a *protocol.Acks, size int) bool {
-			return !a.Complete && len(a.Applied) == 0 && a.IndexRevision == rev && len(a.Missing)+len(a.Refused) == 0 && size < 512
+			return a.Compact && len(a.Applied) == 0 && a.IndexRevision == rev && len(a.Missing)+len(a.Refused) == 0 && size < 512
 		}
 	}
 	acks("compact acks of revision 1", compact(1))
@@ -442,7 +442,7 @@ func TestAcksCompleteOnlyWhileTheBrokerLacksTheIndex(t *testing.T) {
 	b.Stop(t)
 	b.Start(t)
 	acks("complete acks after the broker lost the index", func(a *protocol.Acks, _ int) bool {
-		return a.Complete && a.IndexRevision == 1 && maps.Equal(a.Applied, entries)
+		return !a.Compact && a.IndexRevision == 1 && maps.Equal(a.Applied, entries)
 	})
 
 	ctl = client(t, b.Plain)

@@ -226,12 +226,14 @@ type Event struct {
 // It is how the control plane knows what the node runs, when a deletion took effect, and where the
 // node's counter stands after a broker lost its retained state.
 //
-// Acks are compact while the broker holds the index the node runs: a reader takes the applied
-// entries from that index (AppliedIn), so an acks costs O(exceptions), not O(desired set), on
-// every change. When the node finds the broker without that index (none after a reconnect, an
-// older one, another writer's of the same revision), or before it has any index, it publishes
-// complete acks: Applied lists every applied entry (and Index the signed index), which is what a
-// writer rebuilds the index from.
+// Acks are compact (Compact set) while the broker holds the index the node runs: a reader takes
+// the applied entries from that index (AppliedIn), so an acks costs O(exceptions), not O(desired
+// set), on every change. When the node finds the broker without that index (none after a
+// reconnect, an older one, another writer's of the same revision), after it starts, or before it
+// has any index, it publishes complete acks: Applied lists every applied entry (and Index the
+// signed index), which is what a writer rebuilds the index from. The flag is on the compact form
+// so that a strict decoder that predates it refuses compact acks instead of reading "nothing
+// applied" into them.
 type Acks struct {
 	APIVersion    string `json:"apiVersion"`
 	Node          string `json:"node"`
@@ -240,10 +242,10 @@ type Acks struct {
 	// IndexDigest is the digest of the index payload compared against; two different indexes with
 	// one revision (two writers at once) have different digests.
 	IndexDigest string `json:"indexDigest,omitempty"`
-	// Complete says Applied lists every applied entry; otherwise it is empty and the applied
-	// entries are those of the index named above that are neither refused nor missing.
-	Complete bool                  `json:"complete,omitempty"`
-	Applied  map[string]IndexEntry `json:"applied,omitempty"`
+	// Compact says Applied is left out: the applied entries are those of the index named above
+	// that are neither refused nor missing. Otherwise Applied lists every applied entry.
+	Compact bool                  `json:"compact,omitempty"`
+	Applied map[string]IndexEntry `json:"applied,omitempty"`
 	// Refused holds the entries the node refused (admission, policy, a payload it cannot decode),
 	// by key. A refused generation is an outcome: it is not asked for again.
 	Refused map[string]Refusal `json:"refused,omitempty"`
@@ -262,7 +264,7 @@ type Acks struct {
 // list them; compact acks tell them only against the index they name (x decoded from the payload
 // whose digest the acks give), as that index's entries less the refused and missing ones.
 func (a *Acks) AppliedIn(x *Index) (map[string]IndexEntry, bool) {
-	if a.Complete {
+	if !a.Compact {
 		return a.Applied, true
 	}
 	if x == nil || x.PayloadDigest == "" || x.PayloadDigest != a.IndexDigest || x.Revision != a.IndexRevision {
