@@ -35,6 +35,7 @@ type cli struct {
 	Image    ImageCmd    `cmd:"" help:"Import and list images in containerd (works without the agent)."`
 	VersionC VersionCmd  `cmd:"" name:"version" help:"Print the version."`
 	Ctl      CtlCmd      `cmd:"" help:"Control plane over MQTT: apply to, read from and stream logs of nodes through the broker."`
+	Check    CheckCmd    `cmd:"" help:"Check that this machine can run pods: kernel, cgroups, containerd, runc, CNI, iptables, state dir, clock, swap, config; each item with its fix."`
 	FleetSim FleetSimCmd `cmd:"" name:"fleet-sim" help:"Run many simulated nodes (the real agent over an in-memory runtime) against a broker, for scale tests of a control plane."`
 
 	Completion CompletionCmd `cmd:"" help:"Print a shell completion script: bash, zsh or fish (see mqlet completion --help)."`
