@@ -128,8 +128,8 @@ func TestComplete(t *testing.T) {
 		words []string
 		want  string // candidates joined by spaces
 	}{
-		{[]string{""}, "agent pods describe node logs image version ctl fleet-sim completion"}, // not the hidden ones
-		{[]string{"c"}, "ctl completion"},
+		{[]string{""}, "agent pods describe node logs image version ctl check fleet-sim completion"}, // not the hidden ones
+		{[]string{"c"}, "ctl check completion"},
 		{[]string{"ctl", "get", ""}, "nodes pods"},
 		{[]string{"ctl", "--broker", "tcp://b:1883", "g"}, "get"}, // the flag's value is skipped
 		{[]string{"ctl", "--broker=tcp://b:1883", "get", "n"}, "nodes"},
