@@ -38,7 +38,7 @@ type cli struct {
 	Check    CheckCmd    `cmd:"" help:"Check that this machine can run pods: kernel, cgroups, containerd, runc, CNI, iptables, state dir, clock, swap, config; each item with its fix."`
 	FleetSim FleetSimCmd `cmd:"" name:"fleet-sim" help:"Run many simulated nodes (the real agent over an in-memory runtime) against a broker, for scale tests of a control plane."`
 
-	Completion CompletionCmd `cmd:"" help:"Print a shell completion script: bash, zsh or fish (see mqlet completion --help)."`
+	Completion CompletionCmd `cmd:"" help:"Print a shell completion script for bash, zsh or fish."`
 	Complete   CompleteCmd   `cmd:"" name:"__complete" hidden:"" passthrough:"" help:"Print the completions of a command line (the completion scripts call it)."`
 
 	SandboxPause SandboxPauseCmd `cmd:"" name:"sandbox-pause" hidden:"" help:"PID 1 of a pod's shared PID namespace (started by the agent)."`
