@@ -280,3 +280,33 @@ func TestPrintImages(t *testing.T) {
 		t.Errorf("image ls -q -o json = %d, %q", status, errOut)
 	}
 }
+
+// `make build` and `make cross` stamp the version into the variables main reads: a rename on
+// either side would leave released binaries at v0.0.0-dev without any build failing.
+func TestMakefileStampsTheVersion(t *testing.T) {
+	_, _ = stampedVersion, stampedCommit // the names the Makefile must use
+	for _, args := range [][]string{{"VERSION=v1.2.3", "COMMIT=abc"}, {}} {
+		cmd := exec.Command("make", append([]string{"-s", "-n", "-C", "../..", "build", "cross"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("make -n build cross %v: %v\n%s", args, err, out)
+		}
+		builds := 0
+		for _, line := range strings.Split(string(out), "\n") {
+			if !strings.Contains(line, "go build") {
+				continue
+			}
+			builds++
+			want := `-X main.stampedVersion=v1.2.3 -X main.stampedCommit=abc"`
+			if len(args) == 0 { // make's own: scripts/version.sh's semver and the commit
+				want = "-X main.stampedVersion=v"
+			}
+			if !strings.Contains(line, want) {
+				t.Errorf("make %v builds without %q:\n%s", args, want, line)
+			}
+		}
+		if builds != 5 { // build: mqlet and mqlet-bridge; cross: three mqlet
+			t.Errorf("make -n build cross %v ran %d go builds, want 5:\n%s", args, builds, out)
+		}
+	}
+}
