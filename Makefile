@@ -3,13 +3,24 @@
 SHELL := /bin/bash
 export PATH := /usr/local/go/bin:$(PATH)
 
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
-LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+# The semantic version from the nearest vX.Y.Z tag (scripts/version.sh says what it prints between
+# tags and without any); `make VERSION=v1.2.3` overrides it.
+ifeq ($(origin VERSION),undefined)
+VERSION := $(shell bash scripts/version.sh)
+endif
+ifeq ($(VERSION),)
+$(error scripts/version.sh printed no version (see its error above); set VERSION=vX.Y.Z to build anyway)
+endif
+COMMIT  ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X main.stampedVersion=$(VERSION) -X main.stampedCommit=$(COMMIT)
 GOBUILD := CGO_ENABLED=0 go build -trimpath -tags grpcnotrace -ldflags "$(LDFLAGS)"
 TESTENV := /run/mqlet-test/env
 
-.PHONY: build cross test unit fuzz demo demo-down bench bench-fleet testenv testenv-down vet clean
+.PHONY: version build cross test unit fuzz demo demo-down bench bench-fleet testenv testenv-down vet clean
+
+# Prints the version `make build` stamps.
+version:
+	@echo $(VERSION)
 
 build:
 	$(GOBUILD) -o bin/mqlet ./cmd/mqlet

@@ -91,6 +91,9 @@ install_packages() {
 	# The bridge's tests and the fleet bench run a real control plane
 	# (internal/kubetest starts its own etcd on free ports).
 	command -v etcd >/dev/null || missing+=(etcd-server)
+	# `mqlet completion` is tested by completing in the real shells.
+	command -v zsh >/dev/null || missing+=(zsh)
+	command -v fish >/dev/null || missing+=(fish)
 	# The dynamic "busybox" package also provides /bin/busybox, but a dynamic
 	# binary cannot run in an image without libc.
 	dpkg -s busybox-static 2>/dev/null | grep -q '^Status: install ok installed' || missing+=(busybox-static)

@@ -17,7 +17,7 @@ import (
 // Warned field is accepted and becomes a Warning event (FieldWarnings), for fields kubelet ignores
 // too or that mean nothing on a single node without a control plane (scheduling hints).
 // TestFieldInventory walks the k8s.io/api types by reflection, so a field a newer k8s.io/api adds
-// fails the test until it is classified here; it also keeps README's table equal to this one.
+// fails the test until it is classified here; it also keeps docs/pods.md's table equal to this one.
 
 // Class is what mqlet does with a field.
 type Class string
@@ -62,7 +62,7 @@ func stringNot(ok ...string) func(reflect.Value) bool {
 	}
 }
 
-// FieldRules is the classification of every field, in the order README lists them.
+// FieldRules is the classification of every field, in the order docs/pods.md lists them.
 func FieldRules() []FieldRule {
 	const (
 		schedOnly = "used by a scheduler to pick a node; this node runs what it is given"

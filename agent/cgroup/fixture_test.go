@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -528,4 +529,55 @@ func TestOOMCounters(t *testing.T) {
 	if got, err := m.OOMKilled("/mqlet/k8s.io/podg-1/c1", 1); err != nil || !got {
 		t.Errorf("v1 oom_kill 2: OOMKilled = %v, %v", got, err)
 	}
+}
+
+// Preflight (mqlet check) judges as Check does, and changes nothing: a v2 Pi without memory is
+// refused with the cmdline.txt remedy, the Pi 5, the x86 v1 server and the hybrid host pass, and no
+// cgroup is made or enabled on any of them.
+func TestPreflightJudgesAndTouchesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		board   string
+		missing []string
+	}{
+		{"rpi4-nomemory", []string{"memory"}}, {"rpi5", nil}, {"rpi4", nil}, {"x86", nil}, {"hybrid", nil},
+	} {
+		root := fixture(t, tc.board)
+		before := treeState(t, root)
+		err := detect(t, root).Preflight()
+		var ce *ControllerError
+		switch {
+		case tc.missing == nil && err != nil:
+			t.Errorf("%s: Preflight = %v, want nil", tc.board, err)
+		case tc.missing != nil && (!errors.As(err, &ce) || !slices.Equal(ce.Missing, tc.missing) || !strings.Contains(err.Error(), "cmdline.txt")):
+			t.Errorf("%s: Preflight = %v, want missing %v with the cmdline.txt remedy", tc.board, err, tc.missing)
+		}
+		if after := treeState(t, root); after != before {
+			t.Errorf("%s: Preflight changed the fixture tree (made or enabled a cgroup)", tc.board)
+		}
+	}
+}
+
+// treeState is every path under root with its content, for comparing before and after.
+func treeState(t *testing.T, root string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		b.WriteString(p)
+		if d.Type().IsRegular() {
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			b.Write(data)
+		}
+		b.WriteByte('\n')
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }

@@ -4,29 +4,37 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
 	"github.com/mqlet/mqlet/bridge"
 	"github.com/mqlet/mqlet/bridge/mq"
 	"github.com/mqlet/mqlet/bridge/nodes"
+	"github.com/mqlet/mqlet/internal/buildversion"
 
 	"github.com/alecthomas/kong"
 )
 
-// Stamped by the Makefile with -ldflags "-X main.version=... -X main.commit=...".
-var (
-	version = "dev"
-	commit  = "unknown"
-)
+// Stamped by the Makefile with -ldflags "-X main.stampedVersion=... -X main.stampedCommit=...".
+var stampedVersion, stampedCommit string
+
+// version and commit are what the bridge reports (version, --version, its user agent towards the
+// Kubernetes API, bridge_build_info): the stamps, or for a plain `go build` what the go command
+// recorded of the checkout.
+var version, commit = buildversion.Resolve(stampedVersion, stampedCommit, debug.ReadBuildInfo)
 
 type cli struct {
-	Run     RunCmd     `cmd:"" default:"withargs" help:"Run the bridge (the default command)."`
-	Version VersionCmd `cmd:"" help:"Print the version."`
+	Version kong.VersionFlag `help:"Print the version and exit."`
+
+	Run      RunCmd     `cmd:"" default:"withargs" help:"Run the bridge (the default command)."`
+	VersionC VersionCmd `cmd:"" name:"version" help:"Print the version."`
 }
 
 // RunCmd holds the bridge's flags.
@@ -66,10 +74,13 @@ type RunCmd struct {
 type VersionCmd struct{}
 
 // Run prints "mqlet-bridge VERSION (commit COMMIT)".
-func (VersionCmd) Run() error {
-	fmt.Printf("mqlet-bridge %s (commit %s)\n", version, commit)
-	return nil
+func (VersionCmd) Run(env *runEnv) error {
+	_, err := fmt.Fprintln(env.stdout, versionLine())
+	return err
 }
+
+// versionLine is what `mqlet-bridge version` and `--version` print.
+func versionLine() string { return fmt.Sprintf("mqlet-bridge %s (commit %s)", version, commit) }
 
 // options turns the flags into bridge options.
 func (r *RunCmd) options(log *slog.Logger) bridge.Options {
@@ -153,28 +164,62 @@ func (r *RunCmd) Run(env *runEnv) error {
 
 type runEnv struct {
 	ctx    context.Context
-	stderr *os.File
+	stdout io.Writer
+	stderr io.Writer
 }
 
 func parser(c *cli, opts ...kong.Option) (*kong.Kong, error) {
 	return kong.New(c, append([]kong.Option{
 		kong.Name("mqlet-bridge"),
 		kong.Description("mqlet-bridge makes mqlet edge nodes Nodes of a Kubernetes cluster, over MQTT."),
-		kong.UsageOnError(),
-		kong.Vars{"roleLabel": nodes.DefaultRoleLabel, "lease": bridge.LeaderLeaseName},
+		kong.Vars{"roleLabel": nodes.DefaultRoleLabel, "lease": bridge.LeaderLeaseName, "version": versionLine()},
 	}, opts...)...)
 }
 
-func main() {
+// kongExit carries the status kong asked to exit with (after --help or --version) out of the
+// parse, so that run returns it instead of kong ending the process from inside.
+type kongExit int
+
+func (e kongExit) Error() string { return fmt.Sprintf("exit %d", int(e)) }
+
+// run runs the command line args and returns the exit status: 0, or 1 with a short error and a
+// hint on env.stderr (the full usage is --help's).
+func run(args []string, env *runEnv) int {
 	var c cli
-	p, err := parser(&c)
+	p, err := parser(&c, kong.Writers(env.stdout, env.stderr), kong.Exit(func(code int) { panic(kongExit(code)) }))
 	if err != nil {
 		panic(err) // the CLI's own tags are wrong: a bug, caught by the tests
 	}
-	kctx, err := p.Parse(os.Args[1:])
-	p.FatalIfErrorf(err)
-	if err := kctx.Run(&runEnv{ctx: context.Background(), stderr: os.Stderr}); err != nil {
-		fmt.Fprintln(os.Stderr, "mqlet-bridge:", err)
-		os.Exit(1)
+	kctx, err := parseExiting(p, args)
+	var exit kongExit
+	if errors.As(err, &exit) {
+		return int(exit)
 	}
+	if err != nil {
+		fmt.Fprintf(env.stderr, "mqlet-bridge: %v\nRun 'mqlet-bridge --help' for usage.\n", err)
+		return 1
+	}
+	if err := kctx.Run(env); err != nil {
+		fmt.Fprintln(env.stderr, "mqlet-bridge:", err)
+		return 1
+	}
+	return 0
+}
+
+// parseExiting is p.Parse with kong's exits (help, version) turned into a kongExit error.
+func parseExiting(p *kong.Kong, args []string) (kctx *kong.Context, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			code, ok := r.(kongExit)
+			if !ok {
+				panic(r)
+			}
+			kctx, err = nil, code
+		}
+	}()
+	return p.Parse(args)
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], &runEnv{ctx: context.Background(), stdout: os.Stdout, stderr: os.Stderr}))
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -81,6 +82,49 @@ func TestBadFlagsSayWhatIsWrong(t *testing.T) {
 		}
 		if err := c.Run.validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: validate %v, want one naming %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// runBridge runs the command line as main does and returns the exit status and what was printed.
+func runBridge(t *testing.T, args ...string) (status int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	status = run(args, &runEnv{ctx: context.Background(), stdout: &out, stderr: &errOut})
+	return status, out.String(), errOut.String()
+}
+
+// --version and version print the version that also goes into the bridge's user agent; a bad
+// command line is one error line and a hint, exit 1 (not kong's 80 after the whole usage).
+func TestVersionAndUsageErrors(t *testing.T) {
+	want := "mqlet-bridge " + version + " (commit " + commit + ")\n"
+	for _, args := range [][]string{{"--version"}, {"version"}, {"--mqtt-broker", "tcp://b", "--version"}} {
+		if status, out, errOut := runBridge(t, args...); status != 0 || out != want || errOut != "" {
+			t.Errorf("mqlet-bridge %q = %d, %q, %q; want 0, %q", args, status, out, errOut, want)
+		}
+	}
+	if !strings.HasPrefix(version, "v0.0.0-dev") {
+		t.Errorf("an unstamped test build's version %q, want v0.0.0-dev...", version)
+	}
+	c, _, err := parse(t, "--mqtt-broker", "tcp://b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := c.Run.options(nil); o.Version != version {
+		t.Errorf("bridge options carry version %q (the user agent's), want %q", o.Version, version)
+	}
+	for _, tc := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--mqtt-broker", "tcp://b", "--nope"}, "mqlet-bridge: unknown flag --nope"},
+		{[]string{}, "mqlet-bridge: missing flags: --mqtt-broker"},
+		{[]string{"--mqtt-broker", "tcp://b", "--kube-api-qps", "0"}, "mqlet-bridge: --kube-api-qps 0: must be positive"},
+	} {
+		status, out, errOut := runBridge(t, tc.args...)
+		lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n")
+		if status != 1 || out != "" || !strings.HasPrefix(lines[0], tc.msg) || len(lines) > 2 {
+			t.Errorf("mqlet-bridge %q = %d, %q, stderr:\n%s\nwant 1 and %q (and a hint)", tc.args, status, out, errOut, tc.msg)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -268,6 +269,20 @@ func TestImageImportAndPreload(t *testing.T) {
 	for _, want := range []string{testenv.EchoRef, testenv.BusyboxOCIRef} {
 		if !strings.Contains(out, want) {
 			t.Errorf("import output lacks %s:\n%s", want, out)
+		}
+	}
+	// -o json lists them with their digests, read from containerd.
+	var l imageListJSON
+	if err := json.Unmarshal([]byte(h.mqlet("image", "ls", "-o", "json")), &l); err != nil {
+		t.Fatalf("image ls -o json: %v", err)
+	}
+	listed := map[string]imageJSON{}
+	for _, i := range l.Images {
+		listed[i.Name] = i
+	}
+	for _, want := range []string{testenv.EchoRef, testenv.BusyboxOCIRef} {
+		if i, ok := listed[want]; !ok || !strings.HasPrefix(i.Digest, "sha256:") || i.Size <= 0 {
+			t.Errorf("image ls -o json: %s is %+v (listed: %v)", want, i, l.Images)
 		}
 	}
 	if out, err := h.mqletErr("image", "import", "/etc/hostname"); err == nil || !strings.Contains(out, "/etc/hostname") {

@@ -53,7 +53,7 @@ spec:
   - {name: a, image: mqlet.test/busybox:1, command: ["sleep", "3600"]}
 `
 
-// requireV1Cgroups skips on a cgroup v2 host: the paths read below are v1's (README: v2 is tested
+// requireV1Cgroups skips on a cgroup v2 host: the paths read below are v1's (docs/configuration.md: v2 is tested
 // on fixtures).
 func requireV1Cgroups(t *testing.T) cgroup.Layout {
 	t.Helper()

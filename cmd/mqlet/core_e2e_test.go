@@ -135,7 +135,7 @@ spec:
 	h.waitPod("four", "running", allRunning)
 }
 
-// The README's recovery step: with state.db moved aside, the agent adopts what runs (same tasks)
+// The recovery step of docs/operations.md: with state.db moved aside, the agent adopts what runs (same tasks)
 // and does not run a completed job again. Before the fix the first relist, made before the manifest
 // dir was read, removed every container as an orphan.
 func TestStateMovedAsideAdoptsPods(t *testing.T) {

@@ -24,9 +24,11 @@ type CtlGetCmd struct {
 }
 
 // CtlGetNodesCmd is `mqlet ctl get nodes`.
-type CtlGetNodesCmd struct{}
+type CtlGetNodesCmd struct {
+	Output string `short:"o" enum:"json,yaml," default:"" help:"Output format: json or yaml, a v1.NodeList (default: a table)."`
+}
 
-// Run prints NAME STATUS SINCE SESSION READY VERSION.
+// Run prints NAME STATUS SINCE SESSION READY VERSION, or the nodes as a v1.NodeList.
 func (c *CtlGetNodesCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 	ctx, stop := env.context()
 	defer stop()
@@ -39,39 +41,113 @@ func (c *CtlGetNodesCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 	if err != nil {
 		return fmt.Errorf("ctl get nodes: %w", err)
 	}
+	defer warnSkipped(env.errOut, l.Skipped)
+	if c.Output == outputJSON || c.Output == outputYAML {
+		list := &v1.NodeList{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "NodeList"}, Items: []v1.Node{}}
+		for i := range l.Items {
+			list.Items = append(list.Items, *vouchedNode(&l.Items[i]))
+		}
+		return printObject(env.out, list, c.Output)
+	}
 	if len(l.Items) == 0 {
-		fmt.Fprintln(env.errOut, "No nodes found.")
-	} else if err := printNodes(env.out, l.Items, env.now()); err != nil {
+		_, err := fmt.Fprintln(env.errOut, "No nodes found.")
 		return err
 	}
-	warnSkipped(env.errOut, l.Skipped)
-	return nil
+	return printNodes(env.out, l.Items, env.now())
 }
 
 func printNodes(out io.Writer, nodes []ctlclient.Node, now time.Time) error {
 	tw := tabwriter.NewWriter(out, 0, 8, 3, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSTATUS\tSINCE\tSESSION\tREADY\tVERSION")
-	for _, n := range nodes {
+	for i := range nodes {
+		n := &nodes[i]
 		session := "<none>"
 		if n.Session > 0 {
 			session = fmt.Sprint(n.Session)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.State, humanAge(n.Since, now), session, nodeReady(n.Status), orNone(n.Version))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.Name, n.State, humanAge(n.Since, now), session, nodeReady(n), orNone(n.Version))
 	}
 	return tw.Flush()
 }
 
-// nodeReady is the status of the node's Ready condition, <none> without a node status.
-func nodeReady(s *protocol.NodeStatus) string {
+// nodeReady is the READY column: the status of the node's Ready condition as the node last
+// reported it while it is online; "Unknown (was True)" when it is not, since an offline node's
+// retained status is only its last word; <none> without a node status.
+func nodeReady(n *ctlclient.Node) string {
+	s := n.Status
 	if s == nil || s.Object == nil {
 		return "<none>"
 	}
+	reported := string(v1.ConditionUnknown)
 	for _, c := range s.Object.Status.Conditions {
 		if c.Type == v1.NodeReady {
-			return string(c.Status)
+			reported = string(c.Status)
 		}
 	}
-	return "Unknown"
+	if n.State == ctlclient.StateOnline {
+		return reported
+	}
+	return fmt.Sprintf("Unknown (was %s)", reported)
+}
+
+// Annotations ctl get nodes -o json|yaml adds to each node: what the broker's liveness message says.
+const (
+	annotationLiveness      = "mqlet.io/liveness"       // online, offline or unknown
+	annotationLivenessSince = "mqlet.io/liveness-since" // RFC 3339, by the node's clock
+	annotationSession       = "mqlet.io/session"
+)
+
+// reasonNodeStatusUnknown is what Kubernetes' node lifecycle controller writes into the conditions
+// of a node that stopped reporting.
+const reasonNodeStatusUnknown = "NodeStatusUnknown"
+
+// vouchedNode is n's reported v1.Node (a bare one named n.Name when it reported none) with its
+// liveness as annotations. When the node is not online, every condition becomes Unknown, as the
+// node lifecycle controller marks a node that stopped reporting: the retained status is what the
+// node said before it went away, not what holds now.
+func vouchedNode(n *ctlclient.Node) *v1.Node {
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name}}
+	if n.Status != nil && n.Status.Object != nil {
+		node = n.Status.Object.DeepCopy()
+	}
+	node.TypeMeta = metav1.TypeMeta{APIVersion: "v1", Kind: "Node"}
+	if node.Annotations == nil {
+		node.Annotations = map[string]string{}
+	}
+	node.Annotations[annotationLiveness] = n.State
+	if n.Session > 0 {
+		node.Annotations[annotationSession] = fmt.Sprint(n.Session)
+	}
+	if !n.Since.IsZero() {
+		node.Annotations[annotationLivenessSince] = n.Since.UTC().Format(time.RFC3339)
+	}
+	if n.State == ctlclient.StateOnline {
+		return node
+	}
+	since := metav1.Time{}
+	if !n.Since.IsZero() {
+		since = metav1.NewTime(n.Since)
+	}
+	for i := range node.Status.Conditions {
+		c := &node.Status.Conditions[i]
+		if c.Status == v1.ConditionUnknown {
+			continue
+		}
+		said := fmt.Sprintf("The node is %s (its liveness message on the broker); it last reported %s %s", n.State, c.Type, c.Status)
+		if c.Message != "" {
+			said += ": " + c.Message
+		}
+		c.Message = said
+		c.Status, c.Reason = v1.ConditionUnknown, reasonNodeStatusUnknown
+		if !since.IsZero() {
+			c.LastTransitionTime = since
+		}
+	}
+	if len(node.Status.Conditions) == 0 {
+		node.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionUnknown, Reason: reasonNodeStatusUnknown,
+			Message: fmt.Sprintf("The node is %s (its liveness message on the broker) and has reported no status", n.State), LastTransitionTime: since}}
+	}
+	return node
 }
 
 // CtlGetPodsCmd is `mqlet ctl get pods`.
@@ -394,7 +470,7 @@ func describeNode(out io.Writer, n *ctlclient.Node, idx *protocol.Index, pl *ctl
 	if n.Status == nil || n.Status.Object == nil {
 		d.line(0, "Node Status", "<none reported>")
 	} else {
-		node := n.Status.Object
+		node := vouchedNode(n) // an offline node's conditions are Unknown, with what it last said
 		if !n.Status.Time.IsZero() {
 			d.line(0, "Reported", fmt.Sprintf("%s (%s ago)", formatTime(n.Status.Time), humanAge(n.Status.Time, now)))
 		}

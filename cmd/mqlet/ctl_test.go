@@ -22,6 +22,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
 )
 
 const ctlTestTimeout = 10 * time.Second
@@ -524,5 +525,74 @@ func TestCtlConfigFileAndTLS(t *testing.T) {
 	_, _, err = ctlRun(t, "", "--broker", b.Plain, "--username", "u", "--password-file", filepath.Join(dir, "missing"), "get", "nodes")
 	if err == nil || !strings.Contains(err.Error(), "read password file") {
 		t.Errorf("missing password file = %v", err)
+	}
+}
+
+// A node whose liveness says offline keeps its last status on the broker, Ready True among it:
+// ctl get nodes shows it as Unknown (was True), and -o json as the node lifecycle controller
+// marks a node that stopped reporting.
+func TestCtlGetNodesMarksOfflineNodes(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	fakeNodeStatus(t, b)
+	cl := ctlRaw(t, b.Plain)
+	went := now.Add(-2 * time.Hour)
+	ctlPublish(t, cl, ctlTopics.Liveness("edge-3"), &protocol.Liveness{Node: "edge-3", Online: false, Session: 4, Time: went, Version: "v0.3.0"})
+	ctlPublish(t, cl, ctlTopics.NodeStatus("edge-3"), &protocol.NodeStatus{Node: "edge-3", Time: now.Add(-3 * time.Hour), Object: &v1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "edge-3", Labels: map[string]string{"site": "a"}},
+		Status: v1.NodeStatus{Conditions: []v1.NodeCondition{
+			{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady", Message: "kubelet is posting ready status"},
+			{Type: v1.NodeMemoryPressure, Status: v1.ConditionFalse, Reason: "KubeletHasSufficientMemory"}}}}})
+
+	out := ctlOK(t, "--broker", b.Plain, "get", "nodes")
+	want := "NAME     STATUS    SINCE   SESSION   READY                VERSION\n" +
+		"edge-1   online    60m     7         True                 v0.3.0\n" +
+		"edge-2   offline   24h     2         <none>               <none>\n" +
+		"edge-3   offline   120m    4         Unknown (was True)   v0.3.0\n"
+	if out != want {
+		t.Errorf("get nodes:\n%s\nwant:\n%s", out, want)
+	}
+
+	for _, format := range []string{"json", "yaml"} {
+		out := ctlOK(t, "--broker", b.Plain, "get", "nodes", "-o", format)
+		var list v1.NodeList
+		data := []byte(out)
+		if format == "yaml" {
+			var err error
+			if data, err = yaml.YAMLToJSON(data); err != nil {
+				t.Fatalf("-o yaml: %v\n%s", err, out)
+			}
+		}
+		if strict, err := sigsjson.UnmarshalStrict(data, &list); err != nil || len(strict) > 0 {
+			t.Fatalf("-o %s is not a strict v1.NodeList: %v %v\n%s", format, err, strict, out)
+		}
+		if list.Kind != "NodeList" || len(list.Items) != 3 {
+			t.Fatalf("-o %s: %s %d items", format, list.Kind, len(list.Items))
+		}
+		on, off, bare := list.Items[0], list.Items[2], list.Items[1]
+		if on.Name != "edge-1" || on.Kind != "Node" || on.Annotations["mqlet.io/liveness"] != "online" || on.Annotations["mqlet.io/session"] != "7" ||
+			len(on.Status.Conditions) != 1 || on.Status.Conditions[0].Status != v1.ConditionTrue || on.Status.Addresses[0].Address != "10.0.0.7" {
+			t.Errorf("-o %s: the online node = %+v", format, on)
+		}
+		if off.Name != "edge-3" || off.Labels["site"] != "a" || off.Annotations["mqlet.io/liveness"] != "offline" ||
+			off.Annotations["mqlet.io/liveness-since"] != went.UTC().Format(time.RFC3339) || len(off.Status.Conditions) != 2 {
+			t.Fatalf("-o %s: the offline node = %+v", format, off)
+		}
+		for _, c := range off.Status.Conditions {
+			if c.Status != v1.ConditionUnknown || c.Reason != "NodeStatusUnknown" || !c.LastTransitionTime.Time.Equal(went) ||
+				!strings.Contains(c.Message, "The node is offline") || !strings.Contains(c.Message, "last reported "+string(c.Type)) {
+				t.Errorf("-o %s: the offline node's condition %+v, want Unknown since it went offline", format, c)
+			}
+		}
+		if bare.Name != "edge-2" || len(bare.Status.Conditions) != 1 || bare.Status.Conditions[0].Status != v1.ConditionUnknown ||
+			!strings.Contains(bare.Status.Conditions[0].Message, "has reported no status") {
+			t.Errorf("-o %s: the node without status = %+v", format, bare)
+		}
+	}
+
+	out = ctlOK(t, "--broker", b.Plain, "describe", "node", "edge-3")
+	if !strings.Contains(out, "Ready           Unknown  NodeStatusUnknown  120m ago") ||
+		!strings.Contains(out, "it last reported Ready True: kubelet is posting ready status") ||
+		!strings.Contains(out, "it last reported MemoryPressure False\n") {
+		t.Errorf("describe node of an offline node:\n%s", out)
 	}
 }

@@ -25,8 +25,12 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
-// TestMain removes the binary the e2e tests built.
+// TestMain removes the binary the e2e tests built. With MQLET_TEST_AS_MQLET=1 the test binary is
+// mqlet itself (main), so CLI tests run the real process without building one (cli_test.go).
 func TestMain(m *testing.M) {
+	if os.Getenv(asMqletEnv) == "1" {
+		main()
+	}
 	code := m.Run()
 	if binPath != "" {
 		os.RemoveAll(filepath.Dir(binPath))

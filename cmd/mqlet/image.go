@@ -2,8 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
-	"os"
+	"io"
 	"text/tabwriter"
 	"time"
 
@@ -34,7 +35,7 @@ type ImageImportCmd struct {
 }
 
 // Run imports each archive and prints the image names it created.
-func (c *ImageImportCmd) Run() error {
+func (c *ImageImportCmd) Run(env *ctlEnv) error {
 	ctx := context.Background()
 	rt, err := c.runtime(ctx)
 	if err != nil {
@@ -52,7 +53,7 @@ func (c *ImageImportCmd) Run() error {
 			return fmt.Errorf("import %s: %w", f, err)
 		}
 		for _, n := range names {
-			fmt.Printf("imported %s\n", n)
+			fmt.Fprintf(env.out, "imported %s\n", n)
 		}
 	}
 	return nil
@@ -61,11 +62,15 @@ func (c *ImageImportCmd) Run() error {
 // ImageLsCmd is `mqlet image ls`.
 type ImageLsCmd struct {
 	containerdFlags `embed:""`
-	Quiet           bool `short:"q" help:"Only names."`
+	Quiet           bool   `short:"q" help:"Only names."`
+	Output          string `short:"o" enum:"json," default:"" help:"Output format: json (default: a table)."`
 }
 
-// Run prints a table of images.
-func (c *ImageLsCmd) Run() error {
+// Run prints the images.
+func (c *ImageLsCmd) Run(env *ctlEnv) error {
+	if c.Quiet && c.Output != "" {
+		return fmt.Errorf("image ls: -q and -o %s exclude each other", c.Output)
+	}
 	ctx := context.Background()
 	rt, err := c.runtime(ctx)
 	if err != nil {
@@ -76,18 +81,51 @@ func (c *ImageLsCmd) Run() error {
 	if err != nil {
 		return err
 	}
-	if c.Quiet {
+	return printImages(env.out, imgs, c.Quiet, c.Output)
+}
+
+// imageListJSON is `image ls -o json`: an object, so that fields can be added beside the list.
+type imageListJSON struct {
+	Images []imageJSON `json:"images"`
+}
+
+type imageJSON struct {
+	Name    string    `json:"name"`
+	Digest  string    `json:"digest"`
+	Size    int64     `json:"size"` // bytes: what the image's content takes in containerd
+	Created time.Time `json:"created"`
+}
+
+// printImages writes imgs as names (quiet), JSON or a table.
+func printImages(out io.Writer, imgs []runtime.ImageInfo, quiet bool, format string) error {
+	switch {
+	case quiet:
 		for _, i := range imgs {
-			fmt.Println(i.Name)
+			if _, err := fmt.Fprintln(out, i.Name); err != nil {
+				return err
+			}
 		}
 		return nil
+	case format == outputJSON:
+		l := imageListJSON{Images: make([]imageJSON, 0, len(imgs))}
+		for _, i := range imgs {
+			l.Images = append(l.Images, imageJSON{Name: i.Name, Digest: i.Digest, Size: i.Size, Created: i.Created.UTC()})
+		}
+		b, err := json.MarshalIndent(l, "", "    ")
+		if err != nil {
+			return fmt.Errorf("encoding the image list as json: %w", err)
+		}
+		_, err = out.Write(append(b, '\n'))
+		return err
+	case format == outputTable:
+		tw := tabwriter.NewWriter(out, 0, 8, 2, ' ', 0)
+		fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tCREATED")
+		for _, i := range imgs {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", i.Name, shortDigest(i.Digest), humanSize(i.Size), i.Created.UTC().Format(time.RFC3339))
+		}
+		return tw.Flush()
 	}
-	tw := tabwriter.NewWriter(os.Stdout, 0, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "IMAGE\tDIGEST\tSIZE\tCREATED")
-	for _, i := range imgs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", i.Name, shortDigest(i.Digest), humanSize(i.Size), i.Created.UTC().Format(time.RFC3339))
-	}
-	return tw.Flush()
+	return fmt.Errorf("image ls: unknown output format %q (want json, or empty for the table)", format)
 }
 
 func shortDigest(d string) string {

@@ -551,3 +551,23 @@ func formatTime(t time.Time) string {
 	}
 	return t.Format(time.RFC1123Z)
 }
+
+// printObject writes v as indented JSON or as YAML (format json or yaml).
+func printObject(out io.Writer, v any, format string) error {
+	var b []byte
+	var err error
+	switch format {
+	case outputJSON:
+		b, err = json.MarshalIndent(v, "", "    ")
+		b = append(b, '\n')
+	case outputYAML:
+		b, err = yaml.Marshal(v)
+	default:
+		return fmt.Errorf("unknown output format %q (want json or yaml)", format)
+	}
+	if err != nil {
+		return fmt.Errorf("encoding %T as %s: %w", v, format, err)
+	}
+	_, err = out.Write(b)
+	return err
+}
