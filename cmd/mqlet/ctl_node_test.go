@@ -434,3 +434,27 @@ func TestCtlGetPodsNodeWithoutSummary(t *testing.T) {
 		t.Errorf("describe node of a node without a summary:\n%s", out)
 	}
 }
+
+// ctl apply --wait read back index R (its own); meanwhile another writer published R+1,
+// which still lists the object at the same generation and digest, and the node took it and
+// applied everything: its compact acks name R+1 with no exceptions. The object is applied, but
+// outcomes says another writer changed or deleted it.
+func TestCtlWaitCompactAcksOfANewerIndexAreNotADeletion(t *testing.T) {
+	e := protocol.IndexEntry{Generation: 5, Digest: protocol.Digest([]byte("web"))}
+	mine := &protocol.Index{APIVersion: protocol.APIVersion, Node: "edge-1", Revision: 5,
+		Objects: map[string]protocol.IndexEntry{"pods/default/web": e}}
+	mp, _ := protocol.Encode(mine)
+	mine, err := protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: "edge-1"}, mp, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := &protocol.Index{APIVersion: protocol.APIVersion, Node: "edge-1", Revision: 6,
+		Objects: map[string]protocol.IndexEntry{"pods/default/web": e,
+			"pods/default/db": {Generation: 6, Digest: protocol.Digest([]byte("db"))}}}
+	op, _ := protocol.Encode(other)
+	acks := &protocol.Acks{Node: "edge-1", Compact: true, IndexRevision: 6, IndexDigest: protocol.Digest(op)} // compact, nothing refused or missing
+	got := outcomes(acks, map[string]protocol.IndexEntry{"pods/default/web": e}, mine)
+	if s := got["pods/default/web"].state; s == outcomeSuperseded {
+		t.Fatalf("web is applied (compact acks of revision 6, which lists it unchanged), but the outcome is 'changed or deleted by another writer'")
+	}
+}

@@ -753,3 +753,26 @@ func TestAcksHeldBackWhileFetchedObjectsArrive(t *testing.T) {
 		}
 	})
 }
+
+// The node learned the broker lacks its index (complete acks went out); the agent
+// restarts. Until a connection shows the broker holds the index, its acks stay complete: compact
+// ones, drained as soon as a connection is up, would overwrite the complete ones on a broker that
+// still lacks the index, and a writer would then have nothing to rebuild from. (Found in review.)
+func TestAcksAreCompleteAfterARestartUntilTheBrokerShowsTheIndex(t *testing.T) {
+	st := store.NewMemory()
+	r := newRig(t, st)
+	ta, a := podMsg(t, "a", 2, "img")
+	ti, idx := indexOf(t, 2, map[string][]byte{ta: a})
+	r.sendMsg(Message{Topic: ta, Payload: a, Retained: true, Session: 1})
+	r.sendMsg(Message{Topic: ti, Payload: idx, Retained: true, Session: 1})
+	r.sendMsg(Message{Topic: tp.NodeMarker(node), Payload: []byte("m"), Session: 2}) // broker lost it
+	if got := r.lastAcks(); got.Compact {
+		t.Fatalf("before the restart: acks %+v, want complete", got)
+	}
+	r.stop()
+
+	r2 := newRig(t, st)
+	if got := r2.lastAcks(); got.Compact {
+		t.Fatalf("after the restart, before any connection: acks %+v are compact, though the last thing the node knew is that the broker lacks revision %d", got, got.IndexRevision)
+	}
+}
