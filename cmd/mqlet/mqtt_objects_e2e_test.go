@@ -1,16 +1,25 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	mqtt "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -112,5 +121,74 @@ spec:
 	}
 	if strings.Contains(h.agentLog.String(), value) {
 		t.Errorf("the secret's value is in the agent's log")
+	}
+}
+
+// A Secret applied with mqlet ctl crosses the broker only sealed to the node's key: a client
+// subscribed to everything (as the broker's administrator could be) sees neither its value nor
+// the value's base64 in any message, retained or live, while the pod on the node gets it.
+func TestMQTTSecretsCrossTheBrokerSealed(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	h.unmountObjectVolumesAtCleanup()
+	b := mqtttest.Start(t, mqtttest.Options{})
+	var mu sync.Mutex
+	var seen [][]byte
+	admin := connectMQTT(t, b.Plain)
+	if tok := admin.Subscribe("#", 1, func(_ mqtt.Client, m mqtt.Message) {
+		mu.Lock()
+		seen = append(seen, append([]byte(m.Topic()+" "), m.Payload()...))
+		mu.Unlock()
+	}); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("subscribe #: %v", tok.Error())
+	}
+	h.startMQTTAgent(b.Plain)
+	// The node publishes its sealing key in its status; ctl refuses to send a Secret before.
+	waitRetained(t, b.Plain, topics.NodeStatus(e2eNode), "the node's sealing key", func(p []byte) bool {
+		s, err := protocol.DecodeNodeStatus(p, 0)
+		return err == nil && s.Object != nil && s.Object.Annotations[sealing.AnnotationKey] != ""
+	})
+
+	value := fmt.Sprintf("Sealed-S3cret-%d", time.Now().UnixNano())
+	secret := &v1.Secret{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "sealed"}, StringData: map[string]string{"pw": value}}
+	pod := mustPod(t, `apiVersion: v1
+kind: Pod
+metadata: {name: usesecret}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: c
+    image: mqlet.test/busybox:1
+    command: ["sh", "-c", "printf %s \"$PW\" | sha256sum; sleep 3600"]
+    env: [{name: PW, valueFrom: {secretKeyRef: {name: sealed, key: pw}}}]
+`)
+	c := dialCtl(t, b.Plain)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := c.Apply(ctx, e2eNode, []any{secret, pod}); err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	h.waitPod("usesecret", "running", allRunning)
+	// The container proves it got the value without the value (or its base64) being in its spec
+	// or status, which cross the broker too.
+	sum := sha256.Sum256([]byte(value))
+	h.waitContainerLog("usesecret", "c", hex.EncodeToString(sum[:]))
+
+	clear, encoded := []byte(value), []byte(base64.StdEncoding.EncodeToString([]byte(value)))
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) == 0 {
+		t.Fatal("the subscriber to # saw nothing")
+	}
+	sealedSeen := false
+	for _, m := range seen {
+		if bytes.Contains(m, clear) || bytes.Contains(m, encoded) {
+			t.Errorf("the secret's value crossed the broker readable: %.200s", m)
+		}
+		sealedSeen = sealedSeen || bytes.HasPrefix(m, []byte(topics.Desired(e2eNode, protocol.KindSecret, "default", "sealed")+" "))
+	}
+	if !sealedSeen {
+		t.Error("the subscriber to # never saw the secret's desired message: the test proves nothing")
 	}
 }
