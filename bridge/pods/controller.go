@@ -13,6 +13,7 @@ package pods
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -72,6 +73,9 @@ type Options struct {
 	Log     *slog.Logger
 	// MaxPayload is the largest payload sent or accepted; protocol.DefaultMaxPayload when 0.
 	MaxPayload int
+	// SigningKey, when set, signs every index the bridge writes (docs/security.md): nodes with
+	// trust anchors take only indexes signed by a key they trust.
+	SigningKey ed25519.PrivateKey
 
 	// NodeWorkers sync nodes' desired state in parallel; StatusWorkers write pod status.
 	NodeWorkers, StatusWorkers int

@@ -2,6 +2,7 @@ package pods
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"io"
 	"log/slog"
@@ -56,6 +57,12 @@ func (l *logBuffer) String() string {
 
 func start(t *testing.T, served []string, objs ...runtime.Object) *harness {
 	t.Helper()
+	return startSigning(t, nil, served, objs...)
+}
+
+// startSigning is start with the bridge signing its indexes with key.
+func startSigning(t *testing.T, key ed25519.PrivateKey, served []string, objs ...runtime.Object) *harness {
+	t.Helper()
 	h := &harness{t: t, kube: fake.NewClientset(objs...), broker: newMemBroker(), syncs: map[string]int{}, errs: map[string]int{}}
 	factory := informers.NewSharedInformerFactory(h.kube, 0)
 	isServed := map[string]bool{}
@@ -65,7 +72,7 @@ func start(t *testing.T, served []string, objs ...runtime.Object) *harness {
 	c, err := New(Options{Kube: h.kube, Factory: factory, Broker: h.broker, Topics: topics,
 		Served: func(n string) bool { return isServed[n] }, Metrics: metrics.NewRegistry(),
 		Log:      slog.New(slog.NewTextHandler(&h.logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Debounce: 5 * time.Millisecond})
+		Debounce: 5 * time.Millisecond, SigningKey: key})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -990,5 +997,41 @@ func TestSecretWaitsForTheNodesSealingKey(t *testing.T) {
 	}
 	if err := key.Open(nodeA, d.Secret, d.Sealed); err != nil || string(d.Secret.Data["token"]) != "x" {
 		t.Fatalf("sealed secret opened: %q, %v", d.Secret.Data, err)
+	}
+}
+
+// With a signing key, every index the bridge writes verifies with it, so nodes with trust anchors
+// take it; a change of the desired set is signed again, and an unsigned bridge's index does not
+// verify.
+func TestIndexesSignedWithTheBridgesKey(t *testing.T) {
+	pub, key, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
+	pod.Spec.Containers[0].Env = nil
+	pod.Spec.Volumes = nil
+	h := startSigning(t, key, []string{nodeA}, pod)
+	var idx *protocol.Index
+	waitFor(t, "a signed index", func() bool { idx = h.index(nodeA); return idx != nil && len(idx.Objects) > 0 })
+	if err := protocol.VerifyIndex(idx, []ed25519.PublicKey{pub}); err != nil {
+		t.Fatalf("the bridge's index does not verify with its key: %v", err)
+	}
+	first := idx.Revision
+	p2 := apiPod("default", "web-2", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000002")
+	p2.Spec.Containers[0].Env = nil
+	p2.Spec.Volumes = nil
+	if _, err := h.kube.CoreV1().Pods("default").Create(context.Background(), p2, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the next index", func() bool { idx = h.index(nodeA); return idx != nil && idx.Revision > first })
+	if err := protocol.VerifyIndex(idx, []ed25519.PublicKey{pub}); err != nil {
+		t.Fatalf("the next index does not verify: %v", err)
+	}
+
+	unsigned := start(t, []string{nodeA}, apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001"))
+	waitFor(t, "an unsigned index", func() bool { idx = unsigned.index(nodeA); return idx != nil })
+	if err := protocol.VerifyIndex(idx, []ed25519.PublicKey{pub}); err == nil {
+		t.Fatal("an unsigned bridge's index verified")
 	}
 }

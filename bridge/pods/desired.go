@@ -71,7 +71,7 @@ func (c *Controller) syncNode(ctx context.Context, node string) error {
 	case resend != nil:
 		iw = indexRepublish
 	}
-	pl, err := st.plan(node, want, termKeys, resend, iw)
+	pl, err := st.plan(node, want, termKeys, resend, iw, c.o.SigningKey)
 	if err != nil {
 		return fmt.Errorf("node %s: %w", node, err)
 	}

@@ -2,6 +2,7 @@ package pods
 
 import (
 	"crypto/ecdh"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -186,7 +187,10 @@ func (p *plan) empty() bool { return len(p.Writes) == 0 && p.Index == nil && len
 // generation). Keys in terminating (pods being deleted) need an index that leaves them out: when
 // there is no index at all, one is written. The index is written when its content changes, and
 // also as iw says.
-func (s *nodeState) plan(node string, want map[string]*object, terminating, resend map[string]bool, iw indexWrite) (plan, error) {
+//
+// With key set, every index is signed with it (nodes with trust anchors take only signed ones);
+// Ed25519 signatures are deterministic, so the same index again is the same bytes.
+func (s *nodeState) plan(node string, want map[string]*object, terminating, resend map[string]bool, iw indexWrite, key ed25519.PrivateKey) (plan, error) {
 	gen := s.counter + 1
 	usedGen := false
 	p := plan{Gen: s.counter}
@@ -276,14 +280,20 @@ func (s *nodeState) plan(node string, want map[string]*object, terminating, rese
 	if p.Index == nil {
 		return p, nil
 	}
-	payload, err := protocol.Encode(p.Index)
+	encode := func() ([]byte, error) {
+		if key != nil {
+			protocol.SignIndex(p.Index, key)
+		}
+		return protocol.Encode(p.Index)
+	}
+	payload, err := encode()
 	if err != nil {
 		return plan{}, fmt.Errorf("encode the index of node %s at revision %d: %w", node, p.Index.Revision, err)
 	}
 	if p.Index.Revision == s.indexRev && protocol.Digest(payload) != s.indexDigest {
 		p.Gen = gen
 		p.Index.Revision = gen
-		if payload, err = protocol.Encode(p.Index); err != nil {
+		if payload, err = encode(); err != nil {
 			return plan{}, fmt.Errorf("encode the index of node %s at revision %d: %w", node, gen, err)
 		}
 	}

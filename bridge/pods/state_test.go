@@ -64,7 +64,7 @@ func mustPlan(t *testing.T, s *nodeState, want map[string]*object, terminating, 
 	if force {
 		iw = indexRepublish
 	}
-	p, err := s.plan(nodeA, want, terminating, resend, iw)
+	p, err := s.plan(nodeA, want, terminating, resend, iw, nil)
 	if err != nil {
 		t.Fatalf("plan: %v", err)
 	}

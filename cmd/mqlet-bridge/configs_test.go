@@ -145,13 +145,33 @@ func TestBridgeManifests(t *testing.T) {
 	// The TLS files do not exist here (type:"existingfile"); parse again without them to check the rest.
 	var rest []string
 	for _, a := range ctr.Args {
-		if !strings.HasPrefix(a, "--mqtt-ca-file") && !strings.HasPrefix(a, "--mqtt-cert-file") && !strings.HasPrefix(a, "--mqtt-key-file") {
+		if !strings.HasPrefix(a, "--mqtt-ca-file") && !strings.HasPrefix(a, "--mqtt-cert-file") && !strings.HasPrefix(a, "--mqtt-key-file") && !strings.HasPrefix(a, "--signing-key") {
 			rest = append(rest, a)
 		}
 	}
 	c, _, err := parse(t, rest...)
 	if err != nil {
 		t.Fatalf("the Deployment's args do not parse: %v", err)
+	}
+	// The bridge signs what it writes, with a key mounted from a Secret only its owner can read.
+	signed := false
+	for _, a := range ctr.Args {
+		dir, ok := strings.CutPrefix(a, "--signing-key=")
+		if !ok {
+			continue
+		}
+		for _, m := range ctr.VolumeMounts {
+			if strings.HasPrefix(dir, m.MountPath+"/") {
+				for _, v := range spec.Volumes {
+					if v.Name == m.Name && v.Secret != nil && v.Secret.DefaultMode != nil && *v.Secret.DefaultMode&0o077 == 0 {
+						signed = true
+					}
+				}
+			}
+		}
+	}
+	if !signed {
+		t.Error("the Deployment must pass --signing-key from a mounted Secret with a 0400-like defaultMode")
 	}
 	if err := c.Run.validate(); err != nil {
 		t.Errorf("the Deployment's args: %v", err)

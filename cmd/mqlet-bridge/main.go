@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"github.com/mqlet/mqlet/bridge/mq"
 	"github.com/mqlet/mqlet/bridge/nodes"
 	"github.com/mqlet/mqlet/internal/buildversion"
+	"github.com/mqlet/mqlet/sync/signing"
 
 	"github.com/alecthomas/kong"
 )
@@ -65,6 +67,7 @@ type RunCmd struct {
 	MQTTClientID     string        `name:"mqtt-client-id" placeholder:"ID" help:"MQTT client id (default mqlet-bridge-<hostname>-<random>)."`
 	MQTTTimeout      time.Duration `name:"mqtt-timeout" default:"10s" help:"Bound of the MQTT connect, subscribes and retained-state reads."`
 	TopicPrefix      string        `default:"mqlet/v2" help:"Topic prefix of the mqlet tree."`
+	SigningKey       string        `name:"signing-key" type:"existingfile" placeholder:"FILE" help:"Ed25519 private key (PKCS #8 PEM, mode 0600 or stricter; from mqlet ctl keygen) that signs every index the bridge writes; nodes with trust anchors (--mqtt-trusted-key) take only signed ones. In a pod, mount it from a Secret with defaultMode 0400."`
 
 	MetricsAddr string `default:"127.0.0.1:10360" help:"Address of /metrics, /healthz and /readyz (in a pod use :10360 so the kubelet's probes reach it); \"-\" serves nothing."`
 	LogLevel    string `default:"info" enum:"debug,info,warn,error" help:"Log level: debug, info, warn or error."`
@@ -82,8 +85,8 @@ func (VersionCmd) Run(env *runEnv) error {
 // versionLine is what `mqlet-bridge version` and `--version` print.
 func versionLine() string { return fmt.Sprintf("mqlet-bridge %s (commit %s)", version, commit) }
 
-// options turns the flags into bridge options.
-func (r *RunCmd) options(log *slog.Logger) bridge.Options {
+// options turns the flags into bridge options; key signs the indexes (nil: unsigned).
+func (r *RunCmd) options(log *slog.Logger, key ed25519.PrivateKey) bridge.Options {
 	return bridge.Options{
 		Kubeconfig:           r.Kubeconfig,
 		KubeAPIQPS:           r.KubeAPIQPS,
@@ -114,7 +117,7 @@ func (r *RunCmd) options(log *slog.Logger) bridge.Options {
 		MetricsAddr:               r.MetricsAddr,
 		Version:                   version,
 		Log:                       log,
-		Pods:                      podsPart, // see pods.go
+		Pods:                      podsPart(key), // see pods.go
 	}
 }
 
@@ -152,7 +155,16 @@ func (r *RunCmd) Run(env *runEnv) error {
 		return fmt.Errorf("--log-level %q: %w", r.LogLevel, err)
 	}
 	log := slog.New(slog.NewTextHandler(env.stderr, &slog.HandlerOptions{Level: level}))
-	b, err := bridge.New(r.options(log))
+	var key ed25519.PrivateKey
+	if r.SigningKey != "" {
+		var err error
+		if key, err = signing.LoadPrivateKey(r.SigningKey); err != nil {
+			return fmt.Errorf("--signing-key: %w", err)
+		}
+	} else {
+		log.Warn("no --signing-key: the indexes this bridge writes are unsigned, so nodes with trust anchors refuse them, and nodes without anchors run whatever anyone who can write their topics publishes; see docs/security.md")
+	}
+	b, err := bridge.New(r.options(log, key))
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 
 	"github.com/mqlet/mqlet/bridge"
 	"github.com/mqlet/mqlet/bridge/mq"
@@ -9,16 +10,21 @@ import (
 )
 
 // podsPart builds the pods part of the bridge (bridge/pods): desired pods, configMaps and secrets
-// per node, pod status and events.
-func podsPart(d bridge.Deps) (*bridge.Part, error) {
+// per node, pod status and events; indexes signed with key when it is set.
+func podsPart(key ed25519.PrivateKey) func(d bridge.Deps) (*bridge.Part, error) {
+	return func(d bridge.Deps) (*bridge.Part, error) { return buildPods(d, key) }
+}
+
+func buildPods(d bridge.Deps, key ed25519.PrivateKey) (*bridge.Part, error) {
 	c, err := pods.New(pods.Options{
-		Kube:    d.Kube,
-		Factory: d.Informers,
-		Broker:  d.Conn,
-		Topics:  d.Topics,
-		Served:  d.Nodes.Served,
-		Metrics: d.Metrics,
-		Log:     d.Log,
+		Kube:       d.Kube,
+		Factory:    d.Informers,
+		Broker:     d.Conn,
+		Topics:     d.Topics,
+		Served:     d.Nodes.Served,
+		Metrics:    d.Metrics,
+		Log:        d.Log,
+		SigningKey: key,
 	})
 	if err != nil {
 		return nil, err
