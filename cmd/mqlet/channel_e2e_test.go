@@ -270,6 +270,17 @@ func TestChannelSignedDesiredStateAndKeyRotation(t *testing.T) {
 	oldSigned := idx[topics.Index(e2eNode)]
 	ctlApply(t, c1, sleeper("b", "3600"))
 	h.waitPod("b", "b running", allRunning)
+
+	// logs/req: the signing client is served; anyone else who can publish there is refused.
+	lctx, lcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer lcancel()
+	var logs strings.Builder
+	if err := c1.Logs(lctx, e2eNode, protocol.LogsRequest{Pod: "b"}, &logs); err != nil {
+		t.Errorf("a signed logs request: %v", err)
+	}
+	if err := dialCtl(t, b.Plain).Logs(lctx, e2eNode, protocol.LogsRequest{Pod: "b"}, &logs); err == nil || !strings.Contains(err.Error(), "not signed") {
+		t.Errorf("an unsigned logs request to a node with trust anchors: %v, want it refused as not signed", err)
+	}
 	if _, err := h.getPod("evil"); err == nil {
 		t.Fatal("the forged pod runs")
 	}

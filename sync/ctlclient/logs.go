@@ -43,6 +43,7 @@ func (c *Client) Logs(ctx context.Context, node string, req protocol.LogsRequest
 		req.Namespace = "default"
 	}
 	what := fmt.Sprintf("logs of pod %s/%s on node %s", req.Namespace, req.Pod, node)
+	c.signLogs(node, &req)
 	open, err := protocol.Encode(&req)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
@@ -98,7 +99,8 @@ func (c *Client) Logs(ctx context.Context, node string, req protocol.LogsRequest
 	}
 	// control publishes renew or cancel for the stream.
 	control := func(ctx context.Context, op string) error {
-		m := protocol.LogsRequest{ID: req.ID, Op: op}
+		m := protocol.LogsRequest{APIVersion: protocol.APIVersion, ID: req.ID, Op: op}
+		c.signLogs(node, &m)
 		payload, err := protocol.Encode(&m)
 		if err != nil {
 			return err
@@ -180,4 +182,19 @@ func (c *Client) Logs(ctx context.Context, node string, req protocol.LogsRequest
 			}
 		}
 	}
+}
+
+// logsRequestLife is how long a signed logs request stays valid: long enough for a slow link,
+// short enough that a captured one is soon useless (the node also opens an ID once).
+const logsRequestLife = 2 * time.Minute
+
+// signLogs signs a logs request for node with the client's signing key, if it has one: a node with
+// trust anchors serves only signed requests.
+func (c *Client) signLogs(node string, r *protocol.LogsRequest) {
+	if c.o.SigningKey == nil {
+		return
+	}
+	// Whole seconds in UTC: the node re-encodes the decoded request to check the signature.
+	r.Expires = time.Now().UTC().Add(logsRequestLife).Truncate(time.Second)
+	protocol.SignLogsRequest(node, r, c.o.SigningKey)
 }

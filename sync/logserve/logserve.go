@@ -23,6 +23,7 @@ package logserve
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -78,13 +79,21 @@ type Options struct {
 	RenewTimeout time.Duration
 	// Poll is how often a followed log is checked for new output (default DefaultPoll).
 	Poll time.Duration
-	Log  *slog.Logger
+	// Trusted, when set, are the keys a request must be signed by (protocol.SignLogsRequest):
+	// the node then serves only its control planes, not whoever can publish on its topics, and
+	// opens a request ID once. Empty serves every request (the node has no trust anchors).
+	Trusted []ed25519.PublicKey
+	Now     func() time.Time
+	Log     *slog.Logger
 }
 
 // Server serves logs requests. Handle takes them in; Run serves them.
 type Server struct {
 	o  Options
 	in chan job
+
+	mu     sync.Mutex
+	opened map[string]time.Time // signed open requests served, by ID, until they expire
 }
 
 // job is a request for Run: a decoded request, or a refusal to send.
@@ -108,7 +117,10 @@ func New(o Options) *Server {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{o: o, in: make(chan job, queueLen)}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return &Server{o: o, in: make(chan job, queueLen), opened: map[string]time.Time{}}
 }
 
 // Handle takes one message of the node's logs/req topic. It never blocks: the request is decoded
@@ -126,6 +138,9 @@ func (s *Server) Handle(payload []byte) {
 			return
 		}
 		j = job{id: peek.ID, refuse: err.Error()}
+	} else if why := s.authorise(req); why != "" {
+		s.o.Log.Warn("logs request refused", "id", req.ID, "op", req.Op, "reason", why)
+		j = job{id: req.ID, refuse: why}
 	} else {
 		j = job{req: req, id: req.ID}
 	}
@@ -134,6 +149,34 @@ func (s *Server) Handle(payload []byte) {
 	default:
 		s.o.Log.Warn("logs request dropped: too many requests queued", "id", j.id, "queued", queueLen)
 	}
+}
+
+// authorise says why req may not be served ("" when it may): with trust anchors it must be signed
+// by one of them for this node, unexpired, and an open must not have been seen before (a captured
+// request replayed).
+func (s *Server) authorise(req *protocol.LogsRequest) string {
+	if len(s.o.Trusted) == 0 {
+		return ""
+	}
+	now := s.o.Now()
+	if err := protocol.VerifyLogsRequest(s.o.Node, req, s.o.Trusted, now); err != nil {
+		return err.Error()
+	}
+	if req.Op != protocol.LogsOpen {
+		return ""
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, exp := range s.opened {
+		if !now.Before(exp) {
+			delete(s.opened, id) // expired: it would be refused as such anyway
+		}
+	}
+	if _, seen := s.opened[req.ID]; seen {
+		return fmt.Sprintf("logs request %s: already served (a replay)", req.ID)
+	}
+	s.opened[req.ID] = req.Expires
+	return ""
 }
 
 // stream is one running stream as Run sees it.

@@ -3,6 +3,7 @@ package logserve
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -508,4 +509,46 @@ func (p *pipe) String() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.b.String()
+}
+
+// A node with trust anchors serves a logs request only when one of them signed it for this node
+// and it has not expired; an open is served once (a captured request replayed is refused). Each
+// refusal is answered with its reason, and nothing of the log goes out.
+func TestTrustedNodeServesOnlySignedRequests(t *testing.T) {
+	pub, key, _ := ed25519.GenerateKey(nil)
+	_, other, _ := ed25519.GenerateKey(nil)
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	r := newRig(t, Options{Trusted: []ed25519.PublicKey{pub}, Now: func() time.Time { return now }})
+	writeLog(t, r, "app", "secret-line\n")
+	signed := func(id, forNode string, k ed25519.PrivateKey, expires time.Time) *protocol.LogsRequest {
+		req := open(id, "app", 0, false)
+		req.APIVersion, req.Expires = protocol.APIVersion, expires
+		protocol.SignLogsRequest(forNode, req, k)
+		return req
+	}
+	refused := func(id, want string) {
+		t.Helper()
+		data, errText := r.readAll(t, id, 0)
+		if data != "" || !strings.Contains(errText, want) {
+			t.Errorf("request %s: data %q, error %q; want no data and an error saying %q", id, data, errText, want)
+		}
+	}
+	r.send(t, open("unsigned", "app", 0, false))
+	refused("unsigned", "not signed")
+	r.send(t, signed("otherkey", node, other, now.Add(time.Minute)))
+	refused("otherkey", "not signed by a key this node trusts")
+	r.send(t, signed("othernode", "edge-9", key, now.Add(time.Minute)))
+	refused("othernode", "not signed by a key this node trusts")
+	r.send(t, signed("expired", node, key, now.Add(-time.Second)))
+	refused("expired", "expired")
+	r.send(t, signed("farahead", node, key, now.Add(time.Hour)))
+	refused("farahead", "ahead")
+
+	good := signed("good", node, key, now.Add(time.Minute))
+	r.send(t, good)
+	if data, errText := r.readAll(t, "good", 0); data != "secret-line\n" || errText != "" {
+		t.Fatalf("signed request: %q, %q", data, errText)
+	}
+	r.send(t, good) // the same bytes again
+	refused("good", "already served")
 }

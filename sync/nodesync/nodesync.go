@@ -140,7 +140,8 @@ func New(o Options) (*Sync, error) {
 		Log: o.Log,
 	})
 	if o.Logs != nil {
-		s.logs = logserve.New(logserve.Options{Node: o.Node, Topics: t, Finder: o.Logs, Pub: logPublisher{l}, Log: o.Log})
+		// With trust anchors, only requests signed by one of them are served.
+		s.logs = logserve.New(logserve.Options{Node: o.Node, Topics: t, Finder: o.Logs, Pub: logPublisher{l}, Log: o.Log, Trusted: o.Trusted})
 	}
 	return s, nil
 }

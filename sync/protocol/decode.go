@@ -266,6 +266,11 @@ func DecodeLogsRequest(payload []byte, max int) (*LogsRequest, error) {
 	if err := ValidateRequestID(x.ID); err != nil {
 		return nil, fmt.Errorf("logs request: %w", err)
 	}
+	if x.Signature != nil {
+		if err := validSignatureShape(x.Signature); err != nil {
+			return nil, fmt.Errorf("logs request %s: %w", x.ID, err)
+		}
+	}
 	switch x.Op {
 	case LogsOpen:
 		if err := ValidateObjectName(KindPod, x.Namespace, x.Pod); err != nil {

@@ -5,11 +5,13 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Signature is an Ed25519 signature over an index's signing bytes (IndexSigningBytes), by the key
@@ -101,3 +103,54 @@ func validSignatureShape(s *Signature) error {
 	}
 	return nil
 }
+
+// logsDomain starts the bytes a logs request signature covers.
+const logsDomain = "mqlet.io/v2 logs request\n"
+
+// MaxLogsRequestLife bounds how far ahead a signed logs request may expire: a captured request
+// can be replayed only that long (and the node also refuses an ID it has seen).
+const MaxLogsRequestLife = 10 * time.Minute
+
+// LogsRequestSigningBytes are the bytes a logs request signature covers: the node it is for and
+// the request's fields (its JSON encoding without the signature).
+func LogsRequestSigningBytes(node string, r *LogsRequest) []byte {
+	c := *r
+	c.Signature = nil
+	b, _ := json.Marshal(&c) // plain fields: cannot fail
+	return append([]byte(logsDomain+"node "+node+"\n"), b...)
+}
+
+// SignLogsRequest signs r for node with key, valid until r.Expires (set it first).
+func SignLogsRequest(node string, r *LogsRequest, key ed25519.PrivateKey) {
+	r.Signature = nil
+	sig := ed25519.Sign(key, LogsRequestSigningBytes(node, r))
+	r.Signature = &Signature{KeyID: KeyID(key.Public().(ed25519.PublicKey)), Value: base64.StdEncoding.EncodeToString(sig)}
+}
+
+// VerifyLogsRequest checks that r is for node, signed by one of anchors, and not expired at now.
+func VerifyLogsRequest(node string, r *LogsRequest, anchors []ed25519.PublicKey, now time.Time) error {
+	if r.Signature == nil {
+		return fmt.Errorf("logs request %s: %w, and this node serves only signed ones", r.ID, errUnsignedRequest)
+	}
+	switch {
+	case r.Expires.IsZero():
+		return fmt.Errorf("logs request %s: no expiry", r.ID)
+	case !now.Before(r.Expires):
+		return fmt.Errorf("logs request %s: expired at %s", r.ID, r.Expires.UTC().Format(time.RFC3339))
+	case r.Expires.Sub(now) > MaxLogsRequestLife:
+		return fmt.Errorf("logs request %s: expires %s, more than %s ahead", r.ID, r.Expires.UTC().Format(time.RFC3339), MaxLogsRequestLife)
+	}
+	sig, err := base64.StdEncoding.DecodeString(r.Signature.Value)
+	if err != nil || len(sig) != ed25519.SignatureSize {
+		return fmt.Errorf("logs request %s: the signature is not %d bytes of base64", r.ID, ed25519.SignatureSize)
+	}
+	msg := LogsRequestSigningBytes(node, r)
+	for _, pub := range anchors {
+		if KeyID(pub) == r.Signature.KeyID && ed25519.Verify(pub, msg, sig) {
+			return nil
+		}
+	}
+	return fmt.Errorf("logs request %s: not signed by a key this node trusts (key %s)", r.ID, r.Signature.KeyID)
+}
+
+var errUnsignedRequest = errors.New("the request is not signed")

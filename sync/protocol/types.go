@@ -343,6 +343,10 @@ type LogsRequest struct {
 	SinceSeconds int64 `json:"sinceSeconds,omitempty"`
 	// Timestamps puts each line's RFC 3339 timestamp (nanoseconds) first.
 	Timestamps bool `json:"timestamps,omitempty"`
+	// Expires and Signature: a node with trust anchors serves only requests signed by one of
+	// them (SignLogsRequest), before they expire, each ID once.
+	Expires   time.Time  `json:"expires,omitzero"`
+	Signature *Signature `json:"signature,omitempty"`
 }
 
 // LogsChunk is one reply to a LogsRequest. Seq starts at 0 and grows by one per chunk, so the
