@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The fuzz targets check that no payload or topic makes a decoder panic, and that whatever a
@@ -86,10 +87,22 @@ func FuzzDecodeLogsRequest(f *testing.F) {
 	good, _ := Encode(&LogsRequest{ID: "a", Op: LogsOpen, Namespace: "default", Pod: "p", Container: "c", Follow: true})
 	f.Add(good)
 	f.Add([]byte(`{"apiVersion":"mqlet.io/v2","id":"a","op":"open","namespace":"default","pod":"../x"}`))
+	exp := time.Date(2026, 11, 27, 12, 2, 0, 0, time.UTC)
+	signed := &LogsRequest{APIVersion: APIVersion, ID: "s", Op: LogsOpen, Namespace: "default", Pod: "p", Expires: exp}
+	SignLogsRequest("n", signed, fuzzPriv)
+	sb, _ := Encode(signed)
+	f.Add(sb)
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		got, err := DecodeLogsRequest(payload, 4096)
 		if err != nil {
 			return
+		}
+		// Verification never panics, and a request it accepts re-encodes to what was signed:
+		// changing any signed field (or the node) breaks it.
+		if VerifyLogsRequest("n", got, []ed25519.PublicKey{fuzzPub}, exp.Add(-time.Minute)) == nil {
+			if VerifyLogsRequest("m", got, []ed25519.PublicKey{fuzzPub}, exp.Add(-time.Minute)) == nil {
+				t.Fatal("a request signed for node n verified for node m")
+			}
 		}
 		if got.Op == LogsOpen {
 			for _, s := range []string{got.Pod, got.Namespace, got.Container} {
