@@ -443,6 +443,20 @@ func (c *CtlDescribeNodeCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 	if err := describeNode(env.out, n, idx, pods, env.now()); err != nil {
 		return err
 	}
+	// What the node keeps on the broker: mosquitto bounds no client's retained volume, so a node
+	// filling it is said here.
+	live := 0
+	if sum := pods.Summaries[c.Name]; sum != nil {
+		live = sum.Pods
+	}
+	if r, err := cl.RetainedUsage(ctx, c.Name, idx, live); err != nil {
+		fmt.Fprintf(env.errOut, "Warning: %v\n", err)
+	} else {
+		fmt.Fprintf(env.out, "Retained:\t%d messages, %d bytes on the broker\n", r.Messages, r.Bytes)
+		if r.Warning != "" {
+			fmt.Fprintf(env.errOut, "Warning: %s\n", r.Warning)
+		}
+	}
 	if err := pods.Incomplete(); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}

@@ -508,3 +508,51 @@ func (c *Client) WatchAcks(ctx context.Context, node string, done func(*protocol
 		}
 	}
 }
+
+// Retained is what the broker retains under one node's subtree.
+type Retained struct {
+	Messages, Bytes int
+	// Expected is how many retained messages a well-behaved node and its control plane keep
+	// there: the desired objects its index lists plus the index, its live pod statuses, up to
+	// maxGoneStatuses deleted ones, and its node status, summary, acks and online message.
+	Expected int
+	// Warning says why the volume looks wrong ("" when it does not): a node (or anyone with its
+	// credentials) filling the broker with retained messages under its own subtree, which the
+	// broker's ACL allows and no per-client quota bounds (docs/security.md).
+	Warning string
+}
+
+// RetainedBytesBound is the retained volume of one node past which Retained warns: far above what
+// a desired set at the payload limit's typical use needs, far below what starves a broker.
+const RetainedBytesBound = 64 << 20
+
+// maxGoneStatuses mirrors the node's bound on retained statuses of deleted pods (sync/uplink).
+const maxGoneStatuses = 64
+
+// RetainedUsage reads everything the broker retains for node and says whether it looks like a node
+// filling the broker. idx is the node's index and livePods its summary's pod count.
+func (c *Client) RetainedUsage(ctx context.Context, node string, idx *protocol.Index, livePods int) (*Retained, error) {
+	if err := protocol.ValidateNodeName(node); err != nil {
+		return nil, err
+	}
+	got, err := c.Snapshot(ctx, c.topics.Node(node)+"/#")
+	if err != nil {
+		return nil, fmt.Errorf("read what the broker retains for node %s: %w", node, err)
+	}
+	r := &Retained{Messages: len(got)}
+	for _, p := range got {
+		r.Bytes += len(p)
+	}
+	listed := 0
+	if idx != nil {
+		listed = len(idx.Objects) + 1
+	}
+	r.Expected = listed + livePods + maxGoneStatuses + 4
+	switch {
+	case r.Messages > 2*r.Expected:
+		r.Warning = fmt.Sprintf("node %s's subtree holds %d retained messages, more than twice the %d its desired set and pods account for: is something publishing retained messages there (the node's credentials)? List them with mosquitto_sub -t '%s/#' --retained-only -v", node, r.Messages, r.Expected, c.topics.Node(node))
+	case r.Bytes > RetainedBytesBound:
+		r.Warning = fmt.Sprintf("node %s's subtree holds %d bytes of retained messages, more than %d MiB", node, r.Bytes, RetainedBytesBound>>20)
+	}
+	return r, nil
+}

@@ -192,3 +192,29 @@ func TestWatchAcks(t *testing.T) {
 		t.Errorf("AllAcks after watching = %v, %v, %v", all, skipped, err)
 	}
 }
+
+// A node whose subtree holds far more retained messages than its desired set and pods account for
+// (a node, or a thief of its credentials, filling the broker, which no per-client quota stops) is
+// named with a warning; a normal one is not.
+func TestRetainedUsageWarnsOfANodeFillingTheBroker(t *testing.T) {
+	b := mqtttest.Start(t, mqtttest.Options{})
+	c := dial(t, b)
+	raw := rawClient(t, b.Plain)
+	ctx := testCtx(t)
+	if _, err := c.Apply(ctx, "n1", []any{pod("web")}); err != nil {
+		t.Fatal(err)
+	}
+	pub(t, raw, tp.PodStatus("n1", "default", "web"), "{}", true)
+	idx := index(t, c, "n1")
+	r, err := c.RetainedUsage(ctx, "n1", idx, 1)
+	if err != nil || r.Warning != "" || r.Messages != 3 {
+		t.Fatalf("a normal node: %+v, %v; want 3 messages (desired, index, status) and no warning", r, err)
+	}
+	for i := range 300 {
+		pub(t, raw, tp.PodStatus("n1", "junk", fmt.Sprintf("p%d", i)), "{}", true)
+	}
+	r, err = c.RetainedUsage(ctx, "n1", idx, 1)
+	if err != nil || r.Messages != 303 || !strings.Contains(r.Warning, "303 retained messages") {
+		t.Fatalf("a node with 300 junk statuses: %+v, %v; want a warning naming the count", r, err)
+	}
+}
