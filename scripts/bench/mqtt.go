@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -20,6 +21,7 @@ import (
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/mqlet/mqlet/internal/loopback"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/signing"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -189,6 +191,7 @@ type controlPlane struct {
 	c       mqtt.Client
 	rev     int64
 	objects map[string]protocol.IndexEntry
+	key     ed25519.PrivateKey // signs each index when set
 }
 
 func (cp *controlPlane) publishRaw(topic string, payload []byte) error {
@@ -224,7 +227,11 @@ func (cp *controlPlane) delete(name string) error {
 }
 
 func (cp *controlPlane) publishIndex() error {
-	payload, err := protocol.Encode(&protocol.Index{Node: nodeName, Revision: cp.rev, Objects: cp.objects})
+	x := &protocol.Index{Node: nodeName, Revision: cp.rev, Objects: cp.objects}
+	if cp.key != nil {
+		protocol.SignIndex(x, cp.key)
+	}
+	payload, err := protocol.Encode(x)
 	if err != nil {
 		return err
 	}
@@ -385,8 +392,13 @@ func (b *bench) measureMQTT(ctx context.Context, r *results) error {
 	defer cp.c.Disconnect(100)
 
 	b.logf("measuring MQTT apply -> running (%d pods, one at a time)", mqttApplyPods)
-	if err := b.measureMQTTApply(ctx, r, cp); err != nil {
+	p50, p90, n, err := b.measureMQTTApply(ctx, cp)
+	if err != nil {
 		return fmt.Errorf("apply over MQTT: %w", err)
+	}
+	r.MQTTApplyP50Ms, r.MQTTApplyP90Ms, r.mqttApplySamples = ms(p50), ms(p90), n
+	if m, err := readMemory(b.agent.pid()); err == nil {
+		r.MQTTApplyAnonMiB = m.anonMiB()
 	}
 	b.logf("measuring the idle link (at least %v at keepalive %v; the floors run at the same time)", idleLinkWindow, mqttKeepalive)
 	if err := b.measureIdleLink(ctx, r, site, floor, defaults, pods); err != nil {
@@ -396,50 +408,97 @@ func (b *bench) measureMQTT(ctx context.Context, r *results) error {
 	if err := b.measureReconnect(ctx, r, site, pods); err != nil {
 		return fmt.Errorf("reconnect: %w", err)
 	}
+	b.logf("measuring MQTT apply -> running with signed desired state (the agent trusts one key)")
+	if err := b.measureSignedApply(ctx, r, site, pods); err != nil {
+		return fmt.Errorf("signed apply over MQTT: %w", err)
+	}
+	return nil
+}
+
+// measureSignedApply is the apply figure again with the agent started with a trust anchor and every
+// index signed by the control plane: what verifying the signature (and the digests it covers)
+// costs a node, in time to running and in anon memory, beside the unsigned figures of this run.
+func (b *bench) measureSignedApply(ctx context.Context, r *results, site *broker, pods []string) error {
+	if _, err := signing.GenerateKeyPair(b.path("bench-signing")); err != nil {
+		return err
+	}
+	priv, err := signing.LoadPrivateKey(b.path("bench-signing") + ".key")
+	if err != nil {
+		return err
+	}
+	saved := b.agentExtra
+	defer func() { b.agentExtra = saved }()
+	if err := b.stopAgent(); err != nil {
+		return err
+	}
+	b.agentExtra = append(slices.Clone(saved), "--mqtt-trusted-key", b.path("bench-signing")+".pub")
+	if _, err := b.startAgent(false); err != nil {
+		return err
+	}
+	if err := b.waitReady(ctx); err != nil {
+		return err
+	}
+	if _, err := b.waitRunning(ctx, pods); err != nil {
+		return err
+	}
+	cp, err := b.newControlPlane(ctx, site, "cp-signed")
+	if err != nil {
+		return err
+	}
+	defer cp.c.Disconnect(100)
+	cp.key = priv
+	p50, p90, n, err := b.measureMQTTApply(ctx, cp)
+	if err != nil {
+		return err
+	}
+	r.MQTTApplySignedP50Ms, r.MQTTApplySignedP90Ms, r.mqttSignedSamples = ms(p50), ms(p90), n
+	m, err := readMemory(b.agent.pid())
+	if err != nil {
+		return err
+	}
+	r.MQTTApplySignedAnonMiB = m.anonMiB()
 	return nil
 }
 
 // measureMQTTApply publishes one pod at a time and times from just before the publish of its
 // desired message (then the index) to containerd's /tasks/start event for its container.
-func (b *bench) measureMQTTApply(ctx context.Context, r *results, cp *controlPlane) error {
+func (b *bench) measureMQTTApply(ctx context.Context, cp *controlPlane) (p50, p90 time.Duration, samplesN int, err error) {
 	names := append([]string{"mqtt-warmup"}, podNames("mqtt", 0, mqttApplyPods)...)
 	var samples []time.Duration
 	for i, n := range names {
 		key := podKeys([]string{n})
 		t0 := time.Now()
 		if err := cp.apply(b.benchPod(n)); err != nil {
-			return err
+			return 0, 0, 0, err
 		}
 		wctx, cancel := b.stepCtx(ctx)
 		found, err := b.rec.waitFor(wctx, "/tasks/start", t0, []string{n}, key)
 		cancel()
 		if err != nil {
-			return errors.Join(err, b.agentAlive())
+			return 0, 0, 0, errors.Join(err, b.agentAlive())
 		}
 		if i > 0 {
 			samples = append(samples, found[n].Received.Sub(t0))
 		}
 		if _, err := b.waitRunning(ctx, []string{n}); err != nil {
-			return err
+			return 0, 0, 0, err
 		}
 		if err := cp.delete(n); err != nil {
-			return err
+			return 0, 0, 0, err
 		}
 		if err := b.waitGone(ctx, []string{n}); err != nil {
-			return err
+			return 0, 0, 0, err
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	r.MQTTApplyP50Ms, r.MQTTApplyP90Ms = ms(percentile(samples, 50)), ms(percentile(samples, 90))
-	r.mqttApplySamples = len(samples)
 	// The pods are gone (their desired topics were cleared with each deletion), so the control
 	// plane clears their final statuses too: a reader would otherwise keep listing them.
 	for _, n := range names {
 		if err := cp.clear(mqttTopics.PodStatus(nodeName, podNamespace, n)); err != nil {
-			return err
+			return 0, 0, 0, err
 		}
 	}
-	return nil
+	return percentile(samples, 50), percentile(samples, 90), len(samples), nil
 }
 
 // waitRetainedRunning reads the retained statuses of names from br until each says Running with
