@@ -2,7 +2,6 @@ package pods
 
 import (
 	"context"
-	"crypto/rand"
 	"strings"
 	"sync"
 	"testing"
@@ -187,11 +186,7 @@ func desiredOf(t *testing.T, b []byte, node string, kind protocol.ObjectKind, ns
 // sealedNode is an API Node with the sealing key its agent publishes, and that key.
 func sealedNode(t *testing.T, name string) (*v1.Node, *sealing.Key) {
 	t.Helper()
-	nodeKey := make([]byte, 32)
-	if _, err := rand.Read(nodeKey); err != nil {
-		t.Fatal(err)
-	}
-	key, err := sealing.FromNodeKey(nodeKey)
+	key, err := sealing.Generate()
 	if err != nil {
 		t.Fatal(err)
 	}

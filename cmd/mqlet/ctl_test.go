@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -146,9 +145,7 @@ spec:
 func TestCtlApplyAndDelete(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
 	// The node published its status (with its sealing key) once, and no acks.
-	nodeKey := make([]byte, 32)
-	rand.Read(nodeKey)
-	sealKey, err := sealing.FromNodeKey(nodeKey)
+	sealKey, err := sealing.Generate()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package ctlclient
 
 import (
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"maps"
@@ -417,11 +416,7 @@ func TestApplyCountsAboveTheAcks(t *testing.T) {
 // returns the key.
 func publishSealingKey(t *testing.T, b *mqtttest.Broker, node string) *sealing.Key {
 	t.Helper()
-	nodeKey := make([]byte, 32)
-	if _, err := rand.Read(nodeKey); err != nil {
-		t.Fatal(err)
-	}
-	key, err := sealing.FromNodeKey(nodeKey)
+	key, err := sealing.Generate()
 	if err != nil {
 		t.Fatal(err)
 	}
