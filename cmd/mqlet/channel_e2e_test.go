@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/ed25519"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -219,7 +221,12 @@ func TestChannelRefusalsAreInTheAcksWithoutAReader(t *testing.T) {
 func TestChannelSignedDesiredStateAndKeyRotation(t *testing.T) {
 	mqtttest.Require(t)
 	h := newHarness(t)
-	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	// The node and the control plane reach the broker over its TLS listener with the ACL, each
+	// with its own certificate; the forger is the broker's admin identity.
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true, Identities: []string{e2eNode}})
+	nodeCert, nodeKey := b.ClientCert(e2eNode)
+	overTLS := []string{"--mqtt-ca-file", b.CAFile, "--mqtt-cert-file", nodeCert, "--mqtt-key-file", nodeKey}
+	adminCert, adminKey := b.ClientCert(mqtttest.Admin)
 	keys := t.TempDir()
 	pub1, err := signing.GenerateKeyPair(filepath.Join(keys, "k1"))
 	if err != nil {
@@ -230,22 +237,29 @@ func TestChannelSignedDesiredStateAndKeyRotation(t *testing.T) {
 	}
 	k1, _ := signing.LoadPrivateKey(filepath.Join(keys, "k1.key"))
 	k2, _ := signing.LoadPrivateKey(filepath.Join(keys, "k2.key"))
-	h.startMQTTAgent(b.Plain, "--mqtt-trusted-key", filepath.Join(keys, "k1.pub"))
+	h.startMQTTAgent(b.TLS, append(slices.Clone(overTLS), "--mqtt-trusted-key", filepath.Join(keys, "k1.pub"))...)
 
-	// The broker's admin (anyone who can publish there) forges a pod and an index listing it.
+	// The broker's admin forges a pod and an index listing it, with mosquitto_pub over TLS.
 	d, _ := protocol.NewDesired(e2eNode, 1, mustPod(t, sleeper("evil", "3600")))
 	evil, _ := protocol.Encode(d)
 	forged, _ := protocol.Encode(&protocol.Index{Node: e2eNode, Revision: 1, Objects: map[string]protocol.IndexEntry{
 		"pods/default/evil": {Generation: 1, Digest: protocol.Digest(evil)}}})
-	raw := connectMQTT(t, b.Plain)
+	tlsPort := b.TLS[strings.LastIndex(b.TLS, ":")+1:]
 	for _, m := range []struct {
 		topic string
 		p     []byte
 	}{{topics.Desired(e2eNode, protocol.KindPod, "default", "evil"), evil}, {topics.Index(e2eNode), forged}} {
-		if tok := raw.Publish(m.topic, 1, true, m.p); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
-			t.Fatalf("publish %s: %v", m.topic, tok.Error())
+		f := filepath.Join(t.TempDir(), "payload")
+		if err := os.WriteFile(f, m.p, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command("mosquitto_pub", "-h", "localhost", "-p", tlsPort, "--cafile", b.CAFile, "--cert", adminCert, "--key", adminKey,
+			"-q", "1", "-r", "-t", m.topic, "-f", f)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("mosquitto_pub %s as the broker's admin: %v\n%s", m.topic, err, out)
 		}
 	}
+	raw := connectMQTT(t, b.Plain)
 	waitAcksE2E(t, b.Plain, "the forged index refused", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool {
 		return a.IndexRefused != nil && strings.Contains(a.IndexRefused.Reason, "not signed") && len(applied) == 0
 	})
@@ -253,7 +267,8 @@ func TestChannelSignedDesiredStateAndKeyRotation(t *testing.T) {
 	connect := func(key ed25519.PrivateKey, trusted ...ed25519.PublicKey) *ctlclient.Client {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		c, err := ctlclient.Connect(ctx, ctlclient.Options{Broker: b.Plain, Timeout: 10 * time.Second, SigningKey: key, TrustedKeys: trusted})
+		c, err := ctlclient.Connect(ctx, ctlclient.Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: adminCert, KeyFile: adminKey,
+			Timeout: 10 * time.Second, SigningKey: key, TrustedKeys: trusted})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,12 +311,12 @@ func TestChannelSignedDesiredStateAndKeyRotation(t *testing.T) {
 
 	// Rotation: the node trusts both keys, the writer switches to k2, the node drops k1.
 	h.stopAgent()
-	h.startMQTTAgent(b.Plain, "--mqtt-trusted-key", filepath.Join(keys, "k1.pub"), "--mqtt-trusted-key", filepath.Join(keys, "k2.pub"))
+	h.startMQTTAgent(b.TLS, append(slices.Clone(overTLS), "--mqtt-trusted-key", filepath.Join(keys, "k1.pub"), "--mqtt-trusted-key", filepath.Join(keys, "k2.pub"))...)
 	c2 := connect(k2, pub1)
 	ctlApply(t, c2, sleeper("c", "3600"))
 	h.waitPod("c", "c running under the new key", allRunning)
 	h.stopAgent()
-	h.startMQTTAgent(b.Plain, "--mqtt-trusted-key", filepath.Join(keys, "k2.pub"))
+	h.startMQTTAgent(b.TLS, append(slices.Clone(overTLS), "--mqtt-trusted-key", filepath.Join(keys, "k2.pub"))...)
 	waitAcksE2E(t, b.Plain, "a, b and c in force under k2 alone", func(a *protocol.Acks, applied map[string]protocol.IndexEntry) bool {
 		return len(applied) == 3 && a.IndexRefused == nil
 	})
