@@ -14,6 +14,10 @@ type watcher struct {
 	mu    sync.Mutex
 	snaps []Snapshot
 	done  chan error
+	// refuse is how many more snapshots the consumer refuses to take, as the agent does when
+	// its store write fails; refused snapshots are recorded in refused, not snaps.
+	refuse  int
+	refused []Snapshot
 }
 
 func startWatch(t *testing.T, d *Dir, resync time.Duration) *watcher {
@@ -21,10 +25,16 @@ func startWatch(t *testing.T, d *Dir, resync time.Duration) *watcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &watcher{done: make(chan error, 1)}
 	go func() {
-		w.done <- d.Watch(ctx, resync, func(s Snapshot) {
+		w.done <- d.Watch(ctx, resync, func(s Snapshot) bool {
 			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.refuse > 0 {
+				w.refuse--
+				w.refused = append(w.refused, s)
+				return false
+			}
 			w.snaps = append(w.snaps, s)
-			w.mu.Unlock()
+			return true
 		})
 	}()
 	t.Cleanup(func() {
@@ -174,4 +184,26 @@ func TestWatchMissingParent(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "a.yaml"), podYAML("a", "img"))
 	// Neither the directory nor its parent existed: found by polling.
 	w.waitFor(t, "directory and parent created", "a=img")
+}
+
+// A snapshot the consumer could not take (the agent's store write failed) is delivered again,
+// with no further change in the directory, until it is taken: the change is not lost. Before,
+// it waited for the next change of the directory, which for a removed file may never come.
+func TestWatchRetriesUntilTaken(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), podYAML("a", "img:1"))
+	w := startWatch(t, NewDir(dir), 0)
+	w.waitFor(t, "initial scan", "a=img:1")
+	w.mu.Lock()
+	w.refuse = 2
+	w.mu.Unlock()
+	if err := os.Remove(filepath.Join(dir, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(t, "the removal, taken after two refusals", "")
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.refused) != 2 || podNames(w.refused[0]) != "" || podNames(w.refused[1]) != "" {
+		t.Errorf("refused deliveries %d, want 2 of the removal", len(w.refused))
+	}
 }
