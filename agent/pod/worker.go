@@ -84,10 +84,12 @@ type Worker struct {
 	pod      *v1.Pod
 	deleting bool
 	deleted  chan struct{} // closed by the first Delete: cuts short a postStart hook in progress
-	failure  *Failure      // the node's verdict (evicted, rejected, shut down); see Fail
-	status   v1.PodStatus
-	ooms     []string
-	objects  bool // a ConfigMap or Secret the pod uses changed (ObjectsChanged); true at first for a restarted agent
+	// deletedAt is when the first Delete came: the pod's deletionTimestamp, the same on every read.
+	deletedAt metav1.Time
+	failure   *Failure // the node's verdict (evicted, rejected, shut down); see Fail
+	status    v1.PodStatus
+	ooms      []string
+	objects   bool // a ConfigMap or Secret the pod uses changed (ObjectsChanged); true at first for a restarted agent
 
 	seen string // runtime.Fingerprint of what the last sync left behind; guarded by mu
 
@@ -170,6 +172,7 @@ func (w *Worker) Delete() {
 	w.mu.Lock()
 	if !w.deleting {
 		close(w.deleted)
+		w.deletedAt = metav1.Now()
 	}
 	w.deleting = true
 	w.mu.Unlock()
@@ -207,8 +210,8 @@ func (w *Worker) Pod() v1.Pod {
 	p := *w.pod.DeepCopy()
 	p.Status = *w.status.DeepCopy()
 	if w.deleting && p.DeletionTimestamp == nil {
-		now := metav1.Now()
-		p.DeletionTimestamp = &now
+		at := w.deletedAt
+		p.DeletionTimestamp = &at
 	}
 	return p
 }
