@@ -522,10 +522,23 @@ func shouldRestart(policy v1.RestartPolicy, exit int32) bool {
 	return true
 }
 
+// leftState reports whether a start that failed with this reason got as far as creating something
+// in containerd under the attempt's id (runtime.StartError's reasons).
+func leftState(reason string) bool {
+	return reason == "CreateContainerError" || reason == "RunContainerError"
+}
+
 // reconcile brings one container towards its spec and returns when to look again.
 func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cur *runtime.Container, now time.Time) time.Duration {
 	r := w.rec(c.Name)
 	attempt := r.attempt // nothing in containerd: retry the attempt that failed to start, if any
+	if r.failure != nil && leftState(r.failure.Reason) {
+		// The failed try got as far as containerd, which may keep state under its container id
+		// that the clean-up could not remove (a shim's bundle dir after containerd was killed
+		// mid-start: "failed to start shim: ... file exists" on every retry). The next try is a
+		// new attempt, with a new id, as kubelet counts a container that failed to start.
+		attempt = r.attempt + 1
+	}
 	if cur != nil {
 		attempt = cur.RestartCount + 1
 		switch {

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/event"
@@ -880,4 +882,36 @@ func TestWorkerStartsNothingWhileOldAttemptCannotBeStopped(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A try that failed after containerd made something under its id (RunContainerError: a shim's
+// bundle dir that a killed containerd left, say) is not retried under the same id, which would fail
+// the same way forever: the next try is the next attempt, with a new id. A failure before anything
+// was made (ErrImagePull) retries the same attempt. The back-off runs on synctest's clock.
+func TestWorkerFailedStartMovesToNewID(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeRuntime()
+		f.startErr["a"] = &runtime.StartError{Reason: "RunContainerError", Err: errors.New("failed to start shim: mkdir /run/containerd/x: file exists")}
+		h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
+		synctest.Wait() // attempt 0 failed; the worker waits out its back-off
+		f.mu.Lock()
+		f.startErr["a"] = &runtime.StartError{Reason: "ErrImagePull", Err: errors.New("pull busybox:1: connection refused")}
+		f.mu.Unlock()
+		time.Sleep(backoffMax)
+		synctest.Wait() // attempt 1 failed to pull, once or more
+		f.mu.Lock()
+		delete(f.startErr, "a")
+		f.mu.Unlock()
+		time.Sleep(backoffMax)
+		synctest.Wait()
+		var ids []string
+		for _, c := range f.callsOf("start") {
+			ids = append(ids, c.id)
+		}
+		if len(ids) < 3 || ids[0] != idOf("a", 0) || slices.ContainsFunc(ids[1:], func(id string) bool { return id != idOf("a", 1) }) {
+			t.Errorf("start ids %v, want %s, then %s for every later try (attempt 0 fails in containerd, attempt 1 fails to pull, then runs)",
+				ids, idOf("a", 0), idOf("a", 1))
+		}
+		h.waitFor("a running as attempt 1", func(st *v1.PodStatus) bool { return isRunning(st, "a", 1) })
+	})
 }
