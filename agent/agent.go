@@ -824,6 +824,30 @@ func (a *Agent) relistLoop(ctx context.Context) {
 	}
 }
 
+// shimReaper is the part of *runtime.Runtime that kills shims left without a container record.
+type shimReaper interface {
+	ReapStaleShims(ctx context.Context) ([]runtime.StaleShim, error)
+}
+
+// reapStaleShims kills the shims of the agent's namespace whose container has no record (a
+// containerd killed mid-start leaves them, ~13 MB each), when the runtime can.
+func (a *Agent) reapStaleShims(ctx context.Context) {
+	r, ok := a.rt.(shimReaper)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, relistTimeout)
+	defer cancel()
+	reaped, err := r.ReapStaleShims(ctx)
+	for _, s := range reaped {
+		a.log.Warn("sweep: killed a containerd shim whose container has no record (containerd stopped in the middle of a start?)",
+			"pid", s.Pid, "container", s.ContainerID, "children", s.Children)
+	}
+	if err != nil {
+		a.log.Warn("sweep: reap stale shims", "err", err)
+	}
+}
+
 func (a *Agent) orphansJudged() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -878,6 +902,7 @@ func (a *Agent) Relist(ctx context.Context, sweep bool) error {
 	var leftovers []runtime.PodRef
 	var statusOnly []types.UID
 	if sweep {
+		a.reapStaleShims(ctx)
 		if leftovers, err = a.rt.ListSandboxes(); err != nil {
 			a.log.Warn("sweep: list pod leftovers", "err", err)
 		}
