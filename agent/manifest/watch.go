@@ -226,8 +226,9 @@ func copyObjects(objs []Object) []Object {
 
 // OnObjects sets who receives the ConfigMaps and Secrets of every snapshot Run and Once deliver,
 // before the pods that may use them are delivered; KeptFiles says whose objects stay as stored.
-// Without it they are parsed and dropped. Call it before Run.
-func (d *Dir) OnObjects(fn func(Snapshot)) { d.objects = fn }
+// Without it they are parsed and dropped. fn returns an error when it could not store them: Run
+// then delivers the directory again (see Watch). Call it before Run.
+func (d *Dir) OnObjects(fn func(Snapshot) error) { d.objects = fn }
 
 func copyPods(pods []Pod) []Pod {
 	if pods == nil {
@@ -250,10 +251,14 @@ func (d *Dir) Kind() source.Kind { return source.File }
 // because after a reboot nothing but the store remembers what the file held.
 func (d *Dir) Run(ctx context.Context, deliver func(source.Change) source.Result) error {
 	return d.Watch(ctx, resyncPeriod, func(s Snapshot) bool {
+		objectsStored := true
 		if d.objects != nil {
-			d.objects(s)
+			objectsStored = d.objects(s) == nil
 		}
-		return deliver(s.Change()).Err == nil
+		// The pods go to the agent even when an object failed to be stored: what was stored
+		// is used, and the whole directory is delivered again until everything is.
+		podsStored := deliver(s.Change()).Err == nil
+		return objectsStored && podsStored
 	})
 }
 
@@ -281,7 +286,9 @@ func (d *Dir) Once() (source.Change, error) {
 		return source.Change{}, err
 	}
 	if d.objects != nil {
-		d.objects(s)
+		if err := d.objects(s); err != nil {
+			return source.Change{}, err
+		}
 	}
 	return s.Change(), nil
 }

@@ -2,11 +2,14 @@ package manifest
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/mqlet/mqlet/agent/source"
 )
 
 // watcher runs Dir.Watch in the background and records the snapshots it delivers.
@@ -205,5 +208,43 @@ func TestWatchRetriesUntilTaken(t *testing.T) {
 	defer w.mu.Unlock()
 	if len(w.refused) != 2 || podNames(w.refused[0]) != "" || podNames(w.refused[1]) != "" {
 		t.Errorf("refused deliveries %d, want 2 of the removal", len(w.refused))
+	}
+}
+
+// Run delivers the directory again when its ConfigMaps and Secrets could not be stored, even if the
+// pods were: a ConfigMap written while the disk was full is stored once it has room.
+func TestRunRetriesObjectsNotStored(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), podYAML("a", "img:1"))
+	d := NewDir(dir)
+	var mu sync.Mutex
+	calls := 0
+	d.OnObjects(func(Snapshot) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls == 1 {
+			return errors.New("store: no space left on device")
+		}
+		return nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- d.Run(ctx, func(source.Change) source.Result { return source.Result{} })
+	}()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := calls
+		mu.Unlock()
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("objects handed over %d times in 5s, want a second time after the failed store", n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
