@@ -634,7 +634,9 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 	}
 	w.mutations++
 	r.failure, r.terminated, r.retryAt = nil, nil, time.Time{}
-	r.startedID, r.startedAt = started.ID, time.Now()
+	// The start time is the container record's creation time, which containerd keeps: an agent
+	// killed before this status was stored finds the same time when it adopts the container.
+	r.startedID, r.startedAt = started.ID, started.CreatedAt
 	w.env.Log.Info("container started", "container", c.Name, "id", started.ID, "restarts", attempt)
 	w.postStart(ctx, pod, c, started)
 	return 0

@@ -915,3 +915,24 @@ func TestWorkerFailedStartMovesToNewID(t *testing.T) {
 		h.waitFor("a running as attempt 1", func(st *v1.PodStatus) bool { return isRunning(st, "a", 1) })
 	})
 }
+
+// A container adopted by a restarted agent that never stored its status (killed between the start
+// and the store write) reports the startedAt the first agent reported: both read the container
+// record's creation time. Before, the first reported the time the start returned and the second
+// the record's, which at whole seconds could differ (a flaky TestAgentKill9AdoptsRunningContainers).
+func TestWorkerStartedAtSameAfterAdoption(t *testing.T) {
+	pod := testPod(v1.RestartPolicyAlways, "a")
+	f := newFakeRuntime()
+	h := startWorker(t, pod, nil, f)
+	st := h.waitFor("a running", func(st *v1.PodStatus) bool { return isRunning(st, "a", 0) })
+	before := statusOf(st, "a").State.Running.StartedAt
+
+	adopted := startWorker(t, pod, nil, f) // no stored status
+	st = adopted.waitFor("a adopted", func(st *v1.PodStatus) bool { return isRunning(st, "a", 0) })
+	if after := statusOf(st, "a").State.Running.StartedAt; !after.Time.Equal(before.Time) {
+		t.Errorf("startedAt %v before adoption, %v after", before.Time, after.Time)
+	}
+	if starts := f.callsOf("start"); len(starts) != 1 {
+		t.Errorf("the adopting worker started %d containers more", len(starts)-1)
+	}
+}
