@@ -7,6 +7,7 @@ import (
 	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/pod"
+	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -15,7 +16,8 @@ import (
 // Admission of pods new to the node, kubelet's second gate after validation: does the pod fit what
 // the node has left, may it come under the node's pressure, are its host ports free, is the node
 // shutting down. A refused pod stays desired (kubelet keeps the rejected pod object) with a worker
-// that holds it Failed with the reason and starts nothing; a new spec of it is admitted afresh.
+// that holds it Failed with the reason and starts nothing; a new spec of it is judged afresh, and if
+// it fits, a file pod is replaced by a new worker while a control plane's pod stays Failed.
 
 // verdicts maps each pod admission looked at to its refusal, nil when admitted.
 type verdicts map[types.UID]*pod.Failure
@@ -107,7 +109,7 @@ func critical(d store.DesiredPod) bool { return admission.CriticalReason(d.Pod, 
 // applyVerdictLocked hands a judged pod's verdict to its existing worker (a.mu held) and reports
 // whether it did; a worker that is being deleted gets it when its replacement starts (onGone).
 // A refusal is set before the new spec is handed over, so the new spec never starts; an admission
-// lifts the old refusal after.
+// never lifts the old refusal of the same worker (see the end).
 func (a *Agent) applyVerdictLocked(w *pod.Worker, d store.DesiredPod, f *pod.Failure) {
 	if w.Pod().DeletionTimestamp != nil {
 		if a.refusedNext == nil {
@@ -119,11 +121,24 @@ func (a *Agent) applyVerdictLocked(w *pod.Worker, d store.DesiredPod, f *pod.Fai
 	}
 	if f != nil {
 		w.Refuse(*f)
+		a.updateWorkerLocked(w, d)
+		return
 	}
+	// Admitted now, but this worker holds the pod Failed (it was refused), and a pod never leaves
+	// a terminal phase under the same UID.
 	a.updateWorkerLocked(w, d)
-	if f == nil {
-		w.Reset()
+	if d.Source.Kind == source.File {
+		// The manifest is the only authority over a file pod, and nothing else replaces it: the
+		// edit that makes it fit replaces it, as removing the file and adding it again would. The
+		// Failed pod is torn down and the new spec runs in a new worker (onGone starts it).
+		a.log.Info("refused pod admitted with its new spec: replacing it", "pod", d.Pod.Namespace+"/"+d.Pod.Name, "source", d.Source.String())
+		w.Delete()
+		return
 	}
+	// A control plane's pod stays Failed, as kubelet keeps it: the control plane has seen it fail
+	// and runs a new pod (a new UID) if it wants one.
+	a.log.Info("refused pod stays Failed although its new spec would fit: a failed pod does not run again under the same UID",
+		"pod", d.Pod.Namespace+"/"+d.Pod.Name, "source", d.Source.String())
 }
 
 // refusalEvent is the Warning a refusal becomes, with kubelet's reason as the event's.

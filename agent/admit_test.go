@@ -122,10 +122,43 @@ func TestAdmissionRefusesWhatDoesNotFit(t *testing.T) {
 	})
 	src.send(source.Change{Op: source.Delete, Keys: []string{"default/c"}})
 	eventually(t, "c gone", func() bool { return podNamed(a, "c") == nil })
+	// Once it would fit, it still stays Failed: a pod that failed never runs again under the same
+	// UID, as kubelet and the bridge have it (Kubernetes shows it Failed and its controller may
+	// have replaced it). Before, it was moved back to Running.
 	src.send(source.Change{Op: source.Upsert, Items: []source.Item{mqttItem(memPod("b", "400Mi"), 3)}})
-	waitPhase(t, a, "b", v1.PodRunning, "")
-	if rt.podContainers(b.UID) != 1 {
-		t.Errorf("re-admitted b has %d containers", rt.podContainers(b.UID))
+	waitApplied(t, src)
+	eventually(t, "b on its new spec", func() bool {
+		p := podNamed(a, "b")
+		return p != nil && p.Spec.Containers[0].Resources.Requests.Memory().String() == "400Mi"
+	})
+	if p := podNamed(a, "b"); p.Status.Phase != v1.PodFailed || p.DeletionTimestamp != nil || rt.podContainers(b.UID) != 0 {
+		t.Errorf("b after a spec that fits: phase %s, deleting %v, %d containers; want Failed, not deleting, none",
+			p.Status.Phase, p.DeletionTimestamp != nil, rt.podContainers(b.UID))
+	}
+}
+
+// A refused file pod whose manifest is edited to fit is replaced, as removing the file and adding
+// it again would replace it: the Failed pod is torn down, and the new spec runs in a new worker.
+// The worker that held it Failed never runs anything.
+func TestRefusedFilePodReplacedWhenItFits(t *testing.T) {
+	rt, st, src := newFakeRuntime(), store.NewMemory(), newFakeSource(source.File)
+	a := startAgentWith(t, Options{Allocatable: allocatable("memory=1Gi")}, rt, st, src)
+	src.send(resync(fileItem(memPod("big", "2Gi"), "big.yaml")))
+	refused := waitPhase(t, a, "big", v1.PodFailed, "OutOfmemory")
+	a.mu.Lock()
+	old := a.workers[refused.UID]
+	a.mu.Unlock()
+
+	src.send(resync(fileItem(memPod("big", "100Mi"), "big.yaml")))
+	waitPhase(t, a, "big", v1.PodRunning, "")
+	a.mu.Lock()
+	now := a.workers[refused.UID]
+	a.mu.Unlock()
+	if now == old {
+		t.Errorf("the worker that held the pod Failed runs it again")
+	}
+	if p := old.Pod(); p.Status.Phase != v1.PodFailed {
+		t.Errorf("the old worker's pod left Failed for %s", p.Status.Phase)
 	}
 }
 

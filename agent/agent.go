@@ -168,6 +168,11 @@ type Agent struct {
 	trim   *time.Timer
 
 	prober *probe.Prober // shared by every pod's probes and hooks (one HTTP transport)
+
+	// unstored is why the last change of a source could not be written to the store, per source
+	// kind, until a later change of that source is stored; guarded by mu. The source retries
+	// (see source.Result.Err); meanwhile Ready reports it.
+	unstored map[source.Kind]error
 }
 
 // New wires an agent from an open store, a connected runtime and its sources; it owns none of them.
@@ -195,6 +200,7 @@ func New(opts Options, rt Runtime, st store.State, sources ...source.Source) *Ag
 		rejected: map[source.Kind]map[string]rejection{},
 		synced:   map[source.Kind]bool{},
 		cleaning: map[types.UID]chan struct{}{},
+		unstored: map[source.Kind]error{},
 		relist:   make(chan struct{}, 1),
 		prober:   probe.NewProber(),
 	}
@@ -461,17 +467,19 @@ func (a *Agent) apply(k source.Kind, c source.Change) ([]event.Event, source.Res
 	if len(p.put) > 0 || len(p.del) > 0 {
 		if err := a.st.UpdateDesired(p.put, p.del); err != nil {
 			// Acting on pods the store does not hold would break restore-after-reboot. The
-			// rejections are not recorded either, so the retry reports them as new.
-			a.log.Error("store desired pods; not acting on the change", "source", k, "op", c.Op, "err", err)
-			return nil, source.Result{Err: fmt.Errorf("store desired pods: %w", err)}
+			// rejections are not recorded either, so the retry reports them as new. The source
+			// delivers the change again until it is stored (source.Result.Err).
+			a.log.Error("store desired pods; not acting on the change until it is stored", "source", k, "op", c.Op, "err", err)
+			return a.unstoredEvents(k, err), source.Result{Err: fmt.Errorf("store desired pods: %w", err)}
 		}
 	}
+	events := a.unstoredEvents(k, nil)
 	// Admission reads the node and probes host ports: I/O, so before a.mu is taken.
 	verdicts := a.admitNew(p.put, p.del)
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	events := a.recordRejectionsLocked(k, c, p)
+	events = append(events, a.recordRejectionsLocked(k, c, p)...)
 	now := time.Now()
 	for _, d := range p.put {
 		a.desired[d.Pod.UID] = d
@@ -504,6 +512,31 @@ func (a *Agent) apply(k source.Kind, c source.Change) ([]event.Event, source.Res
 	}
 	a.activity()
 	return events, res
+}
+
+// unstoredEvents records whether source k's latest change was stored (err nil) or not, and returns
+// the node event for a change of that: a Warning when its changes start failing to be stored, a
+// Normal event when one is stored again. Failures in a row (the source's retries) say nothing new.
+func (a *Agent) unstoredEvents(k source.Kind, err error) []event.Event {
+	a.mu.Lock()
+	prev := a.unstored[k]
+	if err != nil {
+		a.unstored[k] = err
+	} else {
+		delete(a.unstored, k)
+	}
+	a.mu.Unlock()
+	node := event.NodeObject(a.opts.NodeName)
+	switch {
+	case err != nil && prev == nil:
+		return []event.Event{{Time: time.Now(), Type: event.Warning, Reason: event.ReasonStateWriteFailed, Object: node,
+			Message: fmt.Sprintf("a change of the %s pods could not be stored, so it is not acted on yet; "+
+				"it is retried until stored, and pods run as before meanwhile: %v", k, err)}}
+	case err == nil && prev != nil:
+		return []event.Event{{Time: time.Now(), Type: event.Normal, Reason: event.ReasonStateWriteRecovered, Object: node,
+			Message: fmt.Sprintf("the changes of the %s pods are stored again and acted on", k)}}
+	}
+	return nil
 }
 
 // recordRejectionsLocked makes the plan's rejections the source's current ones and returns an
@@ -791,6 +824,30 @@ func (a *Agent) relistLoop(ctx context.Context) {
 	}
 }
 
+// shimReaper is the part of *runtime.Runtime that kills shims left without a container record.
+type shimReaper interface {
+	ReapStaleShims(ctx context.Context) ([]runtime.StaleShim, error)
+}
+
+// reapStaleShims kills the shims of the agent's namespace whose container has no record (a
+// containerd killed mid-start leaves them, ~13 MB each), when the runtime can.
+func (a *Agent) reapStaleShims(ctx context.Context) {
+	r, ok := a.rt.(shimReaper)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, relistTimeout)
+	defer cancel()
+	reaped, err := r.ReapStaleShims(ctx)
+	for _, s := range reaped {
+		a.log.Warn("sweep: killed a containerd shim whose container has no record (containerd stopped in the middle of a start?)",
+			"pid", s.Pid, "container", s.ContainerID, "children", s.Children)
+	}
+	if err != nil {
+		a.log.Warn("sweep: reap stale shims", "err", err)
+	}
+}
+
 func (a *Agent) orphansJudged() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -845,6 +902,7 @@ func (a *Agent) Relist(ctx context.Context, sweep bool) error {
 	var leftovers []runtime.PodRef
 	var statusOnly []types.UID
 	if sweep {
+		a.reapStaleShims(ctx)
 		if leftovers, err = a.rt.ListSandboxes(); err != nil {
 			a.log.Warn("sweep: list pod leftovers", "err", err)
 		}
@@ -990,7 +1048,8 @@ func (a *Agent) Rejected() []source.Rejection {
 	return out
 }
 
-// Ready is nil once every source has been read and containerd answers (api.Provider).
+// Ready is nil once every source has been read, the latest change of each is stored, and
+// containerd answers (api.Provider); otherwise it says which of these is wrong.
 func (a *Agent) Ready() error {
 	a.mu.Lock()
 	var waiting []string
@@ -999,10 +1058,17 @@ func (a *Agent) Ready() error {
 			waiting = append(waiting, string(s.Kind()))
 		}
 	}
+	var unstored []string
+	for _, k := range slices.Sorted(maps.Keys(a.unstored)) {
+		unstored = append(unstored, fmt.Sprintf("%s: %v", k, a.unstored[k]))
+	}
 	a.mu.Unlock()
 	switch {
 	case len(waiting) > 0:
 		return fmt.Errorf("sources not read yet: %s", strings.Join(waiting, ", "))
+	case len(unstored) > 0:
+		// A change the node cannot store is not acted on: what runs is not what the sources say.
+		return fmt.Errorf("source changes not stored, retrying (%s)", strings.Join(unstored, "; "))
 	case !a.relistOK.Load():
 		return errors.New("containerd is not answering")
 	}

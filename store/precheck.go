@@ -147,7 +147,132 @@ func precheck(path string, timeout time.Duration) (notice string, err error) {
 	if err := checkFreelist(f, meta, pageSize); err != nil {
 		return "", corruptError(path, err)
 	}
+	if err := checkTree(f, meta, pageSize); err != nil {
+		return "", corruptError(path, err)
+	}
 	return notice, nil
+}
+
+// bbolt's branch and leaf pages: after the page header come count elements of 16 bytes each; a
+// branch element is pos, ksize (uint32) and the child page id (uint64), a leaf element is flags,
+// pos, ksize and vsize (uint32 each). pos is counted from the element itself; a leaf's value
+// follows its key. A leaf element with flagBucket holds a bucket: its value starts with the
+// bucket's root page id and sequence (uint64 each), and a root of 0 means the bucket is inline,
+// its one leaf page stored in the value after those 16 bytes.
+const (
+	flagBranchPage   = 0x01
+	flagLeafPage     = 0x02
+	flagBucket       = 0x01
+	elementSize      = 16
+	bucketHeaderSize = 16
+	// maxTreeDepth bounds the recursion: a real state file nests a handful of levels.
+	maxTreeDepth = 64
+)
+
+// checkTree reads, with plain reads, every branch and leaf page reachable from the root bucket,
+// nested buckets included, and checks that each element, key and value lies inside its page and
+// that no page is reachable twice. bbolt's own check (tx.Check) does not look at element bounds:
+// a flipped bit in a value's length makes a value that runs across the following pages, which
+// reads fine and then faults or allocates gigabytes the first time bbolt rewrites that page.
+func checkTree(r io.ReaderAt, meta metaPage, pageSize int64) error {
+	t := treeCheck{r: r, hwm: meta.hwm, pageSize: uint64(pageSize), seen: map[uint64]bool{}}
+	return t.page(meta.root, 0)
+}
+
+type treeCheck struct {
+	r        io.ReaderAt
+	hwm      uint64
+	pageSize uint64
+	seen     map[uint64]bool
+}
+
+// page checks the on-disk page id and everything below it.
+func (t *treeCheck) page(id uint64, depth int) error {
+	if depth > maxTreeDepth {
+		return fmt.Errorf("page %d: tree deeper than %d levels", id, maxTreeDepth)
+	}
+	if id < 2 || id >= t.hwm {
+		return fmt.Errorf("page %d referenced, outside [2, %d)", id, t.hwm)
+	}
+	if t.seen[id] {
+		return fmt.Errorf("page %d referenced twice", id)
+	}
+	hdr := make([]byte, pageHeaderSize)
+	if _, err := t.r.ReadAt(hdr, int64(id*t.pageSize)); err != nil {
+		return fmt.Errorf("read page %d: %w", id, err)
+	}
+	overflow := uint64(hostEndian.Uint32(hdr[12:]))
+	if got := hostEndian.Uint64(hdr); got != id {
+		return fmt.Errorf("page %d: header says page %d", id, got)
+	}
+	if id+overflow >= t.hwm {
+		return fmt.Errorf("page %d: %d overflow pages run past page %d", id, overflow, t.hwm)
+	}
+	for i := uint64(0); i <= overflow; i++ {
+		if t.seen[id+i] {
+			return fmt.Errorf("page %d referenced twice", id+i)
+		}
+		t.seen[id+i] = true
+	}
+	buf := make([]byte, (overflow+1)*t.pageSize)
+	if _, err := t.r.ReadAt(buf, int64(id*t.pageSize)); err != nil {
+		return fmt.Errorf("read page %d: %w", id, err)
+	}
+	return t.node(buf, fmt.Sprintf("page %d", id), depth)
+}
+
+// node checks one branch or leaf page held in buf (an inline bucket's page is a slice of a value).
+func (t *treeCheck) node(buf []byte, name string, depth int) error {
+	if len(buf) < pageHeaderSize {
+		return fmt.Errorf("%s: %d bytes, shorter than a page header", name, len(buf))
+	}
+	flags, count := hostEndian.Uint16(buf[8:]), uint64(hostEndian.Uint16(buf[10:]))
+	size := uint64(len(buf))
+	if pageHeaderSize+count*elementSize > size {
+		return fmt.Errorf("%s: %d elements do not fit in %d bytes", name, count, size)
+	}
+	for i := uint64(0); i < count; i++ {
+		at := pageHeaderSize + i*elementSize
+		e := buf[at : at+elementSize]
+		switch flags {
+		case flagBranchPage:
+			pos, ksize := uint64(hostEndian.Uint32(e)), uint64(hostEndian.Uint32(e[4:]))
+			if at+pos+ksize > size {
+				return fmt.Errorf("%s: key of branch element %d runs past the page", name, i)
+			}
+			if err := t.page(hostEndian.Uint64(e[8:]), depth+1); err != nil {
+				return err
+			}
+		case flagLeafPage:
+			ef, pos := hostEndian.Uint32(e), uint64(hostEndian.Uint32(e[4:]))
+			ksize, vsize := uint64(hostEndian.Uint32(e[8:])), uint64(hostEndian.Uint32(e[12:]))
+			if at+pos+ksize+vsize > size {
+				return fmt.Errorf("%s: key and value of leaf element %d (%d + %d bytes) run past the page", name, i, ksize, vsize)
+			}
+			if ef&flagBucket == 0 {
+				continue
+			}
+			v := buf[at+pos+ksize : at+pos+ksize+vsize]
+			if len(v) < bucketHeaderSize {
+				return fmt.Errorf("%s: bucket element %d has a %d-byte value, shorter than a bucket header", name, i, len(v))
+			}
+			var err error
+			if root := hostEndian.Uint64(v); root == 0 {
+				err = t.node(v[bucketHeaderSize:], fmt.Sprintf("inline bucket in %s", name), depth+1)
+			} else {
+				err = t.page(root, depth+1)
+			}
+			if err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("%s: flags %#x, want a branch (%#x) or leaf (%#x) page", name, flags, flagBranchPage, flagLeafPage)
+		}
+	}
+	if count == 0 && flags != flagBranchPage && flags != flagLeafPage {
+		return fmt.Errorf("%s: flags %#x, want a branch (%#x) or leaf (%#x) page", name, flags, flagBranchPage, flagLeafPage)
+	}
+	return nil
 }
 
 // checkFreelist checks the freelist page the way bolt.Open will read it, which panics on a

@@ -59,7 +59,13 @@
 // RecordError and skipped, and the others load.
 //
 // Open never rewrites an existing file it cannot read: a damaged file is refused with ErrCorrupt
-// and a recovery hint (everything in it can be rebuilt from the pod sources and containerd).
+// and a recovery hint (everything in it can be rebuilt from the pod sources and containerd), or,
+// with Options.SetAsideDamaged (the agent's choice), renamed to state.db.corrupt-<UTC time> and
+// replaced by an empty file. Damage is looked for at open, before anything is written: the meta
+// and freelist pages and the file length (precheck.go), the bounds of every element of every
+// branch and leaf page, and bbolt's own consistency check (tx.Check: the freelist against the
+// pages in use, key order), because bbolt trusts the file and panics, in a goroutine no caller
+// can recover, when it writes over a page that is both free and in use.
 //
 // Rules for changing the layout: add buckets or
 // change encodings only together with a new SchemaVersion and a migration step from the previous
@@ -73,8 +79,10 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/mqlet/mqlet/store/seal"
@@ -124,6 +132,11 @@ var (
 	ErrCorrupt     = errors.New("state file is corrupt or unreadable")
 	ErrLocked      = errors.New("state file is locked by another process")
 	ErrNewerSchema = errors.New("state file was written by a newer mqlet")
+
+	// errDamaged marks the ErrCorrupt errors that mean the file was damaged (bad pages, a bad
+	// length, a broken tree), as opposed to a file that is intact but not mqlet's: only a damaged
+	// file is set aside (Options.SetAsideDamaged).
+	errDamaged = errors.New("damaged")
 )
 
 // DB is the agent's persistent state in one bbolt file.
@@ -135,6 +148,18 @@ type DB struct {
 	box *seal.Box
 	// openTxID is bbolt's transaction id when Open returned; see Commits.
 	openTxID int
+	// setAside is the damaged file Open renamed before starting afresh; nil when none.
+	setAside *SetAside
+}
+
+// SetAside is a damaged state file that Open renamed (Options.SetAsideDamaged) before it
+// created a new, empty one in its place.
+type SetAside struct {
+	// Path is where the damaged file now is: the state file's path with ".corrupt-" and the UTC
+	// time appended, e.g. /var/lib/mqlet/state.db.corrupt-20261127T102500Z.
+	Path string
+	// Cause is why it was refused: the error Open would have returned without the option.
+	Cause error
 }
 
 // Options are what OpenWith takes beyond the path.
@@ -143,6 +168,15 @@ type Options struct {
 	// seal.LoadOrCreateKey). Without one, everything but Secrets works: PutObject refuses a Secret
 	// and stored ones are reported as RecordErrors.
 	SecretKey []byte
+	// SetAsideDamaged makes Open rename a damaged file (one Open would refuse with ErrCorrupt
+	// because its pages, length or tree are broken) instead of refusing it, and start from a new
+	// empty file; DB.SetAside reports it. Everything in the file can be rebuilt (desired pods
+	// from their sources, pod status from containerd), and an unattended node must not stay
+	// down after a power cut. An intact file that is not mqlet's, a newer schema and a locked
+	// file are still refused.
+	SetAsideDamaged bool
+	// Now names the set-aside file; time.Now when nil.
+	Now func() time.Time
 }
 
 // Open opens (creating if absent) the bbolt state file at path, without a node key (see
@@ -157,7 +191,67 @@ func Open(path string) (*DB, error) {
 // OpenWith is Open with options: o.SecretKey, when set, must be a valid node key, and lets the
 // DB store and read Secret records.
 func OpenWith(path string, o Options) (*DB, error) {
-	return open(path, lockTimeout, o)
+	return openSettingAside(path, lockTimeout, o)
+}
+
+// openSettingAside is open, and with o.SetAsideDamaged, a damaged file renamed and a new one
+// opened in its place.
+func openSettingAside(path string, timeout time.Duration, o Options) (*DB, error) {
+	d, err := open(path, timeout, o)
+	if err == nil || !o.SetAsideDamaged || !errors.Is(err, errDamaged) {
+		return d, err
+	}
+	now := time.Now
+	if o.Now != nil {
+		now = o.Now
+	}
+	aside, rerr := setAside(path, now())
+	if rerr != nil {
+		return nil, fmt.Errorf("%w; setting it aside failed too: %w", err, rerr)
+	}
+	d, err2 := open(path, timeout, o)
+	if err2 != nil {
+		return nil, fmt.Errorf("open state db %s after moving the damaged one to %s: %w", path, aside, err2)
+	}
+	d.setAside = &SetAside{Path: aside, Cause: err}
+	d.notices = append(d.notices, fmt.Sprintf("state db %s was damaged and is set aside as %s; starting from an empty state "+
+		"(desired pods are read again from their sources, running pods are adopted): %v", path, aside, err))
+	return d, nil
+}
+
+// setAside renames the file at path to path.corrupt-<UTC time>, with a counter if that name is
+// taken (two damaged files in one second), and syncs the directory so the rename survives a
+// power cut: otherwise the damaged file could be back under its own name at the next boot.
+func setAside(path string, now time.Time) (string, error) {
+	base := path + ".corrupt-" + now.UTC().Format("20060102T150405Z")
+	aside := base
+	for i := 2; ; i++ {
+		if _, err := os.Lstat(aside); errors.Is(err, fs.ErrNotExist) {
+			break
+		} else if err != nil {
+			return "", fmt.Errorf("set aside %s: %w", path, err)
+		}
+		aside = fmt.Sprintf("%s.%d", base, i)
+	}
+	if err := os.Rename(path, aside); err != nil {
+		return "", fmt.Errorf("set aside %s: %w", path, err)
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return aside, nil // renamed; only the durability of the rename is in doubt
+	}
+	defer dir.Close()
+	_ = dir.Sync()
+	return aside, nil
+}
+
+// SetAside reports the damaged file Open renamed before starting afresh, or nil.
+func (d *DB) SetAside() *SetAside {
+	if d.setAside == nil {
+		return nil
+	}
+	s := *d.setAside
+	return &s
 }
 
 func open(path string, timeout time.Duration, o Options) (d *DB, err error) {
@@ -242,11 +336,18 @@ func closeQuietly(bdb *bolt.DB) {
 	_ = bdb.Close()
 }
 
+// corruptError is the error for a damaged file: ErrCorrupt and errDamaged.
 func corruptError(path string, cause error) error {
 	return fmt.Errorf("open state db %s: %w (%w): move it aside (mv %s %s.corrupt) and restart: "+
 		"desired pods are re-read from the manifest dir (and the MQTT downlink); pod status is rebuilt from containerd",
-		path, ErrCorrupt, cause, path, path)
+		path, damaged{}, cause, path, path)
 }
+
+// damaged is ErrCorrupt and errDamaged in one wrapped error, reading as ErrCorrupt.
+type damaged struct{}
+
+func (damaged) Error() string        { return ErrCorrupt.Error() }
+func (damaged) Is(target error) bool { return target == ErrCorrupt || target == errDamaged }
 
 // versionEmpty marks a file with no buckets at all: new, or created by a run that stopped
 // before its first transaction.
@@ -267,6 +368,13 @@ func (d *DB) inspect() (int, error) {
 			return corruptError(d.path, fmt.Errorf("file is %d bytes but its meta page says %d: truncated", st.Size(), tx.Size()))
 		}
 		if err := walk(tx); err != nil {
+			return corruptError(d.path, err)
+		}
+		// The walk reads what a lookup reads; bbolt's own check also compares the freelist with
+		// the pages in use and the key order on every page. A file that fails it opens and reads
+		// fine, then panics in bbolt's write path ("page 9 already freed") once a transaction
+		// reuses a page that is both free and in use, which no recover in mqlet can catch.
+		if err := check(tx); err != nil {
 			return corruptError(d.path, err)
 		}
 		var names []string
@@ -304,11 +412,19 @@ func (d *DB) inspect() (int, error) {
 }
 
 // walk visits every key in every bucket, nested ones included, so that each branch, leaf and
-// overflow page is read once (ForEach hands out values, which lie on those pages).
+// overflow page is read once: ForEach hands out values, which lie on those pages, and the last
+// byte of each is read, so an overflow page past the end of the file faults here, where open
+// turns the fault into an error, and not in bbolt's check goroutine, where nothing could.
 func walk(tx *bolt.Tx) error {
 	var visit func(b *bolt.Bucket, path string) error
+	var sink byte
 	visit = func(b *bolt.Bucket, path string) error {
-		if err := b.ForEach(func(k, v []byte) error { return nil }); err != nil {
+		if err := b.ForEach(func(k, v []byte) error {
+			if len(v) > 0 {
+				sink ^= v[len(v)-1]
+			}
+			return nil
+		}); err != nil {
 			return fmt.Errorf("bucket %s: %w", path, err)
 		}
 		return b.ForEachBucket(func(k []byte) error {
@@ -318,6 +434,30 @@ func walk(tx *bolt.Tx) error {
 	return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
 		return visit(b, string(name))
 	})
+}
+
+// maxCheckProblems bounds how many of bbolt's findings the error quotes; a damaged page can
+// yield hundreds, and one is enough to refuse the file.
+const maxCheckProblems = 3
+
+// check runs bbolt's consistency check (tx.Check) and returns its first findings as one error.
+// Every finding is read: the check's goroutine ends only when its channel is drained.
+func check(tx *bolt.Tx) error {
+	var found []string
+	n := 0
+	for err := range tx.Check() {
+		if n < maxCheckProblems {
+			found = append(found, err.Error())
+		}
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	if n > maxCheckProblems {
+		found = append(found, fmt.Sprintf("and %d more", n-maxCheckProblems))
+	}
+	return fmt.Errorf("bbolt consistency check failed: %s", strings.Join(found, "; "))
 }
 
 // Close releases the file and its lock after pending batched writes have committed.

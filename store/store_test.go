@@ -258,6 +258,12 @@ func TestCorruptFilesRefused(t *testing.T) {
 			clear(b[root*ps : (root+1)*ps])
 			writeFile(t, path, b)
 		},
+		"valid db with a page in use listed as free": func(t *testing.T, path string) {
+			validFile(t, path)
+			b := readFile(t, path)
+			freelistInUse(t, b)
+			writeFile(t, path, b)
+		},
 		"another program's bbolt file": func(t *testing.T, path string) {
 			bdb, err := bolt.Open(path, 0o600, nil)
 			if err != nil {
@@ -568,4 +574,210 @@ func BenchmarkPutStatusParallel(b *testing.B) {
 			}
 		}
 	})
+}
+
+// flipBits flips n random bits among the first size bytes of b.
+func flipBits(b []byte, size, n int, seed int64) {
+	r := rand.New(rand.NewSource(seed))
+	for range n {
+		i := r.Intn(size * 8)
+		b[i/8] ^= 1 << (i % 8)
+	}
+}
+
+// A few flipped bits anywhere in a real state file either make Open refuse it as corrupt, or leave
+// a file that bbolt's own consistency check passes, so writes cannot hit a broken freelist later
+// (before the fix, bbolt panicked in its batch goroutine: "page 9 already freed").
+func TestBitFlippedFileRefusedOrConsistent(t *testing.T) {
+	dir := t.TempDir()
+	orig := filepath.Join(dir, "orig.db")
+	validFile(t, orig)
+	good := readFile(t, orig)
+	// The flips land in the pages in use (below the high-water mark): the rest of the file is
+	// slack that bbolt grew into, where a flip changes nothing.
+	inUse := int(newestMetaField(good, 40)) * os.Getpagesize()
+	const files = 150
+	refused := 0
+	for seed := int64(1); seed <= files; seed++ {
+		path := filepath.Join(dir, fmt.Sprintf("flip-%d.db", seed))
+		b := bytes.Clone(good)
+		flipBits(b, inUse, 3, seed)
+		writeFile(t, path, b)
+		d, err := Open(path)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("seed %d: Open = %v, want ErrCorrupt or success", seed, err)
+			}
+			refused++
+			continue
+		}
+		var problems []string
+		if err := d.bolt.View(func(tx *bolt.Tx) error {
+			for e := range tx.Check() {
+				problems = append(problems, e.Error())
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if len(problems) > 0 {
+			d.Close()
+			t.Fatalf("seed %d: Open accepted a file that fails bbolt's check: %s", seed, strings.Join(problems, "; "))
+		}
+		// The accepted file takes writes: records rewritten, then half the pods deleted, which
+		// rewrites and frees pages all over the file.
+		var del []types.UID
+		for i := range 30 {
+			uid := types.UID(fmt.Sprintf("uid-%02d", i))
+			if i%3 == 0 {
+				if err := d.PutStatus(uid, testStatus(v1.PodSucceeded, int32(i+1))); err != nil {
+					t.Fatalf("seed %d: PutStatus: %v", seed, err)
+				}
+			}
+			if i%2 == 0 {
+				del = append(del, uid)
+			}
+		}
+		if err := d.UpdateDesired(nil, del); err != nil {
+			t.Fatalf("seed %d: UpdateDesired: %v", seed, err)
+		}
+		if err := d.Close(); err != nil {
+			t.Fatalf("seed %d: Close: %v", seed, err)
+		}
+		os.Remove(path)
+	}
+	t.Logf("%d of %d files refused", refused, files)
+}
+
+// With SetAsideDamaged, a damaged file (bits flipped in its tree, or truncated as by a power cut)
+// is renamed with the time and a new empty file takes its place; the damaged bytes are kept as
+// they were.
+func TestDamagedFileSetAside(t *testing.T) {
+	now := time.Date(2026, 11, 27, 10, 25, 0, 0, time.UTC)
+	cases := map[string]func(b []byte) []byte{
+		"truncated to half": func(b []byte) []byte { return b[:len(b)/2] },
+		"garbage over its root page": func(b []byte) []byte {
+			smashPage(b, newestMetaField(b, 16), 3)
+			return b
+		},
+		"a page in use listed as free": func(b []byte) []byte {
+			freelistInUse(t, b)
+			return b
+		},
+	}
+	for name, damage := range cases {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), FileName)
+			validFile(t, path)
+			bad := damage(readFile(t, path))
+			writeFile(t, path, bad)
+
+			d, err := OpenWith(path, Options{SetAsideDamaged: true, Now: func() time.Time { return now }})
+			if err != nil {
+				t.Fatalf("OpenWith: %v", err)
+			}
+			defer d.Close()
+			want := path + ".corrupt-20261127T102500Z"
+			sa := d.SetAside()
+			if sa == nil || sa.Path != want || !errors.Is(sa.Cause, ErrCorrupt) {
+				t.Fatalf("SetAside() = %+v, want %s with an ErrCorrupt cause", sa, want)
+			}
+			if !bytes.Equal(readFile(t, want), bad) {
+				t.Errorf("the set-aside file is not the damaged file as it was")
+			}
+			if n := strings.Join(d.Notices(), "\n"); !strings.Contains(n, want) {
+				t.Errorf("notices %q do not name %s", n, want)
+			}
+			pods, _, err := d.ListDesired()
+			if err != nil || len(pods) != 0 {
+				t.Errorf("new state holds %d pods (err %v), want empty", len(pods), err)
+			}
+			put(t, d, testPod("default", "web", "uid-web"), source.Ref{Kind: source.File, Origin: "/pods/web.yaml"}, 0)
+		})
+	}
+}
+
+// A second damaged file within the same second does not overwrite the first one set aside.
+func TestSetAsideKeepsEarlierOne(t *testing.T) {
+	now := func() time.Time { return time.Date(2026, 11, 27, 10, 25, 0, 0, time.UTC) }
+	path := filepath.Join(t.TempDir(), FileName)
+	first := bytes.Repeat([]byte("first damaged "), 1000)
+	writeFile(t, path, first)
+	d, err := OpenWith(path, Options{SetAsideDamaged: true, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	writeFile(t, path, bytes.Repeat([]byte("second damaged "), 1000))
+	d, err = OpenWith(path, Options{SetAsideDamaged: true, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if got := d.SetAside().Path; got != path+".corrupt-20261127T102500Z.2" {
+		t.Errorf("second file set aside as %s", got)
+	}
+	if !bytes.Equal(readFile(t, path+".corrupt-20261127T102500Z"), first) {
+		t.Errorf("the first set-aside file was overwritten")
+	}
+}
+
+// What is not damage is still refused with SetAsideDamaged, and left in place: an intact bbolt
+// file of another program, a newer schema, a file locked by a running agent.
+func TestSetAsideOnlyDamage(t *testing.T) {
+	o := Options{SetAsideDamaged: true}
+	t.Run("foreign", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), FileName)
+		bdb, err := bolt.Open(path, 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := bdb.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket([]byte("v1")); return err }); err != nil {
+			t.Fatal(err)
+		}
+		bdb.Close()
+		if _, err := OpenWith(path, o); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("OpenWith = %v, want ErrCorrupt", err)
+		}
+		assertAlone(t, path)
+	})
+	t.Run("newer schema", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), FileName)
+		validFile(t, path)
+		setSchemaVersion(t, path, "99")
+		if _, err := OpenWith(path, o); !errors.Is(err, ErrNewerSchema) {
+			t.Errorf("OpenWith = %v, want ErrNewerSchema", err)
+		}
+		assertAlone(t, path)
+	})
+	t.Run("locked", func(t *testing.T) {
+		_, path := openTemp(t)
+		if _, err := openSettingAside(path, 100*time.Millisecond, o); !errors.Is(err, ErrLocked) {
+			t.Errorf("OpenWith = %v, want ErrLocked", err)
+		}
+		assertAlone(t, path)
+	})
+}
+
+// assertAlone fails unless path is the only file in its directory.
+func assertAlone(t *testing.T, path string) {
+	t.Helper()
+	names, _ := filepath.Glob(filepath.Join(filepath.Dir(path), "*"))
+	if len(names) != 1 || names[0] != path {
+		t.Errorf("files %v, want %s alone", names, path)
+	}
+}
+
+// freelistInUse writes the root page's id over the first entry of the newest freelist page, so
+// the page is both in use and free: what bbolt later panics on ("page already freed").
+func freelistInUse(t *testing.T, b []byte) {
+	t.Helper()
+	ps := uint64(os.Getpagesize())
+	fl, root := newestMetaField(b, 32), newestMetaField(b, 16)
+	hdr := b[fl*ps:]
+	count := binary.NativeEndian.Uint16(hdr[10:])
+	if count == 0 || count == 0xFFFF {
+		t.Fatalf("freelist page %d has count %d; the fixture needs a short non-empty freelist", fl, count)
+	}
+	binary.NativeEndian.PutUint64(hdr[16:], root)
 }

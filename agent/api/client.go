@@ -202,7 +202,10 @@ type LogOptions struct {
 	// TailLines, when set, is how many of the last lines to show (0: none, only what follows).
 	TailLines *int64
 	// Since, when positive, shows only lines newer than that (rounded up to whole seconds).
-	Since      time.Duration
+	Since time.Duration
+	// SinceTime, when set, shows only lines stamped at or after it (whole seconds, as the API
+	// takes it); at most one of Since and SinceTime.
+	SinceTime  time.Time
 	Timestamps bool
 }
 
@@ -223,6 +226,9 @@ func (c *Client) Logs(ctx context.Context, namespace, name string, o LogOptions,
 	}
 	if o.Since > 0 {
 		q.Set("sinceSeconds", strconv.FormatInt(int64((o.Since+time.Second-1)/time.Second), 10))
+	}
+	if !o.SinceTime.IsZero() {
+		q.Set("sinceTime", o.SinceTime.UTC().Format(time.RFC3339))
 	}
 	if o.Timestamps {
 		q.Set("timestamps", "true")

@@ -16,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/types/create"
 	"github.com/mqlet/mqlet/hw"
 	"github.com/mqlet/mqlet/internal/atomicfile"
 	"golang.org/x/sys/unix"
@@ -74,6 +75,9 @@ type record struct {
 	Ports   []PortMapping   `json:"portMappings,omitempty"`
 	Result  json.RawMessage `json:"result,omitempty"` // ADD's result; absent while ADD has not succeeded
 	IPs     []string        `json:"ips,omitempty"`    // the pod's addresses from Result, primary first
+	// Releasing is set before a teardown's DEL: a record that has it describes an attachment that
+	// may be released already (its addresses handed to other pods), however complete it looks.
+	Releasing bool `json:"releasing,omitempty"`
 }
 
 const recordFile = "record.json"
@@ -138,11 +142,13 @@ func (m *Manager) Setup(ctx context.Context, pod *v1.Pod, netns string, fresh bo
 		return nil, err
 	}
 	if rec != nil {
-		if rec.Result != nil && !fresh && rec.NetNS == nsID && slices.Equal(rec.Ports, ports) {
-			return m.adopt(ctx, pod, dir, rec, netns)
+		if rec.Result != nil && !rec.Releasing && !fresh && rec.NetNS == nsID && slices.Equal(rec.Ports, ports) {
+			return m.adopt(ctx, pod, dir, rec, netns, nsID)
 		}
 		why := "its network namespace is new (reboot)"
 		switch {
+		case rec.Releasing:
+			why = "its last teardown did not finish"
 		case rec.Result == nil:
 			why = "its last ADD did not finish"
 		case !fresh && rec.NetNS == nsID:
@@ -158,15 +164,18 @@ func (m *Manager) Setup(ctx context.Context, pod *v1.Pod, netns string, fresh bo
 }
 
 // adopt keeps an attachment this process did not make (the agent restarted), with its addresses,
-// after CHECKing it once. A failed CHECK is only reported: the pod's containers run in that
-// namespace with those addresses, and redoing the attachment would change them under a running
-// pod. (containerd's CRI does not CHECK at all; the plugins' own CHECK is not always right either:
-// portmap 1.1.1 fails it on a node without IPv6 NAT chains.)
-func (m *Manager) adopt(ctx context.Context, pod *v1.Pod, dir string, rec *record, netns string) ([]string, error) {
+// once it has checked, once per agent run, that the pod's namespace still has the interface with
+// every recorded address. Without them the pod has no network (its veth was deleted, or a teardown
+// ran its DEL and was killed before it removed the record), and keeping the record would report it
+// Running with an address host-local may hand to another pod: the attachment is released (DEL) and
+// made again (ADD), and if that fails Setup fails, so the pod shows the reason and waits. CNI CHECK
+// is run too but only reported: redoing a present attachment would change the addresses under a
+// running pod, and the plugins' own CHECK is not always right (portmap 1.1.1 fails it on a node
+// without IPv6 NAT chains); containerd's CRI does not CHECK at all.
+func (m *Manager) adopt(ctx context.Context, pod *v1.Pod, dir string, rec *record, netns, nsID string) ([]string, error) {
 	uid := string(pod.UID)
 	m.mu.Lock()
 	done := m.checked[uid]
-	m.checked[uid] = true
 	m.mu.Unlock()
 	if done {
 		return rec.IPs, nil
@@ -175,9 +184,31 @@ func (m *Manager) adopt(ctx context.Context, pod *v1.Pod, dir string, rec *recor
 	if err != nil {
 		return nil, fmt.Errorf("stored CNI configuration of network %q: %w", rec.Network, err)
 	}
-	if err := m.config(dir).CheckNetworkList(ctx, list, rec.runtimeConf(uid, netns)); err != nil && !errors.Is(err, libcni.ErrorCheckNotSupp) {
-		m.log.Warn("the pod's network attachment failed CNI CHECK; keeping it", "pod", podName(pod), "network", rec.Network, "ips", rec.IPs, "err", err)
+	missing, err := missingAddrs(netns, rec.IfName, rec.IPs)
+	if err != nil {
+		return nil, fmt.Errorf("look at the pod's interface %s in %s: %w", rec.IfName, netns, err)
 	}
+	if missing != "" {
+		m.log.Warn("the pod's network attachment is gone from its namespace; attaching it again", "pod", podName(pod),
+			"network", rec.Network, "ips", rec.IPs, "missing", missing)
+		if nets, err := resultNets(rec.Result); err != nil {
+			m.log.Warn("the recorded CNI result is unreadable; DEL may leave NAT rules behind", "pod", podName(pod), "err", err)
+		} else if err := restoreForDel(netns, rec.IfName, nets); err != nil {
+			m.log.Warn("could not put the pod's addresses back for DEL; it may leave NAT rules behind", "pod", podName(pod), "err", err)
+		}
+		if err := m.del(ctx, dir, rec, netns); err != nil {
+			return nil, fmt.Errorf("release the broken attachment to CNI network %q (%s): %w", rec.Network, missing, err)
+		}
+		m.forget(uid)
+		return m.add(ctx, pod, dir, netns, nsID, rec.Ports)
+	}
+	if err := m.config(dir).CheckNetworkList(ctx, list, rec.runtimeConf(uid, netns)); err != nil && !errors.Is(err, libcni.ErrorCheckNotSupp) {
+		m.log.Warn("the pod's network attachment failed CNI CHECK; its interface and addresses are there, so it is kept",
+			"pod", podName(pod), "network", rec.Network, "ips", rec.IPs, "err", err)
+	}
+	m.mu.Lock()
+	m.checked[uid] = true
+	m.mu.Unlock()
 	m.log.Debug("kept the pod's network attachment", "pod", podName(pod), "network", rec.Network, "ips", rec.IPs)
 	return rec.IPs, nil
 }
@@ -231,7 +262,7 @@ func (m *Manager) add(ctx context.Context, pod *v1.Pod, dir, netns, nsID string,
 }
 
 // Teardown releases the pod's attachment (DEL with what ADD was given, and its result) and
-// forgets it. netns is the pod's namespace if it still exists, else "": plugins then release
+// forgets it; a teardown interrupted after its DEL is finished by the next Setup or Teardown. netns is the pod's namespace if it still exists, else "": plugins then release
 // what lives outside the pod (the address, NAT rules) and skip the rest. A pod never attached has
 // nothing to release. When DEL fails the record stays, for the next teardown or sweep.
 func (m *Manager) Teardown(ctx context.Context, uid, netns string) error {
@@ -244,6 +275,14 @@ func (m *Manager) Teardown(ctx context.Context, uid, netns string) error {
 		return err
 	}
 	if rec != nil {
+		// Marked first: killed between the DEL and the removal below, the record must not be
+		// taken for a live attachment by the next Setup.
+		if !rec.Releasing {
+			rec.Releasing = true
+			if err := writeRecord(dir, rec); err != nil {
+				return fmt.Errorf("mark the pod's network attachment as being released: %w", err)
+			}
+		}
 		if err := m.del(ctx, dir, rec, netns); err != nil {
 			return fmt.Errorf("detach from CNI network %q: %w", rec.Network, err)
 		}
@@ -301,6 +340,31 @@ func (r *record) runtimeConf(uid, netns string) *libcni.RuntimeConf {
 // podIPs picks the pod's addresses from an ADD result: those on the pod's interface, in the
 // result's order (the first is the primary), or, when the plugins did not say which interface an
 // address is on, every address that is not loopback.
+// resultNets reads the addresses, with their prefixes, of the pod's interface from a stored ADD
+// result.
+func resultNets(raw json.RawMessage) ([]*net.IPNet, error) {
+	r, err := create.CreateFromBytes(raw)
+	if err != nil {
+		return nil, err
+	}
+	res, err := types100.NewResultFromResult(r)
+	if err != nil {
+		return nil, err
+	}
+	var out []*net.IPNet
+	for _, ip := range res.IPs {
+		if ip.Address.IP == nil || ip.Address.IP.IsLoopback() {
+			continue
+		}
+		if ip.Interface != nil && *ip.Interface >= 0 && *ip.Interface < len(res.Interfaces) && res.Interfaces[*ip.Interface].Name != IfName {
+			continue
+		}
+		a := ip.Address
+		out = append(out, &a)
+	}
+	return out, nil
+}
+
 func podIPs(res types.Result, netns string) ([]string, error) {
 	r, err := types100.NewResultFromResult(res)
 	if err != nil {

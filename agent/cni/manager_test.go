@@ -281,3 +281,101 @@ func TestLoadNetworkNamesBadFile(t *testing.T) {
 		t.Errorf("stored conf reloads as %+v, %v", again, err)
 	}
 }
+
+// A pod whose interface was deleted while the agent was down (`ip link del` of its veth) is not
+// adopted with its old address and no network: the attachment is released and made again, so the
+// namespace has eth0 with the address Setup returns, and host-local holds that one address only.
+// Before, the failed CHECK was logged ("keeping it") and the pod kept an address it no longer had.
+func TestAdoptRepairsLostInterface(t *testing.T) {
+	n := testNet(t)
+	state := t.TempDir()
+	ctx := context.Background()
+	ns := filepath.Join(state, "ns")
+	pinNetns(t, ns)
+	pod := testPod("p")
+	if _, err := testManager(t, n, filepath.Join(state, "cni")).Setup(ctx, pod, ns, true); err != nil {
+		t.Fatal(err)
+	}
+	inNetns(t, ns, "ip", "link", "del", "eth0") // takes the host's end of the veth with it
+
+	restarted := testManager(t, n, filepath.Join(state, "cni"))
+	got, err := restarted.Setup(ctx, pod, ns, false)
+	if err != nil {
+		t.Fatalf("Setup after the interface went: %v", err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("IPs = %v, want one", got)
+	}
+	if addr := inNetns(t, ns, "ip", "-4", "addr", "show", "dev", "eth0"); !strings.Contains(addr, got[0]+"/") {
+		t.Errorf("eth0 after the repair lacks %s:\n%s", got[0], addr)
+	}
+	if held := n.Allocated(t); len(held) != 1 || held[0] != got[0] {
+		t.Errorf("host-local holds %v, want only %s", held, got[0])
+	}
+	// The first address's NAT rule went with the repair's DEL: the pod's removal cleans up fully.
+	if err := restarted.Teardown(ctx, string(pod.UID), ns); err != nil {
+		t.Fatal(err)
+	}
+	if r := n.Rules(t); len(r) != 0 {
+		t.Errorf("rules left after the pod went:\n%s", strings.Join(r, "\n"))
+	}
+	if held := n.Allocated(t); len(held) != 0 {
+		t.Errorf("addresses left after the pod went: %v", held)
+	}
+}
+
+// A teardown killed after its DEL leaves a record that is not taken for a live attachment: the
+// next Setup releases it and attaches the pod again, and host-local holds one address, the pod's.
+// The kill is simulated by a portmap wrapper that copies the pod's CNI dir when DEL reaches it
+// (the first plugin DEL runs), and putting that copy back after the teardown.
+func TestInterruptedTeardownNotAdopted(t *testing.T) {
+	n := testNet(t)
+	state := t.TempDir()
+	ctx := context.Background()
+	ns := filepath.Join(state, "ns")
+	pinNetns(t, ns)
+	pod := testPod("p")
+	cniDir := filepath.Join(state, "cni")
+	podDir := filepath.Join(cniDir, string(pod.UID))
+	snapshot := filepath.Join(state, "at-del")
+	real, err := os.Readlink(filepath.Join(n.BinDir, "portmap"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrapper := fmt.Sprintf("#!/bin/sh\nif [ \"$CNI_COMMAND\" = DEL ] && [ ! -e %s ]; then cp -a %s %s; fi\nexec %s \"$@\"\n", snapshot, podDir, snapshot, real)
+	if err := os.Remove(filepath.Join(n.BinDir, "portmap")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(n.BinDir, "portmap"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m := testManager(t, n, cniDir)
+	if _, err := m.Setup(ctx, pod, ns, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Teardown(ctx, string(pod.UID), ns); err != nil {
+		t.Fatal(err)
+	}
+	if held := n.Allocated(t); len(held) != 0 {
+		t.Fatalf("host-local holds %v after the teardown", held)
+	}
+	// The agent was killed at that DEL: what it left is the dir as the DEL found it.
+	if err := os.Rename(snapshot, podDir); err != nil {
+		t.Fatalf("the wrapper did not copy the pod's CNI dir at DEL: %v", err)
+	}
+
+	restarted := testManager(t, n, cniDir)
+	got, err := restarted.Setup(ctx, pod, ns, false)
+	if err != nil {
+		t.Fatalf("Setup after the interrupted teardown: %v", err)
+	}
+	if held := n.Allocated(t); len(got) != 1 || len(held) != 1 || held[0] != got[0] {
+		t.Errorf("Setup gave %v and host-local holds %v: want the pod's one address held", got, held)
+	}
+	if addr := inNetns(t, ns, "ip", "-4", "addr", "show", "dev", "eth0"); len(got) == 1 && !strings.Contains(addr, got[0]+"/") {
+		t.Errorf("eth0 lacks %v:\n%s", got, addr)
+	}
+	if err := restarted.Teardown(ctx, string(pod.UID), ns); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -30,6 +30,14 @@ const (
 	// ReasonPolicyDenied: a pod from the control plane asks for more than the node's policy allows
 	// (privileged, host namespaces, hostPath).
 	ReasonPolicyDenied = "PolicyDenied"
+	// ReasonStateFileSetAside: the state file was damaged; it was renamed and the node started
+	// from empty state (a node event).
+	ReasonStateFileSetAside = "StateFileSetAside"
+	// ReasonStateWriteFailed: a source change could not be written to the state file (a full
+	// disk, say); the node keeps what it ran and retries until it is stored (a node event).
+	ReasonStateWriteFailed = "StateWriteFailed"
+	// ReasonStateWriteRecovered: the change a StateWriteFailed was about is stored now.
+	ReasonStateWriteRecovered = "StateWriteRecovered"
 )
 
 // Kinds of Object.

@@ -36,7 +36,7 @@ type Dir struct {
 	lastObjs map[string][]Object
 	parsed   map[string]parseResult
 
-	objects func(Snapshot) // OnObjects
+	objects func(Snapshot) error // OnObjects
 }
 
 // parseResult caches what Parse made of a file's bytes: every change in the directory rescans

@@ -22,6 +22,14 @@ const (
 	maxCoalesce    = 100 * time.Millisecond
 )
 
+// retryMin and retryMax bound the back-off between deliveries of a snapshot the consumer could
+// not take (the agent's store write failed: a full disk frees up when the operator acts, so
+// the wait stays short).
+const (
+	retryMin = time.Second
+	retryMax = 10 * time.Second
+)
+
 // pollInterval is how often Watch looks for the directory while it does not exist and its
 // parent cannot be watched either.
 const pollInterval = time.Second
@@ -34,8 +42,13 @@ const pollInterval = time.Second
 // for it again. If reading the directory fails, fn gets the pods of the last good snapshot
 // and a Problem for the directory (Index -1). fn runs on Watch's goroutine.
 //
+// fn returns false when it could not take the snapshot (the agent could not store it): Watch then
+// scans and calls fn again after retryMin, doubling up to retryMax, until fn takes one, so that
+// a change made while the state dir was full is not lost (the directory, not the event, is what
+// is delivered: a retry delivers what the directory holds by then).
+//
 // Watch returns nil when ctx is done, or an error if inotify is unavailable.
-func (d *Dir) Watch(ctx context.Context, resync time.Duration, fn func(Snapshot)) error {
+func (d *Dir) Watch(ctx context.Context, resync time.Duration, fn func(Snapshot) bool) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("watching manifest directory %s: %w", d.path, err)
@@ -73,6 +86,11 @@ func (d *Dir) Watch(ctx context.Context, resync time.Duration, fn func(Snapshot)
 	var lastKey string
 	var deliverUnless func(skip func(Snapshot) bool)
 	delivered := false
+	// retry fires while the last snapshot was not taken; retryWait is its current back-off.
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	var retryWait time.Duration
 	deliver := func() { deliverUnless(nil) }
 	deliverUnless = func(skip func(Snapshot) bool) {
 		snap, err := d.Scan()
@@ -89,7 +107,15 @@ func (d *Dir) Watch(ctx context.Context, resync time.Duration, fn func(Snapshot)
 			return
 		}
 		delivered, lastKey = true, key
-		fn(snap)
+		if fn(snap) {
+			retry.Stop()
+			retryWait = 0
+			return
+		}
+		// Not taken: the next scan is delivered whatever it holds, and one comes soon.
+		delivered = false
+		retryWait = min(max(2*retryWait, retryMin), retryMax)
+		retry.Reset(retryWait)
 	}
 
 	var resyncC <-chan time.Time
@@ -162,6 +188,8 @@ func (d *Dir) Watch(ctx context.Context, resync time.Duration, fn func(Snapshot)
 			deliver()
 		case <-resyncC:
 			deliver()
+		case <-retry.C:
+			deliver()
 		}
 	}
 }
@@ -198,8 +226,9 @@ func copyObjects(objs []Object) []Object {
 
 // OnObjects sets who receives the ConfigMaps and Secrets of every snapshot Run and Once deliver,
 // before the pods that may use them are delivered; KeptFiles says whose objects stay as stored.
-// Without it they are parsed and dropped. Call it before Run.
-func (d *Dir) OnObjects(fn func(Snapshot)) { d.objects = fn }
+// Without it they are parsed and dropped. fn returns an error when it could not store them: Run
+// then delivers the directory again (see Watch). Call it before Run.
+func (d *Dir) OnObjects(fn func(Snapshot) error) { d.objects = fn }
 
 func copyPods(pods []Pod) []Pod {
 	if pods == nil {
@@ -221,11 +250,15 @@ func (d *Dir) Kind() source.Kind { return source.File }
 // file or a document that cannot be decoded marks its file Keep: the pods stored from it stay,
 // because after a reboot nothing but the store remembers what the file held.
 func (d *Dir) Run(ctx context.Context, deliver func(source.Change) source.Result) error {
-	return d.Watch(ctx, resyncPeriod, func(s Snapshot) {
+	return d.Watch(ctx, resyncPeriod, func(s Snapshot) bool {
+		objectsStored := true
 		if d.objects != nil {
-			d.objects(s)
+			objectsStored = d.objects(s) == nil
 		}
-		deliver(s.Change())
+		// The pods go to the agent even when an object failed to be stored: what was stored
+		// is used, and the whole directory is delivered again until everything is.
+		podsStored := deliver(s.Change()).Err == nil
+		return objectsStored && podsStored
 	})
 }
 
@@ -253,7 +286,9 @@ func (d *Dir) Once() (source.Change, error) {
 		return source.Change{}, err
 	}
 	if d.objects != nil {
-		d.objects(s)
+		if err := d.objects(s); err != nil {
+			return source.Change{}, err
+		}
 	}
 	return s.Change(), nil
 }

@@ -2,11 +2,14 @@ package manifest
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/mqlet/mqlet/agent/source"
 )
 
 // watcher runs Dir.Watch in the background and records the snapshots it delivers.
@@ -14,6 +17,10 @@ type watcher struct {
 	mu    sync.Mutex
 	snaps []Snapshot
 	done  chan error
+	// refuse is how many more snapshots the consumer refuses to take, as the agent does when
+	// its store write fails; refused snapshots are recorded in refused, not snaps.
+	refuse  int
+	refused []Snapshot
 }
 
 func startWatch(t *testing.T, d *Dir, resync time.Duration) *watcher {
@@ -21,10 +28,16 @@ func startWatch(t *testing.T, d *Dir, resync time.Duration) *watcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &watcher{done: make(chan error, 1)}
 	go func() {
-		w.done <- d.Watch(ctx, resync, func(s Snapshot) {
+		w.done <- d.Watch(ctx, resync, func(s Snapshot) bool {
 			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.refuse > 0 {
+				w.refuse--
+				w.refused = append(w.refused, s)
+				return false
+			}
 			w.snaps = append(w.snaps, s)
-			w.mu.Unlock()
+			return true
 		})
 	}()
 	t.Cleanup(func() {
@@ -174,4 +187,64 @@ func TestWatchMissingParent(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "a.yaml"), podYAML("a", "img"))
 	// Neither the directory nor its parent existed: found by polling.
 	w.waitFor(t, "directory and parent created", "a=img")
+}
+
+// A snapshot the consumer could not take (the agent's store write failed) is delivered again,
+// with no further change in the directory, until it is taken: the change is not lost. Before,
+// it waited for the next change of the directory, which for a removed file may never come.
+func TestWatchRetriesUntilTaken(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), podYAML("a", "img:1"))
+	w := startWatch(t, NewDir(dir), 0)
+	w.waitFor(t, "initial scan", "a=img:1")
+	w.mu.Lock()
+	w.refuse = 2
+	w.mu.Unlock()
+	if err := os.Remove(filepath.Join(dir, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(t, "the removal, taken after two refusals", "")
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.refused) != 2 || podNames(w.refused[0]) != "" || podNames(w.refused[1]) != "" {
+		t.Errorf("refused deliveries %d, want 2 of the removal", len(w.refused))
+	}
+}
+
+// Run delivers the directory again when its ConfigMaps and Secrets could not be stored, even if the
+// pods were: a ConfigMap written while the disk was full is stored once it has room.
+func TestRunRetriesObjectsNotStored(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), podYAML("a", "img:1"))
+	d := NewDir(dir)
+	var mu sync.Mutex
+	calls := 0
+	d.OnObjects(func(Snapshot) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls++
+		if calls == 1 {
+			return errors.New("store: no space left on device")
+		}
+		return nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- d.Run(ctx, func(source.Change) source.Result { return source.Result{} })
+	}()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n := calls
+		mu.Unlock()
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("objects handed over %d times in 5s, want a second time after the failed store", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -7,6 +7,7 @@
 package objects
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -221,13 +222,16 @@ func sameRecord(a, b store.ObjectRecord) bool {
 // put, those no file declares any more are deleted, except those stored from a kept file (one that
 // cannot be read cleanly now, or a directory above it): a half-written file at power loss must not
 // take a Secret away from running pods, even after a reboot. A name MQTT already defines is refused
-// (an event when the refusal is new) and returned.
-func (s *Store) SyncFiles(items []store.ObjectRecord, kept []string) []*ClaimError {
+// (an event when the refusal is new) and returned. The error says which puts and deletes the store
+// failed (a full disk): the caller delivers the directory again until none fails, since nothing
+// else would bring the change back.
+func (s *Store) SyncFiles(items []store.ObjectRecord, kept []string) ([]*ClaimError, error) {
 	stored, bad, err := s.st.ListObjects()
 	if err != nil {
 		s.log.Error("manifest objects: list stored objects; not applying the change", "err", err)
-		return nil
+		return nil, fmt.Errorf("manifest objects: list stored objects: %w", err)
 	}
+	var failed []error
 	for _, e := range bad {
 		s.log.Warn("manifest objects: a stored object is unreadable", "err", e)
 	}
@@ -255,6 +259,7 @@ func (s *Store) SyncFiles(items []store.ObjectRecord, kept []string) []*ClaimErr
 				continue
 			}
 			s.log.Error("manifest objects: store", "object", k.String(), "file", r.Source.String(), "err", err)
+			failed = append(failed, fmt.Errorf("store %s from %s: %w", k, r.Source, err))
 		}
 	}
 	for k, r := range byKey {
@@ -263,6 +268,7 @@ func (s *Store) SyncFiles(items []store.ObjectRecord, kept []string) []*ClaimErr
 		}
 		if err := s.delete(s.st, source.File, k); err != nil {
 			s.log.Error("manifest objects: delete", "object", k.String(), "err", err)
+			failed = append(failed, fmt.Errorf("delete %s: %w", k, err))
 		} else {
 			s.log.Info("object removed: no manifest declares it any more", "object", k.String())
 		}
@@ -270,7 +276,7 @@ func (s *Store) SyncFiles(items []store.ObjectRecord, kept []string) []*ClaimErr
 	s.mu.Lock()
 	s.refused = nowRefused
 	s.mu.Unlock()
-	return refused
+	return refused, errors.Join(failed...)
 }
 
 func (s *Store) refusedBefore(k Key, msg string) bool {

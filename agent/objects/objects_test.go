@@ -73,7 +73,7 @@ func TestSourcesClaimNames(t *testing.T) {
 	}
 	// The file comes second: refused with an event, once, and MQTT's object stays.
 	for range 2 {
-		refused := s.SyncFiles([]store.ObjectRecord{cmRecord("shared", "/m/s.yaml", "from-file")}, nil)
+		refused, _ := s.SyncFiles([]store.ObjectRecord{cmRecord("shared", "/m/s.yaml", "from-file")}, nil)
 		if len(refused) != 1 || !strings.Contains(refused[0].Error(), "ConfigMap default/shared is already defined by mqtt topic/x; this one from file is ignored") {
 			t.Fatalf("refused %v", refused)
 		}
@@ -115,5 +115,22 @@ func TestSecretFoldsStringData(t *testing.T) {
 	}
 	if _, err := s.Secret("default", "nope"); !runtime.IsNotFound(err) || err.Error() != "Secret default/nope not found" {
 		t.Errorf("missing Secret: %v", err)
+	}
+}
+
+// failingPuts is a store whose object puts fail, as on a full disk.
+type failingPuts struct{ *store.Memory }
+
+func (failingPuts) PutObject(store.ObjectRecord) error {
+	return errors.New("write /var/lib/mqlet/state.db: no space left on device")
+}
+
+// A ConfigMap the store could not take is reported to the caller, which delivers the directory
+// again: before, it was logged and the change was lost until the file changed again.
+func TestSyncFilesReportsStoreFailure(t *testing.T) {
+	s := New(failingPuts{store.NewMemory()}, nil)
+	_, err := s.SyncFiles([]store.ObjectRecord{cmRecord("a", "/m/a.yaml", "1")}, nil)
+	if err == nil || !strings.Contains(err.Error(), "no space left on device") || !strings.Contains(err.Error(), "default/a") {
+		t.Errorf("SyncFiles = %v, want the store failure naming ConfigMap default/a", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/event"
@@ -127,30 +128,39 @@ func TestWorkerEmitsKilling(t *testing.T) {
 }
 
 // A pod running longer than activeDeadlineSeconds is failed with DeadlineExceeded, its containers
-// stopped, and the event emitted; the worker's own timer fires it, no nudge needed.
+// stopped, and the event emitted; the worker's own timer fires it, no nudge needed, exactly at the
+// deadline (synctest's clock).
 func TestWorkerActiveDeadline(t *testing.T) {
-	f := newFakeRuntime()
-	pod := testPod(v1.RestartPolicyAlways, "a")
-	secs := int64(1)
-	pod.Spec.ActiveDeadlineSeconds = &secs
-	h, l := startWorkerWithEvents(t, pod, nil, f)
-	h.waitFor("phase Running", phaseIs(v1.PodRunning))
-	st := h.waitFor("phase Failed", phaseIs(v1.PodFailed))
-	if st.Reason != "DeadlineExceeded" || st.Message != "Pod was active on the node longer than the specified deadline" {
-		t.Errorf("status reason/message = %q/%q", st.Reason, st.Message)
-	}
-	if took := time.Since(st.StartTime.Time); took < time.Second {
-		t.Errorf("failed %s after its start, before its 1s deadline", took)
-	}
-	if stops := f.callsOf("stop"); len(stops) != 1 || stops[0].id != idOf("a", 0) {
-		t.Errorf("stop calls = %v, want a's container stopped", stops)
-	}
-	if cs := statusOf(st, "a"); cs == nil || cs.State.Terminated == nil {
-		t.Errorf("container a = %+v, want terminated", cs)
-	}
-	if e := l.waitFor(t, event.ReasonDeadlineExceeded, 1); e[0].Message != deadlineMessage || e[0].Type != event.Normal {
-		t.Errorf("DeadlineExceeded event = %+v", e[0])
-	}
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeRuntime()
+		pod := testPod(v1.RestartPolicyAlways, "a")
+		secs := int64(1)
+		pod.Spec.ActiveDeadlineSeconds = &secs
+		h, l := startWorkerWithEvents(t, pod, nil, f)
+		synctest.Wait()
+		running := h.waitFor("phase Running", phaseIs(v1.PodRunning))
+		deadline := running.StartTime.Add(time.Second)
+		time.Sleep(time.Until(deadline) - time.Millisecond)
+		synctest.Wait()
+		if p := h.w.Pod(); p.Status.Phase != v1.PodRunning {
+			t.Fatalf("phase %s a millisecond before the deadline, want Running", p.Status.Phase)
+		}
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		st := h.waitFor("phase Failed", phaseIs(v1.PodFailed))
+		if st.Reason != "DeadlineExceeded" || st.Message != "Pod was active on the node longer than the specified deadline" {
+			t.Errorf("status reason/message = %q/%q", st.Reason, st.Message)
+		}
+		if stops := f.callsOf("stop"); len(stops) != 1 || stops[0].id != idOf("a", 0) {
+			t.Errorf("stop calls = %v, want a's container stopped", stops)
+		}
+		if cs := statusOf(st, "a"); cs == nil || cs.State.Terminated == nil {
+			t.Errorf("container a = %+v, want terminated", cs)
+		}
+		if e := l.waitFor(t, event.ReasonDeadlineExceeded, 1); e[0].Message != deadlineMessage || e[0].Type != event.Normal {
+			t.Errorf("DeadlineExceeded event = %+v", e[0])
+		}
+	})
 }
 
 // The deadline counts from the start time stored before an agent restart: a restarted agent does

@@ -21,7 +21,10 @@ const (
 
 // Failure is the node's verdict that a pod must stop and stay stopped: evicted, refused at admission
 // (OutOfmemory, OutOfcpu, ...), or stopped for a node shutdown. The pod ends in phase Failed with
-// Reason and Message, its containers stopped, and nothing of it starts again.
+// Reason and Message, its containers stopped, and nothing of it starts again: no call lifts a
+// verdict, because a pod never leaves a terminal phase under the same UID (kubelet's rule, and the
+// bridge's, which keeps such a pod Failed in Kubernetes while its controller replaces it). A new
+// run is a new worker (see Agent.applyVerdictLocked).
 type Failure struct {
 	Reason  string
 	Message string
@@ -60,15 +63,6 @@ func (w *Worker) Failed() *Failure {
 	}
 	f := *w.failure
 	return &f
-}
-
-// Reset lifts a verdict, so the pod runs again (a new spec re-admitted, say); its stopped containers
-// are replaced as after any exit.
-func (w *Worker) Reset() {
-	w.mu.Lock()
-	w.failure = nil
-	w.mu.Unlock()
-	w.Nudge()
 }
 
 // restoredFailure reads the verdict back from a stored status: a pod that was failed by the node

@@ -56,10 +56,33 @@ func TestWorkerFailureRestored(t *testing.T) {
 	h2.waitFor("phase Running after a shutdown", phaseIs(v1.PodRunning))
 }
 
-func TestWorkerReset(t *testing.T) {
+// A failed pod stays Failed whatever spec it is handed: terminal is terminal under one UID.
+func TestWorkerFailedStaysFailedOnUpdate(t *testing.T) {
 	f := newFakeRuntime()
 	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), &v1.PodStatus{Phase: v1.PodFailed, Reason: "OutOfcpu"}, f)
 	h.resync()
-	h.w.Reset()
-	h.waitFor("phase Running after Reset", phaseIs(v1.PodRunning))
+	h.w.Update(testPod(v1.RestartPolicyAlways, "a", "b"))
+	h.resync()
+	h.resync()
+	if got := f.callsOf("start"); len(got) != 0 {
+		t.Errorf("a failed pod started containers after an update: %v", got)
+	}
+	if p := h.w.Pod(); p.Status.Phase != v1.PodFailed {
+		t.Errorf("phase %s after an update, want Failed", p.Status.Phase)
+	}
+}
+
+// A deleted pod's deletionTimestamp is when it was deleted, the same on every read (it was the
+// time of each read, so every status computed while terminating carried a new one).
+func TestWorkerDeletionTimestampRecordedOnce(t *testing.T) {
+	f := newFakeRuntime()
+	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
+	h.waitFor("phase Running", phaseIs(v1.PodRunning))
+	h.w.Delete()
+	first := h.w.Pod().DeletionTimestamp
+	time.Sleep(10 * time.Millisecond) // a later read at a later time
+	second := h.w.Pod().DeletionTimestamp
+	if first == nil || second == nil || !first.Time.Equal(second.Time) {
+		t.Errorf("deletionTimestamp %v then %v, want one time recorded at Delete", first, second)
+	}
 }

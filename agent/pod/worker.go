@@ -84,10 +84,12 @@ type Worker struct {
 	pod      *v1.Pod
 	deleting bool
 	deleted  chan struct{} // closed by the first Delete: cuts short a postStart hook in progress
-	failure  *Failure      // the node's verdict (evicted, rejected, shut down); see Fail
-	status   v1.PodStatus
-	ooms     []string
-	objects  bool // a ConfigMap or Secret the pod uses changed (ObjectsChanged); true at first for a restarted agent
+	// deletedAt is when the first Delete came: the pod's deletionTimestamp, the same on every read.
+	deletedAt metav1.Time
+	failure   *Failure // the node's verdict (evicted, rejected, shut down); see Fail
+	status    v1.PodStatus
+	ooms      []string
+	objects   bool // a ConfigMap or Secret the pod uses changed (ObjectsChanged); true at first for a restarted agent
 
 	seen string // runtime.Fingerprint of what the last sync left behind; guarded by mu
 
@@ -170,6 +172,7 @@ func (w *Worker) Delete() {
 	w.mu.Lock()
 	if !w.deleting {
 		close(w.deleted)
+		w.deletedAt = metav1.Now()
 	}
 	w.deleting = true
 	w.mu.Unlock()
@@ -207,8 +210,8 @@ func (w *Worker) Pod() v1.Pod {
 	p := *w.pod.DeepCopy()
 	p.Status = *w.status.DeepCopy()
 	if w.deleting && p.DeletionTimestamp == nil {
-		now := metav1.Now()
-		p.DeletionTimestamp = &now
+		at := w.deletedAt
+		p.DeletionTimestamp = &at
 	}
 	return p
 }
@@ -519,10 +522,23 @@ func shouldRestart(policy v1.RestartPolicy, exit int32) bool {
 	return true
 }
 
+// leftState reports whether a start that failed with this reason got as far as creating something
+// in containerd under the attempt's id (runtime.StartError's reasons).
+func leftState(reason string) bool {
+	return reason == "CreateContainerError" || reason == "RunContainerError"
+}
+
 // reconcile brings one container towards its spec and returns when to look again.
 func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cur *runtime.Container, now time.Time) time.Duration {
 	r := w.rec(c.Name)
 	attempt := r.attempt // nothing in containerd: retry the attempt that failed to start, if any
+	if r.failure != nil && leftState(r.failure.Reason) {
+		// The failed try got as far as containerd, which may keep state under its container id
+		// that the clean-up could not remove (a shim's bundle dir after containerd was killed
+		// mid-start: "failed to start shim: ... file exists" on every retry). The next try is a
+		// new attempt, with a new id, as kubelet counts a container that failed to start.
+		attempt = r.attempt + 1
+	}
 	if cur != nil {
 		attempt = cur.RestartCount + 1
 		switch {
@@ -618,7 +634,9 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 	}
 	w.mutations++
 	r.failure, r.terminated, r.retryAt = nil, nil, time.Time{}
-	r.startedID, r.startedAt = started.ID, time.Now()
+	// The start time is the container record's creation time, which containerd keeps: an agent
+	// killed before this status was stored finds the same time when it adopts the container.
+	r.startedID, r.startedAt = started.ID, started.CreatedAt
 	w.env.Log.Info("container started", "container", c.Name, "id", started.ID, "restarts", attempt)
 	w.postStart(ctx, pod, c, started)
 	return 0

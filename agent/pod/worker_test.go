@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/event"
@@ -36,7 +38,9 @@ type fakeRuntime struct {
 	calls    []call
 	podFiles int
 	startErr map[string]error // by container name: every start of it fails so
-	stopErr  map[string]error // by container id: every stop of it fails so, and it keeps running
+	// startedAt holds when each StartContainer call came (synctest's clock in a bubble).
+	startedAt []time.Time
+	stopErr   map[string]error // by container id: every stop of it fails so, and it keeps running
 
 	// sandboxes holds the UIDs whose sandbox is set up; a pod not in it gets a new one (Created),
 	// as after a reboot. Tests of an agent restart with the sandbox intact add the UID first.
@@ -83,6 +87,7 @@ func (f *fakeRuntime) StartContainer(_ context.Context, pod *v1.Pod, sb *runtime
 	}
 	id := runtime.ContainerID(string(pod.UID), c.Name, restarts)
 	f.calls = append(f.calls, call{op: "start", id: id, name: c.Name, restarts: restarts})
+	f.startedAt = append(f.startedAt, time.Now())
 	if err := f.startErr[c.Name]; err != nil {
 		return runtime.Container{}, err
 	}
@@ -564,11 +569,10 @@ func TestWorkerImagePullFailureWaits(t *testing.T) {
 	}
 	// Nudges (containerd events of other containers, relists) must not bypass the back-off.
 	for range 6 {
-		time.Sleep(50 * time.Millisecond)
 		h.resync()
 	}
 	if starts := f.callsOf("start"); len(starts) != 1 {
-		t.Errorf("StartContainer calls within ~300ms of a failed pull = %d, want 1 (back-off)", len(starts))
+		t.Errorf("StartContainer calls after nudges within the back-off of a failed pull = %d, want 1", len(starts))
 	}
 }
 
@@ -880,4 +884,95 @@ func TestWorkerStartsNothingWhileOldAttemptCannotBeStopped(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A try that failed after containerd made something under its id (RunContainerError: a shim's
+// bundle dir that a killed containerd left, say) is not retried under the same id, which would fail
+// the same way forever: the next try is the next attempt, with a new id. A failure before anything
+// was made (ErrImagePull) retries the same attempt. The back-off runs on synctest's clock.
+func TestWorkerFailedStartMovesToNewID(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeRuntime()
+		f.startErr["a"] = &runtime.StartError{Reason: "RunContainerError", Err: errors.New("failed to start shim: mkdir /run/containerd/x: file exists")}
+		h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
+		synctest.Wait() // attempt 0 failed; the worker waits out its back-off
+		f.mu.Lock()
+		f.startErr["a"] = &runtime.StartError{Reason: "ErrImagePull", Err: errors.New("pull busybox:1: connection refused")}
+		f.mu.Unlock()
+		time.Sleep(backoffMax)
+		synctest.Wait() // attempt 1 failed to pull, once or more
+		f.mu.Lock()
+		delete(f.startErr, "a")
+		f.mu.Unlock()
+		time.Sleep(backoffMax)
+		synctest.Wait()
+		var ids []string
+		for _, c := range f.callsOf("start") {
+			ids = append(ids, c.id)
+		}
+		if len(ids) < 3 || ids[0] != idOf("a", 0) || slices.ContainsFunc(ids[1:], func(id string) bool { return id != idOf("a", 1) }) {
+			t.Errorf("start ids %v, want %s, then %s for every later try (attempt 0 fails in containerd, attempt 1 fails to pull, then runs)",
+				ids, idOf("a", 0), idOf("a", 1))
+		}
+		h.waitFor("a running as attempt 1", func(st *v1.PodStatus) bool { return isRunning(st, "a", 1) })
+	})
+}
+
+// A container adopted by a restarted agent that never stored its status (killed between the start
+// and the store write) reports the startedAt the first agent reported: both read the container
+// record's creation time. Before, the first reported the time the start returned and the second
+// the record's, which at whole seconds could differ (a flaky TestAgentKill9AdoptsRunningContainers).
+func TestWorkerStartedAtSameAfterAdoption(t *testing.T) {
+	pod := testPod(v1.RestartPolicyAlways, "a")
+	f := newFakeRuntime()
+	h := startWorker(t, pod, nil, f)
+	st := h.waitFor("a running", func(st *v1.PodStatus) bool { return isRunning(st, "a", 0) })
+	before := statusOf(st, "a").State.Running.StartedAt
+
+	adopted := startWorker(t, pod, nil, f) // no stored status
+	st = adopted.waitFor("a adopted", func(st *v1.PodStatus) bool { return isRunning(st, "a", 0) })
+	if after := statusOf(st, "a").State.Running.StartedAt; !after.Time.Equal(before.Time) {
+		t.Errorf("startedAt %v before adoption, %v after", before.Time, after.Time)
+	}
+	if starts := f.callsOf("start"); len(starts) != 1 {
+		t.Errorf("the adopting worker started %d containers more", len(starts)-1)
+	}
+}
+
+// Kubelet's back-off, asserted on synctest's clock: a container that keeps exiting is restarted at
+// once after its first exit, then 10 s, 20 s and 40 s after the next ones, not a moment sooner,
+// however often the worker is nudged meanwhile.
+func TestWorkerRestartBackOffExact(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeRuntime()
+		t0 := time.Now()
+		h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
+		synctest.Wait()
+		waits := []time.Duration{0, backoffInitial, 2 * backoffInitial, 4 * backoffInitial}
+		for attempt, wait := range waits {
+			f.exit(t, idOf("a", attempt), 1)
+			h.w.Nudge()
+			synctest.Wait()
+			if wait > 0 {
+				time.Sleep(wait - time.Millisecond)
+				h.w.Nudge() // a relist's nudge does not cut the back-off short
+				synctest.Wait()
+				if n := len(f.callsOf("start")); n != attempt+1 {
+					t.Fatalf("attempt %d started before its %s back-off", attempt+1, wait)
+				}
+				time.Sleep(time.Millisecond)
+				synctest.Wait()
+			}
+		}
+		var got []time.Duration
+		f.mu.Lock()
+		for _, at := range f.startedAt {
+			got = append(got, at.Sub(t0))
+		}
+		f.mu.Unlock()
+		want := []time.Duration{0, 0, 10 * time.Second, 30 * time.Second, 70 * time.Second}
+		if !slices.Equal(got, want) {
+			t.Errorf("starts at %v, want %v", got, want)
+		}
+	})
 }

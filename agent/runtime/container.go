@@ -190,6 +190,12 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		return Container{}, &StartError{"RunContainerError", fmt.Errorf("start task %s: %w", id, err)}
 	}
 	notifyStarted(ctx, c.Name)
+	// The record's creation time (the one ListContainers reports) is the attempt's start time, so
+	// that an agent restarted before the status was stored reports the same startedAt as before.
+	created := time.Now()
+	if info, err := ctr.Info(ctx); err == nil && !info.CreatedAt.IsZero() {
+		created = info.CreatedAt
+	}
 	// Keep this attempt's log and the one before (kubectl logs --previous); a crash-looping
 	// container must not fill the disk with one file per restart.
 	if restarts >= 2 {
@@ -200,7 +206,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 	return Container{
 		ID: id, PodUID: string(pod.UID), PodName: pod.Name, PodNamespace: pod.Namespace, Name: c.Name,
 		Hash: labels[LabelSpecHash], RestartCount: restarts, Image: img.Name(), ImageID: labels[LabelImageID],
-		LogPath: logPath, CreatedAt: time.Now(), State: StateRunning, Pid: task.Pid(), Grace: PodGrace(pod),
+		LogPath: logPath, CreatedAt: created, State: StateRunning, Pid: task.Pid(), Grace: PodGrace(pod),
 	}, nil
 }
 

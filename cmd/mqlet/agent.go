@@ -10,10 +10,12 @@ import (
 	"os/signal"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/api"
 	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/manifest"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
@@ -81,7 +83,10 @@ func (c *AgentCmd) Run() error {
 	}
 	// Secrets (from the control plane or the manifest dir) are sealed in the state store under
 	// the node key (wire_objects.go).
-	var storeOpts store.Options
+	// A damaged state file is set aside and the agent starts from empty state rather than stay
+	// down: sources deliver the desired pods again and running pods are adopted (see
+	// setAsideEvent for what tells the operator).
+	storeOpts := store.Options{SetAsideDamaged: true}
 	if storeOpts.SecretKey, err = nodeKey(cfg, log); err != nil {
 		return err
 	}
@@ -118,6 +123,9 @@ func (c *AgentCmd) Run() error {
 	}
 	defer events.stop()
 	report = m.reporter(report)
+	if sa := db.SetAside(); sa != nil {
+		report.Emit(setAsideEvent(cfg.NodeName, sa))
+	}
 	// Admission reads node allocatable and pressure from parts built after the agent (they need it);
 	// nothing is admitted before Run, by which time both exist.
 	var nodeStatus *nodeStatusWiring
@@ -239,4 +247,14 @@ func printOnce(w io.Writer, pods []v1.Pod) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", pods[i].Namespace, pods[i].Name, pods[i].Status.Phase, res)
 	}
 	tw.Flush()
+}
+
+// setAsideEvent is the node's Warning that its state file was damaged and set aside: the file is
+// named in it (and, through the store's notice, in the log) so the operator can keep it for a
+// look at the storage, or delete it.
+func setAsideEvent(node string, sa *store.SetAside) event.Event {
+	return event.Event{Time: time.Now(), Type: event.Warning, Reason: event.ReasonStateFileSetAside,
+		Message: fmt.Sprintf("state file damaged, set aside as %s; started from empty state, pods re-read from their sources "+
+			"and running ones adopted: %v", sa.Path, sa.Cause),
+		Object: event.NodeObject(node)}
 }

@@ -12,6 +12,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -361,5 +363,39 @@ func TestCNIMissingPluginPodWaitsThenStarts(t *testing.T) {
 		nd := node()
 		return cond(nd, v1.NodeNetworkUnavailable).Status == v1.ConditionFalse && cond(nd, v1.NodeReady).Status == v1.ConditionTrue
 	})
+	removeAll(t, h, n, "web")
+}
+
+// A pod whose network went while the agent was down (its veth deleted) is not reported Running
+// with its old address and only lo: the restarted agent attaches it again, so the address it
+// reports is on the pod's eth0, host-local holds that one, and the hostPort answers again.
+func TestCNILostInterfaceRepairedAfterKill9(t *testing.T) {
+	h, n := cniHarness(t)
+	port := hostPortFree(t)
+	h.writeManifest("web.yaml", webPod(port))
+	h.startAgent()
+	h.waitPod("web", "running", runningInNet(n))
+	nss, _ := filepath.Glob(filepath.Join(h.state, "netns", "*"))
+	if len(nss) != 1 {
+		t.Fatalf("pod network namespaces %v, want one", nss)
+	}
+	if out, err := exec.Command("nsenter", "--net="+nss[0], "ip", "link", "del", "eth0").CombinedOutput(); err != nil {
+		t.Fatalf("delete the pod's veth: %v\n%s", err, out)
+	}
+	h.kill9Agent()
+	h.startAgent()
+	web := h.waitPod("web", "running again", runningInNet(n))
+	waitFor(t, "the address the pod reports on its eth0", func() bool {
+		out, _ := exec.Command("nsenter", "--net="+nss[0], "ip", "-4", "addr", "show", "dev", "eth0").CombinedOutput()
+		p, err := h.getPod("web")
+		return err == nil && strings.Contains(string(out), p.Status.PodIP+"/")
+	})
+	web, _ = h.getPod("web")
+	if got := n.Allocated(t); len(got) != 1 || got[0] != web.Status.PodIP {
+		t.Errorf("host-local holds %v, want only the pod's %s", got, web.Status.PodIP)
+	}
+	if got := httpGet(fmt.Sprintf("http://127.0.0.1:%d/", port)); got != "hello-from-web\n" {
+		t.Errorf("hostPort %d answered %q after the repair", port, got)
+	}
 	removeAll(t, h, n, "web")
 }

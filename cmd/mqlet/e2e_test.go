@@ -177,6 +177,7 @@ func (h *harness) startAgent(extra ...string) {
 		}
 		select {
 		case err := <-h.exited:
+			h.agent = nil // its exit is read: a later stopAgent (a cleanup) must not wait for it again
 			h.t.Fatalf("agent exited at start: %v\n%s", err, h.agentLog)
 		default:
 		}

@@ -20,6 +20,7 @@ type LogsCmd struct {
 	Follow     bool          `short:"f" help:"Keep streaming new output."`
 	Tail       int64         `default:"-1" help:"Only the last N lines (-1: the whole log; 0 with -f: only new lines)."`
 	Since      time.Duration `help:"Only lines newer than this, e.g. 5m or 2h (rounded up to whole seconds)."`
+	SinceTime  string        `name:"since-time" placeholder:"RFC3339" help:"Only lines from this time on, e.g. 2026-11-27T10:25:00Z (whole seconds, as kubectl's)."`
 	Timestamps bool          `help:"Put each line's RFC 3339 timestamp first."`
 	Pod        string        `arg:"" help:"Pod name (or NAMESPACE/NAME)."`
 }
@@ -34,6 +35,14 @@ func (c *LogsCmd) Run() error {
 		return fmt.Errorf("--since %s: must not be negative", c.Since)
 	}
 	o := api.LogOptions{Container: c.Container, Previous: c.Previous, Follow: c.Follow, Since: c.Since, Timestamps: c.Timestamps}
+	if c.SinceTime != "" {
+		if c.Since != 0 {
+			return fmt.Errorf("--since %s and --since-time %s: give at most one", c.Since, c.SinceTime)
+		}
+		if o.SinceTime, err = time.Parse(time.RFC3339, c.SinceTime); err != nil {
+			return fmt.Errorf("--since-time %q: want an RFC 3339 time, e.g. 2026-11-27T10:25:00Z: %w", c.SinceTime, err)
+		}
+	}
 	if c.Tail >= 0 {
 		o.TailLines = &c.Tail
 	}

@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/binary"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/store"
 )
 
@@ -20,25 +22,72 @@ func (h *harness) runAgent(extra ...string) (string, error) {
 	return out.String(), err
 }
 
-// A corrupt state file is refused with an error naming the file and the way out; the file is left
-// exactly as it was.
-func TestCorruptStateFileRefused(t *testing.T) {
-	h := newHarness(t)
-	os.MkdirAll(h.state, 0o700)
-	db := filepath.Join(h.state, store.FileName)
-	garbage := bytes.Repeat([]byte("not a bolt file "), 4096)
-	if err := os.WriteFile(db, garbage, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	out, err := h.runAgent()
-	if err == nil {
-		t.Fatalf("agent started on a corrupt state file:\n%s", out)
-	}
-	if !strings.Contains(out, db) || !strings.Contains(out, "corrupt") || !strings.Contains(out, "mv ") {
-		t.Errorf("error does not name the file, the problem and the recovery:\n%s", out)
-	}
-	if after, _ := os.ReadFile(db); !bytes.Equal(after, garbage) {
-		t.Errorf("the corrupt file was modified")
+// A damaged state file (a power cut truncated it, or a bit flipped on the flash) does not keep the
+// node down: the agent sets it aside under a timestamped name, says so in its log and in a node
+// event, starts from empty state, and adopts the pods that are running instead of restarting them.
+// Before, it refused to start, and a file with a broken page passed Open and crashed the agent later.
+func TestDamagedStateFileSetAside(t *testing.T) {
+	for name, damage := range map[string]func(t *testing.T, b []byte) []byte{
+		"truncated": func(t *testing.T, b []byte) []byte { return b[:len(b)/2] },
+		// The top bit of the root page's element count: 32768 more elements than the page holds.
+		"one bit flipped": func(t *testing.T, b []byte) []byte {
+			ps := os.Getpagesize()
+			meta := func(i, off int) uint64 { return binary.NativeEndian.Uint64(b[i*ps+16+off:]) }
+			newest := 0
+			if meta(1, 48) > meta(0, 48) {
+				newest = 1
+			}
+			root := int(meta(newest, 16))
+			b[root*ps+11] ^= 0x80
+			return b
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t)
+			h.writeManifest("web.yaml", twoContainers)
+			h.startAgent()
+			h.waitPod("web", "running", allRunning)
+			pids := h.tasks()
+			h.stopAgent()
+
+			db := filepath.Join(h.state, store.FileName)
+			b, err := os.ReadFile(db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bad := damage(t, b)
+			if err := os.WriteFile(db, bad, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			h.startAgent()
+			h.waitPod("web", "running", allRunning)
+			h.undisturbed("web", pids)
+
+			aside, _ := filepath.Glob(db + ".corrupt-*")
+			if len(aside) != 1 {
+				t.Fatalf("set-aside files %v, want one\nagent log:\n%s", aside, h.agentLog)
+			}
+			if after, _ := os.ReadFile(aside[0]); !bytes.Equal(after, bad) {
+				t.Errorf("%s is not the damaged file as it was", aside[0])
+			}
+			if log := h.agentLog.String(); !strings.Contains(log, aside[0]) || !strings.Contains(log, "damaged") {
+				t.Errorf("agent log does not name the set-aside file %s:\n%s", aside[0], log)
+			}
+			fams := scrape(t, unixHTTP(h.sock), "http://mqlet/metrics")
+			if v, _ := sampleOf(fams, "mqlet_events_total", map[string]string{"type": "Warning", "reason": event.ReasonStateFileSetAside}); v != 1 {
+				t.Errorf("%s node events counted: %v, want 1", event.ReasonStateFileSetAside, v)
+			}
+			// The new state file holds the pod again: a restart finds it without the manifest dir.
+			h.stopAgent()
+			if n, _ := filepath.Glob(db + ".corrupt-*"); len(n) != 1 {
+				t.Errorf("set-aside files after a clean stop: %v", n)
+			}
+			h.startAgent()
+			h.waitPod("web", "running", allRunning)
+			if n, _ := filepath.Glob(db + ".corrupt-*"); len(n) != 1 {
+				t.Errorf("the new state file was set aside too: %v\nagent log:\n%s", n, h.agentLog)
+			}
+		})
 	}
 }
 

@@ -48,7 +48,10 @@ func nodeSealingKey(nodeKey []byte) (*sealing.Key, error) {
 func newObjects(state store.State, rt *runtime.Runtime, dir *manifest.Dir, log *slog.Logger) *objects.Store {
 	objs := objects.New(state, log)
 	rt.SetObjects(objs)
-	dir.OnObjects(func(s manifest.Snapshot) { objs.SyncFiles(manifestRecords(s.Objects), s.KeptFiles()) })
+	dir.OnObjects(func(s manifest.Snapshot) error {
+		_, err := objs.SyncFiles(manifestRecords(s.Objects), s.KeptFiles())
+		return err
+	})
 	return objs
 }
 
