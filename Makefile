@@ -55,6 +55,13 @@ fuzz:
 	for f in $(FUZZ_TARGETS); do go test -run=NONE -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) ./sync/protocol/ || exit 1; done
 	go test -run=NONE -fuzz='^FuzzFrameGuard$$' -fuzztime=$(FUZZTIME) ./sync/link/
 
+# The cgroup v2 lane (docs/testing.md): a cached Debian 12 guest under qemu (TCG where KVM does not
+# really run) with systemd and cgroup v2 only; agent/cgroup's real-v2 tests and a pod started by the
+# shipped unit. Never touches the host's services.
+.PHONY: test-vm
+test-vm:
+	bash scripts/vm/run.sh
+
 # Pure-logic tests only; no containerd needed.
 unit:
 	go test -count=1 -short ./...
