@@ -64,14 +64,19 @@ func TestManagerRealV2(t *testing.T) {
 		t.Fatalf("New on the real v2 hierarchy %s: %v", l.Unified, err)
 	}
 	base := top + "/ns"
-	for _, dir := range []string{top, base, base + "/burstable"} {
-		on := strings.Fields(v2File(t, l, dir, "cgroup.subtree_control"))
-		for _, c := range required {
-			if !slices.Contains(on, c) {
-				t.Errorf("%s/cgroup.subtree_control = %v, want %s enabled for its children", dir, on, c)
+	// A level enables the controllers for its children when its first child is made.
+	delegates := func(dirs ...string) {
+		t.Helper()
+		for _, dir := range dirs {
+			on := strings.Fields(v2File(t, l, dir, "cgroup.subtree_control"))
+			for _, c := range required {
+				if !slices.Contains(on, c) {
+					t.Errorf("%s/cgroup.subtree_control = %v, want %s enabled for its children", dir, on, c)
+				}
 			}
 		}
 	}
+	delegates(top, base)
 	type check struct{ rel, file, want string }
 	expect := func(checks []check) {
 		t.Helper()
@@ -99,6 +104,7 @@ func TestManagerRealV2(t *testing.T) {
 			t.Errorf("pod %s in %s, want %s", p.UID, dir, want)
 		}
 	}
+	delegates(base+"/burstable", base+"/besteffort")
 	expect([]check{
 		{base + "/podg-1", "memory.max", "67108864"},
 		{base + "/podg-1", "cpu.max", "50000 100000"},

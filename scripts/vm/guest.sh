@@ -31,7 +31,9 @@ runc --version | head -1
 
 step "agent/cgroup tests on the real v2 hierarchy (MQLET_TEST_REQUIRE_V2=1: a skip of a v2 test fails)"
 # From the package's directory: the fixture tests read testdata/ relative to it.
-(cd $SRC/agent/cgroup && MQLET_TEST_REQUIRE_V2=1 $BIN/cgroup.test -test.v -test.count=1 -test.timeout=10m) >/tmp/cgroup-test.out 2>&1
+# Only the tests on real cgroups: the fixture tests do not depend on the kernel and run on the
+# host with everything else (here they would cost a minute of TCG). The v1 ones skip.
+(cd $SRC/agent/cgroup && MQLET_TEST_REQUIRE_V2=1 $BIN/cgroup.test -test.v -test.count=1 -test.timeout=10m -test.run 'Real') >/tmp/cgroup-test.out 2>&1
 rc=$?
 cat /tmp/cgroup-test.out
 [ $rc = 0 ] || fail "agent/cgroup tests exited $rc"
@@ -102,6 +104,11 @@ else
 fi
 echo "--- journalctl -u mqlet"
 journalctl -u mqlet --no-pager -o short-monotonic | tail -n 60
+# The guest is thrown away, but its shutdown would wait 90s for the pod's processes (they belong
+# to containerd's shims, which systemd stops last): kill them now.
+for t in $(ctr -n $NS tasks ls -q 2>/dev/null); do
+	ctr -n $NS tasks kill -s SIGKILL "$t" 2>/dev/null
+done
 
 step "done"
 if [ ${#failed[@]} -gt 0 ]; then
