@@ -16,9 +16,14 @@ fail() {
 	failed+=("$*")
 }
 
-for q in qemu-aarch64-static qemu-arm-static; do
-	command -v $q >/dev/null || { echo "test-arm: ERROR: $q not found: apt-get install qemu-user-static" >&2; exit 1; }
-done
+# Without its recommends (binfmt-support), installing qemu-user-static registers no binfmt handler:
+# it changes nothing on the host but files.
+if ! command -v qemu-aarch64-static >/dev/null || ! command -v qemu-arm-static >/dev/null; then
+	log "installing: qemu-user-static"
+	{ apt-get -o DPkg::Lock::Timeout=300 update -q >/dev/null &&
+		apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends qemu-user-static >/dev/null; } ||
+		{ echo "test-arm: ERROR: apt-get install qemu-user-static failed" >&2; exit 1; }
+fi
 tmp=$(mktemp -d /tmp/mqlet-arm.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 

@@ -9,8 +9,8 @@
 # the checkout at every boot (guest.sh), so changing them needs no new image.
 #
 # The image lives under $MQLET_VM_DIR (default /var/lib/mqlet-test/vm) in a directory named
-# after a hash of this script and customize.sh: a changed recipe builds a new image, an
-# unchanged one is reused. Builds are serialized by a lock file, so concurrent callers build
+# after a hash of the recipe (RECIPE, the package list, the hooks, customize.sh): a changed recipe
+# builds a new image, an unchanged one is reused; editing the rest of this script does not rebuild. Builds are serialized by a lock file, so concurrent callers build
 # once and the others wait and reuse it; a build is made in a temporary directory and renamed
 # into place only when complete, so an interrupted build leaves nothing that looks finished.
 #
@@ -30,7 +30,19 @@ die() {
 	exit 1
 }
 
-key=$(cat "$HERE/image.sh" "$HERE/customize.sh" | sha256sum | cut -c1-16)
+# Bump RECIPE for a change of the image that the rest of the key does not see (e.g. SIZE).
+RECIPE=2
+packages=(
+	systemd-sysv udev kmod dbus # systemd as PID 1, logind over dbus
+	linux-image-amd64           # with 9p and 9pnet_virtio as modules
+	containerd runc containernetworking-plugins iptables
+	openssh-server procps iproute2 ca-certificates
+)
+# Before the kernel is installed: its initramfs gets only the modules listed (customize.sh adds
+# virtio and ext4 and makes it again), not Debian's MODULES=most, which took 12 of this build's
+# 23 minutes here under load and costs seconds of unpacking at every boot under TCG.
+essential_hook='mkdir -p "$1/etc/initramfs-tools/conf.d" && echo MODULES=list >"$1/etc/initramfs-tools/conf.d/mqlet-lane.conf"'
+key=$( (echo "$RECIPE $SIZE ${packages[*]} $essential_hook" && cat "$HERE/customize.sh") | sha256sum | cut -c1-16)
 IMAGE=$VM_DIR/debian12-$key
 if [ "${1:-}" = --path ]; then
 	echo "$IMAGE"
@@ -57,14 +69,10 @@ trap 'rm -rf "$tmp"' EXIT
 log "building $IMAGE (mmdebstrap, a few minutes)"
 ssh-keygen -q -t ed25519 -N '' -C mqlet-vm-lane -f "$tmp/id_ed25519"
 
-packages=(
-	systemd-sysv udev kmod dbus # systemd as PID 1, logind over dbus
-	linux-image-amd64                            # with 9p and 9pnet_virtio as modules
-	containerd runc containernetworking-plugins iptables
-	openssh-server procps iproute2 ca-certificates
-)
-mmdebstrap --variant=minbase --mode=root --format=directory \
+# Bounded: a mirror that stalls must not hold the lock (and every other caller) forever.
+timeout 3600 mmdebstrap --variant=minbase --mode=root --format=directory \
 	--include="$(echo "${packages[@]}" | tr ' ' ,)" \
+	--essential-hook="$essential_hook" \
 	--customize-hook="bash '$HERE/customize.sh' \"\$1\" '$tmp/id_ed25519.pub'" \
 	bookworm "$tmp/root" \
 	"deb $MIRROR bookworm main" \

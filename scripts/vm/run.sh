@@ -31,10 +31,25 @@ die() {
 now() { date +%s; }
 
 [ "$(id -u)" = 0 ] || die "must run as root (the image build and the guest's shares need it)"
-command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 not found: apt-get install qemu-system-x86"
 command -v go >/dev/null || die "go not found"
-file -L /bin/busybox 2>/dev/null | grep -q 'statically linked' ||
-	die "/bin/busybox is not a static binary (the test image needs one): apt-get install busybox-static"
+
+# Debian's packages the lane needs on the host. None of them has a service, so installing them
+# starts and changes nothing on the host.
+missing=()
+command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
+command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
+command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
+command -v ssh-keygen >/dev/null || missing+=(openssh-client)
+command -v file >/dev/null || missing+=(file)
+# The test image is made from a static busybox (scripts/mkimage), as testenv.sh makes its own.
+dpkg -s busybox-static 2>/dev/null | grep -q '^Status: install ok installed' || missing+=(busybox-static)
+if [ ${#missing[@]} -gt 0 ]; then
+	log "installing: ${missing[*]}"
+	{ apt-get -o DPkg::Lock::Timeout=300 update -q >/dev/null &&
+		apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends "${missing[@]}" >/dev/null; } ||
+		die "apt-get install ${missing[*]} failed"
+fi
+file -L /bin/busybox | grep -q 'statically linked' || die "/bin/busybox is not a static binary (the test image needs one)"
 
 t0=$(now)
 IMAGE=$(bash "$HERE/image.sh")
