@@ -157,7 +157,7 @@ if [ "$rc" != 0 ]; then
 	tail -n 60 "$run/console.log" 2>/dev/null || true
 	cat "$run/qemu.log" 2>/dev/null || true
 fi
-boot=$(sed -n 's/^=== the guest: .*, \([0-9.]*\)s since boot)$/\1/p' "$run/guest.log" 2>/dev/null | head -1)
+boot=$(sed -n 's/^=== the guest: .*, \([0-9.]*\)s since boot)$/\1/p' "$run/guest.log" 2>/dev/null | head -1 || true)
 echo "test-vm: image ${t_image}s, host build ${t_build}s, guest ${t_guest}s (${accel}; guest.sh started ${boot:-?}s after boot), total $(($(now) - t0))s"
 [ $timed_out = 0 ] || die "timed out after ${TIMEOUT}s"
 [ "$qemu_rc" = 0 ] || die "qemu exited $qemu_rc"
