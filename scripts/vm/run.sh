@@ -14,6 +14,8 @@
 # Environment: MQLET_VM_TIMEOUT  seconds the guest may run before it is killed (default 900)
 #              MQLET_VM_ACCEL    kvm or tcg (default: kvm only if a probe guest boots under it)
 #              MQLET_VM_KEEP=1   keep the run directory (logs, console) even when the run passed
+#              MQLET_VM_SHELL=1  boot without running the tests (kernel argument mqlet.lane=0) and
+#                                print the ssh command; the guest runs until powered off or timed out
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -118,19 +120,24 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); p
 exec 9<"$(dirname "$IMAGE")/lock"
 flock -s 9
 
+append="root=/dev/vda rw console=ttyS0 panic=-1 systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all"
+[ "${MQLET_VM_SHELL:-}" = 1 ] && append+=" mqlet.lane=0"
 log "booting $(basename "$IMAGE") ($(cat "$IMAGE/kernel-version"), $accel, $CPUS vCPUs, ${MEM}M; ssh on 127.0.0.1:$port; timeout ${TIMEOUT}s)"
 t2=$(now)
 nice -n 10 qemu-system-x86_64 -name mqlet-v2-lane -machine q35 "${accel_args[@]}" -smp $CPUS -m $MEM \
 	-nodefaults -display none -no-reboot \
 	-serial "file:$run/console.log" \
 	-kernel "$IMAGE/vmlinuz" -initrd "$IMAGE/initrd.img" \
-	-append "root=/dev/vda rw console=ttyS0 panic=-1 systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all" \
+	-append "$append" \
 	-drive "file=$IMAGE/rootfs.img,format=raw,if=virtio,snapshot=on" \
 	-netdev "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:$port-:22" -device virtio-net-pci,netdev=net0 \
 	-fsdev "local,id=src,path=$REPO,security_model=none,readonly=on" -device virtio-9p-pci,fsdev=src,mount_tag=src \
 	-fsdev "local,id=out,path=$run,security_model=none" -device virtio-9p-pci,fsdev=out,mount_tag=out \
 	>"$run/qemu.log" 2>&1 &
 qemu_pid=$!
+if [ "${MQLET_VM_SHELL:-}" = 1 ]; then
+	log "no tests (MQLET_VM_SHELL=1); once booted: ssh -i $IMAGE/id_ed25519 -p $port -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null root@127.0.0.1"
+fi
 
 timed_out=0
 while kill -0 "$qemu_pid" 2>/dev/null; do
@@ -147,6 +154,10 @@ wait "$qemu_pid" || qemu_rc=$?
 qemu_pid=
 t_guest=$(($(now) - t2))
 
+if [ "${MQLET_VM_SHELL:-}" = 1 ]; then
+	log "guest ended after ${t_guest}s (qemu exit $qemu_rc)"
+	exit 0
+fi
 if [ -f "$run/guest.log" ]; then
 	echo "----- guest.log (scripts/vm/guest.sh in the guest)"
 	cat "$run/guest.log"
