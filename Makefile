@@ -43,6 +43,7 @@ testenv-down:
 test: testenv
 	set -a && . $(TESTENV) && set +a && MQLET_TEST_REQUIRE=1 go test -count=1 -timeout 20m ./...
 	$(MAKE) fuzz
+	$(MAKE) test-vm test-arm
 
 # The MQTT payload and topic decoders, and the link's inbound packet framing, under the fuzzer,
 # each for a bounded number of executions (CI runs this as part of `make test`; raise FUZZTIME for
@@ -54,6 +55,17 @@ FUZZ_TARGETS := FuzzParseTopic FuzzDecodeDesired FuzzDecodeIndex FuzzDecodeLogsR
 fuzz:
 	for f in $(FUZZ_TARGETS); do go test -run=NONE -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) ./sync/protocol/ || exit 1; done
 	go test -run=NONE -fuzz='^FuzzFrameGuard$$' -fuzztime=$(FUZZTIME) ./sync/link/
+
+# The cgroup v2 lane (docs/testing.md): a cached Debian 12 guest under qemu (TCG where KVM does not
+# really run) with systemd and cgroup v2 only; agent/cgroup's real-v2 tests and a pod started by the
+# shipped unit. Never touches the host's services.
+.PHONY: test-vm test-arm
+test-vm:
+	bash scripts/vm/run.sh
+
+# The arm64 and armv7 release binaries (make cross) under Debian's qemu-user-static.
+test-arm:
+	bash scripts/vm/arm.sh
 
 # Pure-logic tests only; no containerd needed.
 unit:
