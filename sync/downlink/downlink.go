@@ -49,10 +49,10 @@ type Message struct {
 	Topic    string
 	Payload  []byte
 	Retained bool
-	// Session is the connection it arrived on (0: unknown). The node's own marker (a message on
-	// Topics.NodeMarker) must be handed over too, in the order it arrived: on a connection, it
-	// comes after the retained index, so it tells the downlink whether the broker holds the
-	// index the node runs.
+	// Session is the connection it arrived on (0: unknown). The node's own marker and its own
+	// online message (Topics.NodeMarker, Topics.Liveness) must be handed over too, in the order
+	// they arrived: on a connection they come after the retained index, so they tell the
+	// downlink whether the broker holds the index the node runs.
 	Session int64
 }
 
