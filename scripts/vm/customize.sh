@@ -77,6 +77,9 @@ StandardOutput=journal+console
 WantedBy=multi-user.target
 UNIT
 chroot "$root" systemctl enable mqlet-lane.service containerd.service ssh.service >/dev/null 2>&1
-# Nothing in the guest may wait on a network it does not have.
-chroot "$root" systemctl mask systemd-networkd-wait-online.service apt-daily.timer apt-daily-upgrade.timer \
-	e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true
+# Nothing in the guest image may wait on a network it does not have, nor start maintenance in the
+# middle of a run. These are units of the guest image being built under $root (never the host's):
+# linking them to /dev/null in the image is what masking them there means.
+for unit in systemd-networkd-wait-online.service apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer; do
+	ln -sf /dev/null "$root/etc/systemd/system/$unit"
+done
