@@ -142,22 +142,18 @@ func (c *Client) Apply(ctx context.Context, node string, objects []any) (*ApplyR
 // read that Secret (docs/security.md, "Known gaps"); the signed index still keeps them from changing
 // what the node runs.
 func (c *Client) sealingKey(ctx context.Context, node string) (*ecdh.PublicKey, error) {
-	topic := c.topics.NodeStatus(node)
-	got, err := c.Snapshot(ctx, topic)
-	if err != nil {
+	n, skipped, err := c.Node(ctx, node)
+	switch {
+	case err != nil && !errors.Is(err, ErrNotFound):
 		return nil, fmt.Errorf("read the node's sealing key: %w", err)
+	case err != nil || n.Status == nil:
+		why := ""
+		if len(skipped) > 0 {
+			why = fmt.Sprintf(" (its status cannot be read: %v)", skipped[0])
+		}
+		return nil, fmt.Errorf("node %s has not reported its status to this broker%s, so its sealing key is unknown: secrets are only sent sealed (start the node first)", node, why)
 	}
-	if got[topic] == nil {
-		return nil, fmt.Errorf("node %s has not reported its status to this broker, so its sealing key is unknown: secrets are only sent sealed (start the node first)", node)
-	}
-	st, err := protocol.DecodeNodeStatus(got[topic], protocol.DefaultMaxPayload)
-	if err != nil {
-		return nil, fmt.Errorf("read the node's sealing key from %s: %w", topic, err)
-	}
-	if st.Node != node {
-		return nil, fmt.Errorf("read the node's sealing key: %s is for node %q", topic, st.Node)
-	}
-	pub, err := sealing.NodePublic(st.Object)
+	pub, err := sealing.NodePublic(n.Status.Object)
 	if err != nil {
 		return nil, fmt.Errorf("%w: secrets are only sent sealed", err)
 	}

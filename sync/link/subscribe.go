@@ -96,10 +96,7 @@ func (l *Link) UnsubscribeSession(session int64, filters []string) error {
 	if c == nil || c.session != session || len(filters) == 0 {
 		return nil
 	}
-	if err := c.await(c.client.Unsubscribe(filters...)); err != nil {
-		return fmt.Errorf("mqtt unsubscribe %d filters (first %q): %w", len(filters), filters[0], err)
-	}
-	return nil
+	return c.unsubscribe(filters)
 }
 
 // UnsubscribeInbox ends subscriptions made with SubscribeInbox on the current connection.
@@ -111,6 +108,10 @@ func (l *Link) UnsubscribeInbox(filters []string) error {
 	if c == nil {
 		return fmt.Errorf("mqtt unsubscribe %d filters (first %q): %w", len(filters), filters[0], ErrNotConnected)
 	}
+	return c.unsubscribe(filters)
+}
+
+func (c *conn) unsubscribe(filters []string) error {
 	if err := c.await(c.client.Unsubscribe(filters...)); err != nil {
 		return fmt.Errorf("mqtt unsubscribe %d filters (first %q): %w", len(filters), filters[0], err)
 	}
