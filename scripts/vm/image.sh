@@ -91,7 +91,8 @@ done
 cp "$tmp/root/boot/vmlinuz-$kver" "$tmp/vmlinuz"
 cp "$tmp/root/boot/initrd.img-$kver" "$tmp/initrd.img"
 # A sparse raw image filled from the directory: no loop device, no mount on the host.
-mkfs.ext4 -q -F -L mqlet-root -d "$tmp/root" "$tmp/rootfs.img" $SIZE
+# stdout is the image path for the caller: mke2fs says "Creating regular file" there even with -q.
+mkfs.ext4 -q -F -L mqlet-root -d "$tmp/root" "$tmp/rootfs.img" $SIZE >&2
 rm -rf "$tmp/root"
 echo "$kver" >"$tmp/kernel-version"
 date -u +%FT%TZ >"$tmp/complete"
