@@ -444,7 +444,9 @@ func TestNoBrokerOutlivesItsTest(t *testing.T) {
 	for _, mode := range []string{"fail", "hang"} {
 		t.Run(mode, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperBrokerHolder$", "-test.v", "-test.count=1")
-			cmd.Env = append(os.Environ(), "MQTTTEST_HOLDER="+mode)
+			// The holder's temporary directories go under this test's own: the one that is
+			// SIGKILLed cannot remove them itself.
+			cmd.Env = append(os.Environ(), "MQTTTEST_HOLDER="+mode, "TMPDIR="+t.TempDir())
 			out, err := cmd.StdoutPipe()
 			if err != nil {
 				t.Fatal(err)
