@@ -14,6 +14,7 @@ package pods
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -76,6 +77,9 @@ type Options struct {
 	// SigningKey, when set, signs every index the bridge writes (docs/security.md): nodes with
 	// trust anchors take only indexes signed by a key they trust.
 	SigningKey ed25519.PrivateKey
+	// NodeRoots, when set, is the fleet's CA: a Secret is sealed only to a key the node's client
+	// certificate vouches for (sealing.Attested), never to one a broker put in the node's status.
+	NodeRoots *x509.CertPool
 
 	// NodeWorkers sync nodes' desired state in parallel; StatusWorkers write pod status.
 	NodeWorkers, StatusWorkers int
@@ -354,7 +358,8 @@ func (c *Controller) sealingKeyChanged(oldObj, newObj any) {
 		return
 	}
 	key := cur.Annotations[sealing.AnnotationKey]
-	if old, ok := oldObj.(*v1.Node); ok && old.Annotations[sealing.AnnotationKey] == key {
+	if old, ok := oldObj.(*v1.Node); ok && old.Annotations[sealing.AnnotationKey] == key &&
+		old.Annotations[sealing.AttestationKey] == cur.Annotations[sealing.AttestationKey] {
 		return
 	}
 	if key != "" {

@@ -2,11 +2,13 @@ package pods
 
 import (
 	"context"
+	"crypto/ecdh"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/sync/protocol"
@@ -251,7 +253,12 @@ func (c *Controller) secretObject(node string, s *v1.Secret) (*object, error) {
 		o.Stuck = true
 		return o, fmt.Errorf("secret %s/%s is not sent to node %s: its sealing key is unknown (no API Node yet: %w)", s.Namespace, s.Name, node, err)
 	}
-	pub, err := sealing.NodePublic(n)
+	var pub *ecdh.PublicKey
+	if c.o.NodeRoots != nil {
+		pub, err = sealing.Attested(n, c.o.NodeRoots, time.Now())
+	} else {
+		pub, err = sealing.NodePublic(n)
+	}
 	if err != nil {
 		o.Stuck = true
 		return o, fmt.Errorf("secret %s/%s is not sent to node %s: %w", s.Namespace, s.Name, node, err)

@@ -40,7 +40,7 @@ func TestDefaultsAndFlags(t *testing.T) {
 		r.NodeStatusReportFrequency != 5*time.Minute || r.NodeRoleLabel != "node-role.kubernetes.io/edge" || r.MetricsAddr != "127.0.0.1:10360" {
 		t.Errorf("defaults: %+v", r)
 	}
-	o := r.options(nil, nil)
+	o := r.options(nil, nil, nil)
 	if o.MQTT.Broker != "ssl://broker:8883" || o.MQTT.Username != "bridge-1" || o.NoRoleLabel {
 		t.Errorf("options: %+v", o)
 	}
@@ -110,7 +110,7 @@ func TestVersionAndUsageErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o := c.Run.options(nil, nil); o.Version != version {
+	if o := c.Run.options(nil, nil, nil); o.Version != version {
 		t.Errorf("bridge options carry version %q (the user agent's), want %q", o.Version, version)
 	}
 	for _, tc := range []struct {

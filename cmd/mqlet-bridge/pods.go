@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/x509"
 
 	"github.com/mqlet/mqlet/bridge"
 	"github.com/mqlet/mqlet/bridge/mq"
@@ -10,12 +11,13 @@ import (
 )
 
 // podsPart builds the pods part of the bridge (bridge/pods): desired pods, configMaps and secrets
-// per node, pod status and events; indexes signed with key when it is set.
-func podsPart(key ed25519.PrivateKey) func(d bridge.Deps) (*bridge.Part, error) {
-	return func(d bridge.Deps) (*bridge.Part, error) { return buildPods(d, key) }
+// per node, pod status and events; indexes signed with key when it is set, Secrets sealed only to
+// keys nodeRoots vouch for when it is set.
+func podsPart(key ed25519.PrivateKey, nodeRoots *x509.CertPool) func(d bridge.Deps) (*bridge.Part, error) {
+	return func(d bridge.Deps) (*bridge.Part, error) { return buildPods(d, key, nodeRoots) }
 }
 
-func buildPods(d bridge.Deps, key ed25519.PrivateKey) (*bridge.Part, error) {
+func buildPods(d bridge.Deps, key ed25519.PrivateKey, nodeRoots *x509.CertPool) (*bridge.Part, error) {
 	c, err := pods.New(pods.Options{
 		Kube:       d.Kube,
 		Factory:    d.Informers,
@@ -25,6 +27,7 @@ func buildPods(d bridge.Deps, key ed25519.PrivateKey) (*bridge.Part, error) {
 		Metrics:    d.Metrics,
 		Log:        d.Log,
 		SigningKey: key,
+		NodeRoots:  nodeRoots,
 	})
 	if err != nil {
 		return nil, err

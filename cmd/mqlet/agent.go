@@ -96,6 +96,10 @@ func (c *AgentCmd) Run() error {
 	if err != nil {
 		return err
 	}
+	attestation, err := sealingAttestation(cfg, sealKey, log) // wire_objects.go
+	if err != nil {
+		return err
+	}
 	db, err := store.OpenWith(cfg.StatePath(), storeOpts)
 	if err != nil {
 		return err
@@ -168,7 +172,7 @@ func (c *AgentCmd) Run() error {
 	// Disk pressure reclaims unused images and dead containers before any pod is evicted.
 	// The node status shows the eviction manager's pressure, and is recomputed when it changes.
 	pressure := &pressureRef{}
-	nodeStatus = newNodeStatus(cfg, rt, db, log, a, channel, nodeInputs{pressure: pressure, devices: devs, network: network.Ready, sealing: sealKey})
+	nodeStatus = newNodeStatus(cfg, rt, db, log, a, channel, nodeInputs{pressure: pressure, devices: devs, network: network.Ready, sealing: sealKey, attestation: attestation})
 	evictions = startEviction(ctx, cfg, a, rt, report, gc.Manager, nodeStatus.m.Trigger, log)
 	defer evictions.Wait()
 	pressure.p = evictions.Manager

@@ -13,6 +13,7 @@ import (
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/sync/ctlclient"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
 	"github.com/mqlet/mqlet/sync/signing"
 
 	"sigs.k8s.io/yaml"
@@ -33,6 +34,7 @@ type CtlCmd struct {
 	Timeout      time.Duration `name:"timeout" default:"10s" help:"Bound of each exchange with the broker."`
 	SigningKey   string        `name:"signing-key" help:"Ed25519 private key (PEM, from mqlet ctl keygen; mode 0600) that signs every index written; nodes with trusted keys take only signed ones."`
 	TrustedKeys  []string      `name:"trusted-key" placeholder:"FILE" help:"Public key (PEM) of a previous signing key whose indexes this ctl still builds on during a key rotation; repeatable."`
+	NodeCA       string        `name:"node-ca" placeholder:"FILE|none" help:"CA certificate (PEM) that issues the nodes' client certificates: Secrets are sealed only to a key the node's certificate vouches for. Default: --ca-file when a client certificate is used (one fleet CA); none: take the key as the broker hands it over."`
 
 	Apply    CtlApplyCmd    `cmd:"" help:"Apply Pods, ConfigMaps and Secrets from a file to a node."`
 	Delete   CtlDeleteCmd   `cmd:"" help:"Delete a pod, configmap or secret of a node."`
@@ -90,6 +92,7 @@ type ctlFile struct {
 	TopicPrefix  string   `json:"topicPrefix"`
 	SigningKey   string   `json:"signingKey"`
 	TrustedKeys  []string `json:"trustedKeys"`
+	NodeCA       string   `json:"nodeCA"`
 }
 
 // options merges the config file and the flags (a flag that is set wins) and reads the password.
@@ -104,8 +107,8 @@ func (c *CtlCmd) options() (ctlclient.Options, error) {
 			return ctlclient.Options{}, fmt.Errorf("ctl config %s: %w", c.Config, err)
 		}
 		dir := filepath.Dir(c.Config)
-		for _, p := range []*string{&f.CAFile, &f.CertFile, &f.KeyFile, &f.PasswordFile, &f.SigningKey} {
-			if *p != "" && !filepath.IsAbs(*p) {
+		for _, p := range []*string{&f.CAFile, &f.CertFile, &f.KeyFile, &f.PasswordFile, &f.SigningKey, &f.NodeCA} {
+			if *p != "" && *p != "none" && !filepath.IsAbs(*p) {
 				*p = filepath.Join(dir, *p)
 			}
 		}
@@ -149,6 +152,22 @@ func (c *CtlCmd) options() (ctlclient.Options, error) {
 		}
 		var err error
 		if o.TrustedKeys, err = signing.LoadPublicKeys(trusted); err != nil {
+			return o, err
+		}
+	}
+	// The fleet's CA vouches for the nodes' sealing keys. With a client certificate, ctl is in a
+	// fleet whose identities come from a CA, most often the one that also signed the broker's
+	// certificate: verifying against it is the default; another CA is named, "none" opts out.
+	switch ca := pick(c.NodeCA, f.NodeCA); {
+	case ca == "none":
+	case ca != "":
+		var err error
+		if o.NodeRoots, err = sealing.LoadRoots(ca); err != nil {
+			return o, err
+		}
+	case o.CertFile != "" && o.CAFile != "":
+		var err error
+		if o.NodeRoots, err = sealing.LoadRoots(o.CAFile); err != nil {
 			return o, err
 		}
 	}

@@ -128,7 +128,8 @@ spec:
 // A Secret applied with mqlet ctl crosses the broker only sealed to the node's key. Over the TLS
 // listener with the ACL (the node and ctl each with their own certificate), the broker's admin
 // identity subscribed to the whole tree sees neither the value nor its base64 in any message,
-// retained or live, while the pod on the node gets it.
+// retained or live, while the pod on the node gets it. ctl verifies the node's sealing key
+// against the fleet's CA, so a broker could not have substituted its own.
 func TestMQTTSecretsCrossTheBrokerSealed(t *testing.T) {
 	mqtttest.Require(t)
 	h := newHarness(t)
@@ -174,13 +175,25 @@ spec:
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	ctlCert, ctlKey := b.ClientCert(mqtttest.Admin)
-	c, err := ctlclient.Connect(ctx, ctlclient.Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: ctlCert, KeyFile: ctlKey, Timeout: 10 * time.Second})
+	// ctl seals only to a key the node's certificate vouches for (the fleet's CA as node CA), so
+	// this also shows the agent attests its sealing key with its MQTT certificate.
+	roots, err := sealing.LoadRoots(b.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ctlclient.Connect(ctx, ctlclient.Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: ctlCert, KeyFile: ctlKey, Timeout: 10 * time.Second, NodeRoots: roots})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.Apply(ctx, e2eNode, []any{secret, pod}); err != nil {
+	res, err := c.Apply(ctx, e2eNode, []any{secret, pod})
+	if err != nil {
 		t.Fatalf("apply: %v", err)
+	}
+	for _, w := range res.Warnings {
+		if strings.Contains(w, "sealing key") {
+			t.Errorf("apply warned about the sealing key: %s", w)
+		}
 	}
 	h.waitPod("usesecret", "running", allRunning)
 	// The container proves it got the value without the value (or its base64) being in its spec

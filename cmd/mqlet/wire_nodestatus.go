@@ -25,6 +25,8 @@ type nodeInputs struct {
 	devices  *devices.Manager
 	network  func() error // why pods cannot get a network now, nil when they can (wire_cni.go)
 	sealing  *sealing.Key // its public key is published for control planes to seal Secrets to
+	// attestation vouches for the sealing key with the node's MQTT certificate ("" without one).
+	attestation string
 }
 
 // pressureRef hands the node status the eviction manager's conditions; p is set before the status
@@ -80,6 +82,9 @@ func newNodeStatus(cfg config.Config, rt *runtime.Runtime, db *store.DB, log *sl
 	if in.sealing != nil {
 		// After HardwareFacts, which resets the mqlet.io/ annotations.
 		setters = append(setters, nodestatus.Annotation(sealing.AnnotationKey, in.sealing.Public()))
+		if in.attestation != "" {
+			setters = append(setters, nodestatus.Annotation(sealing.AttestationKey, in.attestation))
+		}
 	}
 	m := nodestatus.New(nodestatus.Options{
 		Name:    cfg.NodeName,

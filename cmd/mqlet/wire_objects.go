@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 
@@ -40,6 +42,30 @@ func nodeSealingKey(nodeKey []byte) (*sealing.Key, error) {
 		return nil, nil
 	}
 	return sealing.FromNodeKey(nodeKey)
+}
+
+// sealingAttestation vouches for the sealing key with the node's MQTT client certificate (the
+// identity the broker knows it by), so that writers verifying against the fleet's CA can tell the
+// node's key from one a broker put in its place (sync/sealing.Attested). It is "" without a
+// client certificate; a certificate whose CN is not the node's name is reported, since verifying
+// writers will refuse to seal Secrets to this node.
+func sealingAttestation(cfg config.Config, k *sealing.Key, log *slog.Logger) (string, error) {
+	if k == nil || cfg.MQTTCertFile == "" || cfg.MQTTKeyFile == "" {
+		return "", nil
+	}
+	cert, err := tls.LoadX509KeyPair(cfg.MQTTCertFile, cfg.MQTTKeyFile)
+	if err != nil {
+		return "", fmt.Errorf("sealing key attestation: load the MQTT client certificate %s: %w", cfg.MQTTCertFile, err)
+	}
+	if leaf, err := x509.ParseCertificate(cert.Certificate[0]); err == nil && leaf.Subject.CommonName != cfg.NodeName {
+		log.Warn("the MQTT client certificate's CN is not the node name: control planes that verify sealing keys against the fleet's CA will not send this node Secrets",
+			"certFile", cfg.MQTTCertFile, "cn", leaf.Subject.CommonName, "node", cfg.NodeName)
+	}
+	a, err := sealing.Attest(cert, cfg.NodeName, k)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", cfg.MQTTCertFile, err)
+	}
+	return a, nil
 }
 
 // newObjects makes the store of ConfigMaps and Secrets that pods use: the runtime reads env and

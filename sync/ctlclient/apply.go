@@ -133,14 +133,16 @@ func (c *Client) Apply(ctx context.Context, node string, objects []any) (*ApplyR
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
+	if sealTo != nil && c.o.NodeRoots == nil {
+		res.Warnings = append(res.Warnings, fmt.Sprintf("node %s's sealing key %s was taken as the broker handed it over: without the fleet's CA (node CA) nothing shows it is the node's own", node, sealing.KeyID(sealTo)))
+	}
 	return res, nil
 }
 
-// sealingKey reads the key a node publishes in its status for Secrets to be sealed to.
-//
-// It is learned from the broker: a broker operator who replaced it before a Secret was sealed could
-// read that Secret (docs/security.md, "Known gaps"); the signed index still keeps them from changing
-// what the node runs.
+// sealingKey reads the key a node publishes in its status for Secrets to be sealed to. With
+// NodeRoots it must be vouched for by the node's certificate; without, it is taken as the broker
+// hands it over, and a broker operator who replaced it before a Secret was sealed could read that
+// Secret (docs/security.md); the signed index still keeps them from changing what the node runs.
 func (c *Client) sealingKey(ctx context.Context, node string) (*ecdh.PublicKey, error) {
 	n, skipped, err := c.Node(ctx, node)
 	switch {
@@ -153,7 +155,12 @@ func (c *Client) sealingKey(ctx context.Context, node string) (*ecdh.PublicKey, 
 		}
 		return nil, fmt.Errorf("node %s has not reported its status to this broker%s, so its sealing key is unknown: secrets are only sent sealed (start the node first)", node, why)
 	}
-	pub, err := sealing.NodePublic(n.Status.Object)
+	var pub *ecdh.PublicKey
+	if c.o.NodeRoots != nil {
+		pub, err = sealing.Attested(n.Status.Object, c.o.NodeRoots, time.Now())
+	} else {
+		pub, err = sealing.NodePublic(n.Status.Object)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: secrets are only sent sealed", err)
 	}

@@ -1,6 +1,7 @@
 package ctlclient
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"maps"
@@ -423,4 +424,92 @@ func publishSealingKey(t *testing.T, b *mqtttest.Broker, node string) *sealing.K
 	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Annotations: map[string]string{sealing.AnnotationKey: key.Public()}}}
 	pub(t, rawClient(t, b.Plain), tp.NodeStatus(node), &protocol.NodeStatus{Node: node, Object: n}, true)
 	return key
+}
+
+// A broker that puts its own sealing key in a node's retained status gets nothing sealed to it
+// from a ctl that knows the fleet's CA: only a key the node's certificate vouches for is used. A
+// ctl without the CA seals to whatever key it is handed, and says so.
+func TestSealingKeyMustBeVouchedForByTheNodesCertificate(t *testing.T) {
+	const node = "edge-1"
+	b := mqtttest.Start(t, mqtttest.Options{Identities: []string{node, "site-factory1"}})
+	ctx := testCtx(t)
+	roots, err := sealing.LoadRoots(b.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminCert, adminKey := b.ClientCert(mqtttest.Admin)
+	verifying, err := Connect(ctx, Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: adminCert, KeyFile: adminKey, Timeout: 5 * time.Second, NodeRoots: roots})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer verifying.Close()
+	trusting := dial(t, b)
+	sec := func() *v1.Secret {
+		return &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "default"}, Data: map[string][]byte{"k": []byte("v")}}
+	}
+	status := func(n *v1.Node) {
+		t.Helper()
+		pub(t, rawClient(t, b.Plain), tp.NodeStatus(node), &protocol.NodeStatus{Node: node, Object: n}, true)
+	}
+	// attested is the status a node with the identity certificate of cn would publish.
+	attested := func(cn string, k *sealing.Key) *v1.Node {
+		t.Helper()
+		certFile, keyFile := b.ClientCert(cn)
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := sealing.Attest(cert, node, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: node, Annotations: map[string]string{sealing.AnnotationKey: k.Public(), sealing.AttestationKey: a}}}
+	}
+	nodeKey, _ := sealing.Generate()
+	brokerKey, _ := sealing.Generate()
+	own := attested(node, nodeKey)
+
+	forgeries := map[string]*v1.Node{
+		"the broker's key, no attestation": {ObjectMeta: metav1.ObjectMeta{Name: node, Annotations: map[string]string{sealing.AnnotationKey: brokerKey.Public()}}},
+		"the broker's key with the node's attestation": func() *v1.Node {
+			n := own.DeepCopy()
+			n.Annotations[sealing.AnnotationKey] = brokerKey.Public()
+			return n
+		}(),
+		"the broker's key attested by a site gateway's certificate": attested("site-factory1", brokerKey),
+	}
+	for name, forged := range forgeries {
+		status(forged)
+		if _, err := verifying.Apply(ctx, node, []any{sec()}); err == nil || !strings.Contains(err.Error(), "not vouched for by its certificate") {
+			t.Errorf("%s: Apply = %v, want a refusal saying the key is not vouched for", name, err)
+		}
+	}
+	// Nothing was sealed to the broker's key.
+	if d := desired(t, trusting, node); len(d) != 0 {
+		t.Fatalf("desired state after refused applies: %v", d)
+	}
+
+	status(own)
+	res, err := verifying.Apply(ctx, node, []any{sec()})
+	if err != nil {
+		t.Fatalf("Apply with the node's attested key: %v", err)
+	}
+	if slices.ContainsFunc(res.Warnings, func(w string) bool { return strings.Contains(w, "sealing key") }) {
+		t.Errorf("a warning about the sealing key, though it was verified: %v", res.Warnings)
+	}
+	d := desired(t, trusting, node)
+	o := d[protocol.ObjectKey(protocol.KindSecret, "default", "s")]
+	if o == nil || o.Sealed == nil || o.Sealed.KeyID != nodeKey.ID() {
+		t.Fatalf("the secret is not sealed to the node's key %s: %+v", nodeKey.ID(), o)
+	}
+
+	// Without the CA the broker's key is used, with a warning naming it.
+	status(forgeries["the broker's key, no attestation"])
+	res, err = trusting.Apply(ctx, node, []any{sec()})
+	if err != nil {
+		t.Fatalf("Apply without a node CA: %v", err)
+	}
+	if !slices.ContainsFunc(res.Warnings, func(w string) bool { return strings.Contains(w, brokerKey.ID()) }) {
+		t.Errorf("warnings = %v, want one naming the unverified key %s", res.Warnings, brokerKey.ID())
+	}
 }
