@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/metrics"
+	"github.com/mqlet/mqlet/internal/testpki"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -63,16 +65,24 @@ func start(t *testing.T, served []string, objs ...runtime.Object) *harness {
 // startSigning is start with the bridge signing its indexes with key.
 func startSigning(t *testing.T, key ed25519.PrivateKey, served []string, objs ...runtime.Object) *harness {
 	t.Helper()
+	return startWith(t, func(o *Options) { o.SigningKey = key }, served, objs...)
+}
+
+// startWith is start with the options changed by opt.
+func startWith(t *testing.T, opt func(*Options), served []string, objs ...runtime.Object) *harness {
+	t.Helper()
 	h := &harness{t: t, kube: fake.NewClientset(objs...), broker: newMemBroker(), syncs: map[string]int{}, errs: map[string]int{}}
 	factory := informers.NewSharedInformerFactory(h.kube, 0)
 	isServed := map[string]bool{}
 	for _, n := range served {
 		isServed[n] = true
 	}
-	c, err := New(Options{Kube: h.kube, Factory: factory, Broker: h.broker, Topics: topics,
+	o := Options{Kube: h.kube, Factory: factory, Broker: h.broker, Topics: topics,
 		Served: func(n string) bool { return isServed[n] }, Metrics: metrics.NewRegistry(),
 		Log:      slog.New(slog.NewTextHandler(&h.logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Debounce: 5 * time.Millisecond, SigningKey: key})
+		Debounce: 5 * time.Millisecond}
+	opt(&o)
+	c, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -994,6 +1004,45 @@ func TestSecretWaitsForTheNodesSealingKey(t *testing.T) {
 	d := h.desired(nodeA, protocol.KindSecret, "default", "web-secret")
 	if len(d.Secret.Data) != 0 || d.Sealed == nil {
 		t.Fatalf("secret sent as %+v, want it sealed", d.Secret)
+	}
+	if err := key.Open(nodeA, d.Secret, d.Sealed); err != nil || string(d.Secret.Data["token"]) != "x" {
+		t.Fatalf("sealed secret opened: %q, %v", d.Secret.Data, err)
+	}
+}
+
+// With the fleet's CA (--node-ca), a Secret is sealed only to a key the node's certificate vouches
+// for: a key someone put on the API Node (or in the node's retained status, which the Node is
+// copied from) without the node's attestation gets nothing; the node's own attested key gets the
+// Secret, sealed to it.
+func TestSecretSealedOnlyToAnAttestedKey(t *testing.T) {
+	ca := testpki.NewCA(t)
+	pod := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
+	forged, _ := sealedNode(t, nodeA)
+	h := startWith(t, func(o *Options) { o.NodeRoots = ca.Pool }, []string{nodeA}, pod, forged,
+		configMap("default", "web-config", map[string]string{"a": "1"}),
+		secret("default", "web-secret", map[string][]byte{"token": []byte("x")}))
+	secKey := protocol.ObjectKey(protocol.KindSecret, "default", "web-secret")
+	var idx *protocol.Index
+	waitFor(t, "an index with the pod and its configMap", func() bool { idx = h.index(nodeA); return idx != nil && len(idx.Objects) >= 2 })
+	if _, listed := idx.Objects[secKey]; listed {
+		t.Fatalf("the secret was sent to a key the node did not vouch for: %v", slices.Sorted(maps.Keys(idx.Objects)))
+	}
+	key, err := sealing.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	att, err := sealing.Attest(ca.Issue(t, testpki.Cert{CN: nodeA}), nodeA, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := forged.DeepCopy()
+	own.Annotations = map[string]string{sealing.AnnotationKey: key.Public(), sealing.AttestationKey: att}
+	if _, err := h.kube.CoreV1().Nodes().Update(context.Background(), own, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d := h.desired(nodeA, protocol.KindSecret, "default", "web-secret")
+	if d.Sealed == nil || d.Sealed.KeyID != key.ID() {
+		t.Fatalf("secret sent as %+v, want it sealed to the node's attested key %s", d.Sealed, key.ID())
 	}
 	if err := key.Open(nodeA, d.Secret, d.Sealed); err != nil || string(d.Secret.Data["token"]) != "x" {
 		t.Fatalf("sealed secret opened: %q, %v", d.Secret.Data, err)

@@ -1,79 +1,16 @@
 package sealing
 
 import (
-	"crypto"
-	"crypto/ecdsa"
-	"crypto/ed25519"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"math/big"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/internal/testpki"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
-
-// testCA issues client certificates as a fleet's CA would.
-type testCA struct {
-	cert *x509.Certificate
-	key  crypto.Signer
-	pool *x509.CertPool
-}
-
-var serial int64
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "fleet CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
-}
-
-// issue makes a client certificate for cn with a key of kind "ecdsa", "rsa" or "ed25519".
-func (ca *testCA) issue(t *testing.T, cn, kind string, eku x509.ExtKeyUsage, notAfter time.Time) tls.Certificate {
-	t.Helper()
-	var key crypto.Signer
-	var err error
-	switch kind {
-	case "ecdsa":
-		key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	case "rsa":
-		key, err = rsa.GenerateKey(rand.Reader, 2048)
-	case "ed25519":
-		_, key, err = ed25519.GenerateKey(rand.Reader)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter,
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{eku}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
 
 func attestedNode(t *testing.T, name string, k *Key, cert tls.Certificate) *v1.Node {
 	t.Helper()
@@ -86,11 +23,11 @@ func attestedNode(t *testing.T, name string, k *Key, cert tls.Certificate) *v1.N
 }
 
 func TestAttestedKeyVerifiesForEachKeyType(t *testing.T) {
-	ca := newTestCA(t)
+	ca := testpki.NewCA(t)
 	for _, kind := range []string{"ecdsa", "rsa", "ed25519"} {
 		k, _ := Generate()
-		n := attestedNode(t, "edge-1", k, ca.issue(t, "edge-1", kind, x509.ExtKeyUsageClientAuth, time.Now().Add(time.Hour)))
-		pub, err := Attested(n, ca.pool, time.Now())
+		n := attestedNode(t, "edge-1", k, ca.Issue(t, testpki.Cert{CN: "edge-1", Key: kind}))
+		pub, err := Attested(n, ca.Pool, time.Now())
 		if err != nil {
 			t.Fatalf("%s: %v", kind, err)
 		}
@@ -103,10 +40,10 @@ func TestAttestedKeyVerifiesForEachKeyType(t *testing.T) {
 // Each way a broker (or anyone between the node and the writer) could hand a writer a key that is
 // not the node's is refused, and the error says why.
 func TestAttestedRefusesAKeyTheNodeDidNotVouchFor(t *testing.T) {
-	ca, other := newTestCA(t), newTestCA(t)
+	ca, other := testpki.NewCA(t), testpki.NewCA(t)
 	nodeKey, _ := Generate()
 	brokerKey, _ := Generate()
-	good := ca.issue(t, "edge-1", "ecdsa", x509.ExtKeyUsageClientAuth, time.Now().Add(time.Hour))
+	good := ca.Issue(t, testpki.Cert{CN: "edge-1"})
 	valid := attestedNode(t, "edge-1", nodeKey, good)
 
 	cases := []struct {
@@ -125,21 +62,21 @@ func TestAttestedRefusesAKeyTheNodeDidNotVouchFor(t *testing.T) {
 			return n
 		}, "no annotation " + AttestationKey},
 		{"attested by a certificate of another CA", func() *v1.Node {
-			return attestedNode(t, "edge-1", brokerKey, other.issue(t, "edge-1", "ecdsa", x509.ExtKeyUsageClientAuth, time.Now().Add(time.Hour)))
+			return attestedNode(t, "edge-1", brokerKey, other.Issue(t, testpki.Cert{CN: "edge-1"}))
 		}, "unknown authority"},
 		{"attested by another identity of the fleet (a site gateway's certificate)", func() *v1.Node {
-			return attestedNode(t, "edge-1", brokerKey, ca.issue(t, "site-factory1", "ecdsa", x509.ExtKeyUsageClientAuth, time.Now().Add(time.Hour)))
+			return attestedNode(t, "edge-1", brokerKey, ca.Issue(t, testpki.Cert{CN: "site-factory1"}))
 		}, `the certificate is "site-factory1"'s`},
 		{"another node's attestation copied", func() *v1.Node {
-			n := attestedNode(t, "edge-2", brokerKey, ca.issue(t, "edge-2", "ecdsa", x509.ExtKeyUsageClientAuth, time.Now().Add(time.Hour)))
+			n := attestedNode(t, "edge-2", brokerKey, ca.Issue(t, testpki.Cert{CN: "edge-2"}))
 			n.Name = "edge-1"
 			return n
 		}, `the certificate is "edge-2"'s`},
 		{"a server certificate", func() *v1.Node {
-			return attestedNode(t, "edge-1", brokerKey, ca.issue(t, "edge-1", "ecdsa", x509.ExtKeyUsageServerAuth, time.Now().Add(time.Hour)))
+			return attestedNode(t, "edge-1", brokerKey, ca.Issue(t, testpki.Cert{CN: "edge-1", Usage: x509.ExtKeyUsageServerAuth}))
 		}, "incompatible key usage"},
 		{"an expired certificate", func() *v1.Node {
-			return attestedNode(t, "edge-1", brokerKey, ca.issue(t, "edge-1", "ecdsa", x509.ExtKeyUsageClientAuth, time.Now().Add(-time.Minute)))
+			return attestedNode(t, "edge-1", brokerKey, ca.Issue(t, testpki.Cert{CN: "edge-1", NotAfter: time.Now().Add(-time.Minute)}))
 		}, "expired"},
 		{"garbled", func() *v1.Node {
 			n := valid.DeepCopy()
@@ -148,12 +85,12 @@ func TestAttestedRefusesAKeyTheNodeDidNotVouchFor(t *testing.T) {
 		}, "illegal base64"},
 	}
 	for _, c := range cases {
-		_, err := Attested(c.node(), ca.pool, time.Now())
+		_, err := Attested(c.node(), ca.Pool, time.Now())
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: Attested = %v, want an error containing %q", c.name, err, c.want)
 		}
 	}
-	if _, err := Attested(valid, ca.pool, time.Now()); err != nil {
+	if _, err := Attested(valid, ca.Pool, time.Now()); err != nil {
 		t.Fatalf("the node's own attested key: %v", err)
 	}
 }
