@@ -23,7 +23,7 @@ import (
 // nodes' desired state and reads what they report, all through the broker's retained messages, so
 // no node needs to be online for apply and delete.
 type CtlCmd struct {
-	Config       string        `name:"config" env:"MQLET_CTL_CONFIG" help:"YAML file with the connection settings (broker, caFile, certFile, keyFile, username, passwordFile, topicPrefix); flags override it."`
+	Config       string        `name:"config" env:"MQLET_CTL_CONFIG" help:"YAML file with the connection settings (broker, caFile, certFile, keyFile, username, passwordFile, topicPrefix, signingKey, trustedKeys, nodeCA); flags override it."`
 	Broker       string        `name:"broker" env:"MQLET_CTL_BROKER" help:"Broker URL: tcp://, ssl://, tls://, ws://, wss://, mqtt:// or mqtts://."`
 	CAFile       string        `name:"ca-file" help:"CA certificate (PEM) that verifies the broker; default: the system's roots."`
 	CertFile     string        `name:"cert-file" help:"Client certificate (PEM)."`
