@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/internal/mqtttest"
+	"github.com/mqlet/mqlet/internal/testpki"
 	"github.com/mqlet/mqlet/sync/ctlclient"
 	"github.com/mqlet/mqlet/sync/logserve"
 	"github.com/mqlet/mqlet/sync/protocol"
@@ -591,5 +594,67 @@ func TestCtlGetNodesMarksOfflineNodes(t *testing.T) {
 		!strings.Contains(out, "it last reported Ready True: kubelet is posting ready status") ||
 		!strings.Contains(out, "it last reported MemoryPressure False\n") {
 		t.Errorf("describe node of an offline node:\n%s", out)
+	}
+}
+
+// Which CA vouches for the nodes' sealing keys: --node-ca (or nodeCA in the config, relative to
+// it), else the broker CA when ctl has a client certificate, none when asked or without a client
+// certificate; a node CA file that holds no certificate is an error naming it.
+func TestCtlNodeCA(t *testing.T) {
+	dir := t.TempDir()
+	// writeCA writes a certificate as a CA file: as a root, it verifies itself.
+	writeCA := func(name string) *x509.Certificate {
+		c := testpki.NewCA(t).Issue(t, testpki.Cert{CN: name})
+		leaf, err := x509.ParseCertificate(c.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return leaf
+	}
+	ca, fleet := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "fleet-ca.pem")
+	caCert, fleetCert := writeCA("ca.pem"), writeCA("fleet-ca.pem")
+	trusts := func(o ctlclient.Options, c *x509.Certificate) bool {
+		if o.NodeRoots == nil {
+			return false
+		}
+		_, err := c.Verify(x509.VerifyOptions{Roots: o.NodeRoots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+		return err == nil
+	}
+	opts := func(c CtlCmd) ctlclient.Options {
+		t.Helper()
+		if c.Broker == "" && c.Config == "" {
+			c.Broker = "ssl://127.0.0.1:1"
+		}
+		o, err := c.options()
+		if err != nil {
+			t.Fatalf("options %+v: %v", c, err)
+		}
+		return o
+	}
+	if o := opts(CtlCmd{CAFile: ca, CertFile: "c.pem", KeyFile: "k.pem"}); !trusts(o, caCert) {
+		t.Error("with a client certificate, the broker CA is not the node CA")
+	}
+	if o := opts(CtlCmd{CAFile: ca}); o.NodeRoots != nil {
+		t.Error("without a client certificate, a node CA was taken")
+	}
+	if o := opts(CtlCmd{CAFile: ca, CertFile: "c.pem", KeyFile: "k.pem", NodeCA: fleet}); !trusts(o, fleetCert) || trusts(o, caCert) {
+		t.Error("--node-ca did not replace the broker CA")
+	}
+	if o := opts(CtlCmd{CAFile: ca, CertFile: "c.pem", KeyFile: "k.pem", NodeCA: "none"}); o.NodeRoots != nil {
+		t.Error("--node-ca none still verifies")
+	}
+	conf := filepath.Join(dir, "ctl.yaml")
+	if err := os.WriteFile(conf, []byte("broker: ssl://127.0.0.1:1\nnodeCA: fleet-ca.pem\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if o := opts(CtlCmd{Config: conf}); !trusts(o, fleetCert) {
+		t.Error("nodeCA in the config file (relative to it) was not read")
+	}
+	c := CtlCmd{Broker: "ssl://127.0.0.1:1", NodeCA: conf} // a file with no certificate in it
+	if _, err := c.options(); err == nil || !strings.Contains(err.Error(), conf) {
+		t.Errorf("a node CA without a certificate = %v, want an error naming it", err)
 	}
 }
