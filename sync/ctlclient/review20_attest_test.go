@@ -1,0 +1,66 @@
+package ctlclient
+
+import (
+	"crypto/tls"
+	"testing"
+	"time"
+
+	"github.com/mqlet/mqlet/internal/mqtttest"
+	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Review of issue 20: the attestation binds a key to the node name in the status object, and ctl
+// checks it against that object's name, not against the node it writes to. The broker publishes
+// on edge-1's status topic an envelope for edge-1 whose object is edge-2's genuine status (edge-2's
+// key, edge-2's attestation): ctl, verifying against the fleet's CA, seals edge-1's Secret to
+// edge-2's key. Whoever holds edge-2 (one compromised node) and the broker reads edge-1's Secrets;
+// by the same move every node's. The bridge is not affected: bridge/nodes refuses a status whose
+// metadata.name is not the topic's node.
+func TestReviewSealingKeyOfAnotherNodeUnderThisNodesTopic(t *testing.T) {
+	mqtttest.Require(t)
+	b := mqtttest.Start(t, mqtttest.Options{Identities: []string{"edge-1", "edge-2"}})
+	ctx := testCtx(t)
+	roots, err := sealing.LoadRoots(b.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminCert, adminKey := b.ClientCert(mqtttest.Admin)
+	c, err := Connect(ctx, Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: adminCert, KeyFile: adminKey, Timeout: 5 * time.Second, NodeRoots: roots})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	// edge-2's genuine status, as edge-2 publishes it with its certificate.
+	edge2Key, _ := sealing.Generate()
+	certFile, keyFile := b.ClientCert("edge-2")
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := sealing.Attest(cert, "edge-2", edge2Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edge2 := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-2", Annotations: map[string]string{sealing.AnnotationKey: edge2Key.Public(), sealing.AttestationKey: a}}}
+	// The broker retains it under edge-1's status topic, in an envelope for edge-1.
+	pub(t, rawClient(t, b.Plain), tp.NodeStatus("edge-1"), &protocol.NodeStatus{Node: "edge-1", Object: edge2}, true)
+
+	secret := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "default"}, Data: map[string][]byte{"password": []byte("edge-1-only")}}
+	if _, err := c.Apply(ctx, "edge-1", []any{secret}); err != nil {
+		t.Logf("held: Apply refused: %v", err)
+		return
+	}
+	o := desired(t, dial(t, b), "edge-1")[protocol.ObjectKey(protocol.KindSecret, "default", "db")]
+	if o == nil || o.Sealed == nil {
+		t.Fatalf("no sealed secret on edge-1's topic: %+v", o)
+	}
+	opened := o.Secret.DeepCopy()
+	if err := edge2Key.Open("edge-1", opened, o.Sealed); err != nil {
+		t.Fatalf("sealed, but not to edge-2's key: %v", err)
+	}
+	t.Errorf("broke: edge-1's Secret was sealed to edge-2's attested key, and edge-2's key opens it: %q", opened.Data["password"])
+}
