@@ -120,6 +120,12 @@ func (c *Client) nodes(got map[string][]byte) *NodeList {
 				bad(fmt.Errorf("payload is for node %q", s.Node))
 				continue
 			}
+			if s.Object.Name != t.Node {
+				// The sealing key's attestation names the object's node: another node's genuine
+				// status under this topic would have this node's Secrets sealed to that node.
+				bad(fmt.Errorf("its object is node %q", s.Object.Name))
+				continue
+			}
 			get(t.Node).Status = s
 		case protocol.ClassAcks:
 			a, err := protocol.DecodeAcks(payload, protocol.DefaultMaxPayload)

@@ -2,6 +2,7 @@ package ctlclient
 
 import (
 	"crypto/tls"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,7 +52,12 @@ func TestReviewSealingKeyOfAnotherNodeUnderThisNodesTopic(t *testing.T) {
 
 	secret := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: "default"}, Data: map[string][]byte{"password": []byte("edge-1-only")}}
 	if _, err := c.Apply(ctx, "edge-1", []any{secret}); err != nil {
-		t.Logf("held: Apply refused: %v", err)
+		if !strings.Contains(err.Error(), `its object is node "edge-2"`) {
+			t.Errorf("Apply = %v, want a refusal naming the other node's status", err)
+		}
+		if d := desired(t, dial(t, b), "edge-1"); len(d) != 0 {
+			t.Errorf("desired state after a refused apply: %v", d)
+		}
 		return
 	}
 	o := desired(t, dial(t, b), "edge-1")[protocol.ObjectKey(protocol.KindSecret, "default", "db")]
