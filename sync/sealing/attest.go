@@ -10,6 +10,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/asn1"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -33,6 +34,9 @@ import (
 const AttestationKey = "mqlet.io/sealing-key-attestation"
 
 const attestationPrefix = "v1."
+
+// oidCommonName is the subject attribute CN.
+var oidCommonName = asn1.ObjectIdentifier{2, 5, 4, 3}
 
 // attestation is the annotation's payload (JSON, base64url after attestationPrefix).
 type attestation struct {
@@ -144,6 +148,17 @@ func Attested(n *v1.Node, roots *x509.CertPool, now time.Time) (*ecdh.PublicKey,
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 		return nil, fail("certificate %q (serial %s): %v", leaf.Subject.CommonName, leaf.SerialNumber, err)
+	}
+	// mosquitto's identity is the subject's first CN, Go's CommonName its last: a subject with
+	// two would be one node on the broker and another here.
+	cns := 0
+	for _, atv := range leaf.Subject.Names {
+		if atv.Type.Equal(oidCommonName) {
+			cns++
+		}
+	}
+	if cns != 1 {
+		return nil, fail("certificate %q (serial %s) has %d CNs in its subject, want exactly one (the broker knows a client by the first)", leaf.Subject.CommonName, leaf.SerialNumber, cns)
 	}
 	if leaf.Subject.CommonName != n.Name {
 		return nil, fail("the certificate is %q's (its CN), not this node's", leaf.Subject.CommonName)
