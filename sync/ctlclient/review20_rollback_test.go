@@ -99,3 +99,44 @@ func TestReviewAcksRollback(t *testing.T) {
 		})
 	}
 }
+
+// Review of issue 20: the counter a writer goes on from comes from the acks, which are unsigned, so
+// a broker can move a node's revision to the writers' ceiling (maxCounter) in one forged message.
+// The node takes the signed index at that revision and stores it; from then on no writer can
+// write a newer one: the node's desired state is frozen until its state is wiped, even after the
+// broker is fixed or replaced (a withheld message ends when the broker behaves again; this does
+// not).
+func TestReviewForgedCounterFreezesTheNode(t *testing.T) {
+	mqtttest.Require(t)
+	b := mqtttest.Start(t, mqtttest.Options{})
+	pubKey, key, _ := ed25519.GenerateKey(rand.Reader)
+	n := startNodeTrusting(t, b.Plain, "edge-1", filepath.Join(t.TempDir(), "state.db"), []ed25519.PublicKey{pubKey})
+	c, err := Connect(testCtx(t), Options{Broker: b.Plain, Timeout: 5 * time.Second, SigningKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("a")}); err != nil {
+		t.Fatal(err)
+	}
+	waitAcks(t, c, "edge-1", "a", func(a *protocol.Acks) bool { return a.IndexRevision == 1 && len(a.Missing) == 0 })
+	n.stop() // the broker withholds the node's acks while it forges them
+	got, _ := c.Snapshot(testCtx(t), tp.Index("edge-1"))
+	idx1 := got[tp.Index("edge-1")]
+	pub(t, rawClient(t, b.Plain), tp.Acks("edge-1"), &protocol.Acks{APIVersion: protocol.APIVersion, Node: "edge-1", IndexRevision: 1,
+		IndexDigest: protocol.Digest(idx1), Applied: map[string]protocol.IndexEntry{},
+		IndexRefused: &protocol.Refusal{Generation: maxCounter - 2, Reason: "forged"}}, true)
+	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("b")}); err != nil {
+		t.Fatalf("apply over the forged counter: %v", err)
+	}
+	top := index(t, c, "edge-1").Revision
+	t.Logf("the writer published revision %d (ceiling %d)", top, int64(maxCounter))
+	// The broker behaves again: the node reconnects and reports; the operator goes on.
+	n = startNodeTrusting(t, b.Plain, "edge-1", n.db.Path(), []ed25519.PublicKey{pubKey})
+	waitAcks(t, c, "edge-1", "the node took the inflated revision", func(a *protocol.Acks) bool { return a.IndexRevision == top })
+	for i, name := range []string{"c", "d"} {
+		if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap(name)}); err != nil {
+			t.Errorf("broke: apply %d after the broker behaves again: %v", i+1, err)
+		}
+	}
+}
