@@ -14,7 +14,6 @@ package pods
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -77,9 +76,10 @@ type Options struct {
 	// SigningKey, when set, signs every index the bridge writes (docs/security.md): nodes with
 	// trust anchors take only indexes signed by a key they trust.
 	SigningKey ed25519.PrivateKey
-	// NodeRoots, when set, is the fleet's CA: a Secret is sealed only to a key the node's client
-	// certificate vouches for (sealing.Attested), never to one a broker put in the node's status.
-	NodeRoots *x509.CertPool
+	// NodeTrust, when set, holds the fleet's CA (and its CRL): a Secret is sealed only to a key
+	// the node's client certificate vouches for (sealing.NodeTrust.Attested), never to one a
+	// broker put in the node's status.
+	NodeTrust *sealing.NodeTrust
 
 	// NodeWorkers sync nodes' desired state in parallel; StatusWorkers write pod status.
 	NodeWorkers, StatusWorkers int

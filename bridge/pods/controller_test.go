@@ -407,7 +407,7 @@ func TestIndexDigestsArePublishedPayloads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, problems := newNodeState(nodeA, topics, retained, 0)
+	s, problems := newNodeState(nodeA, topics, retained, 0, nil)
 	if len(problems) != 0 {
 		t.Fatal(problems)
 	}
@@ -1018,7 +1018,11 @@ func TestSecretSealedOnlyToAnAttestedKey(t *testing.T) {
 	ca := testpki.NewCA(t)
 	pod := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
 	forged, _ := sealedNode(t, nodeA)
-	h := startWith(t, func(o *Options) { o.NodeRoots = ca.Pool }, []string{nodeA}, pod, forged,
+	nodes, err := sealing.NewNodeTrust(ca.Pool, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := startWith(t, func(o *Options) { o.NodeTrust = nodes }, []string{nodeA}, pod, forged,
 		configMap("default", "web-config", map[string]string{"a": "1"}),
 		secret("default", "web-secret", map[string][]byte{"token": []byte("x")}))
 	secKey := protocol.ObjectKey(protocol.KindSecret, "default", "web-secret")

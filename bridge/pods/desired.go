@@ -3,6 +3,7 @@ package pods
 import (
 	"context"
 	"crypto/ecdh"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"slices"
@@ -50,7 +51,7 @@ func (c *Controller) syncNode(ctx context.Context, node string) error {
 	}
 	acks := c.nodeAcks(node)
 	if acks != nil {
-		st.counter = max(st.counter, acks.Top())
+		st.raise(acks.Top())
 	}
 	want, terminating, err := c.wanted(node, st)
 	if err != nil {
@@ -136,7 +137,11 @@ func (c *Controller) nodeState(ctx context.Context, node string) (*nodeState, er
 	if err != nil {
 		return nil, fmt.Errorf("node %s: read the retained desired state: %w", node, err)
 	}
-	st, problems := newNodeState(node, c.o.Topics, snap, c.o.MaxPayload)
+	var trust []ed25519.PublicKey
+	if c.o.SigningKey != nil {
+		trust = []ed25519.PublicKey{c.o.SigningKey.Public().(ed25519.PublicKey)}
+	}
+	st, problems := newNodeState(node, c.o.Topics, snap, c.o.MaxPayload, trust)
 	for _, p := range problems {
 		c.log.Warn("retained state of a node is unreadable; it will be rewritten", "node", node, "err", p)
 	}
@@ -254,8 +259,8 @@ func (c *Controller) secretObject(node string, s *v1.Secret) (*object, error) {
 		return o, fmt.Errorf("secret %s/%s is not sent to node %s: its sealing key is unknown (no API Node yet: %w)", s.Namespace, s.Name, node, err)
 	}
 	var pub *ecdh.PublicKey
-	if c.o.NodeRoots != nil {
-		pub, err = sealing.Attested(n, c.o.NodeRoots, time.Now())
+	if c.o.NodeTrust != nil {
+		pub, err = c.o.NodeTrust.Attested(n, time.Now())
 	} else {
 		pub, err = sealing.NodePublic(n)
 	}

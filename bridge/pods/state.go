@@ -34,8 +34,13 @@ func (e entry) listable() bool { return e.Gen > 0 && e.Hash != "" }
 // node's worker (the work queue never hands one key to two workers), so it has no lock.
 type nodeState struct {
 	// counter is the node's generation counter: the highest revision or generation seen in the
-	// retained index, the retained objects and the node's acks, or written since.
-	counter     int64
+	// retained index, the retained objects and the node's acks, or written since (see raise).
+	counter int64
+	// anchor is, for a bridge that signs, the highest revision it knows to be genuine: a
+	// retained index signed with its key, or one it wrote. Unsigned figures (acks, objects)
+	// raise the counter to at most anchor+maxCounterStep. clamp says whether anchor applies.
+	anchor      int64
+	clamp       bool
 	entries     map[string]entry
 	index       map[string]protocol.IndexEntry // the retained index's objects
 	indexRev    int64                          // 0: no retained index
@@ -89,9 +94,14 @@ func encodeObject(kind protocol.ObjectKind, namespace, name string, obj any) (*o
 // Topics.Index, Topics.Acks and Topics.DesiredFilter). What cannot be read is reported and still
 // raises the counter where a generation can be found, so the next generation is above every one
 // the node may hold (docs/protocol.md section 16).
-func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, maxPayload int) (*nodeState, []error) {
+//
+// trust, when not nil, are the keys of the bridge's own signatures: the counter then goes past
+// what a verified index shows by at most maxCounterStep (see raise).
+func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, maxPayload int, trust []ed25519.PublicKey) (*nodeState, []error) {
 	s := newEmptyState()
+	s.clamp = trust != nil
 	var problems []error
+	var seen []int64 // figures that raise the counter, once the anchor is known
 	for topic, payload := range snap {
 		if len(payload) == 0 {
 			continue // a cleared topic
@@ -109,7 +119,10 @@ func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, m
 			}
 			s.indexRev = idx.Revision
 			s.indexDigest = protocol.Digest(payload)
-			s.counter = max(s.counter, idx.Revision)
+			seen = append(seen, idx.Revision)
+			if trust != nil && protocol.VerifyIndex(idx, trust) == nil {
+				s.anchor = idx.Revision
+			}
 			s.index = idx.Objects
 		case protocol.ClassAcks:
 			a, err := protocol.DecodeAcks(payload, maxPayload)
@@ -120,7 +133,7 @@ func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, m
 				problems = append(problems, fmt.Errorf("retained %s: unreadable acks: %w", topic, err))
 				continue
 			}
-			s.counter = max(s.counter, a.Top())
+			seen = append(seen, a.Top())
 		case protocol.ClassDesired:
 			// The envelope alone: what matters is the generation, whether the object is the one
 			// this bridge would write, and the digest of the exact bytes; a payload it cannot
@@ -133,7 +146,7 @@ func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, m
 				s.entries[key] = e
 				continue
 			}
-			s.counter = max(s.counter, d.Generation)
+			seen = append(seen, d.Generation)
 			if d.Generation > 0 {
 				e.Gen = d.Generation
 			}
@@ -145,9 +158,33 @@ func newNodeState(node string, topics protocol.Topics, snap map[string][]byte, m
 		}
 	}
 	for _, e := range s.index {
-		s.counter = max(s.counter, e.Generation)
+		seen = append(seen, e.Generation)
+	}
+	for _, v := range seen {
+		s.raise(v)
 	}
 	return s, problems
+}
+
+// maxCounterStep is how far figures the bridge cannot verify (acks, retained objects, another
+// writer's index) may carry a signing bridge's counter past the newest revision it knows to be
+// genuine. The acks are relayed unsigned: without a bound, one forged figure would have the bridge
+// sign an index at the counter's ceiling, where the node's revision would stay, and no writer
+// could follow (a freeze outlasting the broker's misbehaviour). A real node's revisions grow by
+// one per write, far below the step.
+const maxCounterStep = 1 << 20
+
+// maxCounter is the ceiling of the counter: a write that would go past it is refused (the
+// counter reached it through unsigned figures, or the node is frozen there).
+const maxCounter = 1 << 62
+
+// raise raises the counter to v, a revision or generation read from the broker; for a bridge that
+// signs, to at most anchor+maxCounterStep.
+func (s *nodeState) raise(v int64) {
+	if s.clamp {
+		v = min(v, s.anchor+maxCounterStep)
+	}
+	s.counter = max(s.counter, v)
 }
 
 // write is one retained desired message to publish: Payload is exactly what goes out, and
@@ -191,6 +228,9 @@ func (p *plan) empty() bool { return len(p.Writes) == 0 && p.Index == nil && len
 // With key set, every index is signed with it (nodes with trust anchors take only signed ones);
 // Ed25519 signatures are deterministic, so the same index again is the same bytes.
 func (s *nodeState) plan(node string, want map[string]*object, terminating, resend map[string]bool, iw indexWrite, key ed25519.PrivateKey) (plan, error) {
+	if s.counter >= maxCounter {
+		return plan{}, fmt.Errorf("node %s: the generation counter is at %d, past what a writer goes on from (forged acks or index on the broker?)", node, s.counter)
+	}
 	gen := s.counter + 1
 	usedGen := false
 	p := plan{Gen: s.counter}
@@ -385,6 +425,7 @@ func (s *nodeState) commit(p plan) {
 		s.indexDigest = p.IndexDigest
 	}
 	s.counter = max(s.counter, p.Gen)
+	s.anchor = max(s.anchor, p.Gen) // written by this bridge
 }
 
 // dropRevision is the revision of an index that leaves key out and is no older than any index

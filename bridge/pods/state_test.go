@@ -1,6 +1,8 @@
 package pods
 
 import (
+	"crypto/ed25519"
+	"strings"
 	"testing"
 
 	"github.com/mqlet/mqlet/sync/protocol"
@@ -187,7 +189,7 @@ func TestRestartFromSnapshotWritesNothingAndCountsAbove(t *testing.T) {
 	retained[topics.Desired(nodeA, protocol.KindPod, "default", "junk")] = []byte("{not json")
 	retained[topics.Node("edge-b")+"/index"] = mustEncode(t, &protocol.Index{Node: "edge-b", Revision: 99})
 
-	s, problems := newNodeState(nodeA, topics, retained, 0)
+	s, problems := newNodeState(nodeA, topics, retained, 0, nil)
 	if len(problems) != 1 {
 		t.Errorf("problems %v, want the one unreadable payload", problems)
 	}
@@ -205,7 +207,7 @@ func TestRestartFromSnapshotWritesNothingAndCountsAbove(t *testing.T) {
 			keysOf(p), p.Index, p.Clears)
 	}
 	retain(t, retained, p)
-	s, _ = newNodeState(nodeA, topics, retained, 0)
+	s, _ = newNodeState(nodeA, topics, retained, 0, nil)
 	if p := mustPlan(t, s, wantOf(t, pod, cm), map[string]bool{"pods/default/old": true}, nil, false); !p.empty() {
 		t.Fatalf("a restart over the same retained state writes %v (index %+v, clears %v)", keysOf(p), p.Index, p.Clears)
 	}
@@ -236,7 +238,7 @@ func TestPlanRepairsALostIndexAndAnswersResync(t *testing.T) {
 	retain(t, retained, p)
 	sent := p.Writes[0]
 	delete(retained, topics.Index(nodeA)) // a crash between the object and the index
-	s, _ := newNodeState(nodeA, topics, retained, 0)
+	s, _ := newNodeState(nodeA, topics, retained, 0, nil)
 	p = mustPlan(t, s, wantOf(t, pod), nil, nil, false)
 	if want := (protocol.IndexEntry{Generation: 1, Digest: sent.Digest}); len(p.Writes) != 0 || p.Index == nil ||
 		p.Index.Objects["pods/default/web-1"] != want || p.Index.Revision != 2 {
@@ -264,7 +266,7 @@ func TestResendOfAnotherEncodingIsANewGeneration(t *testing.T) {
 	}
 	other := append([]byte(" "), w.Payload...) // the same JSON, other bytes
 	retained := map[string][]byte{topics.Desired(nodeA, protocol.KindPod, "default", "web-1"): other}
-	s, problems := newNodeState(nodeA, topics, retained, 0)
+	s, problems := newNodeState(nodeA, topics, retained, 0, nil)
 	if len(problems) != 0 {
 		t.Fatal(problems)
 	}
@@ -360,13 +362,13 @@ func TestStuckObjectKeepsItsEntry(t *testing.T) {
 		w["configmaps/default/web-config"].Stuck = true
 		return w
 	}
-	s, _ := newNodeState(nodeA, topics, retained, 0)
+	s, _ := newNodeState(nodeA, topics, retained, 0, nil)
 	if p := mustPlan(t, s, stuck(), nil, nil, false); !p.empty() {
 		t.Fatalf("a stuck change writes %v, index %+v, clears %v; want nothing", keysOf(p), p.Index, p.Clears)
 	}
 	// The broker lost the configMap's payload but kept the index.
 	delete(retained, topics.Desired(nodeA, protocol.KindConfigMap, "default", "web-config"))
-	s, _ = newNodeState(nodeA, topics, retained, 0)
+	s, _ = newNodeState(nodeA, topics, retained, 0, nil)
 	if p := mustPlan(t, s, stuck(), nil, nil, false); !p.empty() {
 		t.Fatalf("a stuck object without its payload: writes %v, index %+v, clears %v; want nothing", keysOf(p), p.Index, p.Clears)
 	}
@@ -380,5 +382,46 @@ func TestStuckObjectKeepsItsEntry(t *testing.T) {
 	p = mustPlan(t, s, w, nil, nil, false)
 	if p.Index == nil || p.Index.Objects["configmaps/default/web-config"] != listed["configmaps/default/web-config"] || len(p.Clears) != 0 {
 		t.Fatalf("index %+v, clears %v: want the stuck configMap listed as %+v", p.Index, p.Clears, listed["configmaps/default/web-config"])
+	}
+}
+
+// A signing bridge goes past the newest revision it knows to be genuine (its own signed index)
+// by at most maxCounterStep on figures it cannot verify: forged acks claiming a generation near
+// the ceiling do not make it sign an index there (where the node would be frozen). An unsigned
+// bridge has nothing to anchor to, but never writes past the ceiling.
+func TestForgedCounterIsBoundedForASigningBridge(t *testing.T) {
+	pub, key, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-0123456789ab")
+	retained := map[string][]byte{}
+	first := newEmptyState()
+	p, err := first.plan(nodeA, wantOf(t, pod), nil, nil, indexIfChanged, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	retain(t, retained, p)
+	retained[topics.Acks(nodeA)] = mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: 1,
+		IndexRefused: &protocol.Refusal{Generation: maxCounter - 2, Reason: "forged"}})
+
+	s, _ := newNodeState(nodeA, topics, retained, 0, []ed25519.PublicKey{pub})
+	if s.counter != 1+maxCounterStep {
+		t.Errorf("signing bridge: counter %d over forged acks, want the signed revision 1 + maxCounterStep", s.counter)
+	}
+	// A figure within the step is followed (a node that went on under another writer's signed
+	// revisions the bridge cannot check).
+	retained[topics.Acks(nodeA)] = mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: 40})
+	if s, _ := newNodeState(nodeA, topics, retained, 0, []ed25519.PublicKey{pub}); s.counter != 40 {
+		t.Errorf("signing bridge: counter %d, want the acks' 40", s.counter)
+	}
+
+	// Unsigned: the forged figure is taken, and the next write is refused at the ceiling.
+	retained[topics.Acks(nodeA)] = mustEncode(t, &protocol.Acks{Node: nodeA, Session: 1, IndexRevision: 1,
+		IndexRefused: &protocol.Refusal{Generation: maxCounter, Reason: "forged"}})
+	s, _ = newNodeState(nodeA, topics, retained, 0, nil)
+	pod2 := apiPod("default", "web-2", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-0123456789ac")
+	if _, err := s.plan(nodeA, wantOf(t, pod, pod2), nil, nil, indexIfChanged, nil); err == nil || !strings.Contains(err.Error(), "past what a writer goes on from") {
+		t.Errorf("a write at the ceiling = %v, want a refusal", err)
 	}
 }

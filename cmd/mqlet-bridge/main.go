@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -70,7 +69,8 @@ type RunCmd struct {
 	MQTTTimeout      time.Duration `name:"mqtt-timeout" default:"10s" help:"Bound of the MQTT connect, subscribes and retained-state reads."`
 	TopicPrefix      string        `default:"mqlet/v2" help:"Topic prefix of the mqlet tree."`
 	SigningKey       string        `name:"signing-key" type:"existingfile" placeholder:"FILE" help:"Ed25519 private key (PKCS #8 PEM, mode 0600 or stricter; from mqlet ctl keygen) that signs every index the bridge writes; nodes with trust anchors (--mqtt-trusted-key) take only signed ones. In a pod, mount it from a Secret with defaultMode 0400."`
-	NodeCA           string        `name:"node-ca" placeholder:"FILE|none" help:"CA certificate (PEM) that issues the nodes' client certificates: Secrets are sealed only to a key the node's certificate vouches for. Default: --mqtt-ca-file when --mqtt-cert-file is given (one fleet CA); none: take the key as the broker hands it over."`
+	NodeCA           string        `name:"node-ca" placeholder:"FILE|none" help:"CA certificate (PEM) that issues the nodes' client certificates: Secrets are sealed only to a key the node's certificate vouches for. Default with --mqtt-cert-file: the CA in --mqtt-ca-file that issued the bridge's own certificate; none: take the key as the broker hands it over."`
+	NodeCRL          string        `name:"node-crl" placeholder:"FILE" help:"The fleet CA's CRL (PEM, the broker's crlfile), read again when it changes: a revoked node certificate vouches for no sealing key."`
 
 	MetricsAddr string `default:"127.0.0.1:10360" help:"Address of /metrics, /healthz and /readyz (in a pod use :10360 so the kubelet's probes reach it); \"-\" serves nothing."`
 	LogLevel    string `default:"info" enum:"debug,info,warn,error" help:"Log level: debug, info, warn or error."`
@@ -88,9 +88,9 @@ func (VersionCmd) Run(env *runEnv) error {
 // versionLine is what `mqlet-bridge version` and `--version` print.
 func versionLine() string { return fmt.Sprintf("mqlet-bridge %s (commit %s)", version, commit) }
 
-// options turns the flags into bridge options; key signs the indexes (nil: unsigned), nodeRoots
-// verify the nodes' sealing keys (nil: not verified).
-func (r *RunCmd) options(log *slog.Logger, key ed25519.PrivateKey, nodeRoots *x509.CertPool) bridge.Options {
+// options turns the flags into bridge options; key signs the indexes (nil: unsigned), nodes
+// verifies the nodes' sealing keys (nil: not verified).
+func (r *RunCmd) options(log *slog.Logger, key ed25519.PrivateKey, nodes *sealing.NodeTrust) bridge.Options {
 	return bridge.Options{
 		Kubeconfig:           r.Kubeconfig,
 		KubeAPIQPS:           r.KubeAPIQPS,
@@ -121,30 +121,8 @@ func (r *RunCmd) options(log *slog.Logger, key ed25519.PrivateKey, nodeRoots *x5
 		MetricsAddr:               r.MetricsAddr,
 		Version:                   version,
 		Log:                       log,
-		Pods:                      podsPart(key, nodeRoots), // see pods.go
+		Pods:                      podsPart(key, nodes), // see pods.go
 	}
-}
-
-// nodeRoots reads the CA that vouches for the nodes' sealing keys: --node-ca, or the broker's CA
-// when the bridge has a client certificate (a fleet with one CA), or none.
-func (r *RunCmd) nodeRoots() (*x509.CertPool, error) {
-	switch {
-	case r.NodeCA == "none":
-		return nil, nil
-	case r.NodeCA != "":
-		roots, err := sealing.LoadRoots(r.NodeCA)
-		if err != nil {
-			return nil, fmt.Errorf("--node-ca: %w", err)
-		}
-		return roots, nil
-	case r.MQTTCertFile != "" && r.MQTTCAFile != "":
-		roots, err := sealing.LoadRoots(r.MQTTCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("--mqtt-ca-file as the node CA: %w", err)
-		}
-		return roots, nil
-	}
-	return nil, nil
 }
 
 // validate checks what kong cannot: relations between flags.
@@ -190,14 +168,14 @@ func (r *RunCmd) Run(env *runEnv) error {
 	} else {
 		log.Warn("no --signing-key: the indexes this bridge writes are unsigned, so nodes with trust anchors refuse them, and nodes without anchors run whatever anyone who can write their topics publishes; see docs/security.md")
 	}
-	nodeRoots, err := r.nodeRoots()
+	nodeTrust, err := sealing.LoadNodeTrust(r.NodeCA, r.NodeCRL, r.MQTTCAFile, r.MQTTCertFile)
 	if err != nil {
-		return err
+		return fmt.Errorf("--node-ca/--node-crl: %w", err)
 	}
-	if nodeRoots == nil {
+	if nodeTrust == nil {
 		log.Warn("no --node-ca: nodes' sealing keys are taken as the broker hands them over, so a broker that replaced one could read the Secrets sealed to it; see docs/security.md")
 	}
-	b, err := bridge.New(r.options(log, key, nodeRoots))
+	b, err := bridge.New(r.options(log, key, nodeTrust))
 	if err != nil {
 		return err
 	}

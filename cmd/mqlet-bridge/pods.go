@@ -3,21 +3,21 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/x509"
 
 	"github.com/mqlet/mqlet/bridge"
 	"github.com/mqlet/mqlet/bridge/mq"
 	"github.com/mqlet/mqlet/bridge/pods"
+	"github.com/mqlet/mqlet/sync/sealing"
 )
 
 // podsPart builds the pods part of the bridge (bridge/pods): desired pods, configMaps and secrets
 // per node, pod status and events; indexes signed with key when it is set, Secrets sealed only to
-// keys nodeRoots vouch for when it is set.
-func podsPart(key ed25519.PrivateKey, nodeRoots *x509.CertPool) func(d bridge.Deps) (*bridge.Part, error) {
-	return func(d bridge.Deps) (*bridge.Part, error) { return buildPods(d, key, nodeRoots) }
+// keys nodes vouches for when it is set.
+func podsPart(key ed25519.PrivateKey, nodes *sealing.NodeTrust) func(d bridge.Deps) (*bridge.Part, error) {
+	return func(d bridge.Deps) (*bridge.Part, error) { return buildPods(d, key, nodes) }
 }
 
-func buildPods(d bridge.Deps, key ed25519.PrivateKey, nodeRoots *x509.CertPool) (*bridge.Part, error) {
+func buildPods(d bridge.Deps, key ed25519.PrivateKey, nodes *sealing.NodeTrust) (*bridge.Part, error) {
 	c, err := pods.New(pods.Options{
 		Kube:       d.Kube,
 		Factory:    d.Informers,
@@ -27,7 +27,7 @@ func buildPods(d bridge.Deps, key ed25519.PrivateKey, nodeRoots *x509.CertPool) 
 		Metrics:    d.Metrics,
 		Log:        d.Log,
 		SigningKey: key,
-		NodeRoots:  nodeRoots,
+		NodeTrust:  nodes,
 	})
 	if err != nil {
 		return nil, err

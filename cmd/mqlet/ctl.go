@@ -23,7 +23,7 @@ import (
 // nodes' desired state and reads what they report, all through the broker's retained messages, so
 // no node needs to be online for apply and delete.
 type CtlCmd struct {
-	Config       string        `name:"config" env:"MQLET_CTL_CONFIG" help:"YAML file with the connection settings (broker, caFile, certFile, keyFile, username, passwordFile, topicPrefix, signingKey, trustedKeys, nodeCA); flags override it."`
+	Config       string        `name:"config" env:"MQLET_CTL_CONFIG" help:"YAML file with the connection settings (broker, caFile, certFile, keyFile, username, passwordFile, topicPrefix, signingKey, trustedKeys, nodeCA, nodeCRL); flags override it."`
 	Broker       string        `name:"broker" env:"MQLET_CTL_BROKER" help:"Broker URL: tcp://, ssl://, tls://, ws://, wss://, mqtt:// or mqtts://."`
 	CAFile       string        `name:"ca-file" help:"CA certificate (PEM) that verifies the broker; default: the system's roots."`
 	CertFile     string        `name:"cert-file" help:"Client certificate (PEM)."`
@@ -34,7 +34,8 @@ type CtlCmd struct {
 	Timeout      time.Duration `name:"timeout" default:"10s" help:"Bound of each exchange with the broker."`
 	SigningKey   string        `name:"signing-key" help:"Ed25519 private key (PEM, from mqlet ctl keygen; mode 0600) that signs every index written; nodes with trusted keys take only signed ones."`
 	TrustedKeys  []string      `name:"trusted-key" placeholder:"FILE" help:"Public key (PEM) of a previous signing key whose indexes this ctl still builds on during a key rotation; repeatable."`
-	NodeCA       string        `name:"node-ca" placeholder:"FILE|none" help:"CA certificate (PEM) that issues the nodes' client certificates: Secrets are sealed only to a key the node's certificate vouches for. Default: --ca-file when a client certificate is used (one fleet CA); none: take the key as the broker hands it over."`
+	NodeCA       string        `name:"node-ca" placeholder:"FILE|none" help:"CA certificate (PEM) that issues the nodes' client certificates: Secrets are sealed only to a key the node's certificate vouches for. Default with --cert-file: the CA in --ca-file that issued ctl's own certificate; none: take the key as the broker hands it over."`
+	NodeCRL      string        `name:"node-crl" placeholder:"FILE" help:"The fleet CA's CRL (PEM, the broker's crlfile): a revoked node certificate vouches for no sealing key."`
 
 	Apply    CtlApplyCmd    `cmd:"" help:"Apply Pods, ConfigMaps and Secrets from a file to a node."`
 	Delete   CtlDeleteCmd   `cmd:"" help:"Delete a pod, configmap or secret of a node."`
@@ -93,6 +94,7 @@ type ctlFile struct {
 	SigningKey   string   `json:"signingKey"`
 	TrustedKeys  []string `json:"trustedKeys"`
 	NodeCA       string   `json:"nodeCA"`
+	NodeCRL      string   `json:"nodeCRL"`
 }
 
 // options merges the config file and the flags (a flag that is set wins) and reads the password.
@@ -107,7 +109,7 @@ func (c *CtlCmd) options() (ctlclient.Options, error) {
 			return ctlclient.Options{}, fmt.Errorf("ctl config %s: %w", c.Config, err)
 		}
 		dir := filepath.Dir(c.Config)
-		for _, p := range []*string{&f.CAFile, &f.CertFile, &f.KeyFile, &f.PasswordFile, &f.SigningKey, &f.NodeCA} {
+		for _, p := range []*string{&f.CAFile, &f.CertFile, &f.KeyFile, &f.PasswordFile, &f.SigningKey, &f.NodeCA, &f.NodeCRL} {
 			if *p != "" && *p != "none" && !filepath.IsAbs(*p) {
 				*p = filepath.Join(dir, *p)
 			}
@@ -155,21 +157,9 @@ func (c *CtlCmd) options() (ctlclient.Options, error) {
 			return o, err
 		}
 	}
-	// The fleet's CA vouches for the nodes' sealing keys. With a client certificate, ctl is in a
-	// fleet whose identities come from a CA, most often the one that also signed the broker's
-	// certificate: verifying against it is the default; another CA is named, "none" opts out.
-	switch ca := pick(c.NodeCA, f.NodeCA); {
-	case ca == "none":
-	case ca != "":
-		var err error
-		if o.NodeRoots, err = sealing.LoadRoots(ca); err != nil {
-			return o, err
-		}
-	case o.CertFile != "" && o.CAFile != "":
-		var err error
-		if o.NodeRoots, err = sealing.LoadRoots(o.CAFile); err != nil {
-			return o, err
-		}
+	var err error
+	if o.NodeTrust, err = sealing.LoadNodeTrust(pick(c.NodeCA, f.NodeCA), pick(c.NodeCRL, f.NodeCRL), o.CAFile, o.CertFile); err != nil {
+		return o, err
 	}
 	if pw := pick(c.PasswordFile, f.PasswordFile); pw != "" {
 		var err error

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -598,29 +596,40 @@ func TestCtlGetNodesMarksOfflineNodes(t *testing.T) {
 }
 
 // Which CA vouches for the nodes' sealing keys: --node-ca (or nodeCA in the config, relative to
-// it), else the broker CA when ctl has a client certificate, none when asked or without a client
-// certificate; a node CA file that holds no certificate is an error naming it.
+// it), else the CA in --ca-file that issued ctl's own client certificate (not another CA of that
+// file), none when asked or without a client certificate; --node-crl revokes; a node CA file
+// that holds no certificate is an error naming it.
 func TestCtlNodeCA(t *testing.T) {
 	dir := t.TempDir()
-	// writeCA writes a certificate as a CA file: as a root, it verifies itself.
-	writeCA := func(name string) *x509.Certificate {
-		c := testpki.NewCA(t).Issue(t, testpki.Cert{CN: name})
-		leaf, err := x509.ParseCertificate(c.Certificate[0])
+	write := func(name string, b []byte) string {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	fleetCA, brokerCA, otherCA := testpki.NewCA(t), testpki.NewCA(t), testpki.NewCA(t)
+	// ca.pem is ctl's --ca-file: the CA of the broker's certificate and the fleet's CA.
+	ca := write("ca.pem", append(brokerCA.CertPEM(), fleetCA.CertPEM()...))
+	other := write("other-ca.pem", otherCA.CertPEM())
+	ctlCert := write("ctl.pem", testpki.PEM(fleetCA.Issue(t, testpki.Cert{CN: "admin"})))
+	// vouches says whether o takes the attestation of a node whose certificate ca issued.
+	vouches := func(o ctlclient.Options, ca *testpki.CA) bool {
+		t.Helper()
+		if o.NodeTrust == nil {
+			return false
+		}
+		k, err := sealing.Generate()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o644); err != nil {
+		a, err := sealing.Attest(ca.Issue(t, testpki.Cert{CN: "edge-1"}), "edge-1", k)
+		if err != nil {
 			t.Fatal(err)
 		}
-		return leaf
-	}
-	ca, fleet := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "fleet-ca.pem")
-	caCert, fleetCert := writeCA("ca.pem"), writeCA("fleet-ca.pem")
-	trusts := func(o ctlclient.Options, c *x509.Certificate) bool {
-		if o.NodeRoots == nil {
-			return false
-		}
-		_, err := c.Verify(x509.VerifyOptions{Roots: o.NodeRoots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+		n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: "edge-1", Annotations: map[string]string{sealing.AnnotationKey: k.Public(), sealing.AttestationKey: a}}}
+		_, err = o.NodeTrust.Attested(n, time.Now())
 		return err == nil
 	}
 	opts := func(c CtlCmd) ctlclient.Options {
@@ -634,27 +643,34 @@ func TestCtlNodeCA(t *testing.T) {
 		}
 		return o
 	}
-	if o := opts(CtlCmd{CAFile: ca, CertFile: "c.pem", KeyFile: "k.pem"}); !trusts(o, caCert) {
-		t.Error("with a client certificate, the broker CA is not the node CA")
+	if o := opts(CtlCmd{CAFile: ca, CertFile: ctlCert, KeyFile: ctlCert}); !vouches(o, fleetCA) || vouches(o, brokerCA) {
+		t.Error("with a client certificate, the node CA is not (only) the CA that issued it")
 	}
-	if o := opts(CtlCmd{CAFile: ca}); o.NodeRoots != nil {
+	if o := opts(CtlCmd{CAFile: ca}); o.NodeTrust != nil {
 		t.Error("without a client certificate, a node CA was taken")
 	}
-	if o := opts(CtlCmd{CAFile: ca, CertFile: "c.pem", KeyFile: "k.pem", NodeCA: fleet}); !trusts(o, fleetCert) || trusts(o, caCert) {
-		t.Error("--node-ca did not replace the broker CA")
+	if o := opts(CtlCmd{CAFile: ca, CertFile: ctlCert, KeyFile: ctlCert, NodeCA: other}); !vouches(o, otherCA) || vouches(o, fleetCA) {
+		t.Error("--node-ca did not replace the default")
 	}
-	if o := opts(CtlCmd{CAFile: ca, CertFile: "c.pem", KeyFile: "k.pem", NodeCA: "none"}); o.NodeRoots != nil {
+	if o := opts(CtlCmd{CAFile: ca, CertFile: ctlCert, KeyFile: ctlCert, NodeCA: "none"}); o.NodeTrust != nil {
 		t.Error("--node-ca none still verifies")
 	}
-	conf := filepath.Join(dir, "ctl.yaml")
-	if err := os.WriteFile(conf, []byte("broker: ssl://127.0.0.1:1\nnodeCA: fleet-ca.pem\n"), 0o600); err != nil {
-		t.Fatal(err)
+	crl := write("fleet.crl", fleetCA.CRL(t, time.Now().Add(time.Hour)))
+	if o := opts(CtlCmd{CAFile: ca, CertFile: ctlCert, KeyFile: ctlCert, NodeCRL: crl}); !vouches(o, fleetCA) {
+		t.Error("a CRL revoking nothing refused a node")
 	}
-	if o := opts(CtlCmd{Config: conf}); !trusts(o, fleetCert) {
+	conf := write("ctl.yaml", []byte("broker: ssl://127.0.0.1:1\nnodeCA: other-ca.pem\n"))
+	if o := opts(CtlCmd{Config: conf}); !vouches(o, otherCA) {
 		t.Error("nodeCA in the config file (relative to it) was not read")
 	}
-	c := CtlCmd{Broker: "ssl://127.0.0.1:1", NodeCA: conf} // a file with no certificate in it
-	if _, err := c.options(); err == nil || !strings.Contains(err.Error(), conf) {
-		t.Errorf("a node CA without a certificate = %v, want an error naming it", err)
+	for _, c := range []CtlCmd{
+		{Broker: "ssl://127.0.0.1:1", NodeCA: conf},                     // no certificate in it
+		{Broker: "ssl://127.0.0.1:1", CAFile: other, CertFile: ctlCert}, // ctl's issuer not in --ca-file
+		{Broker: "ssl://127.0.0.1:1", NodeCA: other, NodeCRL: conf},     // no CRL in it
+		{Broker: "ssl://127.0.0.1:1", NodeCA: "none", NodeCRL: crl},     // a CRL without a CA
+	} {
+		if _, err := c.options(); err == nil {
+			t.Errorf("options %+v: no error", c)
+		}
 	}
 }

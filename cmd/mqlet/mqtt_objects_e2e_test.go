@@ -174,14 +174,15 @@ spec:
 `)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	ctlCert, ctlKey := b.ClientCert(mqtttest.Admin)
 	// ctl seals only to a key the node's certificate vouches for (the fleet's CA as node CA), so
 	// this also shows the agent attests its sealing key with its MQTT certificate.
-	roots, err := sealing.LoadRoots(b.CAFile)
+	ctlCert, ctlKey := b.ClientCert(mqtttest.Admin)
+	// The default of ctl with a client certificate: the CA in its CA file that issued its own.
+	nodes, err := sealing.LoadNodeTrust("", "", b.CAFile, ctlCert)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := ctlclient.Connect(ctx, ctlclient.Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: ctlCert, KeyFile: ctlKey, Timeout: 10 * time.Second, NodeRoots: roots})
+	c, err := ctlclient.Connect(ctx, ctlclient.Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: ctlCert, KeyFile: ctlKey, Timeout: 10 * time.Second, NodeTrust: nodes})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"math/big"
 	"testing"
@@ -31,6 +32,8 @@ type CA struct {
 // P-256 key valid for an hour either side of now.
 type Cert struct {
 	CN string
+	// Subject, when it has names, replaces the subject CN would make (for subjects of any shape).
+	Subject pkix.Name
 	// Key is "ecdsa" (default), "rsa" or "ed25519".
 	Key string
 	// Usage defaults to client authentication.
@@ -47,8 +50,8 @@ func NewCA(t testing.TB) *CA {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: serial(t), Subject: pkix.Name{CommonName: "test fleet CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(10 * 365 * 24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +91,11 @@ func (ca *CA) Issue(t testing.TB, c Cert) tls.Certificate {
 	if notAfter.IsZero() {
 		notAfter = time.Now().Add(time.Hour)
 	}
-	tmpl := &x509.Certificate{SerialNumber: serial(t), Subject: pkix.Name{CommonName: c.CN},
+	subject := pkix.Name{CommonName: c.CN}
+	if len(c.Subject.Names) > 0 || len(c.Subject.ExtraNames) > 0 {
+		subject = c.Subject
+	}
+	tmpl := &x509.Certificate{SerialNumber: serial(t), Subject: subject,
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: notAfter,
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
@@ -105,4 +112,38 @@ func serial(t testing.TB) *big.Int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// CertPEM is the CA's certificate, PEM: what a CA file holds.
+func (ca *CA) CertPEM() []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.cert.Raw})
+}
+
+// PEM is c's certificate chain, PEM.
+func PEM(c tls.Certificate) []byte {
+	var out []byte
+	for _, der := range c.Certificate {
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+	}
+	return out
+}
+
+// CRL is a revocation list of the CA revoking the certificates (leaf first) of revoked, due for
+// renewal at nextUpdate, PEM.
+func (ca *CA) CRL(t testing.TB, nextUpdate time.Time, revoked ...tls.Certificate) []byte {
+	t.Helper()
+	var entries []x509.RevocationListEntry
+	for _, c := range revoked {
+		leaf, err := x509.ParseCertificate(c.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		entries = append(entries, x509.RevocationListEntry{SerialNumber: leaf.SerialNumber, RevocationTime: time.Now().Add(-time.Minute)})
+	}
+	der, err := x509.CreateRevocationList(rand.Reader, &x509.RevocationList{Number: serial(t),
+		ThisUpdate: time.Now().Add(-time.Hour), NextUpdate: nextUpdate, RevokedCertificateEntries: entries}, ca.cert, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: der})
 }

@@ -133,14 +133,14 @@ func (c *Client) Apply(ctx context.Context, node string, objects []any) (*ApplyR
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	if sealTo != nil && c.o.NodeRoots == nil {
+	if sealTo != nil && c.o.NodeTrust == nil {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("node %s's sealing key %s was taken as the broker handed it over: without the fleet's CA (node CA) nothing shows it is the node's own", node, sealing.KeyID(sealTo)))
 	}
 	return res, nil
 }
 
 // sealingKey reads the key a node publishes in its status for Secrets to be sealed to. With
-// NodeRoots it must be vouched for by the node's certificate; without, it is taken as the broker
+// NodeTrust it must be vouched for by the node's certificate; without, it is taken as the broker
 // hands it over, and a broker operator who replaced it before a Secret was sealed could read that
 // Secret (docs/security.md); the signed index still keeps them from changing what the node runs.
 func (c *Client) sealingKey(ctx context.Context, node string) (*ecdh.PublicKey, error) {
@@ -156,8 +156,8 @@ func (c *Client) sealingKey(ctx context.Context, node string) (*ecdh.PublicKey, 
 		return nil, fmt.Errorf("node %s has not reported its status to this broker%s, so its sealing key is unknown: secrets are only sent sealed (start the node first)", node, why)
 	}
 	var pub *ecdh.PublicKey
-	if c.o.NodeRoots != nil {
-		pub, err = sealing.Attested(n.Status.Object, c.o.NodeRoots, time.Now())
+	if c.o.NodeTrust != nil {
+		pub, err = c.o.NodeTrust.Attested(n.Status.Object, time.Now())
 	} else {
 		pub, err = sealing.NodePublic(n.Status.Object)
 	}
@@ -366,7 +366,7 @@ func (c *Client) write(ctx context.Context, node string, puts []*protocol.Desire
 		}
 		top := max(base.counter, floor)
 		for _, p := range indexes {
-			top = max(top, peekRevision(p))
+			top = max(top, c.countedRevision(node, p))
 		}
 		if top >= maxCounter {
 			return nil, fmt.Errorf("node %s: the generation counter is at %d, past what a writer goes on from (forged acks or index on the broker?); check %s and %s",
@@ -446,16 +446,17 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, crossing bo
 		if idx, err = c.decodeIndex(node, indexPayload); err != nil {
 			return nil, nil, err
 		}
-		b.counter = idx.Revision
 		if c.o.SigningKey != nil {
 			if err := protocol.VerifyIndex(idx, c.trust()); err != nil {
 				// Signing vouches for every entry: an index the broker (or anyone who can
-				// publish there) made up must not be carried into a signed one.
+				// publish there) made up must not be carried into a signed one, nor its
+				// revision (see countedRevision).
 				warnings = append(warnings, fmt.Sprintf("the broker's index of node %s is not built on: %v", node, err))
 				idx = nil
 			}
 		}
 		if idx != nil {
+			b.counter = idx.Revision
 			b.entries, b.existing = maps.Clone(idx.Objects), true
 		}
 	}
@@ -477,7 +478,15 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, crossing bo
 		}
 		return b, warnings, nil
 	}
-	b.counter = max(b.counter, acks.Top())
+	if c.o.SigningKey == nil {
+		// A signing writer goes on only from revisions signed by a key it trusts (the index it
+		// rebuilds from, below): the acks are relayed unsigned, and a counter forged in them
+		// would carry an old signed set past the node's revision (a rollback the node takes,
+		// since it is newly signed) or push the node to the counter's ceiling, where no writer
+		// can follow (a freeze). A node refuses a revision at or below its own, so a writer
+		// that went on from too low a counter is refused and reported, never obeyed.
+		b.counter = max(b.counter, acks.Top())
+	}
 	rebuild := false
 	switch {
 	case idx == nil && (len(acks.Applied)+len(acks.Refused)+len(acks.Missing) > 0 || acks.IndexRevision > 0):
@@ -510,6 +519,7 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, crossing bo
 			return nil, nil, err
 		}
 		maps.Copy(b.entries, x.Objects)
+		b.counter = max(b.counter, x.Revision)
 		return b, warnings, nil
 	}
 	if c.o.SigningKey != nil {
@@ -519,6 +529,7 @@ func (c *Client) base(node string, indexPayload, acksPayload []byte, crossing bo
 		if err != nil {
 			return nil, nil, err
 		}
+		b.counter = max(b.counter, x.Revision)
 		for k, e := range x.Objects {
 			if old, ok := b.entries[k]; !ok || e.Generation > old.Generation {
 				b.entries[k] = e
@@ -802,6 +813,20 @@ func (c *Client) clearTopic(ctx context.Context, node, key string) {
 		return
 	}
 	c.publish(ctx, c.topics.Desired(node, kind, ns, name), nil, true)
+}
+
+// countedRevision is the revision an index payload seen on the node's index topic raises the
+// counter to: any readable one for a writer that does not sign; for one that signs, only an index
+// for this node signed by a key it trusts (see base).
+func (c *Client) countedRevision(node string, payload []byte) int64 {
+	if c.o.SigningKey == nil {
+		return peekRevision(payload)
+	}
+	x, err := protocol.DecodeIndex(protocol.Topic{Class: protocol.ClassIndex, Node: node}, payload, protocol.DefaultMaxPayload)
+	if err != nil || protocol.VerifyIndex(x, c.trust()) != nil {
+		return 0
+	}
+	return x.Revision
 }
 
 // peekRevision reads an index payload's revision (0 when unreadable).

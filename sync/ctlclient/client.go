@@ -13,7 +13,6 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/mqlet/mqlet/sync/broker"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 )
@@ -57,11 +57,12 @@ type Options struct {
 	// TrustedKeys are other keys whose signed indexes this client builds on (the previous key,
 	// during a rotation); with a SigningKey, an index no trusted key signed is not built on.
 	TrustedKeys []ed25519.PublicKey
-	// NodeRoots is the fleet's CA, which issues the nodes' client certificates. With it, a Secret
-	// is sealed only to a key the node's certificate vouches for (sealing.Attested), so a broker
-	// that put its own key in a node's status cannot read what is sealed. Without it the key is
-	// taken as the broker hands it over (docs/security.md).
-	NodeRoots *x509.CertPool
+	// NodeTrust holds the fleet's CA, which issues the nodes' client certificates (and its CRL).
+	// With it, a Secret is sealed only to a key the node's certificate vouches for
+	// (sealing.NodeTrust.Attested), so a broker that put its own key in a node's status cannot
+	// read what is sealed. Without it the key is taken as the broker hands it over
+	// (docs/security.md).
+	NodeTrust *sealing.NodeTrust
 }
 
 // Client is a connection to the broker. Its methods are safe for concurrent use; snapshots are

@@ -433,12 +433,12 @@ func TestSealingKeyMustBeVouchedForByTheNodesCertificate(t *testing.T) {
 	const node = "edge-1"
 	b := mqtttest.Start(t, mqtttest.Options{Identities: []string{node, "site-factory1"}})
 	ctx := testCtx(t)
-	roots, err := sealing.LoadRoots(b.CAFile)
+	nodes, err := sealing.LoadNodeTrust(b.CAFile, "", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	adminCert, adminKey := b.ClientCert(mqtttest.Admin)
-	verifying, err := Connect(ctx, Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: adminCert, KeyFile: adminKey, Timeout: 5 * time.Second, NodeRoots: roots})
+	verifying, err := Connect(ctx, Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: adminCert, KeyFile: adminKey, Timeout: 5 * time.Second, NodeTrust: nodes})
 	if err != nil {
 		t.Fatal(err)
 	}

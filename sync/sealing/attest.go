@@ -13,10 +13,12 @@ import (
 	"encoding/asn1"
 	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
@@ -100,12 +102,104 @@ func signatureAlgorithm(pub any) (x509.SignatureAlgorithm, error) {
 	return 0, fmt.Errorf("a certificate with a %T key is not supported (ECDSA, RSA or Ed25519)", pub)
 }
 
+// NodeTrust is what a writer checks node attestations with: the fleet's CA, and optionally the
+// CA's certificate revocation list. Safe for concurrent use.
+type NodeTrust struct {
+	roots   *x509.CertPool
+	crlFile string
+
+	mu    sync.Mutex
+	crls  []*x509.RevocationList
+	stamp crlStamp // of the file the crls were read from
+}
+
+type crlStamp struct {
+	mod  time.Time
+	size int64
+}
+
+// NewNodeTrust trusts the node certificates roots issue. crlFile, when not "", is a PEM file of
+// CRLs (the one the broker's crlfile names): a certificate it revokes vouches for nothing, and a
+// certificate whose issuer has no CRL there, or whose CRL is past its next update, is refused,
+// as the broker refuses such a client. The file is read again when it changes.
+func NewNodeTrust(roots *x509.CertPool, crlFile string) (*NodeTrust, error) {
+	t := &NodeTrust{roots: roots, crlFile: crlFile}
+	if crlFile != "" {
+		if _, err := t.revocations(); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// revocations are the CRLs of the file, read again when its size or time changed.
+func (t *NodeTrust) revocations() ([]*x509.RevocationList, error) {
+	fi, err := os.Stat(t.crlFile)
+	if err != nil {
+		return nil, fmt.Errorf("node CRL: %w", err)
+	}
+	st := crlStamp{mod: fi.ModTime(), size: fi.Size()}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.crls != nil && st == t.stamp {
+		return t.crls, nil
+	}
+	data, err := os.ReadFile(t.crlFile)
+	if err != nil {
+		return nil, fmt.Errorf("node CRL: %w", err)
+	}
+	var crls []*x509.RevocationList
+	for rest := data; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		if b.Type != "X509 CRL" {
+			continue
+		}
+		crl, err := x509.ParseRevocationList(b.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("node CRL %s: %w", t.crlFile, err)
+		}
+		crls = append(crls, crl)
+	}
+	if len(crls) == 0 {
+		return nil, fmt.Errorf("node CRL %s: no PEM block \"X509 CRL\" in it", t.crlFile)
+	}
+	t.crls, t.stamp = crls, st
+	return crls, nil
+}
+
+// revoked checks leaf, issued by issuer, against the CRLs: nil when a current CRL of that issuer
+// does not list it.
+func (t *NodeTrust) revoked(leaf, issuer *x509.Certificate, now time.Time) error {
+	crls, err := t.revocations()
+	if err != nil {
+		return err
+	}
+	for _, crl := range crls {
+		if crl.CheckSignatureFrom(issuer) != nil {
+			continue
+		}
+		if !crl.NextUpdate.IsZero() && now.After(crl.NextUpdate) {
+			return fmt.Errorf("the CRL of %q in %s was due for renewal at %s (the broker refuses every client with it too)", issuer.Subject.CommonName, t.crlFile, crl.NextUpdate.Format(time.RFC3339))
+		}
+		for _, e := range crl.RevokedCertificateEntries {
+			if e.SerialNumber.Cmp(leaf.SerialNumber) == 0 {
+				return fmt.Errorf("certificate %q (serial %s) was revoked at %s (%s)", leaf.Subject.CommonName, leaf.SerialNumber, e.RevocationTime.Format(time.RFC3339), t.crlFile)
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("%s holds no CRL of %q, which issued certificate %q", t.crlFile, issuer.Subject.CommonName, leaf.Subject.CommonName)
+}
+
 // Attested reads a node's sealing key from its status and checks that the node's certificate
-// vouches for it: the attestation's certificate chains to roots (the fleet's CA) at now, is valid
-// for client authentication, has the node's name as its CN (its identity on the broker), and its
-// key signed this node name and this sealing key. Any other key is refused with the reason: a
-// writer must not seal to it.
-func Attested(n *v1.Node, roots *x509.CertPool, now time.Time) (*ecdh.PublicKey, error) {
+// vouches for it: the attestation's certificate chains to the fleet's CA at now, is valid for
+// client authentication and not revoked (with a CRL), has the node's name as its one CN (its
+// identity on the broker), and its key signed this node name and this sealing key. Any other key
+// is refused with the reason: a writer must not seal to it.
+func (t *NodeTrust) Attested(n *v1.Node, now time.Time) (*ecdh.PublicKey, error) {
 	pub, err := NodePublic(n)
 	if err != nil {
 		return nil, err
@@ -145,9 +239,20 @@ func Attested(n *v1.Node, roots *x509.CertPool, now time.Time) (*ecdh.PublicKey,
 		}
 		inter.AddCert(c)
 	}
-	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+	chains, err := leaf.Verify(x509.VerifyOptions{Roots: t.roots, Intermediates: inter, CurrentTime: now,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	if err != nil {
 		return nil, fail("certificate %q (serial %s): %v", leaf.Subject.CommonName, leaf.SerialNumber, err)
+	}
+	if t.crlFile != "" {
+		// The leaf's issuer is the second certificate of any chain (a leaf that is itself a
+		// root has none: it cannot be revoked by a CRL, and is refused).
+		if len(chains[0]) < 2 {
+			return nil, fail("certificate %q is itself a trusted root: no CRL can revoke it", leaf.Subject.CommonName)
+		}
+		if err := t.revoked(leaf, chains[0][1], now); err != nil {
+			return nil, fail("%v", err)
+		}
 	}
 	// mosquitto's identity is the subject's first CN, Go's CommonName its last: a subject with
 	// two would be one node on the broker and another here.
@@ -184,4 +289,79 @@ func LoadRoots(file string) (*x509.CertPool, error) {
 		return nil, fmt.Errorf("node CA %s: no PEM certificate in it", file)
 	}
 	return pool, nil
+}
+
+// IssuerRoots reads from caFile (PEM) the CA certificates that issued the client certificate in
+// certFile: a writer's own identity comes from the fleet's CA, which is then the CA that vouches
+// for the nodes. A CA file may also hold CAs that only vouch for the broker (a public or separate
+// server CA): those are left out. An error says when none issued the certificate.
+func IssuerRoots(caFile, certFile string) (*x509.CertPool, error) {
+	certPEM, err := os.ReadFile(certFile)
+	if err != nil {
+		return nil, fmt.Errorf("node CA from the client certificate: %w", err)
+	}
+	b, _ := pem.Decode(certPEM)
+	if b == nil {
+		return nil, fmt.Errorf("node CA from the client certificate: no PEM block in %s", certFile)
+	}
+	leaf, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("node CA from the client certificate %s: %w", certFile, err)
+	}
+	data, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("node CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	found := false
+	for rest := data; ; {
+		var blk *pem.Block
+		if blk, rest = pem.Decode(rest); blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		ca, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("node CA %s: %w", caFile, err)
+		}
+		if leaf.CheckSignatureFrom(ca) == nil {
+			pool.AddCert(ca)
+			found = true
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("no CA in %s issued the client certificate %s, so the fleet's CA that vouches for nodes' sealing keys is unknown: name it (node CA), or opt out with none", caFile, certFile)
+	}
+	return pool, nil
+}
+
+// LoadNodeTrust is what vouches for the nodes' sealing keys for a writer (nil: nothing does),
+// from its settings: nodeCA, nodeCRL, and its own TLS files. With a client certificate, a writer
+// (ctl, the bridge) is in a fleet whose identities come from a CA: the CA in caFile that issued
+// its own certificate is the default (not the whole file, which may hold a CA that only vouches
+// for the broker). nodeCA names another; "none" opts out.
+func LoadNodeTrust(nodeCA, nodeCRL, caFile, certFile string) (*NodeTrust, error) {
+	var roots *x509.CertPool
+	var err error
+	switch {
+	case nodeCA == "none":
+		if nodeCRL != "" {
+			return nil, fmt.Errorf("node CRL %s given with node CA none: a CRL needs the CA it is checked against", nodeCRL)
+		}
+		return nil, nil
+	case nodeCA != "":
+		roots, err = LoadRoots(nodeCA)
+	case certFile != "" && caFile != "":
+		roots, err = IssuerRoots(caFile, certFile)
+	case nodeCRL != "":
+		return nil, fmt.Errorf("node CRL %s given without a node CA (and no client certificate to take it from)", nodeCRL)
+	default:
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return NewNodeTrust(roots, nodeCRL)
 }

@@ -13,13 +13,13 @@ import (
 	"github.com/mqlet/mqlet/sync/protocol"
 )
 
-// Review of issue 20, "What remains open": the acks rollback. A broker that clears a node's
-// retained index and publishes acks carrying an older index the writer once signed (with that
-// index's own revision) makes a signing writer rebuild from that older set. Whether the node takes
-// the result depends on the revision the writer then draws: it goes on from acks.Top(), which the
-// broker also writes. The node is stopped while the broker forges (the broker withholds what the
+// The acks rollback: a broker that clears a node's retained index (or retains an older one again)
+// and publishes acks carrying an older index the writer once signed makes a signing writer build on
+// that older set. The node must never take the result: a signing writer goes on only from
+// revisions it verified (never from a counter in the unsigned acks), so its revision is at or
+// below the node's and refused. The node is stopped while the broker forges (the broker withholds what the
 // node publishes, as it can), and started again afterwards with the same state file.
-func TestReviewAcksRollback(t *testing.T) {
+func TestForgedAcksCannotRollANodeBack(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// inflate is a generation the forged acks claim (IndexRefused), 0 for none.
@@ -100,13 +100,10 @@ func TestReviewAcksRollback(t *testing.T) {
 	}
 }
 
-// Review of issue 20: the counter a writer goes on from comes from the acks, which are unsigned, so
-// a broker can move a node's revision to the writers' ceiling (maxCounter) in one forged message.
-// The node takes the signed index at that revision and stores it; from then on no writer can
-// write a newer one: the node's desired state is frozen until its state is wiped, even after the
-// broker is fixed or replaced (a withheld message ends when the broker behaves again; this does
-// not).
-func TestReviewForgedCounterFreezesTheNode(t *testing.T) {
+// A counter forged in the acks must not move a node's revision to the writers' ceiling
+// (maxCounter): the node would take the signed index at that revision and no writer could write
+// a newer one, a freeze that outlasts the broker's misbehaviour. A signing writer ignores it.
+func TestForgedCounterCannotFreezeTheNode(t *testing.T) {
 	mqtttest.Require(t)
 	b := mqtttest.Start(t, mqtttest.Options{})
 	pubKey, key, _ := ed25519.GenerateKey(rand.Reader)

@@ -13,23 +13,23 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Review of issue 20: the attestation binds a key to the node name in the status object, and ctl
-// checks it against that object's name, not against the node it writes to. The broker publishes
+// The attestation binds a key to the node name in the status object, so ctl must check that
+// object's name against the node it writes to (it did not at first). The broker publishes
 // on edge-1's status topic an envelope for edge-1 whose object is edge-2's genuine status (edge-2's
 // key, edge-2's attestation): ctl, verifying against the fleet's CA, seals edge-1's Secret to
 // edge-2's key. Whoever holds edge-2 (one compromised node) and the broker reads edge-1's Secrets;
 // by the same move every node's. The bridge is not affected: bridge/nodes refuses a status whose
 // metadata.name is not the topic's node.
-func TestReviewSealingKeyOfAnotherNodeUnderThisNodesTopic(t *testing.T) {
+func TestSealingKeyOfAnotherNodeUnderThisNodesTopic(t *testing.T) {
 	mqtttest.Require(t)
 	b := mqtttest.Start(t, mqtttest.Options{Identities: []string{"edge-1", "edge-2"}})
 	ctx := testCtx(t)
-	roots, err := sealing.LoadRoots(b.CAFile)
+	nodes, err := sealing.LoadNodeTrust(b.CAFile, "", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	adminCert, adminKey := b.ClientCert(mqtttest.Admin)
-	c, err := Connect(ctx, Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: adminCert, KeyFile: adminKey, Timeout: 5 * time.Second, NodeRoots: roots})
+	c, err := Connect(ctx, Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: adminCert, KeyFile: adminKey, Timeout: 5 * time.Second, NodeTrust: nodes})
 	if err != nil {
 		t.Fatal(err)
 	}
