@@ -216,8 +216,34 @@ func (c Config) validateMQTT(bad func(key, value, reason string, args ...any)) {
 	for _, p := range c.MQTTPolicy.AllowedHostPaths {
 		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
 			bad("mqttPolicy.allowedHostPaths", p, "must be an absolute, clean path (no '..', '.', '//' or trailing '/'), e.g. %s", filepath.Clean("/"+p))
+			continue
+		}
+		// A pod from MQTT that could write what the agent trusts would get past every check of
+		// the channel: edit the state file (what runs), replace the trust anchors or the node
+		// key, or drive containerd directly. An allowed directory must hold none of it.
+		for _, g := range c.guardedPaths() {
+			if g.path != "" && filepath.IsAbs(g.path) && inside(g.path, p) {
+				bad("mqttPolicy.allowedHostPaths", p, "holds %s %s: a pod from MQTT could rewrite what the agent trusts; allow a directory beside it", g.what, g.path)
+			}
 		}
 	}
+}
+
+type guardedPath struct{ what, path string }
+
+// guardedPaths are the files and directories whose contents decide what the agent runs or whom
+// it trusts.
+func (c Config) guardedPaths() []guardedPath {
+	g := []guardedPath{
+		{"stateDir", c.StateDir}, {"secretKeyFile", c.SecretKeyFile}, {"manifestDir", c.ManifestDir},
+		{"apiSocket", c.APISocket}, {"mqttKeyFile", c.MQTTKeyFile}, {"mqttPasswordFile", c.MQTTPasswordFile},
+		{"mqttCAFile", c.MQTTCAFile}, {"imagePreloadDir", c.ImagePreloadDir},
+		{"containerdAddress", strings.TrimPrefix(c.ContainerdAddress, "unix://")},
+	}
+	for _, k := range c.MQTTTrustedKeys {
+		g = append(g, guardedPath{"an mqttTrustedKeys file", k})
+	}
+	return g
 }
 
 // readKeyFile reads the TLS client key, once it is known to be a regular file that no one but its

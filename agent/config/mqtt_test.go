@@ -344,7 +344,17 @@ func TestMQTTLimits(t *testing.T) {
 		{"node name with +", func(c *Config) { c.NodeName = "node+1" }, []string{"nodeName", `"node+1"`, "MQTT client id"}},
 		{"node name with #", func(c *Config) { c.NodeName = "node#1" }, []string{"nodeName", "MQTT client id"}},
 		{"node name with /", func(c *Config) { c.NodeName = "site/node" }, []string{"nodeName", "topic level"}},
-		{"policy paths", func(c *Config) { c.MQTTPolicy.AllowedHostPaths = []string{"/data", "/", "/var/log/app"} }, nil},
+		{"policy paths", func(c *Config) { c.MQTTPolicy.AllowedHostPaths = []string{"/data", "/var/log/app"} }, nil},
+		// A directory holding what the agent trusts would let a pod from MQTT rewrite it.
+		{"policy path holds the state", func(c *Config) { c.MQTTPolicy.AllowedHostPaths = []string{"/var/lib"} },
+			[]string{"mqttPolicy.allowedHostPaths", `"/var/lib"`, "holds stateDir /var/lib/mqlet"}},
+		{"policy path is the root", func(c *Config) { c.MQTTPolicy.AllowedHostPaths = []string{"/"} }, []string{`"/"`, "holds stateDir"}},
+		{"policy path holds the node key", func(c *Config) { c.MQTTPolicy.AllowedHostPaths = []string{"/etc"} }, []string{`"/etc"`, "holds secretKeyFile"}},
+		{"policy path holds a trusted key", func(c *Config) {
+			c.MQTTTrustedKeys = []string{"/srv/keys/ctl.pub"}
+			c.MQTTPolicy.AllowedHostPaths = []string{"/srv"}
+		}, []string{`"/srv"`, "holds an mqttTrustedKeys file /srv/keys/ctl.pub"}},
+		{"policy path holds the containerd socket", func(c *Config) { c.MQTTPolicy.AllowedHostPaths = []string{"/run/containerd"} }, []string{"holds containerdAddress"}},
 		{"policy relative path", func(c *Config) { c.MQTTPolicy.AllowedHostPaths = []string{"data"} },
 			[]string{"mqttPolicy.allowedHostPaths", "--mqtt-allowed-host-path", `"data"`, "absolute, clean"}},
 		{"policy unclean path", func(c *Config) { c.MQTTPolicy.AllowedHostPaths = []string{"/data/../etc"} }, []string{`"/data/../etc"`, "e.g. /etc"}},
