@@ -55,6 +55,7 @@ FUZZ_TARGETS := FuzzParseTopic FuzzDecodeDesired FuzzDecodeIndex FuzzDecodeLogsR
 fuzz:
 	for f in $(FUZZ_TARGETS); do go test -run=NONE -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) ./sync/protocol/ || exit 1; done
 	go test -run=NONE -fuzz='^FuzzFrameGuard$$' -fuzztime=$(FUZZTIME) ./sync/link/
+	go test -run=NONE -fuzz='^FuzzAttested$$' -fuzztime=$(FUZZTIME) ./sync/sealing/
 
 # The cgroup v2 lane (docs/testing.md): a cached Debian 12 guest under qemu (TCG where KVM does not
 # really run) with systemd and cgroup v2 only; agent/cgroup's real-v2 tests and a pod started by the
