@@ -84,8 +84,8 @@ func (e *newerSchemaError) Error() string {
 	what := fmt.Sprintf("open state db %s: %s: schema version %d, readable by binaries of schema %d and later; this binary knows up to %d",
 		e.path, ErrNewerSchema, e.schema, e.reader, e.known)
 	if e.backup != "" {
-		return what + fmt.Sprintf("; run the newer mqlet, or restore the backup of the older state (mv %s %s%d && cp %s %s)",
-			e.path, e.path, e.schema, e.backup, e.path)
+		return what + fmt.Sprintf("; run the newer mqlet, or restore the backup of the older state (mv %s %s%s%d && cp %s %s)",
+			e.path, e.path, backupSuffix, e.schema, e.backup, e.path)
 	}
 	return what + fmt.Sprintf("; there is no backup of a schema this binary knows (%s%sN, N <= %d): run the newer mqlet, "+
 		"or move the file aside (mv %s %s%s%d) to start from empty state (desired pods are re-read from the manifest dir "+

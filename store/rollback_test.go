@@ -212,7 +212,7 @@ func TestNewerIncompatibleRestoresBackup(t *testing.T) {
 	if !errors.Is(err, ErrNewerSchema) {
 		t.Fatalf("OpenWith = %v, want ErrNewerSchema", err)
 	}
-	for _, want := range []string{path, "schema version 5", "schema 3", "knows up to 2", "cp " + backup + " " + path} {
+	for _, want := range []string{path, "schema version 5", "schema 3", "knows up to 2", "mv " + path + " " + aside + " && cp " + backup + " " + path} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}

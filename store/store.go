@@ -67,11 +67,22 @@
 // pages in use, key order), because bbolt trusts the file and panics, in a goroutine no caller
 // can recover, when it writes over a page that is both free and in use.
 //
+// Rollback safety (rollback.go): before Open migrates a file from schema N it copies it to
+// state.db.schema-N (fsynced, renamed into place), keeping the keepBackups highest schemas. Each
+// file records meta/min_reader_schema (decimal ASCII; absent in files written before it, meaning
+// the file's own schema): the oldest schema whose binaries can use it, lowered past each
+// additive migration (one that only adds buckets that older binaries can leave alone; see
+// migration.additive: 3 -> 4 and 4 -> 5 are, so a schema 5 file says 3). An older binary opens
+// a newer file as it is when it knows that schema, and otherwise, with Options.RollBackNewer
+// (the agent's choice), keeps the newer file as state.db.schema-<its schema> and restores the
+// newest backup it knows, or starts empty; without the option it refuses with ErrNewerSchema and
+// says what to do.
+//
 // Rules for changing the layout: add buckets or
 // change encodings only together with a new SchemaVersion and a migration step from the previous
-// version, and commit a fixture file written by the previous release under testdata/ with a test
-// that opens a copy of it. A binary refuses a file with a newer schema than it knows, so a downgrade
-// fails loudly instead of misreading data.
+// version (marked additive only if it is; see migration.additive), list the new layout in
+// bucketsAt, and commit a fixture file written by the previous release under testdata/ with a
+// test that opens a copy of it.
 package store
 
 import (
