@@ -187,6 +187,7 @@ func (c *AgentCmd) Run() error {
 	defer stop()
 	srv := api.NewServer(nodeStatus.api(a), log)
 	events.serve(srv)
+	m.usage(a, rt, srv) // wire_metrics.go
 	stopMetrics, err := m.serve(ctx, cfg, a, evictions.Manager, channel, db, srv, log)
 	if err != nil {
 		return err
