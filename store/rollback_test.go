@@ -289,3 +289,23 @@ func TestNewerIncompatibleWithoutBackup(t *testing.T) {
 		t.Errorf("the newer file was not kept as it was")
 	}
 }
+
+// A backup that cannot be written does not stop the migration (a node must not stay down for
+// it); the notice says so and what a rollback would then do.
+func TestMigrationWithoutBackup(t *testing.T) {
+	path := copyFixture(t, "v2.db")
+	// A directory where the backup would go: the rename over it fails, even for root.
+	if err := os.MkdirAll(filepath.Join(path+".schema-2", "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenWith(path, Options{SecretKey: testKey(t)})
+	if err != nil {
+		t.Fatalf("Open with the backup's name taken: %v", err)
+	}
+	defer d.Close()
+	checkNotices(t, d, "", "back up state db "+path+" at schema 2", "migrating without it", "migrated schema version 4 -> 5")
+	checkFixturePods(t, d, v2FixturePods)
+	if left, _ := filepath.Glob(path + ".schema-2.tmp-*"); len(left) != 0 {
+		t.Errorf("temporary files left: %q", left)
+	}
+}
