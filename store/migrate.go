@@ -59,8 +59,8 @@ func (d *DB) upgrade(version, known int) error {
 		// Without a copy (a full disk, say) the migration still runs: a node that stays down is
 		// worse than a rollback that starts from an empty state, which the sources rebuild.
 		if err := d.backup(version); err != nil {
-			d.notices = append(d.notices, fmt.Sprintf("%v; migrating without it: a rollback to a release that cannot read "+
-				"schema %d would start from an empty state", err, minReader(known)))
+			d.notices = append(d.notices, fmt.Sprintf("%v; migrating without it: a rollback to a release of a schema below %d "+
+				"would start from an empty state", err, minReader(known)))
 		}
 	}
 	var notes []string
