@@ -211,8 +211,10 @@ func (o Options) known() int {
 
 // Open opens (creating if absent) the bbolt state file at path, without a node key (see
 // OpenWith). The parent directory must exist. An existing file that is not a readable bbolt file
-// is refused with ErrCorrupt and left untouched; a file with a newer schema is refused with
-// ErrNewerSchema; an older schema is migrated in one transaction. A second agent on the same file
+// is refused with ErrCorrupt and left untouched; a file with a newer schema is opened as it is
+// when its minimum reader schema is this binary's or older, and otherwise refused with
+// ErrNewerSchema (see Options.RollBackNewer); an older schema is copied aside and migrated in one
+// transaction. A second agent on the same file
 // gets ErrLocked after about two seconds.
 func Open(path string) (*DB, error) {
 	return open(path, lockTimeout, Options{})
@@ -286,7 +288,7 @@ func (d *DB) SetAside() *SetAside {
 
 func open(path string, timeout time.Duration, o Options) (d *DB, err error) {
 	if o.KnownSchema < 0 || o.KnownSchema > SchemaVersion {
-		return nil, fmt.Errorf("open state db %s: KnownSchema %d outside [1, %d]", path, o.KnownSchema, SchemaVersion)
+		return nil, fmt.Errorf("open state db %s: KnownSchema %d outside [0, %d] (0: this release's)", path, o.KnownSchema, SchemaVersion)
 	}
 	known := o.known()
 	var box *seal.Box
