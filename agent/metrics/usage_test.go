@@ -22,7 +22,9 @@ func TestUsageFamilies(t *testing.T) {
 	var fail error
 	a.Usage(func() (usage.Snapshot, error) { return snap, fail })
 	fams := parseText(t, writeText(t, r))
-	web := func(c string) map[string]string { return map[string]string{"namespace": "default", "pod": "web", "container": c} }
+	web := func(c string) map[string]string {
+		return map[string]string{"namespace": "default", "pod": "web", "container": c}
+	}
 	mustValue(t, fams, "container_cpu_usage_seconds_total", web("app"), 2.5)
 	mustValue(t, fams, "container_cpu_usage_seconds_total", web("sidecar"), 0.25)
 	mustValue(t, fams, "container_memory_working_set_bytes", web("app"), 8<<20)

@@ -34,7 +34,9 @@ func TestContainerUsageMetricsAndTop(t *testing.T) {
 	h.startAgent()
 	h.waitPod("busy", "running", allRunning)
 
-	of := func(c string) map[string]string { return map[string]string{"namespace": "default", "pod": "busy", "container": c} }
+	of := func(c string) map[string]string {
+		return map[string]string{"namespace": "default", "pod": "busy", "container": c}
+	}
 	var burnCPU, idleCPU, holdMem, idleMem float64
 	waitFor(t, "the busy loop's CPU time and the holder's memory in the metrics", func() bool {
 		fams := scrape(t, unixHTTP(h.sock), "http://mqlet/metrics")
