@@ -20,32 +20,55 @@ var bucketPodsV0 = []byte("pods")
 type migration struct {
 	from  int
 	apply func(tx *bolt.Tx) error
+	// additive: the step only adds buckets, and the binaries of schema `from` keep working on
+	// the result: they use the buckets they know, leave the new ones alone, and the newer binary
+	// copes with what they did to the old ones meanwhile (see minReader). A step that changes an
+	// encoding, moves or drops a bucket, or puts values in an old bucket that `from` binaries
+	// would misread is not additive.
+	additive bool
 }
 
 // migrations returns the steps in order; step i goes from version i to i+1, and there is one
 // step per version below SchemaVersion. note records what an operator should see in the log.
 func migrations(note func(format string, args ...any)) []migration {
 	return []migration{
+		// Moves the pods bucket and re-keys it.
 		{from: 0, apply: func(tx *bolt.Tx) error { return migrate0to1(tx, note) }},
+		// Changes the desired_pods encoding.
 		{from: 1, apply: func(tx *bolt.Tx) error { return migrate1to2(tx, note) }},
+		// Adds buckets, but schema 3 binaries also put pods of source kind "mqtt" in desired_pods
+		// and tie them to sync_marks and the outbox, which a schema 2 binary would neither
+		// understand nor keep in step.
 		{from: 2, apply: func(tx *bolt.Tx) error { return migrate2to3(tx, note) }},
-		{from: 3, apply: func(tx *bolt.Tx) error { return migrate3to4(tx, note) }},
-		{from: 4, apply: func(tx *bolt.Tx) error { return migrate4to5(tx, note) }},
+		// Adds node_status, rewritten on the first status computation.
+		{from: 3, additive: true, apply: func(tx *bolt.Tx) error { return migrate3to4(tx, note) }},
+		// Adds events, per pod UID: a newer binary back on the file may find the events of a pod
+		// an older one deleted meanwhile; they are read only by pod UID, so they show nowhere.
+		{from: 4, additive: true, apply: func(tx *bolt.Tx) error { return migrate4to5(tx, note) }},
 	}
 }
 
-// upgrade brings a file at version (or versionEmpty) to SchemaVersion in one transaction.
-// A file already at SchemaVersion is not written at all.
-func (d *DB) upgrade(version int) error {
-	if version == SchemaVersion {
+// upgrade brings a file at version (or versionEmpty) to known (SchemaVersion but in tests) in
+// one transaction, after copying it aside as <path>.schema-<version> (see backup). A file already
+// at known is not written at all.
+func (d *DB) upgrade(version, known int) error {
+	if version == known {
 		return nil
+	}
+	if version != versionEmpty {
+		// Without a copy (a full disk, say) the migration still runs: a node that stays down is
+		// worse than a rollback that starts from an empty state, which the sources rebuild.
+		if err := d.backup(version); err != nil {
+			d.notices = append(d.notices, fmt.Sprintf("%v; migrating without it: a rollback to a release of a schema below %d "+
+				"would start from an empty state", err, minReader(known)))
+		}
 	}
 	var notes []string
 	note := func(format string, args ...any) { notes = append(notes, fmt.Sprintf(format, args...)) }
 	err := d.bolt.Update(func(tx *bolt.Tx) error {
 		if version != versionEmpty {
 			steps := migrations(note)
-			for v := version; v < SchemaVersion; v++ {
+			for v := version; v < known; v++ {
 				if v >= len(steps) || steps[v].from != v {
 					return fmt.Errorf("no migration from schema version %d", v)
 				}
@@ -56,7 +79,7 @@ func (d *DB) upgrade(version int) error {
 			}
 		}
 		// One rule for every path (a new file, any chain of steps): the current buckets exist.
-		for _, b := range currentBuckets() {
+		for _, b := range bucketsAt(known) {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return fmt.Errorf("create bucket %q: %w", b, err)
 			}
@@ -65,7 +88,10 @@ func (d *DB) upgrade(version int) error {
 		if err != nil {
 			return fmt.Errorf("create bucket %q: %w", bucketMeta, err)
 		}
-		return meta.Put(keySchemaVersion, []byte(strconv.Itoa(SchemaVersion)))
+		if err := meta.Put(keySchemaVersion, []byte(strconv.Itoa(known))); err != nil {
+			return err
+		}
+		return meta.Put(keyMinReader, []byte(strconv.Itoa(minReader(known))))
 	})
 	if err != nil {
 		if version == versionEmpty {

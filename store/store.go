@@ -67,11 +67,22 @@
 // pages in use, key order), because bbolt trusts the file and panics, in a goroutine no caller
 // can recover, when it writes over a page that is both free and in use.
 //
+// Rollback safety (rollback.go): before Open migrates a file from schema N it copies it to
+// state.db.schema-N (fsynced, renamed into place), keeping the keepBackups highest schemas. Each
+// file records meta/min_reader_schema (decimal ASCII; absent in files written before it, meaning
+// the file's own schema): the oldest schema whose binaries can use it, lowered past each
+// additive migration (one that only adds buckets that older binaries can leave alone; see
+// migration.additive: 3 -> 4 and 4 -> 5 are, so a schema 5 file says 3). An older binary opens
+// a newer file as it is when it knows that schema, and otherwise, with Options.RollBackNewer
+// (the agent's choice), keeps the newer file as state.db.schema-<its schema> and restores the
+// newest backup it knows, or starts empty; without the option it refuses with ErrNewerSchema and
+// says what to do.
+//
 // Rules for changing the layout: add buckets or
 // change encodings only together with a new SchemaVersion and a migration step from the previous
-// version, and commit a fixture file written by the previous release under testdata/ with a test
-// that opens a copy of it. A binary refuses a file with a newer schema than it knows, so a downgrade
-// fails loudly instead of misreading data.
+// version (marked additive only if it is; see migration.additive), list the new layout in
+// bucketsAt, and commit a fixture file written by the previous release under testdata/ with a
+// test that opens a copy of it.
 package store
 
 import (
@@ -122,9 +133,7 @@ var (
 )
 
 // currentBuckets are the buckets a file at SchemaVersion must have.
-func currentBuckets() [][]byte {
-	return [][]byte{bucketMeta, bucketDesired, bucketStatus, bucketObjects, bucketMarks, bucketOutbox, bucketOutboxLatest, bucketNodeStatus, bucketEvents}
-}
+func currentBuckets() [][]byte { return bucketsAt(SchemaVersion) }
 
 // Errors that Open wraps, for callers that want to react (e.g. exit codes); the error text
 // already says what to do.
@@ -150,6 +159,8 @@ type DB struct {
 	openTxID int
 	// setAside is the damaged file Open renamed before starting afresh; nil when none.
 	setAside *SetAside
+	// rolledBack is the newer file Open replaced (Options.RollBackNewer); nil when none.
+	rolledBack *RolledBack
 }
 
 // SetAside is a damaged state file that Open renamed (Options.SetAsideDamaged) before it
@@ -175,14 +186,35 @@ type Options struct {
 	// down after a power cut. An intact file that is not mqlet's, a newer schema and a locked
 	// file are still refused.
 	SetAsideDamaged bool
+	// RollBackNewer makes Open, on a file from a newer mqlet that this binary cannot use (its
+	// meta/min_reader_schema is above the schema this binary knows), keep that file as
+	// <path>.schema-<its schema> and put in its place a copy of the newest backup of a schema this
+	// binary knows (<path>.schema-N, made before each migration), or, with none, an empty file;
+	// DB.RolledBack reports it. Without it such a file is refused with ErrNewerSchema. This is
+	// what lets an A/B OTA rollback boot the previous release on the migrated file.
+	RollBackNewer bool
 	// Now names the set-aside file; time.Now when nil.
 	Now func() time.Time
+	// KnownSchema plays an older release in tests: Open then behaves as a binary that knows
+	// schema versions up to KnownSchema (layout checks, migrations, backups, roll-back) while the
+	// record methods stay this release's. 0 means SchemaVersion; above it is refused.
+	KnownSchema int
+}
+
+// known is the schema version Open acts as knowing.
+func (o Options) known() int {
+	if o.KnownSchema == 0 {
+		return SchemaVersion
+	}
+	return o.KnownSchema
 }
 
 // Open opens (creating if absent) the bbolt state file at path, without a node key (see
 // OpenWith). The parent directory must exist. An existing file that is not a readable bbolt file
-// is refused with ErrCorrupt and left untouched; a file with a newer schema is refused with
-// ErrNewerSchema; an older schema is migrated in one transaction. A second agent on the same file
+// is refused with ErrCorrupt and left untouched; a file with a newer schema is opened as it is
+// when its minimum reader schema is this binary's or older, and otherwise refused with
+// ErrNewerSchema (see Options.RollBackNewer); an older schema is copied aside and migrated in one
+// transaction. A second agent on the same file
 // gets ErrLocked after about two seconds.
 func Open(path string) (*DB, error) {
 	return open(path, lockTimeout, Options{})
@@ -191,7 +223,7 @@ func Open(path string) (*DB, error) {
 // OpenWith is Open with options: o.SecretKey, when set, must be a valid node key, and lets the
 // DB store and read Secret records.
 func OpenWith(path string, o Options) (*DB, error) {
-	return openSettingAside(path, lockTimeout, o)
+	return openRollingBack(path, lockTimeout, o)
 }
 
 // openSettingAside is open, and with o.SetAsideDamaged, a damaged file renamed and a new one
@@ -255,6 +287,10 @@ func (d *DB) SetAside() *SetAside {
 }
 
 func open(path string, timeout time.Duration, o Options) (d *DB, err error) {
+	if o.KnownSchema < 0 || o.KnownSchema > SchemaVersion {
+		return nil, fmt.Errorf("open state db %s: KnownSchema %d outside [0, %d] (0: this release's)", path, o.KnownSchema, SchemaVersion)
+	}
+	known := o.known()
 	var box *seal.Box
 	if o.SecretKey != nil {
 		if box, err = seal.New(o.SecretKey); err != nil {
@@ -304,18 +340,26 @@ func open(path string, timeout time.Duration, o Options) (d *DB, err error) {
 	if notice != "" {
 		d.notices = append(d.notices, notice)
 	}
-	version, err := d.inspect()
+	version, reader, err := d.inspect(known)
 	if err != nil {
 		closeQuietly(bdb)
 		return nil, err
 	}
-	if version > SchemaVersion {
-		closeQuietly(bdb)
-		return nil, fmt.Errorf("open state db %s: %w: schema version %d, this binary knows up to %d; "+
-			"run the newer mqlet, or move the file aside (mv %s %s.v%d) to start from empty state",
-			path, ErrNewerSchema, version, SchemaVersion, path, path, version)
-	}
-	if err := d.upgrade(version); err != nil {
+	if version > known {
+		if reader > known {
+			closeQuietly(bdb)
+			backup, _, berr := newestBackup(path, known)
+			if berr != nil {
+				return nil, fmt.Errorf("open state db %s: %w: schema version %d; %w", path, ErrNewerSchema, version, berr)
+			}
+			return nil, &newerSchemaError{path: path, schema: version, reader: reader, known: known, backup: backup}
+		}
+		// Every step above known only added buckets: this binary uses the ones it knows and
+		// leaves the rest, and the file keeps its schema version for the newer binary.
+		d.notices = append(d.notices, fmt.Sprintf("state db %s was written by a newer mqlet (schema %d); this binary knows "+
+			"schema %d and the file is readable from schema %d, so it is used as it is (the newer buckets are left alone)",
+			path, version, known, reader))
+	} else if err := d.upgrade(version, known); err != nil {
 		closeQuietly(bdb)
 		return nil, err
 	}
@@ -355,12 +399,13 @@ const versionEmpty = -1
 
 // inspect checks, without writing, that every page reachable from the chosen meta page lies in the
 // file and parses, then reports the schema version.
-func (d *DB) inspect() (int, error) {
+// reader is the file's meta/min_reader_schema, or its version when absent.
+func (d *DB) inspect(known int) (version, reader int, err error) {
 	st, err := os.Stat(d.path)
 	if err != nil {
-		return 0, fmt.Errorf("open state db %s: %w", d.path, err)
+		return 0, 0, fmt.Errorf("open state db %s: %w", d.path, err)
 	}
-	version := versionEmpty
+	version = versionEmpty
 	err = d.bolt.View(func(tx *bolt.Tx) error {
 		// Pages past the end of the file are mapped but unbacked: touching them is SIGBUS. A file
 		// shorter than its own high-water mark was truncated (or its meta page lies).
@@ -390,7 +435,15 @@ func (d *DB) inspect() (int, error) {
 			if err != nil || v < 0 {
 				return corruptError(d.path, fmt.Errorf("meta/%s is %q, want a decimal number", keySchemaVersion, raw))
 			}
-			version = v
+			version, reader = v, v
+			if raw := meta.Get(keyMinReader); raw != nil {
+				r, err := strconv.Atoi(string(raw))
+				if err != nil || r < 0 || r > v {
+					return corruptError(d.path, fmt.Errorf("meta/%s is %q, want a decimal number no greater than the schema version %d",
+						keyMinReader, raw, v))
+				}
+				reader = r
+			}
 		case len(names) == 0:
 			version = versionEmpty
 		case len(names) == 1 && names[0] == string(bucketPodsV0):
@@ -399,8 +452,10 @@ func (d *DB) inspect() (int, error) {
 			return fmt.Errorf("open state db %s: %w: it is a bbolt file but not an mqlet state file (buckets %q, no %q bucket); "+
 				"check the state dir, or move the file aside (mv %s %s.foreign)", d.path, ErrCorrupt, names, bucketMeta, d.path, d.path)
 		}
-		if version == SchemaVersion {
-			for _, b := range currentBuckets() {
+		// A newer file this binary may use must hold every bucket it knows, too; one it may not
+		// use can lack some (a later step may have dropped one) and is not damaged for that.
+		if version == known || (version > known && reader <= known) {
+			for _, b := range bucketsAt(known) {
 				if tx.Bucket(b) == nil {
 					return corruptError(d.path, fmt.Errorf("schema version %d but bucket %q is missing", version, b))
 				}
@@ -408,7 +463,7 @@ func (d *DB) inspect() (int, error) {
 		}
 		return nil
 	})
-	return version, err
+	return version, reader, err
 }
 
 // walk visits every key in every bucket, nested ones included, so that each branch, leaf and

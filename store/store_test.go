@@ -363,6 +363,8 @@ func writeFile(t *testing.T, path string, b []byte) {
 	}
 }
 
+// setSchemaVersion sets the file's schema version and its minimum reader schema to version: a
+// newer version then makes a file that older binaries cannot use.
 func setSchemaVersion(t *testing.T, path, version string) {
 	t.Helper()
 	bdb, err := bolt.Open(path, 0o600, nil)
@@ -371,6 +373,9 @@ func setSchemaVersion(t *testing.T, path, version string) {
 	}
 	defer bdb.Close()
 	err = bdb.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketMeta).Put(keyMinReader, []byte(version)); err != nil {
+			return err
+		}
 		return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte(version))
 	})
 	if err != nil {

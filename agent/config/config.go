@@ -5,6 +5,7 @@
 package config
 
 import (
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -95,6 +96,7 @@ type Config struct {
 	ShutdownSignal                  string   `json:"shutdownSignal"`
 
 	// MetricsAddress serves /metrics, /healthz and /readyz over TCP too; empty: the API socket only.
+	// A host without a port listens on DefaultMetricsPort (see MetricsListenAddress).
 	MetricsAddress string `json:"metricsAddress"`
 
 	// Pod networking through CNI, and pod DNS (see pods.go).
@@ -225,6 +227,25 @@ func Vars() map[string]string {
 		"container_log_max_size":  d.ContainerLogMaxSize,
 		"container_log_max_files": strconv.FormatInt(d.ContainerLogMaxFiles, 10),
 	}
+}
+
+// DefaultMetricsPort is the TCP port of a metricsAddress that names only a host. Prometheus'
+// exporter port range (9100-9999, listed on its "Default port allocations" wiki page) has been
+// fully allocated since 2023, and its first port, 9100, is node_exporter's, which a Pi owner
+// often runs beside mqlet; Kubernetes' node components take 10248-10259 (kubelet 10248, 10250,
+// 10255; kube-proxy 10249, 10256). 10264 is in neither and no well-known exporter uses it.
+const DefaultMetricsPort = 10264
+
+// MetricsListenAddress is MetricsAddress with DefaultMetricsPort added when it names only a host
+// ("127.0.0.1", "0.0.0.0", "[::1]"); empty when metrics are on the API socket only.
+func (c Config) MetricsListenAddress() string {
+	if c.MetricsAddress == "" {
+		return ""
+	}
+	if _, _, err := net.SplitHostPort(c.MetricsAddress); err == nil {
+		return c.MetricsAddress
+	}
+	return net.JoinHostPort(strings.TrimSuffix(strings.TrimPrefix(c.MetricsAddress, "["), "]"), strconv.Itoa(DefaultMetricsPort))
 }
 
 // StatePath is the bbolt database that holds desired pods, statuses and the outbox.

@@ -80,7 +80,7 @@ type Flags struct {
 	ShutdownGracePeriodCriticalPods *time.Duration `name:"shutdown-grace-period-critical-pods" placeholder:"DURATION" help:"Part of --shutdown-grace-period kept for critical pods, which stop last (default ${shutdown_grace_period_critical})."`
 	ShutdownSignal                  *string        `name:"shutdown-signal" placeholder:"SIGNAL" help:"Signal that announces a system shutdown where systemd-logind is absent; empty for none (default ${shutdown_signal})."`
 
-	MetricsAddress *string `name:"metrics-address" placeholder:"HOST:PORT" help:"Also serve /metrics, /healthz and /readyz over TCP here (default none)."`
+	MetricsAddress *string `name:"metrics-address" placeholder:"HOST[:PORT]" help:"Also serve /metrics, /healthz and /readyz over TCP here; a host alone listens on port 10264 (default none)."`
 
 	CNIConfDir    *string  `name:"cni-conf-dir" placeholder:"DIR" help:"CNI network configurations; when it holds none, mqlet writes its own bridge network there (default ${cni_conf_dir})."`
 	CNIBinDirs    []string `name:"cni-bin-dir" placeholder:"DIR" help:"Directories searched for CNI plugin binaries, in order; repeatable or comma-separated (default ${cni_bin_dirs})."`

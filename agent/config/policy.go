@@ -283,8 +283,11 @@ func (c Config) validatePolicy(bad func(key, value, reason string, args ...any))
 		bad("shutdownSignal", c.ShutdownSignal, "%v", err)
 	}
 	if c.MetricsAddress != "" {
-		if _, port, err := net.SplitHostPort(c.MetricsAddress); err != nil {
-			bad("metricsAddress", c.MetricsAddress, "want HOST:PORT, e.g. 127.0.0.1:9100: %v", err)
+		if _, err := strconv.Atoi(c.MetricsAddress); err == nil {
+			bad("metricsAddress", c.MetricsAddress, "a port alone: want HOST:PORT or HOST (port %d), e.g. 127.0.0.1:%d or 127.0.0.1",
+				DefaultMetricsPort, DefaultMetricsPort)
+		} else if _, port, err := net.SplitHostPort(c.MetricsListenAddress()); err != nil {
+			bad("metricsAddress", c.MetricsAddress, "want HOST:PORT or HOST (port %d), e.g. 127.0.0.1:%d: %v", DefaultMetricsPort, DefaultMetricsPort, err)
 		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
 			bad("metricsAddress", c.MetricsAddress, "port %q must be a number from 0 to 65535", port)
 		}

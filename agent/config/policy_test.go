@@ -37,6 +37,21 @@ func TestLoadPolicySettings(t *testing.T) {
 	}
 }
 
+// A metricsAddress naming only a host listens on DefaultMetricsPort, not node_exporter's 9100.
+func TestMetricsListenAddress(t *testing.T) {
+	for in, want := range map[string]string{"": "", "127.0.0.1": "127.0.0.1:10264", "[::1]": "[::1]:10264",
+		"0.0.0.0:9200": "0.0.0.0:9200", ":10264": ":10264", "localhost": "localhost:10264"} {
+		c, err := Load(Flags{NodeName: ptr("n1"), MetricsAddress: ptr(in)}, nil)
+		if err != nil {
+			t.Errorf("Load(metricsAddress %q): %v", in, err)
+			continue
+		}
+		if got := c.MetricsListenAddress(); got != want {
+			t.Errorf("metricsAddress %q listens on %q, want %q", in, got, want)
+		}
+	}
+}
+
 func TestLoadPolicyErrors(t *testing.T) {
 	for _, tc := range []struct {
 		f    Flags
@@ -53,7 +68,8 @@ func TestLoadPolicyErrors(t *testing.T) {
 		{Flags{ShutdownSignal: ptr("SIGTERM")}, `already means something else`},
 		{Flags{ShutdownSignal: ptr("SIGNOPE")}, `unknown signal`},
 		{Flags{ImageGCLowThresholdPercent: ptr(int64(90))}, `must not exceed imageGCHighThresholdPercent`},
-		{Flags{MetricsAddress: ptr("9100")}, `want HOST:PORT`},
+		{Flags{MetricsAddress: ptr("9100")}, `a port alone: want HOST:PORT or HOST (port 10264)`},
+		{Flags{MetricsAddress: ptr("127.0.0.1:http")}, `must be a number`},
 		{Flags{CgroupRoot: ptr("mqlet")}, `cgroupRoot`},
 	} {
 		tc.f.NodeName = ptr("n1")

@@ -33,6 +33,10 @@ const (
 	// ReasonStateFileSetAside: the state file was damaged; it was renamed and the node started
 	// from empty state (a node event).
 	ReasonStateFileSetAside = "StateFileSetAside"
+	// ReasonStateFileRolledBack: the state file came from a newer mqlet that this binary cannot
+	// read (a rollback after an update); it was kept aside and the newest older backup, or an
+	// empty state, took its place (a node event).
+	ReasonStateFileRolledBack = "StateFileRolledBack"
 	// ReasonStateWriteFailed: a source change could not be written to the state file (a full
 	// disk, say); the node keeps what it ran and retries until it is stored (a node event).
 	ReasonStateWriteFailed = "StateWriteFailed"

@@ -3,6 +3,7 @@ package metrics
 import (
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/event"
@@ -37,7 +38,7 @@ type Agent struct {
 	reg *Registry
 
 	events      *CounterVec
-	ooms        *Counter
+	ooms        *CounterVec
 	syncs       *Histogram
 	storeWrites *HistogramVec
 	storeErrors *CounterVec
@@ -53,8 +54,9 @@ func NewAgent(reg *Registry, version, commit string) *Agent {
 		reg: reg,
 		events: reg.CounterVec("mqlet_events_total",
 			"Events the node emitted, by type and reason.", "type", "reason"),
-		ooms: reg.Counter("mqlet_container_oom_kills_total",
-			"Containers killed by the kernel for their memory limit (OOMKilled events)."),
+		ooms: reg.CounterVec("mqlet_container_oom_kills_total",
+			"Containers killed by the kernel for their memory limit (OOMKilled events), by namespace, pod and container.",
+			"namespace", "pod", "container"),
 		syncs: reg.Histogram("mqlet_pod_sync_duration_seconds",
 			"Time a pod worker took for one sync of its pod (including image pulls and container starts), in seconds.", syncBuckets),
 		storeWrites: reg.HistogramVec("mqlet_store_write_duration_seconds",
@@ -96,7 +98,7 @@ type eventCounter struct {
 func (c eventCounter) Emit(e event.Event) {
 	c.a.events.With(string(e.Type), e.Reason).Inc()
 	if e.Reason == ReasonOOMKilled {
-		c.a.ooms.Inc()
+		c.a.ooms.With(e.Object.Namespace, e.Object.Name, containerOf(e.Object.FieldPath)).Inc()
 	}
 	if c.next != nil {
 		c.next.Emit(e)
@@ -151,6 +153,16 @@ func (a *Agent) Pods(pods func() []v1.Pod) {
 				}
 			}
 		})
+}
+
+// containerOf is the container name in a field path ("spec.containers{web}" -> "web"), or "" for
+// none.
+func containerOf(fieldPath string) string {
+	_, rest, ok := strings.Cut(fieldPath, "{")
+	if !ok || !strings.HasSuffix(rest, "}") {
+		return ""
+	}
+	return strings.TrimSuffix(rest, "}")
 }
 
 func isKnownPhase(ph v1.PodPhase) bool {

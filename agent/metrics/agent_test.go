@@ -71,19 +71,21 @@ func TestEventsCountedAndPassedOn(t *testing.T) {
 	var got []string
 	sink := a.Events(event.SinkFunc(func(e event.Event) { got = append(got, e.Reason) }))
 	for _, e := range []event.Event{
-		{Type: event.Warning, Reason: ReasonOOMKilled},
-		{Type: event.Warning, Reason: ReasonOOMKilled},
+		{Type: event.Warning, Reason: ReasonOOMKilled, Object: event.Object{Kind: event.KindPod, Namespace: "default", Name: "web", FieldPath: "spec.containers{app}"}},
+		{Type: event.Warning, Reason: ReasonOOMKilled, Object: event.Object{Kind: event.KindPod, Namespace: "default", Name: "web", FieldPath: "spec.containers{app}"}},
+		{Type: event.Warning, Reason: ReasonOOMKilled, Object: event.Object{Kind: event.KindPod, Namespace: "tools", Name: "job", FieldPath: "spec.initContainers{setup}"}},
 		{Type: event.Warning, Reason: ReasonEvicted},
 		{Type: event.Warning, Reason: event.ReasonRejected},
 	} {
 		sink.Emit(e)
 	}
-	if len(got) != 4 {
-		t.Errorf("next sink got %v, want all 4 events", got)
+	if len(got) != 5 {
+		t.Errorf("next sink got %v, want all 5 events", got)
 	}
 	a.Events(nil).Emit(event.Event{Type: event.Normal, Reason: "Quiet"}) // nobody listening: still counted
 	fams := parseText(t, writeText(t, r))
-	mustValue(t, fams, "mqlet_container_oom_kills_total", nil, 2)
+	mustValue(t, fams, "mqlet_container_oom_kills_total", map[string]string{"namespace": "default", "pod": "web", "container": "app"}, 2)
+	mustValue(t, fams, "mqlet_container_oom_kills_total", map[string]string{"namespace": "tools", "pod": "job", "container": "setup"}, 1)
 	// An Evicted event is also what admission emits for a pod it refuses under node pressure: it
 	// is counted as an event, not as an eviction (Agent.Evictions counts those).
 	if f := fams["mqlet_pod_evictions_total"]; f != nil {

@@ -61,5 +61,6 @@ func (w *Worker) reportOOM(pod *v1.Pod, c *v1.Container, cur *runtime.Container)
 	if cur.State == runtime.StateExited {
 		msg = fmt.Sprintf("Container %s was OOM-killed (%s); exit code %d", c.Name, limit, cur.ExitCode)
 	}
-	w.emit(pod, event.Warning, ReasonOOMKilled, msg)
+	// About the container (its field path), so the event and the OOM metric name it.
+	w.emitContainer(pod, c.Name, event.Warning, ReasonOOMKilled, msg)
 }

@@ -86,7 +86,9 @@ func (c *AgentCmd) Run() error {
 	// A damaged state file is set aside and the agent starts from empty state rather than stay
 	// down: sources deliver the desired pods again and running pods are adopted (see
 	// setAsideEvent for what tells the operator).
-	storeOpts := store.Options{SetAsideDamaged: true}
+	// A file from a newer mqlet that this binary cannot use (an A/B OTA rollback) is replaced by
+	// the newest backup this binary can read, or set aside too (see rolledBackEvent).
+	storeOpts := store.Options{SetAsideDamaged: true, RollBackNewer: true}
 	if storeOpts.SecretKey, err = nodeKey(cfg, log); err != nil {
 		return err
 	}
@@ -129,6 +131,9 @@ func (c *AgentCmd) Run() error {
 	report = m.reporter(report)
 	if sa := db.SetAside(); sa != nil {
 		report.Emit(setAsideEvent(cfg.NodeName, sa))
+	}
+	if rb := db.RolledBack(); rb != nil {
+		report.Emit(rolledBackEvent(cfg.NodeName, rb))
 	}
 	// Admission reads node allocatable and pressure from parts built after the agent (they need it);
 	// nothing is admitted before Run, by which time both exist.
@@ -182,6 +187,7 @@ func (c *AgentCmd) Run() error {
 	defer stop()
 	srv := api.NewServer(nodeStatus.api(a), log)
 	events.serve(srv)
+	m.usage(a, rt, srv) // wire_metrics.go
 	stopMetrics, err := m.serve(ctx, cfg, a, evictions.Manager, channel, db, srv, log)
 	if err != nil {
 		return err
@@ -256,6 +262,18 @@ func printOnce(w io.Writer, pods []v1.Pod) {
 // setAsideEvent is the node's Warning that its state file was damaged and set aside: the file is
 // named in it (and, through the store's notice, in the log) so the operator can keep it for a
 // look at the storage, or delete it.
+// rolledBackEvent is the node's Warning that its state file came from a newer mqlet this binary
+// cannot read (a rollback after an update) and was replaced by an older backup or empty state.
+func rolledBackEvent(node string, rb *store.RolledBack) event.Event {
+	what := fmt.Sprintf("restored the backup %s (schema %d); changes made since that backup are read again from the pod sources", rb.Backup, rb.BackupSchema)
+	if rb.Backup == "" {
+		what = "no older backup: started from empty state, pods re-read from their sources and running ones adopted"
+	}
+	return event.Event{Time: time.Now(), Type: event.Warning, Reason: event.ReasonStateFileRolledBack,
+		Message: fmt.Sprintf("state file written by a newer mqlet (schema %d) kept as %s; %s", rb.Schema, rb.SetAside, what),
+		Object:  event.NodeObject(node)}
+}
+
 func setAsideEvent(node string, sa *store.SetAside) event.Event {
 	return event.Event{Time: time.Now(), Type: event.Warning, Reason: event.ReasonStateFileSetAside,
 		Message: fmt.Sprintf("state file damaged, set aside as %s; started from empty state, pods re-read from their sources "+

@@ -254,6 +254,14 @@ func TestOOMKilledRestartedPerPolicyWithEvent(t *testing.T) {
 			t.Errorf("OOMKilled event: %+v", e)
 		}
 	}
+	// The OOM kill counter names the namespace, pod and container of each kill.
+	fams := scrape(t, unixHTTP(h.sock), "http://mqlet/metrics")
+	if v, ok := sampleOf(fams, "mqlet_container_oom_kills_total", map[string]string{"namespace": "default", "pod": "hog-never", "container": "hog"}); v != 1 {
+		t.Errorf("mqlet_container_oom_kills_total of default/hog-never/hog = %v (found %v), want 1", v, ok)
+	}
+	if v, _ := sampleOf(fams, "mqlet_container_oom_kills_total", map[string]string{"namespace": "default", "pod": "hog-always", "container": "hog"}); v < 2 {
+		t.Errorf("mqlet_container_oom_kills_total of default/hog-always/hog = %v, want at least 2", v)
+	}
 }
 
 const oomLater = `apiVersion: v1

@@ -32,6 +32,7 @@ type cli struct {
 	Describe DescribeCmd `cmd:"" help:"Show details of an object of the local agent."`
 	Node     NodeCmd     `cmd:"" help:"Show the local agent's node status."`
 	Logs     LogsCmd     `cmd:"" help:"Print the logs of a container of a pod."`
+	Top      TopCmd      `cmd:"" help:"Show the CPU (millicores) and memory (working set) of the node and its pods, like kubectl top."`
 	Image    ImageCmd    `cmd:"" help:"Import and list images in containerd (works without the agent)."`
 	VersionC VersionCmd  `cmd:"" name:"version" help:"Print the version."`
 	Ctl      CtlCmd      `cmd:"" help:"Control plane over MQTT: apply to, read from and stream logs of nodes through the broker."`

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/api"
@@ -13,6 +14,8 @@ import (
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/agent/metrics"
+	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/usage"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/nodesync"
 	v1 "k8s.io/api/core/v1"
@@ -69,7 +72,7 @@ func (m *agentMetrics) serve(ctx context.Context, cfg config.Config, a *agent.Ag
 	if cfg.MetricsAddress == "" {
 		return func() {}, nil
 	}
-	ln, err := metrics.Listen(cfg.MetricsAddress)
+	ln, err := metrics.Listen(cfg.MetricsListenAddress())
 	if err != nil {
 		return nil, fmt.Errorf("%w (--metrics-address)", err)
 	}
@@ -84,6 +87,25 @@ func (m *agentMetrics) serve(ctx context.Context, cfg config.Config, a *agent.Ag
 		}
 	}()
 	return func() { cancel(); wg.Wait() }, nil
+}
+
+// usageMaxAge is how long a usage reading serves the metrics: the four usage families of one
+// scrape read the cgroups once; two scrapes are seconds apart at the least.
+const usageMaxAge = time.Second
+
+// usage registers the node's and the containers' CPU and memory use and the node's temperature
+// and throttling as metrics, and serves fresh readings to `mqlet top` on the local API
+// (/api/v1/usage), all from one usage.Reader over the containers' cgroups.
+func (m *agentMetrics) usage(a *agent.Agent, rt *runtime.Runtime, srv *api.Server) {
+	r := usage.New(usage.Options{Root: "/", Pods: a.Pods, CgroupOf: rt.ContainerCgroup})
+	m.Usage(func() (usage.Snapshot, error) {
+		// A scrape has no context of its own here; the runtime call is bounded like the API's.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return r.Recent(ctx, usageMaxAge)
+	})
+	m.Thermal("/")
+	srv.HandleUsage(r.Read)
 }
 
 // evictions registers the eviction manager's count of evicted pods by signal, each signal with a
