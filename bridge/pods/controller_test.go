@@ -1031,6 +1031,13 @@ func TestSecretSealedOnlyToAnAttestedKey(t *testing.T) {
 	if _, listed := idx.Objects[secKey]; listed {
 		t.Fatalf("the secret was sent to a key the node did not vouch for: %v", slices.Sorted(maps.Keys(idx.Objects)))
 	}
+	// Synced again and again, the node logs why the Secret waits once, not per sync.
+	for range 3 {
+		h.after("node", nodeA, func() { h.c.queueNode(nodeA) })
+	}
+	if n := strings.Count(h.logs.String(), "not vouched for by its certificate"); n != 1 {
+		t.Errorf("the reason the secret waits was logged %d times over 4 syncs, want once:\n%s", n, h.logs.String())
+	}
 	key, err := sealing.Generate()
 	if err != nil {
 		t.Fatal(err)

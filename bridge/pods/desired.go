@@ -187,23 +187,44 @@ func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*
 	}
 	want := map[string]*object{}
 	var terminating []*v1.Pod
+	stuck := map[string]bool{}
+	// logStuck logs why an object cannot be sent, once per reason: the node is synced again at
+	// every change and resync, and the reason (a Secret waiting for the node's sealing key) may
+	// last.
+	logStuck := func(key, reason string, args ...any) {
+		stuck[key] = true
+		if st.stuckLogged[key] == reason {
+			return
+		}
+		st.stuckLogged[key] = reason
+		c.log.Error(reason, append([]any{"node", node, "object", key}, args...)...)
+	}
 	add := func(o *object, err error) {
 		if err != nil {
-			c.log.Error("cannot encode a desired object; the node keeps the version it has", "node", node, "err", err)
 			if o != nil {
+				logStuck(o.key(), "cannot encode a desired object; the node keeps the version it has: "+err.Error())
 				want[o.key()] = o
+			} else {
+				c.log.Error("cannot encode a desired object; the node keeps the version it has", "node", node, "err", err)
 			}
 			return
 		}
 		// The envelope adds a few hundred bytes to the object.
 		if len(o.Raw)+1024 > c.o.MaxPayload {
 			c.m.oversize.Inc()
-			c.log.Error("a desired object is too large for the node's payload limit; the node keeps the version it has",
-				"node", node, "kind", o.Kind, "namespace", o.Namespace, "name", o.Name, "bytes", len(o.Raw), "limit", c.o.MaxPayload)
+			logStuck(o.key(), "a desired object is too large for the node's payload limit; the node keeps the version it has",
+				"bytes", len(o.Raw), "limit", c.o.MaxPayload)
 			o.Stuck = true
 		}
 		want[o.key()] = o
 	}
+	defer func() {
+		for key := range st.stuckLogged {
+			if !stuck[key] {
+				delete(st.stuckLogged, key) // sent again: a new failure is news
+			}
+		}
+	}()
 	for _, x := range objs {
 		p := podOf(x)
 		if p == nil || p.Spec.NodeName != node {

@@ -52,10 +52,13 @@ type nodeState struct {
 	dropped map[string]int64
 	// warnedRefusedRev is the revision of the last refused index a warning was logged for.
 	warnedRefusedRev int64
+	// stuckLogged holds, for each object that cannot be sent, the reason last logged: a node
+	// synced again and again (a Secret waiting for its sealing key) logs it once, not per sync.
+	stuckLogged map[string]string
 }
 
 func newEmptyState() *nodeState {
-	return &nodeState{entries: map[string]entry{}, index: map[string]protocol.IndexEntry{}, dropped: map[string]int64{}}
+	return &nodeState{entries: map[string]entry{}, index: map[string]protocol.IndexEntry{}, dropped: map[string]int64{}, stuckLogged: map[string]string{}}
 }
 
 // object is one wanted desired object, encoded.
