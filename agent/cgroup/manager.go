@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,9 +12,11 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/containerd/cgroups/v3/cgroup1"
 	"github.com/containerd/cgroups/v3/cgroup2"
+	"github.com/mqlet/mqlet/agent/event"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 )
@@ -30,8 +33,19 @@ type Options struct {
 	// capacity minus the reservations; without it, just the cpu capacity, so pods together are
 	// not starved by the kernel's default weight. Holding "pid" sets pids.max.
 	Allocatable v1.ResourceList
-	Log         *slog.Logger
+	// PodPidsLimit is kubelet's podPidsLimit: pids.max of every pod's cgroup; 0 or negative is
+	// none (kubelet's default -1).
+	PodPidsLimit int64
+	// NodeName names the node in the events the manager emits (see SetEvents).
+	NodeName string
+	Log      *slog.Logger
 }
+
+// MemoryMargin is the headroom above current usage that a memory limit being lowered on a cgroup
+// with running processes is held at (see applyNode). Writing a limit below what processes use
+// makes the kernel reclaim and then, on cgroup v2, OOM-kill until usage fits; v1 refuses (EBUSY)
+// after reclaiming what it can.
+const MemoryMargin = 32 << 20
 
 // Manager makes, sizes and removes pod cgroups in the QoS hierarchy:
 //
@@ -55,15 +69,28 @@ type Manager struct {
 	mu   sync.Mutex
 	pods map[string]podCgroup // by pod UID: what EnsurePod last set up
 	// nodePending: node allocatable could not be set on the existing base (pods already use more
-	// memory than a lowered limit); retried by Tidy as containers go.
+	// memory than a lowered limit); retried by Tidy as containers go, and by Converge.
 	nodePending bool
+	// nodeHeld is the memory limit written on the base instead of node allocatable's while pods
+	// use more than it (0: none), for the events that say so.
+	nodeHeld int64
+	podPids  *int64 // pids.max of every pod cgroup (podPidsLimit), nil for none
+	nodeName string
+
+	// evMu guards the events sink; events made before SetEvents are queued. Emitting happens
+	// outside both locks.
+	evMu   sync.Mutex
+	emit   func(event.Event)
+	queued []event.Event
 }
 
 type podCgroup struct {
 	dir       string // path of the pod's cgroup below the hierarchy roots
 	burstable int64  // milli-CPU the pod adds to the Burstable tier
 	limits    Limits
-	pending   bool // the last update of an existing cgroup failed (usage above a lower limit); retried by Tidy
+	// pending: the limits are not all written yet (a lowered memory limit is held while the pod's
+	// processes use more than it, or the kernel refused an update); retried by Tidy and Converge.
+	pending bool
 }
 
 // New detects the host's cgroup mode, refuses a host that lacks a controller pods need (the error
@@ -86,7 +113,7 @@ func New(o Options) (*Manager, error) {
 	}
 	node := NodeLimits(o.Allocatable)
 	if node.Memory != nil && *node.Memory <= 0 {
-		return nil, fmt.Errorf("node allocatable memory is %d bytes: systemReserved, agentReserved and the hard eviction threshold leave nothing for pods", *node.Memory)
+		return nil, fmt.Errorf("node allocatable memory is %d bytes: systemReserved and agentReserved leave nothing for pods", *node.Memory)
 	}
 	if node.Pids != nil && *node.Pids <= 0 {
 		return nil, fmt.Errorf("node allocatable pids is %d: the pid reservations leave nothing for pods", *node.Pids)
@@ -96,7 +123,10 @@ func New(o Options) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{layout: l, top: o.CgroupRoot, base: filepath.Join(o.CgroupRoot, o.Namespace), node: node, log: o.Log,
-		pods: map[string]podCgroup{}}
+		pods: map[string]podCgroup{}, nodeName: o.NodeName}
+	if o.PodPidsLimit > 0 {
+		m.podPids = &o.PodPidsLimit
+	}
 	switch l.Mode {
 	case Unified:
 		if m.v2, err = l.delegateV2(o.CgroupRoot); err != nil {
@@ -126,20 +156,166 @@ func New(o Options) (*Manager, error) {
 }
 
 // applyNode sets node allocatable on the base. When the base exists and pods already use more
-// than a lowered limit, the kernel refuses (v1: EBUSY): that must not keep the agent from
-// starting, and kubelet too retries until evictions bring usage down; here Tidy retries.
+// memory than a lowered limit (raising evictionHard or systemReserved by an update of the config,
+// say), writing it would make a v2 kernel OOM-kill pods until usage fits (v1 refuses with EBUSY).
+// Instead the limit is held at the pods' usage plus MemoryMargin (never above the limit already
+// there), a Warning node event says so, and Converge and Tidy lower it towards node allocatable as
+// usage falls (kubelet writes its limit outright).
 func (m *Manager) applyNode() error {
 	_, statErr := os.Stat(m.someDir(m.base))
-	err := m.apply(m.base, m.node)
+	existed := statErr == nil
+	lim := m.node
+	var held, usage int64
+	if existed && lim.Memory != nil {
+		var ok bool
+		if held, usage, ok = m.memoryHold(m.base, *lim.Memory, true); ok {
+			lim.Memory = &held
+		} else {
+			held = 0
+		}
+	}
+	err := m.apply(m.base, lim)
 	m.mu.Lock()
-	m.nodePending = err != nil && statErr == nil
+	wasHeld := m.nodeHeld
+	m.nodePending = existed && (err != nil || held != 0)
+	if err == nil {
+		m.nodeHeld = held
+	}
 	m.mu.Unlock()
-	if err != nil && statErr == nil {
-		m.log.Warn("node allocatable not enforced yet: pods use more than it allows; retried as containers go", "cgroup", m.base, "err", err)
+	if err != nil && existed {
+		m.log.Warn("node allocatable not enforced yet; retried as pods' usage falls", "cgroup", m.base, "err", err)
 		return nil
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	switch {
+	case held != 0 && wasHeld == 0:
+		msg := fmt.Sprintf("node allocatable memory %s not enforced yet: pods use %s, so the memory limit of cgroup %s is held at %s "+
+			"(their usage plus %s) instead of being written below it, which would OOM-kill pods; it is lowered as their usage falls",
+			mib(*m.node.Memory), mib(usage), m.base, mib(held), mib(MemoryMargin))
+		m.log.Warn(msg)
+		m.event(event.Warning, ReasonFailedNodeAllocatableEnforcement, msg)
+	case held == 0 && wasHeld != 0:
+		msg := fmt.Sprintf("Updated Node Allocatable limit across pods: memory limit of cgroup %s lowered to %s", m.base, mib(*m.node.Memory))
+		m.log.Info(msg)
+		m.event(event.Normal, ReasonNodeAllocatableEnforced, msg)
+	}
+	return nil
 }
+
+// Reasons of the node events about enforcing node allocatable, kubelet's.
+const (
+	ReasonFailedNodeAllocatableEnforcement = "FailedNodeAllocatableEnforcement"
+	ReasonNodeAllocatableEnforced          = "NodeAllocatableEnforced"
+)
+
+// memoryHold tells whether the existing cgroup dir uses too much memory for target: its usage is
+// at or above it, so the kernel could meet it only by reclaiming, and then killing. It then
+// returns the limit to write instead, and the usage: for the node (intermediate), usage plus
+// MemoryMargin; for a pod, the limit it has now (its containers are being replaced; the new limit
+// is written once the old ones are gone). It never returns more than the limit the cgroup has now.
+func (m *Manager) memoryHold(dir string, target int64, intermediate bool) (hold, usage int64, held bool) {
+	usage, cur, err := m.memoryUsage(dir)
+	if err != nil || usage < target || (cur >= 0 && cur <= target) {
+		return 0, usage, false
+	}
+	switch {
+	case cur < 0 && !intermediate:
+		return math.MaxInt64, usage, true // no limit now: keep none
+	case cur < 0:
+		return usage + MemoryMargin, usage, true
+	case intermediate:
+		return min(cur, usage+MemoryMargin), usage, true
+	}
+	return cur, usage, true
+}
+
+// memoryUsage reads the memory a cgroup uses and its limit (-1 for none).
+func (m *Manager) memoryUsage(dir string) (usage, limit int64, err error) {
+	var usageFile, limitFile string
+	if m.layout.Mode == Unified {
+		usageFile = filepath.Join(m.layout.Unified, dir, "memory.current")
+		limitFile = filepath.Join(m.layout.Unified, dir, "memory.max")
+	} else {
+		root, err := m.layout.v1Root("memory")
+		if err != nil {
+			return 0, 0, err
+		}
+		usageFile = filepath.Join(root, "memory", dir, "memory.usage_in_bytes")
+		limitFile = filepath.Join(root, "memory", dir, "memory.limit_in_bytes")
+	}
+	read := func(path string) (int64, error) {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return 0, err
+		}
+		v := strings.TrimSpace(string(b))
+		if v == "max" {
+			return -1, nil
+		}
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", path, err)
+		}
+		if n >= math.MaxInt64/2 { // v1's "unlimited" is a page-rounded 2^63-1
+			return -1, nil
+		}
+		return int64(n), nil
+	}
+	if usage, err = read(usageFile); err != nil {
+		return 0, 0, err
+	}
+	limit, err = read(limitFile)
+	return usage, limit, err
+}
+
+// Converge retries what is not enforced yet: node allocatable or a pod's limit held above its
+// target while usage was above it. Call it now and then (the agent does every few seconds).
+func (m *Manager) Converge() {
+	m.mu.Lock()
+	nodePending := m.nodePending
+	var uids []string
+	for uid, p := range m.pods {
+		if p.pending {
+			uids = append(uids, uid)
+		}
+	}
+	m.mu.Unlock()
+	if nodePending {
+		m.applyNode()
+	}
+	for _, uid := range uids {
+		m.retryPod(uid)
+	}
+}
+
+// SetEvents sets where the manager's node events go, and hands it those made before.
+func (m *Manager) SetEvents(emit func(event.Event)) {
+	m.evMu.Lock()
+	m.emit = emit
+	queued := m.queued
+	m.queued = nil
+	m.evMu.Unlock()
+	for _, e := range queued {
+		emit(e)
+	}
+}
+
+func (m *Manager) event(typ event.Type, reason, msg string) {
+	e := event.Event{Time: time.Now(), Type: typ, Reason: reason, Message: msg, Object: event.NodeObject(m.nodeName)}
+	m.evMu.Lock()
+	emit := m.emit
+	if emit == nil {
+		m.queued = append(m.queued, e)
+	}
+	m.evMu.Unlock()
+	if emit != nil {
+		emit(e)
+	}
+}
+
+func mib(b int64) string { return fmt.Sprintf("%.1fMi", float64(b)/(1<<20)) }
 
 // Mode is the host's cgroup mode as detected at start.
 func (m *Manager) Mode() Mode { return m.layout.Mode }
@@ -156,20 +332,33 @@ func (m *Manager) PodPath(pod *v1.Pod) string { return m.PodDir(Tier(classOf(pod
 // EnsurePod makes (or updates) the pod's cgroup in the tier of its QoS class, with its limits, and
 // returns its path for the containers' cgroup parent. A pod whose class changed gets a cgroup in
 // the new tier; its cgroup in the old one goes once empty (Tidy). Growing the Burstable tier's
-// shares follows. Updating an existing cgroup to limits its processes already exceed can fail
-// (cgroup v1 refuses a memory limit below usage, a CFS quota below a child's): that is logged and
-// retried by Tidy as the old containers go, rather than failing the pod.
+// shares follows. A memory limit lowered below what the pod's running processes use is not
+// written yet: the worker replaces the containers whose spec changed (stopped with their grace
+// period), and Tidy writes it once the old ones are gone, rather than have the kernel OOM-kill
+// them (v2) or refuse (v1). Other updates the kernel refuses are retried the same way.
 func (m *Manager) EnsurePod(pod *v1.Pod) (string, error) {
 	uid := string(pod.UID)
 	if err := checkElem("pod UID", uid); err != nil {
 		return "", err
 	}
-	lim := PodLimits(pod)
+	lim := m.podLimits(pod)
 	dir := m.PodDir(Tier(classOf(pod)), uid)
 	_, statErr := os.Stat(m.someDir(dir))
 	existed := statErr == nil
 	pending := false
-	if err := m.apply(dir, lim); err != nil {
+	write := lim
+	if existed && lim.Memory != nil {
+		if hold, usage, held := m.memoryHold(dir, *lim.Memory, false); held {
+			m.log.Info("pod cgroup memory limit lowered once its old containers are gone: they use more than the new one",
+				"cgroup", dir, "usage", usage, "limit", *lim.Memory)
+			write.Memory = &hold
+			if hold == math.MaxInt64 {
+				write.Memory = nil
+			}
+			pending = true
+		}
+	}
+	if err := m.apply(dir, write); err != nil {
 		if !existed {
 			return "", fmt.Errorf("pod cgroup %s: %w", dir, err)
 		}
@@ -185,6 +374,13 @@ func (m *Manager) EnsurePod(pod *v1.Pod) (string, error) {
 	m.mu.Unlock()
 	m.tidyTiers(uid, dir)
 	return dir, nil
+}
+
+// podLimits is PodLimits with the node's podPidsLimit.
+func (m *Manager) podLimits(pod *v1.Pod) Limits {
+	lim := PodLimits(pod)
+	lim.Pids = m.podPids
+	return lim
 }
 
 // RemovePod removes the pod's cgroup from every tier (the Guaranteed one is also where a previous
@@ -210,27 +406,38 @@ func (m *Manager) RemovePod(uid string) error {
 }
 
 // Tidy removes the pod's cgroups in tiers it no longer belongs to once they are empty, and retries
-// a limit update that failed (the pod's, or node allocatable's). Call it after removing one of the
-// pod's containers.
+// a limit update not written yet (the pod's, or node allocatable's). Call it after removing one of
+// the pod's containers.
 func (m *Manager) Tidy(uid string) {
 	m.mu.Lock()
 	p, ok := m.pods[uid]
 	nodePending := m.nodePending
 	m.mu.Unlock()
-	if nodePending && m.applyNode() == nil {
-		m.mu.Lock()
-		done := !m.nodePending
-		m.mu.Unlock()
-		if done {
-			m.log.Info("node allocatable enforced", "cgroup", m.base)
-		}
+	if nodePending {
+		m.applyNode()
 	}
 	if !ok {
 		return
 	}
 	m.tidyTiers(uid, p.dir)
-	if !p.pending {
+	if p.pending {
+		m.retryPod(uid)
+	}
+}
+
+// retryPod writes the pod's limits if its usage allows them now.
+func (m *Manager) retryPod(uid string) {
+	m.mu.Lock()
+	p, ok := m.pods[uid]
+	m.mu.Unlock()
+	if !ok || !p.pending {
 		return
+	}
+	if p.limits.Memory != nil {
+		if _, usage, held := m.memoryHold(p.dir, *p.limits.Memory, false); held {
+			m.log.Debug("pod cgroup memory limit still held: its processes use more", "cgroup", p.dir, "usage", usage)
+			return
+		}
 	}
 	if err := m.apply(p.dir, p.limits); err != nil {
 		m.log.Debug("pod cgroup limits still not updated", "cgroup", p.dir, "err", err)

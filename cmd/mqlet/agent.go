@@ -182,6 +182,8 @@ func (c *AgentCmd) Run() error {
 	defer evictions.Wait()
 	pressure.p = evictions.Manager
 	defer nodeStatus.start(ctx)() // ends with ctx (stop), before the store closes
+	// Node allocatable held above its target while pods use more (wire_cgroups.go).
+	defer startCgroupConverge(ctx, cgroups, report)()
 	// The waits deferred above end only with ctx: an error return from here on must cancel it
 	// before they run (deferred calls run last-in first-out), or the agent hangs instead of exiting.
 	defer stop()

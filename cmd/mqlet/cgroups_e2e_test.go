@@ -91,8 +91,8 @@ func podCgroupDirs(l cgroup.Layout, base, uid string) []string {
 }
 
 // Pod and QoS cgroups with kubelet's sizes for a Guaranteed, a Burstable and a BestEffort pod,
-// node allocatable (capacity minus the reservations and the default hard eviction threshold) on
-// the top, the containers below their pod's cgroup; all removed with the pods.
+// node allocatable as kubelet enforces it (capacity minus the reservations, not the hard eviction
+// threshold) on the top, the containers below their pod's cgroup; all removed with the pods.
 func TestPodAndQoSCgroups(t *testing.T) {
 	h := newHarness(t)
 	l := requireV1Cgroups(t)
@@ -112,7 +112,7 @@ func TestPodAndQoSCgroups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	allocMem := memCap - 1<<30 - 200<<20 - 100<<20 // systemReserved, agentReserved, evictionHard memory.available
+	allocMem := memCap - 1<<30 - 200<<20           // systemReserved, agentReserved
 	allocMem -= allocMem % int64(os.Getpagesize()) // the kernel keeps whole pages
 	want := []struct{ controller, rel, file, value string }{
 		{"memory", base, "memory.limit_in_bytes", strconv.FormatInt(allocMem, 10)},

@@ -1,12 +1,16 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
+	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/cgroup"
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/nodestatus"
+	"github.com/mqlet/mqlet/agent/resources"
 	"github.com/mqlet/mqlet/hw"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -24,6 +28,7 @@ func newCgroupManager(cfg config.Config, log *slog.Logger) (*cgroup.Manager, err
 		CgroupRoot:  cfg.CgroupRoot,
 		Namespace:   cfg.ContainerdNamespace,
 		Allocatable: podsAllocatable(cfg, capacity),
+		NodeName:    cfg.NodeName,
 		Log:         log,
 	})
 	if err != nil {
@@ -51,20 +56,47 @@ func cgroupCapacity(m nodestatus.Machine, root string) (v1.ResourceList, error) 
 }
 
 // podsAllocatable is what all pods together get on the hierarchy's top cgroup. With
-// enforceNodeAllocatable: capacity minus systemReserved, agentReserved and the hard eviction
-// thresholds (as the node status computes allocatable), with pids.max only when a pid reservation
-// is given. Without: the cpu capacity alone, which sets only the top's weight (kubelet sizes its
-// kubepods cgroup from capacity then).
+// enforceNodeAllocatable: capacity minus systemReserved and agentReserved, kubelet's enforced
+// limit. The hard eviction thresholds are not subtracted: they only lower the allocatable the node
+// status reports and admission uses, so eviction acts before the kernel's limit is reached (with
+// them in the limit, raising evictionHard shrank the cgroup under running pods). pids.max only when
+// a pid reservation is given. Without: the cpu capacity alone, which sets only the top's weight
+// (kubelet sizes its kubepods cgroup from capacity then).
 func podsAllocatable(cfg config.Config, capacity v1.ResourceList) v1.ResourceList {
 	if !cfg.EnforceNodeAllocatable {
 		return v1.ResourceList{v1.ResourceCPU: capacity[v1.ResourceCPU]}
 	}
 	m := nodeConfig(cfg).Machine()
-	alloc := m.Allocatable(capacity)
+	alloc := resources.Allocatable(capacity, m.SystemReserved, m.AgentReserved)
 	_, sysPID := m.SystemReserved[config.ResourcePID]
 	_, agentPID := m.AgentReserved[config.ResourcePID]
 	if !sysPID && !agentPID {
 		delete(alloc, cgroup.ResourcePID)
 	}
 	return alloc
+}
+
+// cgroupConvergePeriod is how often limits held above their target (node allocatable lowered
+// below the pods' usage, a pod's lowered limit) are tried again as usage falls.
+const cgroupConvergePeriod = 10 * time.Second
+
+// startCgroupConverge sends the cgroup manager's node events to report and retries its held
+// limits every cgroupConvergePeriod until ctx ends; the returned wait returns once it has.
+func startCgroupConverge(ctx context.Context, m *cgroup.Manager, report agent.Reporter) (wait func()) {
+	m.SetEvents(report.Emit)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(cgroupConvergePeriod)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				m.Converge()
+			}
+		}
+	}()
+	return func() { <-done }
 }

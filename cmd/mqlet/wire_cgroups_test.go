@@ -9,9 +9,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
-// What the pods' top cgroup gets: capacity minus systemReserved, agentReserved and the hard
-// eviction threshold (kubelet's default memory.available<100Mi here), pids only with a pid
-// reservation; without enforceNodeAllocatable, the cpu capacity alone.
+// What the pods' top cgroup gets: capacity minus systemReserved and agentReserved (kubelet's
+// enforced limit: the hard eviction threshold, kubelet's default memory.available<100Mi here or a
+// raised one, is not subtracted), pids only with a pid reservation; without
+// enforceNodeAllocatable, the cpu capacity alone.
 func TestPodsAllocatable(t *testing.T) {
 	capacity := v1.ResourceList{
 		v1.ResourceCPU:     resource.MustParse("4"),
@@ -29,11 +30,15 @@ func TestPodsAllocatable(t *testing.T) {
 		return c
 	}
 	got := podsAllocatable(load(config.Flags{SystemReserved: []string{"cpu=500m,memory=1Gi,pid=1000"}, AgentReserved: []string{"memory=100Mi"}}), capacity)
-	want := map[v1.ResourceName]string{v1.ResourceCPU: "3500m", v1.ResourceMemory: "6968Mi", cgroup.ResourcePID: "31768"}
+	want := map[v1.ResourceName]string{v1.ResourceCPU: "3500m", v1.ResourceMemory: "7068Mi", cgroup.ResourcePID: "31768"}
 	for name, w := range want {
 		if q, ok := got[name]; !ok || q.Cmp(resource.MustParse(w)) != 0 {
 			t.Errorf("%s = %s, want %s", name, q.String(), w)
 		}
+	}
+	got = podsAllocatable(load(config.Flags{SystemReserved: []string{"memory=1Gi"}, EvictionHard: []string{"memory.available<2Gi"}}), capacity)
+	if q := got[v1.ResourceMemory]; q.Cmp(resource.MustParse("7Gi")) != 0 {
+		t.Errorf("with evictionHard memory.available<2Gi: memory = %s, want 7Gi (the threshold is not in the enforced limit)", q.String())
 	}
 	got = podsAllocatable(load(config.Flags{}), capacity)
 	if _, ok := got[cgroup.ResourcePID]; ok {
