@@ -227,3 +227,65 @@ func TestNodeAllocatableConvergesRealV2(t *testing.T) {
 func TestNodeAllocatableConvergesRealV1(t *testing.T) { testNodeAllocatableConverges(t, realLayout(t)) }
 func TestPodMemoryLimitDropRealV2(t *testing.T)       { testPodMemoryLimitDrop(t, realV2Layout(t)) }
 func TestPodMemoryLimitDropRealV1(t *testing.T)       { testPodMemoryLimitDrop(t, realLayout(t)) }
+
+// podPidsLimit on a real pod cgroup: a loop that starts 20 background sleeps in a pod limited to 5
+// processes gets no more than 5 (the forks past it fail), and pids.events counts the refusals.
+func testPodPidsLimit(t *testing.T, l Layout) {
+	top := testRoot(t, l)
+	m, err := New(Options{CgroupRoot: top, Namespace: "ns", PodPidsLimit: 5, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := m.EnsurePod(pod("pids-1", ctr("a", nil, rl("100m", "32Mi"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pidsDir := filepath.Join(l.Unified, dir)
+	if l.Mode != Unified {
+		pidsDir = filepath.Join(l.V1["pids"], dir)
+	}
+	if got := readInt(t, filepath.Join(pidsDir, "pids.max")); got != 5 {
+		t.Fatalf("%s/pids.max = %d, want 5 (podPidsLimit)", pidsDir, got)
+	}
+	// The shell counts as one; the sleeps it manages to start stay until killed (their output goes
+	// to /dev/null, so the pipe ends with the shell). dash gives up at the first fork refused and
+	// exits; a shell that goes on prints "started": either way the loop is over at EOF or that.
+	script := "echo $$ > " + filepath.Join(pidsDir, "cgroup.procs") + "; for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do sleep 100000 >/dev/null 2>&1 & done; echo started; exec sleep 100000 >/dev/null"
+	cmd := exec.Command("sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			if b, err := os.ReadFile(filepath.Join(pidsDir, "cgroup.procs")); err != nil || len(strings.TrimSpace(string(b))) == 0 {
+				break
+			}
+		}
+		if err := m.RemovePod("pids-1"); err != nil {
+			t.Error(err)
+		}
+	}()
+	buf := make([]byte, 8)
+	n, _ := out.Read(buf)
+	t.Logf("the fork loop said %q (nothing: the shell gave up at a refused fork)", buf[:n])
+	if got := readInt(t, filepath.Join(pidsDir, "pids.current")); got > 5 || got < 2 {
+		t.Errorf("%s/pids.current = %d after trying 21 processes, want at most 5 (and some)", pidsDir, got)
+	}
+	ev, err := os.ReadFile(filepath.Join(pidsDir, "pids.events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if refused := parseKV(ev)["max"]; refused == 0 {
+		t.Errorf("%s/pids.events = %q, want the forks refused at the limit counted", pidsDir, ev)
+	}
+}
+
+func TestPodPidsLimitRealV2(t *testing.T) { testPodPidsLimit(t, realV2Layout(t)) }
+func TestPodPidsLimitRealV1(t *testing.T) { testPodPidsLimit(t, realLayout(t)) }

@@ -71,6 +71,11 @@ type Config struct {
 	EnforceNodeAllocatable bool              `json:"enforceNodeAllocatable"`
 	SystemReserved         map[string]string `json:"systemReserved"`
 	AgentReserved          map[string]string `json:"agentReserved"`
+	// PodPidsLimit is kubelet's podPidsLimit: pids.max of each pod's cgroup; -1 (or 0) for none.
+	PodPidsLimit int64 `json:"podPidsLimit"`
+	// SingleProcessOOMKill is kubelet's singleProcessOOMKill: on cgroup v2, false (the default)
+	// sets memory.oom.group=1 on every container, so an OOM kill ends the whole container.
+	SingleProcessOOMKill bool `json:"singleProcessOOMKill"`
 
 	// Eviction, kubelet's settings under kubelet's names.
 	EvictionHard                     map[string]string `json:"evictionHard"`
@@ -157,6 +162,7 @@ func Defaults() Config {
 		ImageFSDir:                "/var/lib/containerd",
 		CgroupRoot:                "/mqlet",
 		EnforceNodeAllocatable:    true,
+		PodPidsLimit:              -1,
 
 		EvictionHard:                     eviction.DefaultHard(),
 		EvictionPressureTransitionPeriod: Duration{5 * time.Minute},
@@ -209,6 +215,7 @@ func Vars() map[string]string {
 		"max_pods":                            strconv.FormatInt(d.MaxPods, 10),
 		"image_fs_dir":                        d.ImageFSDir,
 		"cgroup_root":                         d.CgroupRoot,
+		"pod_pids_limit":                      strconv.FormatInt(d.PodPidsLimit, 10),
 		"eviction_hard":                       mapString(d.EvictionHard, "<"),
 		"eviction_pressure_transition_period": d.EvictionPressureTransitionPeriod.String(),
 		"eviction_monitoring_period":          d.EvictionMonitoringPeriod.String(),

@@ -95,6 +95,7 @@ func TestDefaults(t *testing.T) {
 		ImageFSDir:                "/var/lib/containerd",
 		CgroupRoot:                "/mqlet",
 		EnforceNodeAllocatable:    true,
+		PodPidsLimit:              -1,
 		EvictionHard: map[string]string{"memory.available": "100Mi", "nodefs.available": "10%",
 			"nodefs.inodesFree": "5%", "imagefs.available": "15%", "imagefs.inodesFree": "5%"},
 		EvictionPressureTransitionPeriod: Duration{5 * time.Minute},

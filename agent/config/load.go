@@ -61,6 +61,8 @@ type Flags struct {
 	EnforceNodeAllocatable *bool    `name:"enforce-node-allocatable" help:"Limit all pods together to node allocatable on the cgroup above them (default true)."`
 	SystemReserved         []string `name:"system-reserved" placeholder:"RES=QTY" help:"Resources kept for the OS, e.g. cpu=200m,memory=150Mi,ephemeral-storage=1Gi,pid=1000 (default none)."`
 	AgentReserved          []string `name:"agent-reserved" placeholder:"RES=QTY" help:"Resources kept for mqlet and containerd, as --system-reserved (default none)."`
+	PodPidsLimit           *int64   `name:"pod-pids-limit" placeholder:"N" help:"Most processes (pids.max) one pod may have; -1 for no limit (default ${pod_pids_limit})."`
+	SingleProcessOOMKill   *bool    `name:"single-process-oom-kill" help:"cgroup v2: let the kernel's OOM killer end one process of a container rather than all of it (memory.oom.group=0) (default false)."`
 
 	EvictionHard                     []string       `name:"eviction-hard" placeholder:"SIGNAL<VALUE" help:"Hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10%; replaces the defaults (default ${eviction_hard})."`
 	EvictionSoft                     []string       `name:"eviction-soft" placeholder:"SIGNAL<VALUE" help:"Soft eviction thresholds; each needs --eviction-soft-grace-period (default none)."`
@@ -153,6 +155,8 @@ func settings() []setting {
 		{"enforceNodeAllocatable", "enforce-node-allocatable", "MQLET_ENFORCE_NODE_ALLOCATABLE", func(c *Config) any { return &c.EnforceNodeAllocatable }},
 		{"systemReserved", "system-reserved", "MQLET_SYSTEM_RESERVED", func(c *Config) any { return &c.SystemReserved }},
 		{"agentReserved", "agent-reserved", "MQLET_AGENT_RESERVED", func(c *Config) any { return &c.AgentReserved }},
+		{"podPidsLimit", "pod-pids-limit", "MQLET_POD_PIDS_LIMIT", func(c *Config) any { return &c.PodPidsLimit }},
+		{"singleProcessOOMKill", "single-process-oom-kill", "MQLET_SINGLE_PROCESS_OOM_KILL", func(c *Config) any { return &c.SingleProcessOOMKill }},
 		{"evictionHard", "eviction-hard", "MQLET_EVICTION_HARD", func(c *Config) any { return &c.EvictionHard }},
 		{"evictionSoft", "eviction-soft", "MQLET_EVICTION_SOFT", func(c *Config) any { return &c.EvictionSoft }},
 		{"evictionSoftGracePeriod", "eviction-soft-grace-period", "MQLET_EVICTION_SOFT_GRACE_PERIOD", func(c *Config) any { return &c.EvictionSoftGracePeriod }},
@@ -570,6 +574,8 @@ func applyFlags(c *Config, origin map[string]string, f Flags) (flagErrs []error)
 	boolean(&c.EnforceNodeAllocatable, f.EnforceNodeAllocatable, "enforceNodeAllocatable", "enforce-node-allocatable")
 	pairs(&c.SystemReserved, f.SystemReserved, "systemReserved", "system-reserved")
 	pairs(&c.AgentReserved, f.AgentReserved, "agentReserved", "agent-reserved")
+	num(&c.PodPidsLimit, f.PodPidsLimit, "podPidsLimit", "pod-pids-limit")
+	boolean(&c.SingleProcessOOMKill, f.SingleProcessOOMKill, "singleProcessOOMKill", "single-process-oom-kill")
 	pairs(&c.EvictionHard, f.EvictionHard, "evictionHard", "eviction-hard")
 	pairs(&c.EvictionSoft, f.EvictionSoft, "evictionSoft", "eviction-soft")
 	pairs(&c.EvictionSoftGracePeriod, f.EvictionSoftGracePeriod, "evictionSoftGracePeriod", "eviction-soft-grace-period")

@@ -225,6 +225,9 @@ func (c Config) validatePolicy(bad func(key, value, reason string, args ...any))
 			bad("nodeTaints", t, "%v", err)
 		}
 	}
+	if c.PodPidsLimit < -1 {
+		bad("podPidsLimit", strconv.FormatInt(c.PodPidsLimit, 10), "must be -1 (no limit), 0 (no limit) or a number of processes")
+	}
 	if c.MaxPods < 1 {
 		bad("maxPods", strconv.FormatInt(c.MaxPods, 10), "must be at least 1")
 	}

@@ -25,11 +25,12 @@ func newCgroupManager(cfg config.Config, log *slog.Logger) (*cgroup.Manager, err
 		return nil, err
 	}
 	m, err := cgroup.New(cgroup.Options{
-		CgroupRoot:  cfg.CgroupRoot,
-		Namespace:   cfg.ContainerdNamespace,
-		Allocatable: podsAllocatable(cfg, capacity),
-		NodeName:    cfg.NodeName,
-		Log:         log,
+		CgroupRoot:   cfg.CgroupRoot,
+		Namespace:    cfg.ContainerdNamespace,
+		Allocatable:  podsAllocatable(cfg, capacity),
+		NodeName:     cfg.NodeName,
+		PodPidsLimit: cfg.PodPidsLimit,
+		Log:          log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("refusing to start: %w", err)
