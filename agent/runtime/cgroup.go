@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // podCgroupUIDs lists the UIDs of the pods that have a cgroup directory at the legacy path
@@ -182,4 +184,18 @@ func inheritEmpty(parent, child string) error {
 		return fmt.Errorf("%s = %q: %w", child, strings.TrimSpace(string(val)), err)
 	}
 	return nil
+}
+
+// cgroupFeatures is what a container's cgroup settings may use on this host.
+type cgroupFeatures struct {
+	v2       bool // runc manages cgroup v2 (/sys/fs/cgroup is cgroup2)
+	swap     bool // the kernel accounts swap (see swapAccounting)
+	oomGroup bool // memory.oom.group=1 on v2 (not singleProcessOOMKill)
+}
+
+// unifiedCgroups reports whether /sys/fs/cgroup is a cgroup2 file system: the test runc uses to
+// manage containers' cgroups the v2 way, and so whether the spec's unified settings apply.
+func unifiedCgroups() bool {
+	var st unix.Statfs_t
+	return unix.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
 }

@@ -63,6 +63,10 @@ type Options struct {
 	// OnPull, when set, is told of every pull from a registry (one per shared pull), how long it
 	// took and how it ended: metrics.
 	OnPull func(ref string, took time.Duration, err error)
+	// SingleProcessOOMKill is kubelet's singleProcessOOMKill: on cgroup v2, containers get
+	// memory.oom.group=1 unless it is set, so an OOM kill ends the whole container (and it is
+	// restarted whole) rather than one process of it, leaving the rest running half broken.
+	SingleProcessOOMKill bool
 	// NodeAllocatableMemory is node allocatable memory in bytes, the largest a memory-backed
 	// emptyDir may be (kubelet's rule); nil or 0 means the machine's memory.
 	NodeAllocatableMemory func() int64
@@ -80,7 +84,7 @@ type Runtime struct {
 	memCapacity int64 // bytes, for Burstable oom_score_adj
 	oomFloor    int   // lowest oom_score_adj runc may set (see oomScoreFloor)
 	oomWarned   sync.Once
-	swapLimit   bool // limit memory+swap to the memory limit (the kernel accounts swap)
+	cg          cgroupFeatures // what the containers' cgroup settings may use on this host
 
 	// taskStatus reads a task's status; nil means task.Status. Tests replace it to make the
 	// status unreadable, which a real shim does only when busy or broken.
@@ -124,7 +128,8 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 		c.Close()
 		return nil, fmt.Errorf("containerd at %s (--containerd-address) is not answering: %w", addr, err)
 	}
-	r := &Runtime{client: c, opts: o, log: o.Log, pulling: map[string]*pull{}, oomFloor: -1000, swapLimit: swapAccounting(),
+	r := &Runtime{client: c, opts: o, log: o.Log, pulling: map[string]*pull{}, oomFloor: -1000,
+		cg:      cgroupFeatures{v2: unifiedCgroups(), swap: swapAccounting(), oomGroup: !o.SingleProcessOOMKill},
 		version: ver.Version}
 	if r.memCapacity, err = hw.MemTotal("/"); err != nil {
 		o.Log.Warn("memory capacity unknown; Burstable containers get oom_score_adj 999", "err", err)

@@ -156,7 +156,7 @@ func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img contai
 	if len(mounts) > 0 {
 		opts = append(opts, oci.WithMounts(mounts))
 	}
-	opts = append(opts, resourceOpts(c, r.swapLimit)...)
+	opts = append(opts, resourceOpts(c, r.cg)...)
 	opts = append(opts, withOOMScoreAdj(r.oomScoreAdj(pod, c)))
 	secOpts, err := r.securityOpts(pod, c, ic.Config.User)
 	if err != nil {
@@ -369,6 +369,25 @@ func (r *Runtime) oomScoreAdj(pod *v1.Pod, c *v1.Container) int {
 	return adj
 }
 
+// withUnified adds cgroup v2 settings runc writes into the container's cgroup as they are.
+func withUnified(kv map[string]string) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Linux == nil {
+			s.Linux = &specs.Linux{}
+		}
+		if s.Linux.Resources == nil {
+			s.Linux.Resources = &specs.LinuxResources{}
+		}
+		if s.Linux.Resources.Unified == nil {
+			s.Linux.Resources.Unified = map[string]string{}
+		}
+		for k, v := range kv {
+			s.Linux.Resources.Unified[k] = v
+		}
+		return nil
+	}
+}
+
 func withOOMScoreAdj(adj int) oci.SpecOpts {
 	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
 		s.Process.OOMScoreAdj = &adj
@@ -379,16 +398,27 @@ func withOOMScoreAdj(adj int) oci.SpecOpts {
 const cpuPeriod = 100000
 
 // resourceOpts applies limits and requests to the container's cgroup the way kubelet does:
-// memory limit -> memory.limit, cpu limit -> CFS quota, cpu request -> shares (2 when none).
-func resourceOpts(c *v1.Container, swapLimit bool) []oci.SpecOpts {
+// memory limit -> memory.limit, cpu limit -> CFS quota, cpu request -> shares (2 when none); on
+// cgroup v2, memory.oom.group=1 unless singleProcessOOMKill.
+func resourceOpts(c *v1.Container, cg cgroupFeatures) []oci.SpecOpts {
 	var opts []oci.SpecOpts
 	if m, ok := c.Resources.Limits[v1.ResourceMemory]; ok && m.Value() > 0 {
 		opts = append(opts, oci.WithMemoryLimit(uint64(m.Value())))
-		if swapLimit {
+		if cg.swap {
 			// memory+swap = memory: no swap, as CRI does. Otherwise, on a board with swap on
 			// (Raspberry Pi OS), a container swaps past its limit instead of being OOM-killed.
 			opts = append(opts, oci.WithMemorySwap(m.Value()))
 		}
+	}
+	unified := map[string]string{}
+	if cg.v2 && cg.oomGroup {
+		// An OOM kill ends every process of the container, as kubelet has it on v2: the kernel
+		// otherwise kills the one process it picks (a worker) and the container stays Running,
+		// half broken, never restarted.
+		unified["memory.oom.group"] = "1"
+	}
+	if len(unified) > 0 {
+		opts = append(opts, withUnified(unified))
 	}
 	if cpu, ok := c.Resources.Limits[v1.ResourceCPU]; ok && cpu.MilliValue() > 0 {
 		quota := cpu.MilliValue() * cpuPeriod / 1000

@@ -174,7 +174,7 @@ func TestResourceOpts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := applyOpts(t, resourceOpts(&v1.Container{Name: "app", Resources: tt.res}, false))
+			s := applyOpts(t, resourceOpts(&v1.Container{Name: "app", Resources: tt.res}, cgroupFeatures{}))
 			r := s.Linux.Resources
 			switch {
 			case tt.memory == 0 && r.Memory != nil && r.Memory.Limit != nil:
@@ -341,12 +341,32 @@ func TestSubPathEscapeRefused(t *testing.T) {
 
 func TestResourceOptsSwap(t *testing.T) {
 	c := &v1.Container{Resources: v1.ResourceRequirements{Limits: v1.ResourceList{v1.ResourceMemory: resource.MustParse("64Mi")}}}
-	s := applyOpts(t, resourceOpts(c, true))
+	s := applyOpts(t, resourceOpts(c, cgroupFeatures{swap: true}))
 	if m := s.Linux.Resources.Memory; m == nil || m.Swap == nil || *m.Swap != 64<<20 {
 		t.Errorf("memory+swap limit = %+v, want 64Mi (no swap)", m)
 	}
-	s = applyOpts(t, resourceOpts(c, false))
+	s = applyOpts(t, resourceOpts(c, cgroupFeatures{}))
 	if m := s.Linux.Resources.Memory; m.Swap != nil {
 		t.Errorf("swap limit set where the kernel has no swap accounting: %d", *m.Swap)
+	}
+}
+
+// memory.oom.group=1 on cgroup v2 for every container (kubelet's default), none with
+// singleProcessOOMKill or on v1 (no such file).
+func TestResourceOptsOOMGroup(t *testing.T) {
+	for _, c := range []*v1.Container{
+		{Resources: v1.ResourceRequirements{Limits: v1.ResourceList{v1.ResourceMemory: resource.MustParse("64Mi")}}},
+		{}, // BestEffort
+	} {
+		s := applyOpts(t, resourceOpts(c, cgroupFeatures{v2: true, oomGroup: true}))
+		if got := s.Linux.Resources.Unified["memory.oom.group"]; got != "1" {
+			t.Errorf("v2, limits %v: memory.oom.group = %q, want 1", c.Resources.Limits, got)
+		}
+		for _, cg := range []cgroupFeatures{{v2: true}, {oomGroup: true}} {
+			s := applyOpts(t, resourceOpts(c, cg))
+			if got, ok := s.Linux.Resources.Unified["memory.oom.group"]; ok {
+				t.Errorf("%+v: memory.oom.group = %q, want unset", cg, got)
+			}
+		}
 	}
 }

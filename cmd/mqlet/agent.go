@@ -59,18 +59,19 @@ func (c *AgentCmd) Run() error {
 	}
 	network := newPodNetwork(cfg, log) // wire_cni.go
 	rt, err := runtime.New(ctx, withLogRotation(cfg, runtime.Options{
-		Network:     network,
-		Devices:     devs,
-		Cgroups:     cgroups,
-		DNS:         podDNS(cfg), // wire_dns.go
-		Executable:  exe,
-		Address:     cfg.ContainerdAddress,
-		Namespace:   cfg.ContainerdNamespace,
-		DialTimeout: cfg.ContainerdTimeout.Duration,
-		StateDir:    cfg.StateDir,
-		Registry:    runtime.RegistryOptions{PlainHTTP: cfg.PlainHTTPRegistries, CAFile: cfg.RegistryCAFile},
-		Log:         log,
-		OnPull:      m.ImagePulled,
+		Network:              network,
+		Devices:              devs,
+		Cgroups:              cgroups,
+		DNS:                  podDNS(cfg), // wire_dns.go
+		SingleProcessOOMKill: cfg.SingleProcessOOMKill,
+		Executable:           exe,
+		Address:              cfg.ContainerdAddress,
+		Namespace:            cfg.ContainerdNamespace,
+		DialTimeout:          cfg.ContainerdTimeout.Duration,
+		StateDir:             cfg.StateDir,
+		Registry:             runtime.RegistryOptions{PlainHTTP: cfg.PlainHTTPRegistries, CAFile: cfg.RegistryCAFile},
+		Log:                  log,
+		OnPull:               m.ImagePulled,
 		// Memory-backed emptyDirs are sized from it (wire_volumes.go).
 		NodeAllocatableMemory: allocatableMemory(cfg, log),
 	})) // wire_logs.go
