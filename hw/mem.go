@@ -53,3 +53,25 @@ func capEff(statusFile string, cap uint) bool {
 	}
 	return false
 }
+
+// SwapDevices lists the swap areas in use (the first field of each line of root/proc/swaps after
+// its header): none means swap is off.
+func SwapDevices(root string) ([]string, error) {
+	path := filepath.Join(root, "proc/swaps")
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var devices []string
+	sc := bufio.NewScanner(f)
+	for first := true; sc.Scan(); first = false {
+		if fields := strings.Fields(sc.Text()); !first && len(fields) > 0 {
+			devices = append(devices, fields[0])
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return devices, nil
+}

@@ -369,6 +369,23 @@ func (r *Runtime) oomScoreAdj(pod *v1.Pod, c *v1.Container) int {
 	return adj
 }
 
+// withSwappiness sets the container's cgroup v1 memory.swappiness.
+func withSwappiness(v uint64) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Linux == nil {
+			s.Linux = &specs.Linux{}
+		}
+		if s.Linux.Resources == nil {
+			s.Linux.Resources = &specs.LinuxResources{}
+		}
+		if s.Linux.Resources.Memory == nil {
+			s.Linux.Resources.Memory = &specs.LinuxMemory{}
+		}
+		s.Linux.Resources.Memory.Swappiness = &v
+		return nil
+	}
+}
+
 // withUnified adds cgroup v2 settings runc writes into the container's cgroup as they are.
 func withUnified(kv map[string]string) oci.SpecOpts {
 	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
@@ -398,11 +415,14 @@ func withOOMScoreAdj(adj int) oci.SpecOpts {
 const cpuPeriod = 100000
 
 // resourceOpts applies limits and requests to the container's cgroup the way kubelet does:
-// memory limit -> memory.limit, cpu limit -> CFS quota, cpu request -> shares (2 when none); on
-// cgroup v2, memory.oom.group=1 unless singleProcessOOMKill.
+// memory limit -> memory.limit, cpu limit -> CFS quota, cpu request -> shares (2 when none); no
+// swap (kubelet's NoSwap default); on cgroup v2, memory.oom.group=1 unless singleProcessOOMKill.
 func resourceOpts(c *v1.Container, cg cgroupFeatures) []oci.SpecOpts {
 	var opts []oci.SpecOpts
-	if m, ok := c.Resources.Limits[v1.ResourceMemory]; ok && m.Value() > 0 {
+	unified := map[string]string{}
+	m, limited := c.Resources.Limits[v1.ResourceMemory]
+	limited = limited && m.Value() > 0
+	if limited {
 		opts = append(opts, oci.WithMemoryLimit(uint64(m.Value())))
 		if cg.swap {
 			// memory+swap = memory: no swap, as CRI does. Otherwise, on a board with swap on
@@ -410,7 +430,16 @@ func resourceOpts(c *v1.Container, cg cgroupFeatures) []oci.SpecOpts {
 			opts = append(opts, oci.WithMemorySwap(m.Value()))
 		}
 	}
-	unified := map[string]string{}
+	switch {
+	case cg.v2 && cg.swap:
+		// Every container, BestEffort ones too (kubelet's NoSwap): v2 limits swap apart from
+		// memory, so a container without a memory limit gets none either.
+		unified["memory.swap.max"] = "0"
+	case !cg.v2 && !limited:
+		// v1 has no swap limit apart from memory+swap, which cannot be below an unlimited memory
+		// limit: swappiness 0 keeps the kernel from swapping the cgroup's memory out instead.
+		opts = append(opts, withSwappiness(0))
+	}
 	if cg.v2 && cg.oomGroup {
 		// An OOM kill ends every process of the container, as kubelet has it on v2: the kernel
 		// otherwise kills the one process it picks (a worker) and the container stays Running,

@@ -370,3 +370,29 @@ func TestResourceOptsOOMGroup(t *testing.T) {
 		}
 	}
 }
+
+// No swap for any container (kubelet's NoSwap): on v2 memory.swap.max=0 for BestEffort and limited
+// containers alike where the kernel accounts swap; on v1 memory+swap = the limit, and swappiness 0
+// for a container without one.
+func TestResourceOptsNoSwap(t *testing.T) {
+	limited := &v1.Container{Resources: v1.ResourceRequirements{Limits: v1.ResourceList{v1.ResourceMemory: resource.MustParse("64Mi")}}}
+	bestEffort := &v1.Container{}
+	for _, c := range []*v1.Container{limited, bestEffort} {
+		s := applyOpts(t, resourceOpts(c, cgroupFeatures{v2: true, swap: true}))
+		if got := s.Linux.Resources.Unified["memory.swap.max"]; got != "0" {
+			t.Errorf("v2, limits %v: memory.swap.max = %q, want 0", c.Resources.Limits, got)
+		}
+		s = applyOpts(t, resourceOpts(c, cgroupFeatures{v2: true}))
+		if got, ok := s.Linux.Resources.Unified["memory.swap.max"]; ok {
+			t.Errorf("v2 without swap accounting: memory.swap.max = %q, want unset (runc would fail)", got)
+		}
+	}
+	s := applyOpts(t, resourceOpts(bestEffort, cgroupFeatures{swap: true}))
+	if m := s.Linux.Resources.Memory; m == nil || m.Swappiness == nil || *m.Swappiness != 0 {
+		t.Errorf("v1 BestEffort: memory = %+v, want swappiness 0", m)
+	}
+	s = applyOpts(t, resourceOpts(limited, cgroupFeatures{swap: true}))
+	if m := s.Linux.Resources.Memory; m.Swappiness != nil {
+		t.Errorf("v1 limited: swappiness %d set, want only memory+swap", *m.Swappiness)
+	}
+}

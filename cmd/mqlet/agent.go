@@ -136,6 +136,12 @@ func (c *AgentCmd) Run() error {
 	if rb := db.RolledBack(); rb != nil {
 		report.Emit(rolledBackEvent(cfg.NodeName, rb))
 	}
+	if ev, on, err := swapWarning("/", cfg.NodeName); on {
+		log.Warn(ev.Message)
+		report.Emit(ev)
+	} else if err != nil {
+		log.Warn("cannot tell whether swap is on", "err", err)
+	}
 	// Admission reads node allocatable and pressure from parts built after the agent (they need it);
 	// nothing is admitted before Run, by which time both exist.
 	var nodeStatus *nodeStatusWiring

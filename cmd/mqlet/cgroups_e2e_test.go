@@ -149,6 +149,17 @@ func TestPodAndQoSCgroups(t *testing.T) {
 		if !strings.Contains(string(b), ":memory:"+prefix) || !strings.Contains(string(b), ":pids:"+prefix) {
 			t.Errorf("%s's container (pid %d) is not below %s:\n%s", name, pid, prefix, b)
 		}
+		// No swap: a BestEffort container (no memory limit, so no memory+swap limit on v1) gets
+		// swappiness 0.
+		if name == "bronze" {
+			for _, line := range strings.Split(string(b), "\n") {
+				if rel, ok := strings.CutPrefix(line[strings.Index(line, ":")+1:], "memory:"); ok {
+					if got := readCgroup(t, l, "memory", rel, "memory.swappiness"); got != "0" {
+						t.Errorf("BestEffort container %s: memory.swappiness = %s, want 0 (no swap)", rel, got)
+					}
+				}
+			}
+		}
 	}
 
 	os.Remove(filepath.Join(h.manifests, "qos.yaml"))

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 	"github.com/mqlet/mqlet/agent/cni"
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/hw"
 
 	"golang.org/x/sys/unix"
 )
@@ -311,22 +311,14 @@ func (p preflight) clock() checkItem {
 
 // swap reads /proc/swaps.
 func (p preflight) swap() checkItem {
-	f, err := os.Open(filepath.Join(p.root, "proc/swaps"))
+	devices, err := hw.SwapDevices(p.root)
 	if err != nil {
 		return checkItem{"swap", checkWarn, fmt.Sprintf("cannot read /proc/swaps: %v", err), ""}
-	}
-	defer f.Close()
-	var devices []string
-	sc := bufio.NewScanner(f)
-	for first := true; sc.Scan(); first = false {
-		if fields := strings.Fields(sc.Text()); !first && len(fields) > 0 {
-			devices = append(devices, fields[0])
-		}
 	}
 	if len(devices) == 0 {
 		return checkItem{name: "swap", status: checkOK, found: "off"}
 	}
-	return checkItem{"swap", checkWarn, "on (" + strings.Join(devices, ", ") + "): a pod's memory limit also caps its swap where the kernel accounts swap, but pods without limits and the system can swap, and memory pressure is seen late",
+	return checkItem{"swap", checkWarn, "on (" + strings.Join(devices, ", ") + "): containers cannot swap (their memory.swap.max is 0, or memory+swap is their memory limit on v1), but the system can, and memory pressure is seen late",
 		"if pods must not swap: swapoff -a and remove it from /etc/fstab (Raspberry Pi OS: dphys-swapfile swapoff && systemctl disable dphys-swapfile)"}
 }
 

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/cgroup"
 	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/nodestatus"
 	"github.com/mqlet/mqlet/agent/resources"
 	"github.com/mqlet/mqlet/hw"
@@ -100,4 +102,24 @@ func startCgroupConverge(ctx context.Context, m *cgroup.Manager, report agent.Re
 		}
 	}()
 	return func() { <-done }
+}
+
+// ReasonSwapOn is the node's Warning that the host has swap on.
+const ReasonSwapOn = "SwapOn"
+
+// swapWarning is the node event for a host with swap on (read under root), where kubelet's
+// failSwapOn would refuse to start: mqlet runs, its containers cannot swap (memory.swap.max=0, or
+// memory+swap = limit on v1), but the system and its services can, so memory pressure shows late.
+// ok is false when swap is off or /proc/swaps is unreadable (err).
+func swapWarning(root, node string) (ev event.Event, ok bool, err error) {
+	devices, err := hw.SwapDevices(root)
+	if err != nil || len(devices) == 0 {
+		return event.Event{}, false, err
+	}
+	return event.Event{Time: time.Now(), Type: event.Warning, Reason: ReasonSwapOn,
+		Message: fmt.Sprintf("swap is on (%s): pods' containers are kept from swapping, but the rest of the system is not, "+
+			"so memory pressure and eviction come late while the disk thrashes (kubelet refuses to start with swap on unless "+
+			"failSwapOn is false); turn it off: swapoff -a and remove it from /etc/fstab "+
+			"(Raspberry Pi OS: dphys-swapfile swapoff && systemctl disable dphys-swapfile)", strings.Join(devices, ", ")),
+		Object: event.NodeObject(node)}, true, nil
 }

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/mqlet/mqlet/agent/cgroup"
 	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/event"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -48,5 +52,21 @@ func TestPodsAllocatable(t *testing.T) {
 	got = podsAllocatable(load(config.Flags{EnforceNodeAllocatable: &off, SystemReserved: []string{"memory=1Gi"}}), capacity)
 	if len(got) != 1 || got.Cpu().Cmp(resource.MustParse("4")) != 0 {
 		t.Errorf("not enforced: %v, want the cpu capacity only", got)
+	}
+}
+
+// A host with swap on gets a Warning node event naming the swap areas; one without, none.
+func TestSwapWarning(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "proc"), 0o755)
+	header := "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+	os.WriteFile(filepath.Join(root, "proc/swaps"), []byte(header), 0o644)
+	if ev, on, err := swapWarning(root, "n1"); on || err != nil {
+		t.Errorf("swap off: %+v, %v, %v; want no event", ev, on, err)
+	}
+	os.WriteFile(filepath.Join(root, "proc/swaps"), []byte(header+"/var/swap                               file\t\t102396\t\t0\t\t-2\n"), 0o644)
+	ev, on, err := swapWarning(root, "n1")
+	if !on || err != nil || ev.Type != event.Warning || ev.Reason != ReasonSwapOn || !strings.Contains(ev.Message, "swap is on (/var/swap)") || ev.Object.Name != "n1" {
+		t.Errorf("swap on: %+v, %v, %v; want a Warning %s naming /var/swap about node n1", ev, on, err, ReasonSwapOn)
 	}
 }
