@@ -11,7 +11,7 @@
 # forwarded port (127.0.0.1:<free port> -> the guest's ssh) for looking around with
 # MQLET_VM_KEEP=1. The disk is opened with snapshot=on: a run never changes the cached image.
 #
-# Environment: MQLET_VM_TIMEOUT  seconds the guest may run before it is killed (default 900)
+# Environment: MQLET_VM_TIMEOUT  seconds the guest may run before it is killed (default 1800)
 #              MQLET_VM_ACCEL    kvm or tcg (default: kvm only if a probe guest boots under it)
 #              MQLET_VM_KEEP=1   keep the run directory (logs, console) even when the run passed
 #              MQLET_VM_SHELL=1  boot without running the tests (kernel argument mqlet.lane=0) and
@@ -20,7 +20,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-TIMEOUT=${MQLET_VM_TIMEOUT:-900}
+TIMEOUT=${MQLET_VM_TIMEOUT:-1800}
 MEM=1536
 CPUS=2 # this machine's cores are shared; never more
 export PATH=/usr/local/go/bin:$PATH
