@@ -52,7 +52,7 @@ func readInt(t *testing.T, path string) int64 {
 // memHog starts, in the (memory) cgroup rel, a dd that fills a 64 MiB buffer and then blocks
 // writing it into a pipe nobody reads, holding the memory until killed. It returns once the
 // cgroup's usage shows it, with a function that kills it and reports whether it was still alive
-// (not OOM-killed) until then.
+// and holding its memory (not OOM-killed) until then.
 func memHog(t *testing.T, l Layout, rel string) (stop func() (aliveUntilNow bool)) {
 	t.Helper()
 	script := "echo $$ > " + memFile(l, rel, "cgroup.procs") + " && dd if=/dev/zero bs=64M count=1 2>/dev/null | sleep 100000"
@@ -101,14 +101,16 @@ func memHog(t *testing.T, l Layout, rel string) (stop func() (aliveUntilNow bool
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// Alive means the 64 MiB are still held: the shell and sleep outlive a dd the kernel killed.
 	return func() bool {
+		held := readInt(t, memFile(l, rel, "memory.usage_in_bytes")) >= 60<<20
 		select {
 		case <-done:
 			return false
 		default:
 		}
 		kill()
-		return true
+		return held
 	}
 }
 
