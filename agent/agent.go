@@ -159,8 +159,12 @@ type Agent struct {
 	wg     sync.WaitGroup
 	relist chan struct{} // asks the relist loop for a relist now
 
-	relistOK atomic.Bool
-	hostIP   atomic.Pointer[string]
+	// relisted: a relist has completed, either way; runtimeErr is the last one's failure (nil
+	// after a good one). Ready reads both: they are the runtime's health, as kubelet's runtime
+	// state is.
+	relisted   atomic.Bool
+	runtimeErr atomic.Pointer[error]
+	hostIP     atomic.Pointer[string]
 
 	shuttingDown atomic.Bool // see ShutdownPods
 
@@ -870,6 +874,12 @@ func (a *Agent) readHostIP() string {
 	return a.opts.HostIP()
 }
 
+// The runtime health messages of the Ready condition (kubelet's words).
+const (
+	MessageRuntimeUnchecked = "container runtime status check may not have completed yet"
+	MessageRuntimeDown      = "container runtime is down"
+)
+
 // relistTimeout bounds one relist, so a hung containerd shows as "not ready" instead of a stall.
 const relistTimeout = 30 * time.Second
 
@@ -882,11 +892,12 @@ func (a *Agent) Relist(ctx context.Context, sweep bool) error {
 	lctx, cancel := context.WithTimeout(ctx, relistTimeout)
 	ctrs, err := a.rt.ListContainers(lctx, "")
 	cancel()
+	a.relisted.Store(true)
 	if err != nil {
-		a.relistOK.Store(false)
+		a.runtimeErr.Store(&err)
 		return err
 	}
-	a.relistOK.Store(true)
+	a.runtimeErr.Store(nil)
 	ipChanged := false
 	// Keep the last address through a brief link loss rather than publish an empty one.
 	if ip := a.readHostIP(); ip != "" && ip != a.currentHostIP() {
@@ -1050,6 +1061,10 @@ func (a *Agent) Rejected() []source.Rejection {
 
 // Ready is nil once every source has been read, the latest change of each is stored, and
 // containerd answers (api.Provider); otherwise it says which of these is wrong.
+//
+// The runtime's health is the last relist's: before the first one Ready says so, and while
+// containerd fails to list containers Ready is false with kubelet's "container runtime is down"
+// and containerd's error.
 func (a *Agent) Ready() error {
 	a.mu.Lock()
 	var waiting []string
@@ -1069,8 +1084,13 @@ func (a *Agent) Ready() error {
 	case len(unstored) > 0:
 		// A change the node cannot store is not acted on: what runs is not what the sources say.
 		return fmt.Errorf("source changes not stored, retrying (%s)", strings.Join(unstored, "; "))
-	case !a.relistOK.Load():
-		return errors.New("containerd is not answering")
+	case !a.relisted.Load():
+		return errors.New(MessageRuntimeUnchecked)
+	}
+	if err := a.runtimeErr.Load(); err != nil {
+		// kubelet's "container runtime is down", with what containerd answered (the socket it
+		// dialled, a timeout), so the operator sees which runtime and why.
+		return fmt.Errorf("%s: containerd: %v", MessageRuntimeDown, *err)
 	}
 	return nil
 }
