@@ -104,6 +104,11 @@ type Options struct {
 	// Node is the node as last computed (its labels and taints), read when new pods are admitted
 	// for nodeSelector, required node affinity and NoExecute taints; nil: not checked.
 	Node func() *v1.Node
+	// OnShutdownChange is called when a node shutdown begins or is called off, once ShuttingDown
+	// says so, without waiting for the pods: the node status pushes its Ready=False "node is
+	// shutting down" at once rather than at its next period, which may come after the power is
+	// gone (kubelet's shutdown manager also updates the node status first). nil: nothing.
+	OnShutdownChange func()
 }
 
 // maxVersions bounds how many versions of one pod the agent remembers for status reports (see

@@ -19,6 +19,7 @@ import (
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/internal/testenv"
 	"github.com/mqlet/mqlet/store"
+	"github.com/mqlet/mqlet/sync/protocol"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 )
@@ -283,7 +284,9 @@ spec:
     command: ["sh", "-c", "trap 'echo static-term >> /out/order; exit 0' TERM; echo static-start >> /out/order; while true; do sleep 0.1; done"]
     volumeMounts: [{name: out, mountPath: /out}]
 `)
-	h.startMQTTAgent(b.Plain, "--mqtt-allowed-host-path", out,
+	// A node status period longer than the test: a node status that says "shutting down" can only
+	// come from the push at shutdown start.
+	h.startMQTTAgent(b.Plain, "--mqtt-allowed-host-path", out, "--node-status-update-frequency", "1h",
 		"--shutdown-grace-period", "12s", "--shutdown-grace-period-critical-pods", "6s")
 	cp.applyYAML(`apiVersion: v1
 kind: Pod
@@ -307,9 +310,24 @@ spec:
 	waitFor(t, "the shutdown signal watched", func() bool { return strings.Contains(h.agentLog.String(), "graceful node shutdown on") })
 	os.WriteFile(order, nil, 0o666)
 
+	readyIs := func(status v1.ConditionStatus, msg string) func([]byte) bool {
+		return func(p []byte) bool {
+			s, err := protocol.DecodeNodeStatus(p, 0)
+			if err != nil || s.Object == nil {
+				return false
+			}
+			c := nodeCondition(s.Object, v1.NodeReady)
+			return c != nil && c.Status == status && strings.Contains(c.Message, msg)
+		}
+	}
+	waitRetained(t, b.Plain, topics.NodeStatus(e2eNode), "a Ready node status", readyIs(v1.ConditionTrue, ""))
+
 	if err := h.agent.Process.Signal(syscall.SIGPWR); err != nil {
 		t.Fatal(err)
 	}
+	// The node status says so at once, not at its next period (an hour away).
+	waitRetained(t, b.Plain, topics.NodeStatus(e2eNode), "the node status of the shutdown",
+		readyIs(v1.ConditionFalse, "node is shutting down"))
 	for _, name := range []string{"app", "static"} {
 		p := h.waitPod(name, "stopped for the shutdown", refusedWith("Terminated"))
 		if p.Status.Message != "Pod was terminated in response to imminent node shutdown." {

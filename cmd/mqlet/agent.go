@@ -156,6 +156,8 @@ func (c *AgentCmd) Run() error {
 		Allocatable: func() v1.ResourceList { return nodeStatus.allocatable(interim) },
 		Pressure:    func() []v1.NodeConditionType { return evictions.Pressure() },
 		Node:        func() *v1.Node { return nodeStatus.nodeOr(cfg) }, // wire_volumes.go
+		// The shutdown manager, which calls it, starts after nodeStatus is set.
+		OnShutdownChange: func() { nodeStatus.m.Trigger() },
 	}, rt, state, sources...)
 	connectObjects(objs, a, report)
 
@@ -170,7 +172,6 @@ func (c *AgentCmd) Run() error {
 		return err
 	}
 	defer gc.Stop()
-	defer startNodeShutdown(ctx, cfg, a, log)()
 
 	log.Info("mqlet agent starting", "version", version, "node", cfg.NodeName, "containerd", cfg.ContainerdAddress,
 		"namespace", cfg.ContainerdNamespace, "manifests", cfg.ManifestDir, "state", cfg.StatePath())
@@ -182,6 +183,8 @@ func (c *AgentCmd) Run() error {
 	defer evictions.Wait()
 	pressure.p = evictions.Manager
 	defer nodeStatus.start(ctx)() // ends with ctx (stop), before the store closes
+	// After the node status exists: a shutdown pushes it at once (OnShutdownChange).
+	defer startNodeShutdown(ctx, cfg, a, log)()
 	// The waits deferred above end only with ctx: an error return from here on must cancel it
 	// before they run (deferred calls run last-in first-out), or the agent hangs instead of exiting.
 	defer stop()
