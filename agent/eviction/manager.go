@@ -259,7 +259,7 @@ func (m *Manager) synchronize(ctx context.Context, notified bool) *Pod {
 
 	// Memory first, then the others in the order Signals lists them (kubelet's order).
 	slices.SortStableFunc(ready, func(a, b int) int {
-		return slices.Index(Signals, m.o.Thresholds[a].Signal) - slices.Index(Signals, m.o.Thresholds[b].Signal)
+		return slices.Index(order, m.o.Thresholds[a].Signal) - slices.Index(order, m.o.Thresholds[b].Signal)
 	})
 	t := m.o.Thresholds[ready[0]]
 	res := t.Signal.Resource()

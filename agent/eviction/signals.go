@@ -36,11 +36,16 @@ type Observer interface {
 
 // NodeObserver reads the signals of the machine with the hw readers, as kubelet computes them:
 // memory.available from the root cgroup's working set, nodefs from the state dir's file system,
-// imagefs from containerd's root, pid.available from pid_max and the task count.
+// imagefs from containerd's root, pid.available from pid_max and the task count, and
+// allocatableMemory.available from the pods' top cgroup.
 type NodeObserver struct {
 	Root       string // "/" on a node; a fixture tree in tests
 	NodeFsDir  string // the agent's state dir (pod dirs, emptyDirs, logs)
 	ImageFsDir string // containerd's root dir
+	// AllocatableCgroup is the pods' top cgroup (below each hierarchy's root), whose memory limit
+	// is node allocatable when it is enforced: allocatableMemory.available is that limit minus its
+	// working set. Empty, or a cgroup without a limit: the signal is not observed.
+	AllocatableCgroup string
 	Statfs     hw.StatfsFunc
 	Log        *slog.Logger
 
@@ -59,6 +64,13 @@ func (o *NodeObserver) Observe() Observations {
 	} else {
 		obs.Memory = m
 		obs.Signals[SignalMemoryAvailable] = Observation{Available: m.Available, Capacity: m.Capacity}
+	}
+	if o.AllocatableCgroup != "" {
+		if m, err := hw.CgroupMemory(root, o.AllocatableCgroup); err != nil {
+			o.warn("allocatable memory", err)
+		} else if m.Limit > 0 {
+			obs.Signals[SignalAllocatableMemoryAvailable] = Observation{Available: m.Limit - m.WorkingSet, Capacity: m.Limit}
+		}
 	}
 	if st, err := o.filesystem(o.NodeFsDir); err != nil {
 		o.warn("nodefs", err)

@@ -179,7 +179,7 @@ func (c *AgentCmd) Run() error {
 	// The node status shows the eviction manager's pressure, and is recomputed when it changes.
 	pressure := &pressureRef{}
 	nodeStatus = newNodeStatus(cfg, rt, db, log, a, channel, nodeInputs{pressure: pressure, devices: devs, network: network.Ready, sealing: sealKey, attestation: attestation})
-	evictions = startEviction(ctx, cfg, a, rt, report, gc.Manager, nodeStatus.m.Trigger, log)
+	evictions = startEviction(ctx, cfg, a, rt, cgroups.Base(), report, gc.Manager, nodeStatus.m.Trigger, log)
 	defer evictions.Wait()
 	pressure.p = evictions.Manager
 	defer nodeStatus.start(ctx)() // ends with ctx (stop), before the store closes

@@ -43,9 +43,13 @@ func (e *evictions) Wait() { <-e.done }
 // startEviction runs the eviction manager for agent a until ctx ends. events receives the Evicted
 // and EvictionThresholdMet events (nil on a standalone node: they are logged only); reclaim is the
 // node-level reclaim for disk pressure (image GC; nil for none). It needs no broker.
-func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *runtime.Runtime, events event.Sink,
+// podsCgroup is the pods' top cgroup, whose memory limit is node allocatable when enforced.
+func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *runtime.Runtime, podsCgroup string, events event.Sink,
 	reclaim eviction.Reclaimer, onChange func(), log *slog.Logger) *evictions {
-	thresholds := cfg.Thresholds()
+	thresholds := evictionThresholds(cfg)
+	if !cfg.EnforceNodeAllocatable {
+		podsCgroup = "" // no limit on it: allocatableMemory.available is not a signal
+	}
 	var notifier eviction.MemoryNotifier
 	for _, t := range thresholds {
 		if t.Signal != eviction.SignalMemoryAvailable {
@@ -65,15 +69,16 @@ func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *r
 		MonitoringPeriod:         cfg.EvictionMonitoringPeriod.Duration,
 		PressureTransitionPeriod: cfg.EvictionPressureTransitionPeriod.Duration,
 		MaxPodGracePeriod:        cfg.EvictionMaxPodGracePeriod.Duration,
-		Observer:                 &eviction.NodeObserver{Root: "/", NodeFsDir: cfg.StateDir, ImageFsDir: cfg.ImageFSDir, Log: log},
-		Usage:                    eviction.NodeUsage{Root: "/", PodCgroup: rt.PodCgroup, PodDirs: rt.PodStorageDirs},
-		Pods:                     agentPods{a: a, rt: rt},
-		Reclaimer:                reclaim,
-		Events:                   events,
-		Notifier:                 notifier,
-		Log:                      log,
-		OnConditionsChange:       onChange,
-		EmptyDirPath:             rt.EmptyDirPath, // emptyDir sizeLimit
+		Observer: &eviction.NodeObserver{Root: "/", NodeFsDir: cfg.StateDir, ImageFsDir: cfg.ImageFSDir,
+			AllocatableCgroup: podsCgroup, Log: log},
+		Usage:              eviction.NodeUsage{Root: "/", PodCgroup: rt.PodCgroup, PodDirs: rt.PodStorageDirs},
+		Pods:               agentPods{a: a, rt: rt},
+		Reclaimer:          reclaim,
+		Events:             events,
+		Notifier:           notifier,
+		Log:                log,
+		OnConditionsChange: onChange,
+		EmptyDirPath:       rt.EmptyDirPath, // emptyDir sizeLimit
 	})
 	e := &evictions{Manager: m, done: make(chan struct{})}
 	go func() {
@@ -81,6 +86,16 @@ func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *r
 		m.Run(ctx)
 	}()
 	return e
+}
+
+// evictionThresholds are the configured thresholds and, when node allocatable is enforced on the
+// pods' cgroup, the allocatableMemory.available ones kubelet derives from the hard memory ones.
+func evictionThresholds(cfg config.Config) []eviction.Threshold {
+	ts := cfg.Thresholds()
+	if cfg.EnforceNodeAllocatable {
+		ts = append(ts, eviction.AllocatableThresholds(ts)...)
+	}
+	return ts
 }
 
 // agentPods is the agent as the eviction manager sees it.
