@@ -46,8 +46,8 @@ type NodeObserver struct {
 	// is node allocatable when it is enforced: allocatableMemory.available is that limit minus its
 	// working set. Empty, or a cgroup without a limit: the signal is not observed.
 	AllocatableCgroup string
-	Statfs     hw.StatfsFunc
-	Log        *slog.Logger
+	Statfs            hw.StatfsFunc
+	Log               *slog.Logger
 
 	warned map[string]bool // signals whose failure was logged, so a missing file is said once
 }

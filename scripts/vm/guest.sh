@@ -133,6 +133,19 @@ for t in $(ctr -n $NS tasks ls -q 2>/dev/null); do
 	ctr -n $NS tasks kill -s SIGKILL "$t" 2>/dev/null
 done
 
+# Eviction and OOM checks: the allocatableMemory.available signal on the real kernel, and the OOM
+# watcher's SystemOOM event for a kill outside the pods. Each in its own function.
+v2b_eviction_tests() {
+	step "agent/eviction on the real v2 hierarchy: allocatableMemory.available evicts before the kernel kills"
+	(cd $SRC/agent/eviction && MQLET_TEST_REQUIRE_V2=1 $BIN/eviction.test -test.v -test.count=1 -test.timeout=10m -test.run 'RealV2') >/tmp/eviction-test.out 2>&1
+	local rc=$?
+	cat /tmp/eviction-test.out
+	[ $rc = 0 ] || fail "agent/eviction tests exited $rc"
+	grep -q -- "--- PASS: TestAllocatableMemoryEvictionRealV2 " /tmp/eviction-test.out || fail "TestAllocatableMemoryEvictionRealV2 did not pass"
+}
+
+v2b_eviction_tests
+
 step "done"
 if [ ${#failed[@]} -gt 0 ]; then
 	echo "${#failed[@]} check(s) failed:"
