@@ -181,6 +181,7 @@ func (c *AgentCmd) Run() error {
 	nodeStatus = newNodeStatus(cfg, rt, db, log, a, channel, nodeInputs{pressure: pressure, devices: devs, network: network.Ready, sealing: sealKey, attestation: attestation})
 	evictions = startEviction(ctx, cfg, a, rt, cgroups.Base(), report, gc.Manager, nodeStatus.m.Trigger, log)
 	defer evictions.Wait()
+	defer startOOMWatch(ctx, cfg, cgroups.Base(), report, log)() // wire_eviction.go
 	pressure.p = evictions.Manager
 	defer nodeStatus.start(ctx)() // ends with ctx (stop), before the store closes
 	// After the node status exists: a shutdown pushes it at once (OnShutdownChange).

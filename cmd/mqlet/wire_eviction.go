@@ -9,6 +9,7 @@ import (
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/eviction"
+	"github.com/mqlet/mqlet/agent/oomwatch"
 	"github.com/mqlet/mqlet/agent/pod"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
@@ -96,6 +97,18 @@ func evictionThresholds(cfg config.Config) []eviction.Threshold {
 		ts = append(ts, eviction.AllocatableThresholds(ts)...)
 	}
 	return ts
+}
+
+// startOOMWatch runs the OOM watcher (SystemOOM node events from the kernel log, for kills
+// outside podsCgroup) until ctx ends; the returned func waits for it.
+func startOOMWatch(ctx context.Context, cfg config.Config, podsCgroup string, events event.Sink, log *slog.Logger) (wait func()) {
+	w := oomwatch.New(oomwatch.Options{NodeName: cfg.NodeName, PodsCgroup: podsCgroup, Events: events, Log: log})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Run(ctx)
+	}()
+	return func() { <-done }
 }
 
 // agentPods is the agent as the eviction manager sees it.
