@@ -110,6 +110,41 @@ func TestAdmissionRefusesPodsThatDoNotFit(t *testing.T) {
 	h.waitPod("big", "running once it fits", allRunning)
 }
 
+// Critical pod admission on the real agent: with maxPods 3 taken by two control-plane pods and a
+// manifest pod, a second manifest pod (critical, like kubelet's static pods) does not wait for room:
+// the smaller control-plane pod is stopped, Failed with Preempting and a message naming the
+// manifest pod, and the manifest pod runs; the other pods keep their containers.
+func TestCriticalPodPreemptsForReal(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	cp := newControlPlane(t, b.Plain)
+	h.writeManifest("first.yaml", requesting("first", "16Mi"))
+	h.startMQTTAgent(b.Plain, "--max-pods", "3")
+	cp.applyYAML(requesting("big", "64Mi"), requesting("small", "32Mi"))
+	keep := map[string]map[string]uint32{}
+	for _, name := range []string{"first", "big", "small"} {
+		p := h.waitPod(name, "running", allRunning)
+		keep[name] = h.podTasks(p)
+	}
+	h.writeManifest("static.yaml", requesting("static", "16Mi"))
+	static := h.waitPod("static", "running after making room", allRunning)
+	small := h.waitPod("small", "preempted", refusedWith("Preempting"))
+	if want := "Preempted in order to admit critical pod default/" + static.Name; small.Status.Message != want {
+		t.Errorf("small's message %q, want %q", small.Status.Message, want)
+	}
+	waitFor(t, "small's container stopped", func() bool { return len(h.podTasks(small)) == 0 })
+	for _, name := range []string{"first", "big"} {
+		p, err := h.getPod(name)
+		if err != nil || !allRunning(p) || !equalPids(h.podTasks(p), keep[name]) {
+			t.Errorf("%s disturbed: %v %v", name, p, err)
+		}
+	}
+	if !strings.Contains(h.agentLog.String(), "pod preempted to admit a critical pod") {
+		t.Errorf("no log of the preemption")
+	}
+}
+
 func lineWith(out, word string) string {
 	for _, l := range strings.Split(out, "\n") {
 		if f := strings.Fields(l); len(f) > 1 && f[1] == word {
