@@ -31,8 +31,10 @@ type Pods interface {
 	Evict(uid types.UID, message string, grace *time.Duration) bool
 	// Release frees what an evicted pod still holds on the node once its containers have stopped:
 	// its emptyDir volumes and its /dev/shm (kubelet tears a terminated pod's volumes down, and a
-	// stopped CRI sandbox loses its shm). Its logs stay. Without this the pressure would outlive the
-	// pod that caused it, and the next round would evict an innocent one.
+	// stopped CRI sandbox loses its shm), and its dead containers with their writable layers and
+	// logs (kubelet's container GC removes an evicted pod's containers); the pod and its status
+	// stay. Without this the pressure would outlive the pod that caused it, and the next round
+	// would evict an innocent one. A failed release is tried again the next round.
 	Release(pod *v1.Pod) error
 }
 

@@ -77,3 +77,37 @@ func (r *Runtime) ReleasePodStorage(pod *v1.Pod) error {
 	}
 	return errors.Join(errs...)
 }
+
+// RemoveEvictedContainers is kubelet's container garbage collection for an evicted pod: the pod
+// stays on the node (its Failed/Evicted status is kept until the pod is deleted) but nothing will
+// run its containers again, so they go with their writable layers, and its log dir with them.
+// A container whose task still runs is left alone (ErrContainerRunning, and then the logs stay
+// too): garbage collection never stops anything. Call it once the pod's containers have stopped.
+// It returns the bytes the writable layers held.
+func (r *Runtime) RemoveEvictedContainers(ctx context.Context, pod *v1.Pod) (int64, error) {
+	logs, err := r.podLogDir(pod)
+	if err != nil {
+		return 0, err
+	}
+	ctrs, err := r.ListContainers(ctx, string(pod.UID))
+	if err != nil {
+		return 0, fmt.Errorf("containers of evicted pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	var freed int64
+	var errs []error
+	for _, c := range ctrs {
+		n, err := r.RemoveExitedContainer(ctx, c.ID)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		freed += n
+	}
+	if len(errs) > 0 {
+		return freed, fmt.Errorf("evicted pod %s/%s: %w", pod.Namespace, pod.Name, errors.Join(errs...))
+	}
+	if err := os.RemoveAll(logs); err != nil {
+		return freed, fmt.Errorf("evicted pod %s/%s: logs: %w", pod.Namespace, pod.Name, err)
+	}
+	return freed, nil
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -319,8 +320,26 @@ spec:
 		_, err := os.Stat(filepath.Join(fill, "fill"))
 		return os.IsNotExist(err)
 	})
+	// Its dead container (with its writable layer) and its logs go too, as kubelet's container GC
+	// removes an evicted pod's; the pod and its Failed/Evicted status stay until it is deleted.
+	var writerIDs []string
+	for _, cs := range writer.Status.ContainerStatuses {
+		writerIDs = append(writerIDs, strings.TrimPrefix(cs.ContainerID, "containerd://"))
+	}
+	if len(writerIDs) != 1 || writerIDs[0] == "" {
+		t.Fatalf("writer's container IDs from its status: %q", writerIDs)
+	}
+	waitFor(t, "writer's container removed from containerd", func() bool { return !slices.Contains(h.containerIDs(), writerIDs[0]) })
+	logDir := filepath.Join(h.state, "logs", "default_writer_"+string(writer.UID))
+	waitFor(t, "writer's log dir removed", func() bool {
+		_, err := os.Stat(logDir)
+		return os.IsNotExist(err)
+	})
 	h.waitLog("DiskPressure cleared", "node condition changed", "DiskPressure", "status=false")
 	h.logEviction()
+	if p, err := h.getPod("writer"); err != nil || !evicted(p) {
+		t.Errorf("writer after its containers were removed: %v, %v; want it still listed Failed/Evicted", p, err)
+	}
 	after, _ := hw.Filesystem(h.state)
 	if after.Available < 40<<20 {
 		t.Errorf("state dir still has only %d MiB available after the eviction", after.Available>>20)
@@ -350,3 +369,4 @@ spec:
 		}
 	}
 }
+

@@ -137,4 +137,18 @@ func (p agentPods) Evict(uid types.UID, message string, grace *time.Duration) bo
 	return p.a.Fail(uid, pod.Failure{Reason: pod.ReasonEvicted, Message: message, Grace: grace})
 }
 
-func (p agentPods) Release(pod *v1.Pod) error { return p.rt.ReleasePodStorage(pod) }
+// releaseTimeout bounds the containerd calls that remove an evicted pod's containers.
+const releaseTimeout = 30 * time.Second
+
+// Release frees the evicted pod's volumes, shm and devices, then removes its containers with their
+// writable layers and its logs (kubelet's container GC for evicted pods); the pod and its status
+// stay until it is deleted.
+func (p agentPods) Release(pod *v1.Pod) error {
+	if err := p.rt.ReleasePodStorage(pod); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	_, err := p.rt.RemoveEvictedContainers(ctx, pod)
+	return err
+}
