@@ -79,6 +79,10 @@ type Options struct {
 	// EmptyDirPath is where a pod's emptyDir volume lives, for the sizeLimit of disk-backed ones
 	// (emptydir.go); nil: sizeLimit is not enforced.
 	EmptyDirPath func(pod *v1.Pod, volume string) (string, error)
+	// ContainerStorage reads what each container of the pod keeps on disk, by name: its writable
+	// layer plus its logs (runtime.ContainerStorage), for ephemeral-storage limits (emptydir.go);
+	// nil: those limits are not enforced. It is called only for pods that have such a limit.
+	ContainerStorage func(pod *v1.Pod) (map[string]int64, error)
 
 	// CleanupTimeout bounds the wait for an evicted pod's containers to stop before the next round
 	// (kubelet's 30 s).
@@ -168,7 +172,7 @@ func (m *Manager) Run(ctx context.Context) {
 		defer m.o.Notifier.Close()
 		notify = m.o.Notifier.C()
 	}
-	if len(m.o.Thresholds) == 0 && m.o.EmptyDirPath == nil {
+	if len(m.o.Thresholds) == 0 && m.o.EmptyDirPath == nil && m.o.ContainerStorage == nil {
 		m.log.Info("eviction: no thresholds configured; pods are never evicted")
 		<-ctx.Done()
 		return

@@ -125,7 +125,8 @@ func (o *NodeObserver) warn(what string, err error) {
 type Usage interface {
 	// Memory is the working set of the pod's cgroup in bytes.
 	Memory(pod *v1.Pod) (int64, error)
-	// Disk is what the pod keeps on the node's file system (pod dir with emptyDirs, logs).
+	// Disk is what the pod keeps on the node's file systems (pod dir with emptyDirs, logs, its
+	// containers' writable layers).
 	Disk(pod *v1.Pod) (bytes, inodes int64, err error)
 	// Processes is the number of tasks in the pod's cgroup.
 	Processes(pod *v1.Pod) (int64, error)
@@ -138,6 +139,9 @@ type NodeUsage struct {
 	PodCgroup func(pod *v1.Pod) (string, error)
 	// PodDirs are the directories whose contents count as the pod's ephemeral storage.
 	PodDirs func(pod *v1.Pod) ([]string, error)
+	// WritableLayers reads what the pod's containers' writable layers hold (bytes, inodes), which
+	// count too, as kubelet ranks by rootfs, logs and local volumes; nil leaves them out.
+	WritableLayers func(pod *v1.Pod) (bytes, inodes int64, err error)
 }
 
 func (u NodeUsage) root() string {
@@ -174,6 +178,14 @@ func (u NodeUsage) Disk(pod *v1.Pod) (int64, int64, error) {
 	for _, d := range dirs {
 		b, n, err := hw.DiskUsage(d)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		bytes += b
+		inodes += n
+	}
+	if u.WritableLayers != nil {
+		b, n, err := u.WritableLayers(pod)
+		if err != nil {
 			errs = append(errs, err)
 		}
 		bytes += b

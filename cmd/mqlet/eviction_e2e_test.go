@@ -370,3 +370,40 @@ spec:
 	}
 }
 
+// limits.ephemeral-storage enforced by eviction (kubelet's local storage isolation) on the real
+// containerd: a pod whose container writes 16 MiB into its root file system (its writable layer,
+// which only the snapshotter can measure) with an 8Mi limit is evicted with kubelet's message,
+// whatever the node's thresholds; a pod that stays within the same limit keeps running.
+func TestEphemeralStorageLimitForReal(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	cp := newControlPlane(t, b.Plain)
+	h.startMQTTAgent(b.Plain, "--eviction-monitoring-period", "1s")
+	pod := func(name, mib string) string {
+		return `apiVersion: v1
+kind: Pod
+metadata: {name: ` + name + `}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: c
+    image: mqlet.test/busybox:1
+    command: ["sh", "-c", "dd if=/dev/zero of=/fill bs=1M count=` + mib + ` 2>/dev/null; exec sleep 3600"]
+    resources: {limits: {ephemeral-storage: 8Mi}}
+`
+	}
+	cp.applyYAML(pod("within", "2"), pod("writer", "16"))
+	within := h.waitPod("within", "running", allRunning)
+	writer := h.waitPod("writer", "evicted", evicted)
+	if want := "Pod ephemeral local storage usage exceeds the total limit of containers 8Mi. "; writer.Status.Message != want {
+		t.Errorf("writer's status message %q, want %q", writer.Status.Message, want)
+	}
+	h.logEviction()
+	if n := h.logCount("eviction: evicting pod"); n != 1 {
+		t.Errorf("%d evictions, want 1 (the writer)\n%s", n, h.agentLog)
+	}
+	if p, err := h.getPod("within"); err != nil || !allRunning(p) || !equalPids(h.podTasks(p), h.podTasks(within)) {
+		t.Errorf("within its limit but disturbed: %v %v", p, err)
+	}
+}

@@ -72,7 +72,13 @@ func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *r
 		MaxPodGracePeriod:        cfg.EvictionMaxPodGracePeriod.Duration,
 		Observer: &eviction.NodeObserver{Root: "/", NodeFsDir: cfg.StateDir, ImageFsDir: cfg.ImageFSDir,
 			AllocatableCgroup: podsCgroup, Log: log},
-		Usage:              eviction.NodeUsage{Root: "/", PodCgroup: rt.PodCgroup, PodDirs: rt.PodStorageDirs},
+		Usage: eviction.NodeUsage{Root: "/", PodCgroup: rt.PodCgroup, PodDirs: rt.PodStorageDirs,
+			WritableLayers: func(pod *v1.Pod) (int64, int64, error) {
+				ctx, cancel := context.WithTimeout(ctx, storageTimeout)
+				defer cancel()
+				u, err := rt.WritableLayers(ctx, pod)
+				return u.Bytes, u.Inodes, err
+			}},
 		Pods:               agentPods{a: a, rt: rt},
 		Reclaimer:          reclaim,
 		Events:             events,
@@ -80,6 +86,17 @@ func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *r
 		Log:                log,
 		OnConditionsChange: onChange,
 		EmptyDirPath:       rt.EmptyDirPath, // emptyDir sizeLimit
+		// ephemeral-storage limits: each container's writable layer and logs
+		ContainerStorage: func(pod *v1.Pod) (map[string]int64, error) {
+			ctx, cancel := context.WithTimeout(ctx, storageTimeout)
+			defer cancel()
+			us, err := rt.ContainerStorage(ctx, pod)
+			out := make(map[string]int64, len(us))
+			for name, u := range us {
+				out[name] = u.Bytes
+			}
+			return out, err
+		},
 	})
 	e := &evictions{Manager: m, done: make(chan struct{})}
 	go func() {
@@ -136,6 +153,9 @@ func (p agentPods) List() []eviction.Pod {
 func (p agentPods) Evict(uid types.UID, message string, grace *time.Duration) bool {
 	return p.a.Fail(uid, pod.Failure{Reason: pod.ReasonEvicted, Message: message, Grace: grace})
 }
+
+// storageTimeout bounds one pod's storage reading (containerd walks each writable layer).
+const storageTimeout = 30 * time.Second
 
 // releaseTimeout bounds the containerd calls that remove an evicted pod's containers.
 const releaseTimeout = 30 * time.Second
