@@ -2,6 +2,7 @@ package agent
 
 import (
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/admission"
@@ -56,6 +57,7 @@ func (a *Agent) admitNew(put []store.DesiredPod, del []types.UID) verdicts {
 		leaving[d.Pod.UID] = true
 	}
 	var admitted []*v1.Pod
+	criticalPod := map[types.UID]bool{} // admitted pods that may not be preempted
 	for uid, w := range a.workers {
 		if leaving[uid] || w.Failed() != nil {
 			continue
@@ -65,6 +67,9 @@ func (a *Agent) admitNew(put []store.DesiredPod, del []types.UID) verdicts {
 			continue
 		}
 		admitted = append(admitted, &p)
+		if d, ok := a.desired[uid]; !ok || critical(d) {
+			criticalPod[uid] = true
+		}
 	}
 	a.mu.Unlock()
 
@@ -88,6 +93,10 @@ func (a *Agent) admitNew(put []store.DesiredPod, del []types.UID) verdicts {
 	out := verdicts{}
 	for _, d := range judge {
 		r := admission.Check(d.Pod, critical(d), admitted, node)
+		if r != nil && critical(d) && strings.HasPrefix(r.Reason, admission.ReasonOutOfPrefix) {
+			admitted = a.preempt(d, admitted, criticalPod, node.Allocatable)
+			r = admission.Check(d.Pod, true, admitted, node)
+		}
 		if r == nil {
 			r = admission.ProbeHostPorts(d.Pod)
 		}
@@ -99,8 +108,43 @@ func (a *Agent) admitNew(put []store.DesiredPod, del []types.UID) verdicts {
 		}
 		out[d.Pod.UID] = nil
 		admitted = append(admitted, d.Pod)
+		if critical(d) {
+			criticalPod[d.Pod.UID] = true
+		}
 	}
 	return out
+}
+
+// preempt is kubelet's critical pod admission: the critical pod d does not fit, so the non-critical
+// pods admission.Preempt picks are failed (Preempting, naming d, each with its own grace period)
+// to make room, with a Warning event on each. It returns admitted without them; when no choice
+// makes room, nothing is stopped and admitted is returned as it was (the pod is then refused).
+// The victims' containers are stopped by their workers while the critical pod's sandbox is made:
+// applyMu is held here, and waiting would stall every source.
+func (a *Agent) preempt(d store.DesiredPod, admitted []*v1.Pod, criticalPod map[types.UID]bool, alloc v1.ResourceList) []*v1.Pod {
+	var candidates []*v1.Pod
+	for _, p := range admitted {
+		if !criticalPod[p.UID] {
+			candidates = append(candidates, p)
+		}
+	}
+	victims := admission.Preempt(d.Pod, admitted, candidates, alloc)
+	if len(victims) == 0 {
+		return admitted
+	}
+	msg := admission.PreemptedMessage(d.Pod.Namespace, d.Pod.Name)
+	gone := map[types.UID]bool{}
+	for _, v := range victims {
+		if !a.Fail(v.UID, pod.Failure{Reason: admission.ReasonPreempting, Message: msg}) {
+			continue
+		}
+		gone[v.UID] = true
+		a.log.Warn("pod preempted to admit a critical pod", "pod", v.Namespace+"/"+v.Name, "critical", d.Pod.Namespace+"/"+d.Pod.Name,
+			"source", d.Source.String())
+		a.report.Emit(event.Event{Time: time.Now(), Type: event.Warning, Reason: admission.ReasonPreempting, Message: msg,
+			Object: event.PodObject(v)})
+	}
+	return slices.DeleteFunc(slices.Clone(admitted), func(p *v1.Pod) bool { return gone[p.UID] })
 }
 
 // critical pods pass admission under pressure and stop last at a node shutdown.

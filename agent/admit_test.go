@@ -382,3 +382,47 @@ func (f *failingDesired) UpdateDesired(put []store.DesiredPod, del []types.UID) 
 	}
 	return f.State.UpdateDesired(put, del)
 }
+
+// Critical pod admission (kubelet's): a manifest-dir pod that does not fit evicts the fewest,
+// lowest-QoS control-plane pods that make room, each Failed with Preempting and a Warning naming
+// the critical pod, and then runs; the critical pods already running and the pods not needed stay.
+// A critical pod that no preemption can fit is refused as before, and nothing is stopped for it.
+func TestCriticalPodPreemptsToFit(t *testing.T) {
+	rt, st, rep := newFakeRuntime(), store.NewMemory(), &fakeReporter{}
+	files, mqtt := newFakeSource(source.File), newFakeSource(source.MQTT)
+	a := startAgentWith(t, Options{Report: rep, Allocatable: allocatable("memory=1Gi")}, rt, st, files, mqtt)
+	files.send(resync(fileItem(memPod("first", "200Mi"), "first.yaml")))
+	guaranteed := memPod("guaranteed", "300Mi")
+	guaranteed.Spec.Containers[0].Resources.Limits = v1.ResourceList{v1.ResourceMemory: resource.MustParse("300Mi")}
+	mqtt.send(source.Change{Op: source.Resync, Items: []source.Item{mqttItem(guaranteed, 1),
+		mqttItem(memPod("big", "300Mi"), 1), mqttItem(memPod("small", "200Mi"), 1)}})
+	for _, n := range []string{"first", "guaranteed", "big", "small"} {
+		waitPhase(t, a, n, v1.PodRunning, "")
+	}
+	// 1000Mi of 1024Mi are taken; a manifest pod of 150Mi needs 126Mi more: small (Burstable, the
+	// closest fit) goes, not the Guaranteed pod, not big, never the critical first.
+	files.send(resync(fileItem(memPod("first", "200Mi"), "first.yaml"), fileItem(memPod("static", "150Mi"), "static.yaml")))
+	small := waitPhase(t, a, "small", v1.PodFailed, "Preempting")
+	if want := "Preempted in order to admit critical pod default/static"; small.Status.Message != want {
+		t.Errorf("small's message %q, want %q", small.Status.Message, want)
+	}
+	waitPhase(t, a, "static", v1.PodRunning, "")
+	for _, n := range []string{"first", "guaranteed", "big"} {
+		if p := podNamed(a, n); p.Status.Phase != v1.PodRunning {
+			t.Errorf("%s: %s %s, want Running", n, p.Status.Phase, p.Status.Reason)
+		}
+	}
+	es := eventsWithReason(rep, "Preempting")
+	if len(es) != 1 || es[0].Type != event.Warning || es[0].Object.Name != "small" || es[0].Message != small.Status.Message {
+		t.Errorf("Preempting events %+v, want one Warning on small naming static", es)
+	}
+	// Too big even with every control-plane pod gone: refused, and no pod is stopped for it.
+	files.send(resync(fileItem(memPod("first", "200Mi"), "first.yaml"), fileItem(memPod("static", "150Mi"), "static.yaml"),
+		fileItem(memPod("huge", "900Mi"), "huge.yaml")))
+	waitPhase(t, a, "huge", v1.PodFailed, "OutOfmemory")
+	for _, n := range []string{"guaranteed", "big"} {
+		if p := podNamed(a, n); p.Status.Phase != v1.PodRunning {
+			t.Errorf("%s stopped for a critical pod that could not fit anyway: %s %s", n, p.Status.Phase, p.Status.Reason)
+		}
+	}
+}

@@ -104,6 +104,11 @@ type Options struct {
 	// Node is the node as last computed (its labels and taints), read when new pods are admitted
 	// for nodeSelector, required node affinity and NoExecute taints; nil: not checked.
 	Node func() *v1.Node
+	// OnShutdownChange is called when a node shutdown begins or is called off, once ShuttingDown
+	// says so, without waiting for the pods: the node status pushes its Ready=False "node is
+	// shutting down" at once rather than at its next period, which may come after the power is
+	// gone (kubelet's shutdown manager also updates the node status first). nil: nothing.
+	OnShutdownChange func()
 }
 
 // maxVersions bounds how many versions of one pod the agent remembers for status reports (see
@@ -159,8 +164,12 @@ type Agent struct {
 	wg     sync.WaitGroup
 	relist chan struct{} // asks the relist loop for a relist now
 
-	relistOK atomic.Bool
-	hostIP   atomic.Pointer[string]
+	// relisted: a relist has completed, either way; runtimeErr is the last one's failure (nil
+	// after a good one). Ready reads both: they are the runtime's health, as kubelet's runtime
+	// state is.
+	relisted   atomic.Bool
+	runtimeErr atomic.Pointer[error]
+	hostIP     atomic.Pointer[string]
 
 	shuttingDown atomic.Bool // see ShutdownPods
 
@@ -870,6 +879,12 @@ func (a *Agent) readHostIP() string {
 	return a.opts.HostIP()
 }
 
+// The runtime health messages of the Ready condition (kubelet's words).
+const (
+	MessageRuntimeUnchecked = "container runtime status check may not have completed yet"
+	MessageRuntimeDown      = "container runtime is down"
+)
+
 // relistTimeout bounds one relist, so a hung containerd shows as "not ready" instead of a stall.
 const relistTimeout = 30 * time.Second
 
@@ -882,11 +897,12 @@ func (a *Agent) Relist(ctx context.Context, sweep bool) error {
 	lctx, cancel := context.WithTimeout(ctx, relistTimeout)
 	ctrs, err := a.rt.ListContainers(lctx, "")
 	cancel()
+	a.relisted.Store(true)
 	if err != nil {
-		a.relistOK.Store(false)
+		a.runtimeErr.Store(&err)
 		return err
 	}
-	a.relistOK.Store(true)
+	a.runtimeErr.Store(nil)
 	ipChanged := false
 	// Keep the last address through a brief link loss rather than publish an empty one.
 	if ip := a.readHostIP(); ip != "" && ip != a.currentHostIP() {
@@ -1050,6 +1066,10 @@ func (a *Agent) Rejected() []source.Rejection {
 
 // Ready is nil once every source has been read, the latest change of each is stored, and
 // containerd answers (api.Provider); otherwise it says which of these is wrong.
+//
+// The runtime's health is the last relist's: before the first one Ready says so, and while
+// containerd fails to list containers Ready is false with kubelet's "container runtime is down"
+// and containerd's error.
 func (a *Agent) Ready() error {
 	a.mu.Lock()
 	var waiting []string
@@ -1069,8 +1089,13 @@ func (a *Agent) Ready() error {
 	case len(unstored) > 0:
 		// A change the node cannot store is not acted on: what runs is not what the sources say.
 		return fmt.Errorf("source changes not stored, retrying (%s)", strings.Join(unstored, "; "))
-	case !a.relistOK.Load():
-		return errors.New("containerd is not answering")
+	case !a.relisted.Load():
+		return errors.New(MessageRuntimeUnchecked)
+	}
+	if err := a.runtimeErr.Load(); err != nil {
+		// kubelet's "container runtime is down", with what containerd answered (the socket it
+		// dialled, a timeout), so the operator sees which runtime and why.
+		return fmt.Errorf("%s: containerd: %v", MessageRuntimeDown, *err)
 	}
 	return nil
 }

@@ -32,6 +32,7 @@ type fakeRuntime struct {
 	sandboxes  map[types.UID]bool
 	removedSbx []types.UID
 	starts     int
+	listErr    error // ListContainers fails with it (containerd unreachable)
 }
 
 func newFakeRuntime() *fakeRuntime {
@@ -41,6 +42,9 @@ func newFakeRuntime() *fakeRuntime {
 func (f *fakeRuntime) ListContainers(_ context.Context, podUID string) ([]runtime.Container, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.listErr != nil {
+		return nil, f.listErr
+	}
 	var out []runtime.Container
 	for _, c := range f.ctrs {
 		if podUID == "" || c.PodUID == podUID {
@@ -261,6 +265,35 @@ func TestResyncChangesDesiredSet(t *testing.T) {
 	}
 	if err := a.Ready(); err != nil {
 		t.Errorf("Ready: %v", err)
+	}
+}
+
+// Ready carries the runtime's health: false with kubelet's "container runtime is down" and
+// containerd's own error while listing fails, true again once it answers.
+func TestReadyNamesRuntimeDown(t *testing.T) {
+	rt, st, src := newFakeRuntime(), store.NewMemory(), newFakeSource(source.File)
+	a := startAgent(t, rt, st, src)
+	src.ch <- resync(fileItem(testPod("a"), "a.yaml"))
+	eventually(t, "ready", func() bool { return a.Ready() == nil })
+	down := errors.New("dial unix /run/containerd/containerd.sock: connect: connection refused")
+	rt.mu.Lock()
+	rt.listErr = down
+	rt.mu.Unlock()
+	if err := a.Relist(context.Background(), false); !errors.Is(err, down) {
+		t.Fatalf("Relist with containerd down: %v", err)
+	}
+	err := a.Ready()
+	if err == nil || err.Error() != "container runtime is down: containerd: "+down.Error() {
+		t.Errorf("Ready with containerd down: %v, want kubelet's reason with containerd's error", err)
+	}
+	rt.mu.Lock()
+	rt.listErr = nil
+	rt.mu.Unlock()
+	if err := a.Relist(context.Background(), false); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Ready(); err != nil {
+		t.Errorf("Ready once containerd answers again: %v", err)
 	}
 }
 

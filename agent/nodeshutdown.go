@@ -27,6 +27,9 @@ const shutdownPoll = 100 * time.Millisecond
 // ends.
 func (a *Agent) ShutdownPods(ctx context.Context, criticalGrace, otherGrace time.Duration) {
 	a.shuttingDown.Store(true)
+	if a.opts.OnShutdownChange != nil {
+		a.opts.OnShutdownChange()
+	}
 	a.report.Emit(event.Event{Time: time.Now(), Type: event.Normal, Reason: "NodeShutdown",
 		Message: "Node is shutting down: stopping pods, critical pods last",
 		Object:  event.NodeObject(a.opts.NodeName)})
@@ -61,7 +64,12 @@ func (a *Agent) ShuttingDown() bool { return a.shuttingDown.Load() }
 
 // CancelShutdown says the shutdown was called off (logind's PrepareForShutdown(false)): new pods
 // are admitted again. Pods already stopped stay stopped until the agent restarts, as with kubelet.
-func (a *Agent) CancelShutdown() { a.shuttingDown.Store(false) }
+func (a *Agent) CancelShutdown() {
+	a.shuttingDown.Store(false)
+	if a.opts.OnShutdownChange != nil {
+		a.opts.OnShutdownChange()
+	}
+}
 
 // stopForShutdown fails the group's running pods with the node-shutdown verdict and waits until
 // they have stopped or grace has passed.

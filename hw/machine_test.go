@@ -64,13 +64,16 @@ func TestMemTotalOnFixtures(t *testing.T) {
 func TestReadSystemOnFixtures(t *testing.T) {
 	want := map[string]System{
 		"rpi4": {OSImage: "Debian GNU/Linux 12 (bookworm)", KernelVersion: "6.6.51+rpt-rpi-v8",
-			BootID: "5f0c1a7e-3b9d-4c2e-8a61-0d4e9b7f2c13", MachineID: "3c9b2f7d41e84a0f9d6a5e1b2c8f7a04", Machine: "aarch64"},
+			BootID: "5f0c1a7e-3b9d-4c2e-8a61-0d4e9b7f2c13", MachineID: "3c9b2f7d41e84a0f9d6a5e1b2c8f7a04", Machine: "aarch64",
+			SystemUUID: "3c9b2f7d-41e8-4a0f-9d6a-5e1b2c8f7a04"}, // no DMI: the machine-id as a UUID
 		// os-release only in /usr/lib, machine-id only in D-Bus's place.
 		"rpi5": {OSImage: "Debian GNU/Linux 12 (bookworm)", KernelVersion: "6.6.51+rpt-rpi-2712",
-			BootID: "a81e62d4-0f5b-47c3-9e28-6b1d3f40c7e9", MachineID: "e7d14a2b9c0f4f6d8b3a51c6e2f09d87", Machine: "aarch64"},
+			BootID: "a81e62d4-0f5b-47c3-9e28-6b1d3f40c7e9", MachineID: "e7d14a2b9c0f4f6d8b3a51c6e2f09d87", Machine: "aarch64",
+			SystemUUID: "e7d14a2b-9c0f-4f6d-8b3a-51c6e2f09d87"},
 		// A 5.15 kernel has no /proc/sys/kernel/arch.
 		"x86": {OSImage: "Ubuntu 22.04.4 LTS", KernelVersion: "5.15.0-105-generic",
-			BootID: "0d9f1c3e-7a24-4b8e-b5c6-91e2a7d30f58", MachineID: "8a1f0c5d2e7b4936a4c8d0e1f2b3a697"},
+			BootID: "0d9f1c3e-7a24-4b8e-b5c6-91e2a7d30f58", MachineID: "8a1f0c5d2e7b4936a4c8d0e1f2b3a697",
+			SystemUUID: "4c4c4544-0051-5810-804b-b4c04f324d33"}, // DMI's product_uuid
 	}
 	for _, name := range trees {
 		w := want[name]
@@ -82,6 +85,29 @@ func TestReadSystemOnFixtures(t *testing.T) {
 	// Nothing there: every field but the build's architecture is empty, and nothing fails.
 	if got := ReadSystem(t.TempDir()); got != (System{Arch: goruntime.GOARCH}) {
 		t.Errorf("ReadSystem of an empty root = %+v", got)
+	}
+}
+
+// Huge page pools: size in bytes -> pages, from the x86 fixture's 2 MiB pool of 64 pages and its
+// empty 1 GiB pool; the Raspberry Pi fixtures have none (no error: a kernel without hugetlbfs).
+func TestHugePagesOnFixtures(t *testing.T) {
+	got, err := HugePages(tree("x86"))
+	if want := map[int64]int64{2 << 20: 64, 1 << 30: 0}; err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("x86: HugePages = %v, %v; want %v", got, err, want)
+	}
+	if got, err := HugePages(tree("rpi4")); err != nil || len(got) != 0 {
+		t.Errorf("rpi4: HugePages = %v, %v; want none", got, err)
+	}
+	root := t.TempDir()
+	dir := filepath.Join(root, "sys/kernel/mm/hugepages/hugepages-2048kB")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "nr_hugepages"), []byte("many\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := HugePages(root); err == nil || !strings.Contains(err.Error(), "hugepages-2048kB") {
+		t.Errorf("a pool with a bad count: err %v, want one naming the pool", err)
 	}
 }
 

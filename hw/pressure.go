@@ -96,11 +96,19 @@ type CgroupMemoryStats struct {
 	Usage        int64
 	InactiveFile int64
 	WorkingSet   int64
+	// Limit is the cgroup's own memory limit (memory.limit_in_bytes on v1, memory.max on v2);
+	// 0 when it has none.
+	Limit int64
 }
+
+// unlimited is where a v1 memory.limit_in_bytes means "no limit": the kernel reports its
+// page-rounded maximum (9223372036854771712) rather than a distinct word.
+const unlimited = 1 << 62
 
 // CgroupMemory reads the memory use of the cgroup rel (its path below each hierarchy's root, such as
 // /mqlet/default/pod<uid>) under root: memory.usage_in_bytes and total_inactive_file on v1,
-// memory.current and inactive_file on v2. rel cannot climb out of the hierarchy.
+// memory.current and inactive_file on v2, with the cgroup's limit. rel cannot climb out of the
+// hierarchy.
 func CgroupMemory(root, rel string) (CgroupMemoryStats, error) {
 	var s CgroupMemoryStats
 	v1 := filepath.Join(root, cgroupMount, "memory")
@@ -115,6 +123,9 @@ func CgroupMemory(root, rel string) (CgroupMemoryStats, error) {
 			return s, err
 		}
 		s.InactiveFile = stat["total_inactive_file"]
+		if s.Limit, err = sigReadInt(filepath.Join(dir, "memory.limit_in_bytes")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return s, err
+		}
 	} else {
 		dir := sigJoin(filepath.Join(root, cgroupMount), rel)
 		var err error
@@ -126,6 +137,12 @@ func CgroupMemory(root, rel string) (CgroupMemoryStats, error) {
 			return s, err
 		}
 		s.InactiveFile = stat["inactive_file"]
+		if s.Limit, err = sigReadInt(filepath.Join(dir, "memory.max")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return s, err
+		}
+	}
+	if s.Limit >= unlimited {
+		s.Limit = 0
 	}
 	s.WorkingSet = max(s.Usage-s.InactiveFile, 0)
 	return s, nil

@@ -104,7 +104,8 @@ func TestCgroupMemoryFixtures(t *testing.T) {
 		{"rpi4", "/mqlet/default/pod0b7c5e7e-5d1a-4c0b-9d3e-6f1f0b2a4c11",
 			CgroupMemoryStats{Usage: 52428800, InactiveFile: 6291456, WorkingSet: 52428800 - 6291456}, 3},
 		{"rpi5", "/mqlet/default/besteffort/pod5e2d8a41-7c3b-4f6e-8a1d-2b9c0e4f7a33",
-			CgroupMemoryStats{Usage: 157286400, InactiveFile: 20971520, WorkingSet: 157286400 - 20971520}, 7},
+			CgroupMemoryStats{Usage: 157286400, InactiveFile: 20971520, WorkingSet: 157286400 - 20971520, Limit: 200 << 20}, 7},
+		// v1's "no limit" (the page-rounded maximum) is no limit; rpi4's pod has no memory.max file.
 		{"x86", "mqlet/default/pod9a3f1c2e-1111-4e5f-8c9d-0a1b2c3d4e5f",
 			CgroupMemoryStats{Usage: 734003200, InactiveFile: 146800640, WorkingSet: 734003200 - 146800640}, 12},
 	}

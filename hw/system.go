@@ -16,6 +16,8 @@ type System struct {
 	KernelVersion string
 	// BootID changes on every boot; MachineID is the installation's (systemd's machine-id).
 	BootID, MachineID string
+	// SystemUUID is the hardware's UUID (see SystemUUID).
+	SystemUUID string
 	// Arch is the architecture mqlet was built for, in Go's (and Kubernetes') spelling: arm64,
 	// arm, amd64. Machine is the kernel's (`uname -m`: aarch64, armv7l, x86_64), which differs
 	// from Arch for a 32-bit build on a 64-bit kernel; empty on kernels before 6.1, which lack
@@ -30,6 +32,7 @@ func ReadSystem(root string) System {
 		KernelVersion: KernelVersion(root),
 		BootID:        BootID(root),
 		MachineID:     MachineID(root),
+		SystemUUID:    SystemUUID(root),
 		Arch:          goruntime.GOARCH,
 		Machine:       Machine(root),
 	}
@@ -87,4 +90,26 @@ func MachineID(root string) string {
 func Machine(root string) string {
 	v, _ := readValue(root, "proc/sys/kernel/arch")
 	return v
+}
+
+// SystemUUID is the machine's hardware UUID as kubelet reports it in nodeInfo.systemUUID: the
+// firmware's (SMBIOS) root/sys/class/dmi/id/product_uuid, readable by root only. Boards without
+// DMI firmware (a Raspberry Pi) have none: the installation's machine-id then stands in, written
+// as a UUID (systemd's `systemd-id128 show --uuid` form), so the node still has a stable id.
+// Empty when neither can be read.
+func SystemUUID(root string) string {
+	if v, ok := readValue(root, "sys/class/dmi/id/product_uuid"); ok {
+		return v
+	}
+	id := MachineID(root)
+	if len(id) != 32 {
+		return ""
+	}
+	for _, c := range id {
+		if !strings.ContainsRune("0123456789abcdefABCDEF", c) {
+			return ""
+		}
+	}
+	id = strings.ToLower(id)
+	return id[0:8] + "-" + id[8:12] + "-" + id[12:16] + "-" + id[16:20] + "-" + id[20:32]
 }

@@ -112,3 +112,79 @@ func TestDiskUsageOver(t *testing.T) {
 		t.Errorf("missing dir: %d, %v, %v", used, over, err)
 	}
 }
+
+func storageLimit(container, limit string) podOpt {
+	return func(p *Pod) {
+		for i := range p.Pod.Spec.Containers {
+			if p.Pod.Spec.Containers[i].Name == container {
+				p.Pod.Spec.Containers[i].Resources.Limits = v1.ResourceList{v1.ResourceEphemeralStorage: resource.MustParse(limit)}
+				return
+			}
+		}
+		c := v1.Container{Name: container, Image: "busybox"}
+		c.Resources.Limits = v1.ResourceList{v1.ResourceEphemeralStorage: resource.MustParse(limit)}
+		p.Pod.Spec.Containers = append(p.Pod.Spec.Containers, c)
+	}
+}
+
+// ephemeral-storage limits (kubelet's localStorageEviction, the pod's sum checked before each
+// container's): a container whose writable layer and logs pass its own limit while the pod stays
+// within the sum evicts its pod with kubelet's container message; a pod whose containers
+// plus disk emptyDirs pass the sum of its containers' limits is evicted with the pod message,
+// although no container is over its own; pods within their limits, without limits, and a
+// manifest-dir pod over its limit stay. Only pods with a limit are measured.
+func TestEphemeralStorageLimitEviction(t *testing.T) {
+	f := newFakeNode()
+	root := t.TempDir()
+	f.addPod("within", storageLimit("c", "10Mi"))
+	f.addPod("nolimit")
+	f.addPod("static", fromFile, storageLimit("c", "1Mi"))
+	f.addPod("ctr", storageLimit("c", "4Mi"), storageLimit("d", "10Mi")) // 6 MiB of 14: only c is over
+	f.addPod("sum", storageLimit("c", "3Mi"), storageLimit("d", "3Mi"), emptyDirVol("data", "", ""))
+	usage := map[string]map[string]int64{
+		"within": {"c": 9 * Mi}, "nolimit": {"c": 100 * Mi}, "static": {"c": 5 * Mi},
+		"ctr": {"c": 5 * Mi, "d": 1 * Mi}, "sum": {"c": 2 * Mi, "d": 2 * Mi},
+	}
+	fill(t, filepath.Join(root, "sum", "data"), "f", 3<<20) // 2 + 2 + 3 MiB > 6 MiB
+	var measured []string
+	c := &clock{t: time.Unix(1000, 0)}
+	m := newTestManager(f, c, Options{
+		EmptyDirPath: func(pod *v1.Pod, vol string) (string, error) { return filepath.Join(root, pod.Name, vol), nil },
+		ContainerStorage: func(pod *v1.Pod) (map[string]int64, error) {
+			measured = append(measured, pod.Name)
+			return usage[pod.Name], nil
+		},
+	})
+	for range 2 {
+		if m.round() == nil {
+			t.Fatalf("a round evicted nothing; evicted so far %v", f.evictedNames())
+		}
+	}
+	if p := m.round(); p != nil {
+		t.Errorf("third round evicted %s", p.Pod.Name)
+	}
+	want := map[string]string{
+		"ctr": `Container c exceeded its local ephemeral storage limit "4Mi". `,
+		"sum": "Pod ephemeral local storage usage exceeds the total limit of containers 6Mi. ",
+	}
+	if got := f.evictedNames(); len(got) != 2 {
+		t.Fatalf("evicted %v, want ctr and sum", got)
+	}
+	for _, e := range f.evicted {
+		name := strings.TrimPrefix(string(e.uid), "uid-")
+		if e.msg != want[name] {
+			t.Errorf("%s: message %q, want %q", name, e.msg, want[name])
+		}
+		if e.grace == nil || *e.grace != 0 {
+			t.Errorf("%s: grace %v, want 0", name, e.grace)
+		}
+	}
+	if ev := m.Evictions(); ev[SignalContainerFsLimit] != 1 || ev[SignalPodFsLimit] != 1 {
+		t.Errorf("evictions %v, want one of each limit", ev)
+	}
+	for _, n := range measured {
+		if n == "nolimit" {
+			t.Errorf("a pod without an ephemeral-storage limit was measured")
+		}
+	}
+}

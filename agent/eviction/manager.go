@@ -31,8 +31,10 @@ type Pods interface {
 	Evict(uid types.UID, message string, grace *time.Duration) bool
 	// Release frees what an evicted pod still holds on the node once its containers have stopped:
 	// its emptyDir volumes and its /dev/shm (kubelet tears a terminated pod's volumes down, and a
-	// stopped CRI sandbox loses its shm). Its logs stay. Without this the pressure would outlive the
-	// pod that caused it, and the next round would evict an innocent one.
+	// stopped CRI sandbox loses its shm), and its dead containers with their writable layers and
+	// logs (kubelet's container GC removes an evicted pod's containers); the pod and its status
+	// stay. Without this the pressure would outlive the pod that caused it, and the next round
+	// would evict an innocent one. A failed release is tried again the next round.
 	Release(pod *v1.Pod) error
 }
 
@@ -77,6 +79,10 @@ type Options struct {
 	// EmptyDirPath is where a pod's emptyDir volume lives, for the sizeLimit of disk-backed ones
 	// (emptydir.go); nil: sizeLimit is not enforced.
 	EmptyDirPath func(pod *v1.Pod, volume string) (string, error)
+	// ContainerStorage reads what each container of the pod keeps on disk, by name: its writable
+	// layer plus its logs (runtime.ContainerStorage), for ephemeral-storage limits (emptydir.go);
+	// nil: those limits are not enforced. It is called only for pods that have such a limit.
+	ContainerStorage func(pod *v1.Pod) (map[string]int64, error)
 
 	// CleanupTimeout bounds the wait for an evicted pod's containers to stop before the next round
 	// (kubelet's 30 s).
@@ -166,7 +172,7 @@ func (m *Manager) Run(ctx context.Context) {
 		defer m.o.Notifier.Close()
 		notify = m.o.Notifier.C()
 	}
-	if len(m.o.Thresholds) == 0 && m.o.EmptyDirPath == nil {
+	if len(m.o.Thresholds) == 0 && m.o.EmptyDirPath == nil && m.o.ContainerStorage == nil {
 		m.log.Info("eviction: no thresholds configured; pods are never evicted")
 		<-ctx.Done()
 		return
@@ -259,7 +265,7 @@ func (m *Manager) synchronize(ctx context.Context, notified bool) *Pod {
 
 	// Memory first, then the others in the order Signals lists them (kubelet's order).
 	slices.SortStableFunc(ready, func(a, b int) int {
-		return slices.Index(Signals, m.o.Thresholds[a].Signal) - slices.Index(Signals, m.o.Thresholds[b].Signal)
+		return slices.Index(order, m.o.Thresholds[a].Signal) - slices.Index(order, m.o.Thresholds[b].Signal)
 	})
 	t := m.o.Thresholds[ready[0]]
 	res := t.Signal.Resource()

@@ -768,3 +768,44 @@ func TestStuckEvictionMovesOnAndNewSpecIsACandidateAgain(t *testing.T) {
 		t.Fatalf("evicted %v, want a again once it runs a new spec", got)
 	}
 }
+
+// allocatableMemory.available (kubelet's): with systemReserved set, the pods' cgroup nears its
+// limit while memory.available looks healthy. Its threshold, derived from the hard memory one,
+// evicts the ranked pod with kubelet's memory message, MemoryPressure set, before the kernel would
+// OOM-kill in the pods' cgroup.
+func TestAllocatableMemoryEvictsBeforeTheCgroupLimit(t *testing.T) {
+	f := newFakeNode()
+	c := &clock{t: time.Unix(1000, 0)}
+	f.set(SignalMemoryAvailable, 2000*Mi, 4096*Mi) // the node is fine
+	f.set(SignalAllocatableMemoryAvailable, 300*Mi, 1024*Mi)
+	small := f.addPod("small", memRequest("64Mi"))
+	hog := f.addPod("hog", memRequest("64Mi"))
+	f.memory[small], f.memory[hog] = 100*Mi, 600*Mi
+	ts := mustThresholds(t, map[string]string{"memory.available": "100Mi", "nodefs.available": "10%"},
+		map[string]string{"memory.available": "500Mi"}, map[string]string{"memory.available": "1m"}, nil)
+	ts = append(ts, AllocatableThresholds(ts)...)
+	m := newTestManager(f, c, Options{Thresholds: ts, PressureTransitionPeriod: time.Minute})
+	if p := m.round(); p != nil || m.MemoryPressure() {
+		t.Fatalf("pods' cgroup 300Mi from its limit: evicted %v, pressure %v", p, m.MemoryPressure())
+	}
+	f.set(SignalAllocatableMemoryAvailable, 90*Mi, 1024*Mi)
+	p := m.round()
+	if p == nil || p.Pod.Name != "hog" {
+		t.Fatalf("pods' cgroup 90Mi from its limit: evicted %v, want hog", p)
+	}
+	want := "The node was low on resource: memory. Threshold quantity: 100Mi, available: 90Mi. " +
+		"Pod hog was using 600Mi, request is 64Mi, has larger consumption of memory. "
+	if f.evicted[0].msg != want {
+		t.Errorf("message\n %q\nwant\n %q", f.evicted[0].msg, want)
+	}
+	if !m.MemoryPressure() {
+		t.Errorf("no MemoryPressure while the pods' cgroup is under its threshold")
+	}
+	if got := m.Evictions(); got[SignalAllocatableMemoryAvailable] != 1 {
+		t.Errorf("Evictions() = %v, want allocatableMemory.available: 1", got)
+	}
+	// Only the hard memory threshold has an allocatable twin (kubelet's rule).
+	if got := AllocatableThresholds(ts); len(got) != 1 || got[0].Value.String() != "100Mi" || !got[0].Hard() {
+		t.Errorf("AllocatableThresholds = %+v, want one hard 100Mi", got)
+	}
+}

@@ -36,13 +36,18 @@ type Observer interface {
 
 // NodeObserver reads the signals of the machine with the hw readers, as kubelet computes them:
 // memory.available from the root cgroup's working set, nodefs from the state dir's file system,
-// imagefs from containerd's root, pid.available from pid_max and the task count.
+// imagefs from containerd's root, pid.available from pid_max and the task count, and
+// allocatableMemory.available from the pods' top cgroup.
 type NodeObserver struct {
 	Root       string // "/" on a node; a fixture tree in tests
 	NodeFsDir  string // the agent's state dir (pod dirs, emptyDirs, logs)
 	ImageFsDir string // containerd's root dir
-	Statfs     hw.StatfsFunc
-	Log        *slog.Logger
+	// AllocatableCgroup is the pods' top cgroup (below each hierarchy's root), whose memory limit
+	// is node allocatable when it is enforced: allocatableMemory.available is that limit minus its
+	// working set. Empty, or a cgroup without a limit: the signal is not observed.
+	AllocatableCgroup string
+	Statfs            hw.StatfsFunc
+	Log               *slog.Logger
 
 	warned map[string]bool // signals whose failure was logged, so a missing file is said once
 }
@@ -59,6 +64,13 @@ func (o *NodeObserver) Observe() Observations {
 	} else {
 		obs.Memory = m
 		obs.Signals[SignalMemoryAvailable] = Observation{Available: m.Available, Capacity: m.Capacity}
+	}
+	if o.AllocatableCgroup != "" {
+		if m, err := hw.CgroupMemory(root, o.AllocatableCgroup); err != nil {
+			o.warn("allocatable memory", err)
+		} else if m.Limit > 0 {
+			obs.Signals[SignalAllocatableMemoryAvailable] = Observation{Available: m.Limit - m.WorkingSet, Capacity: m.Limit}
+		}
 	}
 	if st, err := o.filesystem(o.NodeFsDir); err != nil {
 		o.warn("nodefs", err)
@@ -113,7 +125,8 @@ func (o *NodeObserver) warn(what string, err error) {
 type Usage interface {
 	// Memory is the working set of the pod's cgroup in bytes.
 	Memory(pod *v1.Pod) (int64, error)
-	// Disk is what the pod keeps on the node's file system (pod dir with emptyDirs, logs).
+	// Disk is what the pod keeps on the node's file systems (pod dir with emptyDirs, logs, its
+	// containers' writable layers).
 	Disk(pod *v1.Pod) (bytes, inodes int64, err error)
 	// Processes is the number of tasks in the pod's cgroup.
 	Processes(pod *v1.Pod) (int64, error)
@@ -126,6 +139,9 @@ type NodeUsage struct {
 	PodCgroup func(pod *v1.Pod) (string, error)
 	// PodDirs are the directories whose contents count as the pod's ephemeral storage.
 	PodDirs func(pod *v1.Pod) ([]string, error)
+	// WritableLayers reads what the pod's containers' writable layers hold (bytes, inodes), which
+	// count too, as kubelet ranks by rootfs, logs and local volumes; nil leaves them out.
+	WritableLayers func(pod *v1.Pod) (bytes, inodes int64, err error)
 }
 
 func (u NodeUsage) root() string {
@@ -162,6 +178,14 @@ func (u NodeUsage) Disk(pod *v1.Pod) (int64, int64, error) {
 	for _, d := range dirs {
 		b, n, err := hw.DiskUsage(d)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		bytes += b
+		inodes += n
+	}
+	if u.WritableLayers != nil {
+		b, n, err := u.WritableLayers(pod)
+		if err != nil {
 			errs = append(errs, err)
 		}
 		bytes += b

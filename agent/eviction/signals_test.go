@@ -55,6 +55,24 @@ func TestNodeObserverDegrades(t *testing.T) {
 	}
 }
 
+// allocatableMemory.available is the pods' cgroup's memory limit minus its working set (the rpi5
+// fixture's pod cgroup stands in: 200Mi limit, 150Mi used of which 20Mi inactive file); a cgroup
+// without a limit gives no observation.
+func TestNodeObserverAllocatableMemory(t *testing.T) {
+	root := filepath.Join("..", "..", "hw", "testdata")
+	o := &NodeObserver{Root: filepath.Join(root, "rpi5"), NodeFsDir: t.TempDir(),
+		AllocatableCgroup: "/mqlet/default/besteffort/pod5e2d8a41-7c3b-4f6e-8a1d-2b9c0e4f7a33", Log: quietLog()}
+	got, ok := o.Observe().Signals[SignalAllocatableMemoryAvailable]
+	if want := (Observation{Available: 200<<20 - (150<<20 - 20<<20), Capacity: 200 << 20}); !ok || got != want {
+		t.Errorf("allocatableMemory.available = %+v (%v), want %+v", got, ok, want)
+	}
+	o = &NodeObserver{Root: filepath.Join(root, "rpi4"), NodeFsDir: t.TempDir(),
+		AllocatableCgroup: "/mqlet/default/pod0b7c5e7e-5d1a-4c0b-9d3e-6f1f0b2a4c11", Log: quietLog()}
+	if got, ok := o.Observe().Signals[SignalAllocatableMemoryAvailable]; ok {
+		t.Errorf("a cgroup without a memory limit observed as %+v", got)
+	}
+}
+
 // What one monitoring round costs an idle node (nothing crossed: signals only).
 func BenchmarkIdleRound(b *testing.B) {
 	dir := b.TempDir()

@@ -28,16 +28,40 @@ const (
 	SignalPIDAvailable      Signal = "pid.available"
 )
 
-// Signals lists every signal mqlet measures.
+// SignalAllocatableMemoryAvailable is kubelet's allocatableMemory.available: the pods' top cgroup's
+// memory limit (node allocatable, enforced) minus its working set. It is not configured on its
+// own: AllocatableThresholds derives its thresholds from the hard memory.available ones, as
+// kubelet does when it enforces node allocatable. Without it, pods with systemReserved set reach
+// their top cgroup's limit while the node's memory.available still looks healthy, and the kernel
+// kills by oom_score instead of the ranking, with no Evicted status.
+const SignalAllocatableMemoryAvailable Signal = "allocatableMemory.available"
+
+// Signals lists every signal mqlet measures that can be configured.
 var Signals = []Signal{SignalMemoryAvailable, SignalNodeFsAvailable, SignalNodeFsInodesFree,
 	SignalImageFsAvailable, SignalImageFsInodesFree, SignalPIDAvailable}
+
+// order is the order in which met thresholds are acted on: memory first (kubelet's order).
+var order = append([]Signal{SignalMemoryAvailable, SignalAllocatableMemoryAvailable}, Signals[1:]...)
+
+// AllocatableThresholds are the allocatableMemory.available thresholds that go with ts when node
+// allocatable is enforced on the pods' cgroup: one per hard memory.available threshold, with its
+// value and minimum reclaim (kubelet's addAllocatableThresholds).
+func AllocatableThresholds(ts []Threshold) []Threshold {
+	var out []Threshold
+	for _, t := range ts {
+		if t.Signal == SignalMemoryAvailable && t.Hard() {
+			out = append(out, Threshold{Signal: SignalAllocatableMemoryAvailable, Value: t.Value, MinReclaim: t.MinReclaim})
+		}
+	}
+	return out
+}
 
 func knownSignal(s Signal) bool { return slices.Contains(Signals, s) }
 
 // Condition is the node condition a signal's threshold drives.
 func (s Signal) Condition() v1.NodeConditionType {
 	switch s {
-	case SignalMemoryAvailable:
+	case SignalMemoryAvailable, SignalAllocatableMemoryAvailable:
 		return v1.NodeMemoryPressure
 	case SignalPIDAvailable:
 		return v1.NodePIDPressure
@@ -55,7 +79,7 @@ const (
 // Resource is what the node runs low on when the signal is under pressure.
 func (s Signal) Resource() v1.ResourceName {
 	switch s {
-	case SignalMemoryAvailable:
+	case SignalMemoryAvailable, SignalAllocatableMemoryAvailable:
 		return v1.ResourceMemory
 	case SignalNodeFsAvailable, SignalImageFsAvailable:
 		return v1.ResourceEphemeralStorage

@@ -86,6 +86,7 @@ func DefaultSetters(c Config) []Setter {
 	// temperatures and the throttling flags are read every period.
 	sys := hw.ReadSystem(root)
 	info := Info{OSImage: sys.OSImage, KernelVersion: sys.KernelVersion, BootID: sys.BootID, MachineID: sys.MachineID,
+		SystemUUID:      sys.SystemUUID,
 		OperatingSystem: goruntime.GOOS, Architecture: sys.Arch}
 	fixed, fixedErr := readFixedHardware(root)
 	setters := []Setter{
@@ -124,6 +125,7 @@ func (c Config) Machine() Machine {
 		Path:           c.StateDir,
 		MaxPods:        c.MaxPods,
 		Extra:          c.Extra,
+		HugePages:      func() (map[int64]int64, error) { return hw.HugePages(root) },
 		SystemReserved: c.SystemReserved,
 		AgentReserved:  c.AgentReserved,
 		Thresholds:     c.Thresholds,

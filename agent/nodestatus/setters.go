@@ -68,6 +68,10 @@ type Machine struct {
 	// Extra returns resources beyond cpu, memory, storage and pods (host devices), each with its
 	// capacity, which is also its allocatable; nil for none.
 	Extra func() v1.ResourceList
+	// HugePages reads the huge page pools (page size in bytes -> pages; hw.HugePages); nil for
+	// none. Each pool is a hugepages-<size> resource, and the memory it holds is not allocatable
+	// as memory, as in kubelet.
+	HugePages func() (map[int64]int64, error)
 	// SystemReserved and AgentReserved are kept back from allocatable, and so are the hard
 	// eviction thresholds (Thresholds), as kubelet computes node allocatable.
 	SystemReserved, AgentReserved v1.ResourceList
@@ -81,9 +85,31 @@ func MachineInfo(m Machine) Setter {
 	return func(_ context.Context, n *v1.Node) error {
 		capacity, err := m.capacity(n.Status.Capacity)
 		n.Status.Capacity = capacity
-		n.Status.Allocatable = m.Allocatable(capacity)
+		n.Status.Allocatable = m.NodeAllocatable(capacity)
 		return err
 	}
+}
+
+// NodeAllocatable is the allocatable a node publishes and admission checks pods against:
+// Allocatable, less the memory held in huge page pools (kubelet's MachineInfo setter takes
+// hugepages-* capacity out of allocatable memory: those pages cannot serve ordinary memory). The
+// pods' top cgroup is sized with Allocatable: huge pages are not charged to memory.max.
+func (m Machine) NodeAllocatable(capacity v1.ResourceList) v1.ResourceList {
+	alloc := m.Allocatable(capacity)
+	mem, ok := alloc[v1.ResourceMemory]
+	if !ok {
+		return alloc
+	}
+	for name, q := range capacity {
+		if strings.HasPrefix(string(name), v1.ResourceHugePagesPrefix) {
+			mem.Sub(q)
+		}
+	}
+	if mem.Sign() < 0 {
+		mem = *resource.NewQuantity(0, resource.BinarySI)
+	}
+	alloc[v1.ResourceMemory] = mem
+	return alloc
 }
 
 // Capacity reads cpu, memory, ephemeral-storage (when DiskCapacity is set), pods and the Extra
@@ -118,6 +144,21 @@ func (m Machine) capacity(prev v1.ResourceList) (v1.ResourceList, error) {
 			capacity[v1.ResourceEphemeralStorage] = *resource.NewQuantity(b, resource.BinarySI)
 		}
 	}
+	if m.HugePages != nil {
+		pools, err := m.HugePages()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("hugepages capacity: %w", err))
+			for name, q := range prev {
+				if strings.HasPrefix(string(name), v1.ResourceHugePagesPrefix) {
+					capacity[name] = q
+				}
+			}
+		}
+		for size, pages := range pools {
+			name := v1.ResourceName(v1.ResourceHugePagesPrefix + resource.NewQuantity(size, resource.BinarySI).String())
+			capacity[name] = *resource.NewQuantity(size*pages, resource.BinarySI)
+		}
+	}
 	if m.Extra != nil {
 		for name, q := range m.Extra() {
 			capacity[name] = q.DeepCopy()
@@ -135,6 +176,8 @@ func (m Machine) Allocatable(capacity v1.ResourceList) v1.ResourceList {
 // Info is what NodeInfo reads: the machine's software identity (hw.ReadSystem in production).
 type Info struct {
 	OSImage, KernelVersion, BootID, MachineID string
+	// SystemUUID is the hardware's UUID (hw.SystemUUID: DMI's, else the machine-id's).
+	SystemUUID string
 	// OperatingSystem and Architecture in Kubernetes' spelling (GOOS, GOARCH).
 	OperatingSystem, Architecture string
 }
@@ -150,6 +193,7 @@ func NodeInfo(agentVersion string, runtimeVersion func() string, info func() Inf
 		}
 		n.Status.NodeInfo = v1.NodeSystemInfo{
 			MachineID:               i.MachineID,
+			SystemUUID:              i.SystemUUID,
 			BootID:                  i.BootID,
 			KernelVersion:           i.KernelVersion,
 			OSImage:                 i.OSImage,

@@ -131,15 +131,49 @@ func TestMachineInfo(t *testing.T) {
 	}
 }
 
+// Huge page pools are hugepages-<size> capacity and allocatable, named as kubelet names them, and
+// the memory they hold leaves allocatable memory (kubelet's MachineInfo setter); a pool that cannot
+// be read keeps its previous figures.
+func TestMachineInfoHugePages(t *testing.T) {
+	var poolErr error
+	m := Machine{
+		CPUs:           func() (int, error) { return 4, nil },
+		Memory:         func() (int64, error) { return 4 << 30, nil },
+		MaxPods:        110,
+		HugePages:      func() (map[int64]int64, error) { return map[int64]int64{2 << 20: 64, 1 << 30: 0}, poolErr },
+		SystemReserved: v1.ResourceList{v1.ResourceMemory: q("100Mi")},
+	}
+	n := &v1.Node{}
+	if err := run(t, MachineInfo(m), n); err != nil {
+		t.Fatal(err)
+	}
+	equalList(t, "capacity", n.Status.Capacity, v1.ResourceList{v1.ResourceCPU: q("4"), v1.ResourceMemory: q("4Gi"),
+		v1.ResourcePods: q("110"), "hugepages-2Mi": q("128Mi"), "hugepages-1Gi": q("0")})
+	equalList(t, "allocatable", n.Status.Allocatable, v1.ResourceList{v1.ResourceCPU: q("4"),
+		v1.ResourceMemory: q("3868Mi"), // 4096Mi - 100Mi reserved - 128Mi in 2Mi pages
+		v1.ResourcePods:   q("110"), "hugepages-2Mi": q("128Mi"), "hugepages-1Gi": q("0")})
+	// The pods' cgroup is sized without that subtraction: huge pages are not charged to memory.max.
+	if got := m.Allocatable(n.Status.Capacity)[v1.ResourceMemory]; got.Cmp(q("3996Mi")) != 0 {
+		t.Errorf("Allocatable (the pods' cgroup) memory = %v, want 3996Mi", got.String())
+	}
+	poolErr = errors.New("nr_hugepages: permission denied")
+	if err := run(t, MachineInfo(m), n); err == nil || !strings.Contains(err.Error(), "hugepages") {
+		t.Errorf("pools unreadable: err = %v, want one naming hugepages", err)
+	}
+	if got := n.Status.Capacity["hugepages-2Mi"]; got.Cmp(q("128Mi")) != 0 {
+		t.Errorf("hugepages-2Mi after a failed read = %v, want the previous 128Mi", got.String())
+	}
+}
+
 func TestNodeInfo(t *testing.T) {
 	version := "1.7.24"
 	s := NodeInfo("mqlet-v0.3.0", func() string { return version }, func() Info {
 		return Info{OSImage: "Debian GNU/Linux 12 (bookworm)", KernelVersion: "6.6.51+rpt-rpi-v8", BootID: "b0", MachineID: "m1",
-			OperatingSystem: "linux", Architecture: "arm64"}
+			SystemUUID: "u1", OperatingSystem: "linux", Architecture: "arm64"}
 	})
 	n := &v1.Node{}
 	run(t, s, n)
-	want := v1.NodeSystemInfo{MachineID: "m1", BootID: "b0", KernelVersion: "6.6.51+rpt-rpi-v8", OSImage: "Debian GNU/Linux 12 (bookworm)",
+	want := v1.NodeSystemInfo{MachineID: "m1", SystemUUID: "u1", BootID: "b0", KernelVersion: "6.6.51+rpt-rpi-v8", OSImage: "Debian GNU/Linux 12 (bookworm)",
 		ContainerRuntimeVersion: "containerd://1.7.24", KubeletVersion: "mqlet-v0.3.0", OperatingSystem: "linux", Architecture: "arm64"}
 	if n.Status.NodeInfo != want {
 		t.Errorf("nodeInfo %+v\nwant %+v", n.Status.NodeInfo, want)

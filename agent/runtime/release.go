@@ -6,6 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/containerd/errdefs"
 
 	v1 "k8s.io/api/core/v1"
 )
@@ -76,4 +81,145 @@ func (r *Runtime) ReleasePodStorage(pod *v1.Pod) error {
 		errs = append(errs, fmt.Errorf("release devices: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// RemoveEvictedContainers is kubelet's container garbage collection for an evicted pod: the pod
+// stays on the node (its Failed/Evicted status is kept until the pod is deleted) but nothing will
+// run its containers again, so they go with their writable layers, and its log dir with them.
+// A container whose task still runs is left alone (ErrContainerRunning, and then the logs stay
+// too): garbage collection never stops anything. Call it once the pod's containers have stopped.
+// It returns the bytes the writable layers held.
+func (r *Runtime) RemoveEvictedContainers(ctx context.Context, pod *v1.Pod) (int64, error) {
+	logs, err := r.podLogDir(pod)
+	if err != nil {
+		return 0, err
+	}
+	ctrs, err := r.ListContainers(ctx, string(pod.UID))
+	if err != nil {
+		return 0, fmt.Errorf("containers of evicted pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	var freed int64
+	var errs []error
+	for _, c := range ctrs {
+		n, err := r.RemoveExitedContainer(ctx, c.ID)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		freed += n
+	}
+	if len(errs) > 0 {
+		return freed, fmt.Errorf("evicted pod %s/%s: %w", pod.Namespace, pod.Name, errors.Join(errs...))
+	}
+	if err := os.RemoveAll(logs); err != nil {
+		return freed, fmt.Errorf("evicted pod %s/%s: logs: %w", pod.Namespace, pod.Name, err)
+	}
+	return freed, nil
+}
+
+// StorageUsage is what something keeps on a file system: bytes in blocks, and inodes.
+type StorageUsage struct {
+	Bytes, Inodes int64
+}
+
+// ContainerStorage is what each container of pod keeps on the node's disks, kubelet's measure for
+// a container's ephemeral-storage limit: its writable layer (the snapshot's usage, as the
+// snapshotter reports it) plus its log files (the current one and its rotated ones), by container
+// name, for the newest attempt of each; an older attempt's layer and log are garbage collection's,
+// as for kubelet, which counts the running container only. Walking a writable layer costs a
+// directory walk: call it for pods with an ephemeral-storage limit, or to rank under disk pressure.
+func (r *Runtime) ContainerStorage(ctx context.Context, pod *v1.Pod) (map[string]StorageUsage, error) {
+	ctx = r.ctx(ctx)
+	logs, err := r.podLogDir(pod)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := r.client.ContainerService().List(ctx, fmt.Sprintf("labels.%q==%q", LabelPodUID, string(pod.UID)))
+	if err != nil {
+		return nil, fmt.Errorf("storage of pod %s/%s: list containers: %w", pod.Namespace, pod.Name, err)
+	}
+	newest := map[string]int{}
+	for i, c := range recs {
+		name := c.Labels[LabelContainerName]
+		rc, _ := strconv.Atoi(c.Labels[LabelRestartCount])
+		if j, ok := newest[name]; !ok || rc > atoiOr(recs[j].Labels[LabelRestartCount]) {
+			newest[name] = i
+		}
+	}
+	out := map[string]StorageUsage{}
+	var errs []error
+	for name, i := range newest {
+		c := recs[i]
+		u, err := r.writableLayer(ctx, c.Snapshotter, c.SnapshotKey)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("container %s: %w", name, err))
+		}
+		dir, err := joinUnder(logs, name)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		current := c.Labels[LabelRestartCount] + ".log"
+		if c.Labels[LabelRestartCount] == "" {
+			current = "0.log"
+		}
+		entries, err := os.ReadDir(dir)
+		if err != nil && !os.IsNotExist(err) {
+			errs = append(errs, fmt.Errorf("container %s: logs: %w", name, err))
+		}
+		for _, e := range entries {
+			if e.Name() != current && !strings.HasPrefix(e.Name(), current+".") {
+				continue
+			}
+			if fi, err := e.Info(); err == nil {
+				if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+					u.Bytes += st.Blocks * 512 // blocks, as the snapshotter and du count
+				} else {
+					u.Bytes += fi.Size()
+				}
+				u.Inodes++
+			}
+		}
+		out[name] = u
+	}
+	return out, errors.Join(errs...)
+}
+
+// WritableLayers is what the writable layers of all the pod's containers hold, dead attempts
+// included (they hold disk until garbage collection), for ranking pods under disk pressure.
+func (r *Runtime) WritableLayers(ctx context.Context, pod *v1.Pod) (StorageUsage, error) {
+	ctx = r.ctx(ctx)
+	recs, err := r.client.ContainerService().List(ctx, fmt.Sprintf("labels.%q==%q", LabelPodUID, string(pod.UID)))
+	if err != nil {
+		return StorageUsage{}, fmt.Errorf("writable layers of pod %s/%s: list containers: %w", pod.Namespace, pod.Name, err)
+	}
+	var sum StorageUsage
+	var errs []error
+	for _, c := range recs {
+		u, err := r.writableLayer(ctx, c.Snapshotter, c.SnapshotKey)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("container %s: %w", c.ID, err))
+		}
+		sum.Bytes += u.Bytes
+		sum.Inodes += u.Inodes
+	}
+	return sum, errors.Join(errs...)
+}
+
+// writableLayer is the usage of a container's snapshot (its writable layer) as its snapshotter
+// reports it (overlayfs walks the upper dir); none when the container has none or it is gone.
+func (r *Runtime) writableLayer(ctx context.Context, snapshotter, key string) (StorageUsage, error) {
+	if key == "" {
+		return StorageUsage{}, nil
+	}
+	u, err := r.client.SnapshotService(snapshotter).Usage(ctx, key)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return StorageUsage{}, fmt.Errorf("writable layer %s: %w", key, err)
+	}
+	return StorageUsage{Bytes: u.Size, Inodes: u.Inodes}, nil
+}
+
+func atoiOr(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
 }

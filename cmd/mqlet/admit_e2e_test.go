@@ -19,6 +19,7 @@ import (
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/internal/testenv"
 	"github.com/mqlet/mqlet/store"
+	"github.com/mqlet/mqlet/sync/protocol"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 )
@@ -107,6 +108,41 @@ func TestAdmissionRefusesPodsThatDoNotFit(t *testing.T) {
 	waitFor(t, "small gone", func() bool { _, err := h.getPod("small"); return err != nil })
 	h.writeManifest("big.yaml", requesting("big", "8Mi"))
 	h.waitPod("big", "running once it fits", allRunning)
+}
+
+// Critical pod admission on the real agent: with maxPods 3 taken by two control-plane pods and a
+// manifest pod, a second manifest pod (critical, like kubelet's static pods) does not wait for room:
+// the smaller control-plane pod is stopped, Failed with Preempting and a message naming the
+// manifest pod, and the manifest pod runs; the other pods keep their containers.
+func TestCriticalPodPreemptsForReal(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	cp := newControlPlane(t, b.Plain)
+	h.writeManifest("first.yaml", requesting("first", "16Mi"))
+	h.startMQTTAgent(b.Plain, "--max-pods", "3")
+	cp.applyYAML(requesting("big", "64Mi"), requesting("small", "32Mi"))
+	keep := map[string]map[string]uint32{}
+	for _, name := range []string{"first", "big", "small"} {
+		p := h.waitPod(name, "running", allRunning)
+		keep[name] = h.podTasks(p)
+	}
+	h.writeManifest("static.yaml", requesting("static", "16Mi"))
+	static := h.waitPod("static", "running after making room", allRunning)
+	small := h.waitPod("small", "preempted", refusedWith("Preempting"))
+	if want := "Preempted in order to admit critical pod default/" + static.Name; small.Status.Message != want {
+		t.Errorf("small's message %q, want %q", small.Status.Message, want)
+	}
+	waitFor(t, "small's container stopped", func() bool { return len(h.podTasks(small)) == 0 })
+	for _, name := range []string{"first", "big"} {
+		p, err := h.getPod(name)
+		if err != nil || !allRunning(p) || !equalPids(h.podTasks(p), keep[name]) {
+			t.Errorf("%s disturbed: %v %v", name, p, err)
+		}
+	}
+	if !strings.Contains(h.agentLog.String(), "pod preempted to admit a critical pod") {
+		t.Errorf("no log of the preemption")
+	}
 }
 
 func lineWith(out, word string) string {
@@ -283,7 +319,9 @@ spec:
     command: ["sh", "-c", "trap 'echo static-term >> /out/order; exit 0' TERM; echo static-start >> /out/order; while true; do sleep 0.1; done"]
     volumeMounts: [{name: out, mountPath: /out}]
 `)
-	h.startMQTTAgent(b.Plain, "--mqtt-allowed-host-path", out,
+	// A node status period longer than the test: a node status that says "shutting down" can only
+	// come from the push at shutdown start.
+	h.startMQTTAgent(b.Plain, "--mqtt-allowed-host-path", out, "--node-status-update-frequency", "1h",
 		"--shutdown-grace-period", "12s", "--shutdown-grace-period-critical-pods", "6s")
 	cp.applyYAML(`apiVersion: v1
 kind: Pod
@@ -307,9 +345,24 @@ spec:
 	waitFor(t, "the shutdown signal watched", func() bool { return strings.Contains(h.agentLog.String(), "graceful node shutdown on") })
 	os.WriteFile(order, nil, 0o666)
 
+	readyIs := func(status v1.ConditionStatus, msg string) func([]byte) bool {
+		return func(p []byte) bool {
+			s, err := protocol.DecodeNodeStatus(p, 0)
+			if err != nil || s.Object == nil {
+				return false
+			}
+			c := nodeCondition(s.Object, v1.NodeReady)
+			return c != nil && c.Status == status && strings.Contains(c.Message, msg)
+		}
+	}
+	waitRetained(t, b.Plain, topics.NodeStatus(e2eNode), "a Ready node status", readyIs(v1.ConditionTrue, ""))
+
 	if err := h.agent.Process.Signal(syscall.SIGPWR); err != nil {
 		t.Fatal(err)
 	}
+	// The node status says so at once, not at its next period (an hour away).
+	waitRetained(t, b.Plain, topics.NodeStatus(e2eNode), "the node status of the shutdown",
+		readyIs(v1.ConditionFalse, "node is shutting down"))
 	for _, name := range []string{"app", "static"} {
 		p := h.waitPod(name, "stopped for the shutdown", refusedWith("Terminated"))
 		if p.Status.Message != "Pod was terminated in response to imminent node shutdown." {

@@ -163,6 +163,8 @@ func (c *AgentCmd) Run() error {
 		Allocatable: func() v1.ResourceList { return nodeStatus.allocatable(interim) },
 		Pressure:    func() []v1.NodeConditionType { return evictions.Pressure() },
 		Node:        func() *v1.Node { return nodeStatus.nodeOr(cfg) }, // wire_volumes.go
+		// The shutdown manager, which calls it, starts after nodeStatus is set.
+		OnShutdownChange: func() { nodeStatus.m.Trigger() },
 	}, rt, state, sources...)
 	connectObjects(objs, a, report)
 
@@ -177,7 +179,6 @@ func (c *AgentCmd) Run() error {
 		return err
 	}
 	defer gc.Stop()
-	defer startNodeShutdown(ctx, cfg, a, log)()
 
 	log.Info("mqlet agent starting", "version", version, "node", cfg.NodeName, "containerd", cfg.ContainerdAddress,
 		"namespace", cfg.ContainerdNamespace, "manifests", cfg.ManifestDir, "state", cfg.StatePath())
@@ -185,12 +186,15 @@ func (c *AgentCmd) Run() error {
 	// The node status shows the eviction manager's pressure, and is recomputed when it changes.
 	pressure := &pressureRef{}
 	nodeStatus = newNodeStatus(cfg, rt, db, log, a, channel, nodeInputs{pressure: pressure, devices: devs, network: network.Ready, sealing: sealKey, attestation: attestation})
-	evictions = startEviction(ctx, cfg, a, rt, report, gc.Manager, nodeStatus.m.Trigger, log)
+	evictions = startEviction(ctx, cfg, a, rt, cgroups.Base(), report, gc.Manager, nodeStatus.m.Trigger, log)
 	defer evictions.Wait()
+	defer startOOMWatch(ctx, cfg, cgroups.Base(), report, log)() // wire_eviction.go
 	pressure.p = evictions.Manager
 	defer nodeStatus.start(ctx)() // ends with ctx (stop), before the store closes
 	// Node allocatable held above its target while pods use more (wire_cgroups.go).
 	defer startCgroupConverge(ctx, cgroups, report)()
+	// After the node status exists: a shutdown pushes it at once (OnShutdownChange).
+	defer startNodeShutdown(ctx, cfg, a, log)()
 	// The waits deferred above end only with ctx: an error return from here on must cancel it
 	// before they run (deferred calls run last-in first-out), or the agent hangs instead of exiting.
 	defer stop()

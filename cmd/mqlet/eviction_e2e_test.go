@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -319,8 +320,26 @@ spec:
 		_, err := os.Stat(filepath.Join(fill, "fill"))
 		return os.IsNotExist(err)
 	})
+	// Its dead container (with its writable layer) and its logs go too, as kubelet's container GC
+	// removes an evicted pod's; the pod and its Failed/Evicted status stay until it is deleted.
+	var writerIDs []string
+	for _, cs := range writer.Status.ContainerStatuses {
+		writerIDs = append(writerIDs, strings.TrimPrefix(cs.ContainerID, "containerd://"))
+	}
+	if len(writerIDs) != 1 || writerIDs[0] == "" {
+		t.Fatalf("writer's container IDs from its status: %q", writerIDs)
+	}
+	waitFor(t, "writer's container removed from containerd", func() bool { return !slices.Contains(h.containerIDs(), writerIDs[0]) })
+	logDir := filepath.Join(h.state, "logs", "default_writer_"+string(writer.UID))
+	waitFor(t, "writer's log dir removed", func() bool {
+		_, err := os.Stat(logDir)
+		return os.IsNotExist(err)
+	})
 	h.waitLog("DiskPressure cleared", "node condition changed", "DiskPressure", "status=false")
 	h.logEviction()
+	if p, err := h.getPod("writer"); err != nil || !evicted(p) {
+		t.Errorf("writer after its containers were removed: %v, %v; want it still listed Failed/Evicted", p, err)
+	}
 	after, _ := hw.Filesystem(h.state)
 	if after.Available < 40<<20 {
 		t.Errorf("state dir still has only %d MiB available after the eviction", after.Available>>20)
@@ -348,5 +367,43 @@ spec:
 		if _, err := os.Stat(filepath.Join(h.state, "pods", string(p.UID), "volumes", "data", "f")); err != nil {
 			t.Errorf("%s's emptyDir touched: %v", p.Name, err)
 		}
+	}
+}
+
+// limits.ephemeral-storage enforced by eviction (kubelet's local storage isolation) on the real
+// containerd: a pod whose container writes 16 MiB into its root file system (its writable layer,
+// which only the snapshotter can measure) with an 8Mi limit is evicted with kubelet's message,
+// whatever the node's thresholds; a pod that stays within the same limit keeps running.
+func TestEphemeralStorageLimitForReal(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	cp := newControlPlane(t, b.Plain)
+	h.startMQTTAgent(b.Plain, "--eviction-monitoring-period", "1s")
+	pod := func(name, mib string) string {
+		return `apiVersion: v1
+kind: Pod
+metadata: {name: ` + name + `}
+spec:
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: c
+    image: mqlet.test/busybox:1
+    command: ["sh", "-c", "dd if=/dev/zero of=/fill bs=1M count=` + mib + ` 2>/dev/null; exec sleep 3600"]
+    resources: {limits: {ephemeral-storage: 8Mi}}
+`
+	}
+	cp.applyYAML(pod("within", "2"), pod("writer", "16"))
+	within := h.waitPod("within", "running", allRunning)
+	writer := h.waitPod("writer", "evicted", evicted)
+	if want := "Pod ephemeral local storage usage exceeds the total limit of containers 8Mi. "; writer.Status.Message != want {
+		t.Errorf("writer's status message %q, want %q", writer.Status.Message, want)
+	}
+	h.logEviction()
+	if n := h.logCount("eviction: evicting pod"); n != 1 {
+		t.Errorf("%d evictions, want 1 (the writer)\n%s", n, h.agentLog)
+	}
+	if p, err := h.getPod("within"); err != nil || !allRunning(p) || !equalPids(h.podTasks(p), h.podTasks(within)) {
+		t.Errorf("within its limit but disturbed: %v %v", p, err)
 	}
 }

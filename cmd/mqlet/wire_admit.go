@@ -26,7 +26,7 @@ func interimAllocatable(cfg config.Config, devs *devices.Manager, log *slog.Logg
 	if err != nil {
 		log.Warn("node capacity partly unknown; pods' requests of what is missing are not checked at admission", "err", err)
 	}
-	alloc := m.Allocatable(capacity)
+	alloc := m.NodeAllocatable(capacity)
 	log.Debug("node allocatable for admission", "allocatable", quantities(alloc))
 	return func() v1.ResourceList {
 		out := alloc.DeepCopy()

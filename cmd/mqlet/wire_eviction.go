@@ -9,6 +9,7 @@ import (
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/eviction"
+	"github.com/mqlet/mqlet/agent/oomwatch"
 	"github.com/mqlet/mqlet/agent/pod"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
@@ -43,9 +44,13 @@ func (e *evictions) Wait() { <-e.done }
 // startEviction runs the eviction manager for agent a until ctx ends. events receives the Evicted
 // and EvictionThresholdMet events (nil on a standalone node: they are logged only); reclaim is the
 // node-level reclaim for disk pressure (image GC; nil for none). It needs no broker.
-func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *runtime.Runtime, events event.Sink,
+// podsCgroup is the pods' top cgroup, whose memory limit is node allocatable when enforced.
+func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *runtime.Runtime, podsCgroup string, events event.Sink,
 	reclaim eviction.Reclaimer, onChange func(), log *slog.Logger) *evictions {
-	thresholds := cfg.Thresholds()
+	thresholds := evictionThresholds(cfg)
+	if !cfg.EnforceNodeAllocatable {
+		podsCgroup = "" // no limit on it: allocatableMemory.available is not a signal
+	}
 	var notifier eviction.MemoryNotifier
 	for _, t := range thresholds {
 		if t.Signal != eviction.SignalMemoryAvailable {
@@ -65,15 +70,33 @@ func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *r
 		MonitoringPeriod:         cfg.EvictionMonitoringPeriod.Duration,
 		PressureTransitionPeriod: cfg.EvictionPressureTransitionPeriod.Duration,
 		MaxPodGracePeriod:        cfg.EvictionMaxPodGracePeriod.Duration,
-		Observer:                 &eviction.NodeObserver{Root: "/", NodeFsDir: cfg.StateDir, ImageFsDir: cfg.ImageFSDir, Log: log},
-		Usage:                    eviction.NodeUsage{Root: "/", PodCgroup: rt.PodCgroup, PodDirs: rt.PodStorageDirs},
-		Pods:                     agentPods{a: a, rt: rt},
-		Reclaimer:                reclaim,
-		Events:                   events,
-		Notifier:                 notifier,
-		Log:                      log,
-		OnConditionsChange:       onChange,
-		EmptyDirPath:             rt.EmptyDirPath, // emptyDir sizeLimit
+		Observer: &eviction.NodeObserver{Root: "/", NodeFsDir: cfg.StateDir, ImageFsDir: cfg.ImageFSDir,
+			AllocatableCgroup: podsCgroup, Log: log},
+		Usage: eviction.NodeUsage{Root: "/", PodCgroup: rt.PodCgroup, PodDirs: rt.PodStorageDirs,
+			WritableLayers: func(pod *v1.Pod) (int64, int64, error) {
+				ctx, cancel := context.WithTimeout(ctx, storageTimeout)
+				defer cancel()
+				u, err := rt.WritableLayers(ctx, pod)
+				return u.Bytes, u.Inodes, err
+			}},
+		Pods:               agentPods{a: a, rt: rt},
+		Reclaimer:          reclaim,
+		Events:             events,
+		Notifier:           notifier,
+		Log:                log,
+		OnConditionsChange: onChange,
+		EmptyDirPath:       rt.EmptyDirPath, // emptyDir sizeLimit
+		// ephemeral-storage limits: each container's writable layer and logs
+		ContainerStorage: func(pod *v1.Pod) (map[string]int64, error) {
+			ctx, cancel := context.WithTimeout(ctx, storageTimeout)
+			defer cancel()
+			us, err := rt.ContainerStorage(ctx, pod)
+			out := make(map[string]int64, len(us))
+			for name, u := range us {
+				out[name] = u.Bytes
+			}
+			return out, err
+		},
 	})
 	e := &evictions{Manager: m, done: make(chan struct{})}
 	go func() {
@@ -81,6 +104,28 @@ func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *r
 		m.Run(ctx)
 	}()
 	return e
+}
+
+// evictionThresholds are the configured thresholds and, when node allocatable is enforced on the
+// pods' cgroup, the allocatableMemory.available ones kubelet derives from the hard memory ones.
+func evictionThresholds(cfg config.Config) []eviction.Threshold {
+	ts := cfg.Thresholds()
+	if cfg.EnforceNodeAllocatable {
+		ts = append(ts, eviction.AllocatableThresholds(ts)...)
+	}
+	return ts
+}
+
+// startOOMWatch runs the OOM watcher (SystemOOM node events from the kernel log, for kills
+// outside podsCgroup) until ctx ends; the returned func waits for it.
+func startOOMWatch(ctx context.Context, cfg config.Config, podsCgroup string, events event.Sink, log *slog.Logger) (wait func()) {
+	w := oomwatch.New(oomwatch.Options{NodeName: cfg.NodeName, PodsCgroup: podsCgroup, Events: events, Log: log})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.Run(ctx)
+	}()
+	return func() { <-done }
 }
 
 // agentPods is the agent as the eviction manager sees it.
@@ -109,4 +154,21 @@ func (p agentPods) Evict(uid types.UID, message string, grace *time.Duration) bo
 	return p.a.Fail(uid, pod.Failure{Reason: pod.ReasonEvicted, Message: message, Grace: grace})
 }
 
-func (p agentPods) Release(pod *v1.Pod) error { return p.rt.ReleasePodStorage(pod) }
+// storageTimeout bounds one pod's storage reading (containerd walks each writable layer).
+const storageTimeout = 30 * time.Second
+
+// releaseTimeout bounds the containerd calls that remove an evicted pod's containers.
+const releaseTimeout = 30 * time.Second
+
+// Release frees the evicted pod's volumes, shm and devices, then removes its containers with their
+// writable layers and its logs (kubelet's container GC for evicted pods); the pod and its status
+// stay until it is deleted.
+func (p agentPods) Release(pod *v1.Pod) error {
+	if err := p.rt.ReleasePodStorage(pod); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	_, err := p.rt.RemoveEvictedContainers(ctx, pod)
+	return err
+}

@@ -112,7 +112,7 @@ func (m *agentMetrics) usage(a *agent.Agent, rt *runtime.Runtime, srv *api.Serve
 // threshold listed from 0.
 func (m *agentMetrics) evictions(cfg config.Config, ev *eviction.Manager) {
 	var signals []string
-	for _, t := range cfg.Thresholds() {
+	for _, t := range evictionThresholds(cfg) {
 		if s := string(t.Signal); !slices.Contains(signals, s) {
 			signals = append(signals, s)
 		}

@@ -283,6 +283,52 @@ YAML
 }
 v2a_resource_policy
 
+# Eviction and OOM checks: the allocatableMemory.available signal on the real kernel, and the OOM
+# watcher's SystemOOM event for a kill outside the pods. Each in its own function.
+v2b_eviction_tests() {
+	step "agent/eviction on the real v2 hierarchy: allocatableMemory.available evicts before the kernel kills"
+	(cd $SRC/agent/eviction && MQLET_TEST_REQUIRE_V2=1 $BIN/eviction.test -test.v -test.count=1 -test.timeout=10m -test.run 'RealV2') >/tmp/eviction-test.out 2>&1
+	local rc=$?
+	cat /tmp/eviction-test.out
+	[ $rc = 0 ] || fail "agent/eviction tests exited $rc"
+	grep -q -- "--- PASS: TestAllocatableMemoryEvictionRealV2 " /tmp/eviction-test.out || fail "TestAllocatableMemoryEvictionRealV2 did not pass"
+}
+
+v2b_system_oom() {
+	step "SystemOOM: the kernel kills a process outside the pods (a systemd scope with MemoryMax) -> a node event"
+	local since
+	since=$(date '+%Y-%m-%d %H:%M:%S')
+	systemctl start mqlet || fail "systemctl start mqlet (SystemOOM check)"
+	# The watcher reads from the log's end: wait until it has opened it (bounded, not timed).
+	for _ in $(seq 1 60); do
+		journalctl -u mqlet --since "$since" --no-pager | grep -q 'oom watcher: reading the kernel log' && break
+		sleep 1
+	done
+	journalctl -u mqlet --since "$since" --no-pager | grep -q 'oom watcher: reading the kernel log' || fail "the OOM watcher did not start"
+	# dash keeps the 64 MiB it reads in memory: the kernel kills it at the scope's 16 MiB.
+	systemd-run --scope --unit=mqlet-oom-victim -p MemoryMax=16M -p MemorySwapMax=0 \
+		sh -c 'x=$(head -c 67108864 /dev/zero | tr "\\0" x); echo "not killed: ${#x}"'
+	echo "victim scope exited $?"
+	local line=""
+	for _ in $(seq 1 60); do
+		line=$(journalctl -u mqlet --since "$since" --no-pager | grep 'reason=SystemOOM' | head -1)
+		[ -n "$line" ] && break
+		sleep 1
+	done
+	echo "${line:-no SystemOOM line}"
+	case $line in
+	*"cgroup=/system.slice/mqlet-oom-victim.scope"*) ;;
+	*) fail "no SystemOOM for the process killed in mqlet-oom-victim.scope (kernel log: $(dmesg | grep -i 'killed process' | tail -1))" ;;
+	esac
+	systemctl stop mqlet || fail "systemctl stop mqlet (SystemOOM check)"
+	for t in $(ctr -n $NS tasks ls -q 2>/dev/null); do
+		ctr -n $NS tasks kill -s SIGKILL "$t" 2>/dev/null
+	done
+}
+
+v2b_eviction_tests
+v2b_system_oom
+
 step "done"
 if [ ${#failed[@]} -gt 0 ]; then
 	echo "${#failed[@]} check(s) failed:"

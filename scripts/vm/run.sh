@@ -80,6 +80,7 @@ log "building the test binaries on the host"
 (
 	cd "$REPO"
 	CGO_ENABLED=0 go test -c -o "$run/bin/cgroup.test" ./agent/cgroup
+	CGO_ENABLED=0 go test -c -o "$run/bin/eviction.test" ./agent/eviction
 	CGO_ENABLED=0 go build -trimpath -tags grpcnotrace -o "$run/bin/mqlet" ./cmd/mqlet
 	go run ./scripts/mkimage -busybox /bin/busybox -out "$run/images" >/dev/null
 )
