@@ -109,6 +109,16 @@ type Options struct {
 	// shutting down" at once rather than at its next period, which may come after the power is
 	// gone (kubelet's shutdown manager also updates the node status first). nil: nothing.
 	OnShutdownChange func()
+	// Started, when set, is called once Run has restored the stored pods and started their
+	// workers (before any source is read): the service manager's READY.
+	Started func()
+	// Heartbeat, when set, is called by the agent's main loop (the relist loop) each time it goes
+	// round: after every relist, and every HeartbeatPeriod while it waits for the next, each time
+	// after taking and releasing the lock that event routing and the API need. A loop stuck in a
+	// relist or on that lock stops calling it, so a service manager's watchdog fed from it
+	// (systemd's WatchdogSec) restarts a hung agent, not one that is merely idle.
+	Heartbeat       func()
+	HeartbeatPeriod time.Duration
 }
 
 // maxVersions bounds how many versions of one pod the agent remembers for status reports (see
@@ -222,6 +232,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer a.shutdown()
 	if err := a.start(ctx); err != nil {
 		return err
+	}
+	if a.opts.Started != nil {
+		a.opts.Started()
 	}
 	a.wg.Add(2)
 	go func() { defer a.wg.Done(); a.followEvents(a.runCtx) }()
@@ -814,23 +827,51 @@ func (a *Agent) workerForContainer(id string) *pod.Worker {
 func (a *Agent) relistLoop(ctx context.Context) {
 	t := time.NewTicker(a.opts.RelistPeriod)
 	defer t.Stop()
+	var beat <-chan time.Time
+	if a.opts.Heartbeat != nil && a.opts.HeartbeatPeriod > 0 {
+		hb := time.NewTicker(a.opts.HeartbeatPeriod)
+		defer hb.Stop()
+		beat = hb.C
+	}
 	lastSweep := time.Time{}
 	for {
 		// Leftovers are only looked for once every source has spoken: before that nothing may
 		// be removed, so reading them would be wasted I/O.
 		sweep := time.Since(lastSweep) >= a.opts.SweepPeriod && a.orphansJudged()
 		if err := a.Relist(ctx, sweep); err != nil {
+			// A failed relist (containerd down) is still a loop that goes round: restarting the
+			// agent would not bring containerd back.
 			a.log.Warn("relist failed", "err", err)
 		} else if sweep {
 			lastSweep = time.Now()
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-a.relist:
+		a.heartbeat()
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				break wait
+			case <-a.relist:
+				break wait
+			case <-beat:
+				a.heartbeat()
+			}
 		}
 	}
+}
+
+// heartbeat tells Options.Heartbeat that the main loop goes round and that the agent's lock is
+// free; it is called from the relist loop only (see Options.Heartbeat).
+func (a *Agent) heartbeat() {
+	if a.opts.Heartbeat == nil {
+		return
+	}
+	a.mu.Lock()
+	//lint:ignore SA2001 an empty critical section on purpose: it proves the lock can be taken
+	a.mu.Unlock()
+	a.opts.Heartbeat()
 }
 
 // shimReaper is the part of *runtime.Runtime that kills shims left without a container record.

@@ -78,6 +78,8 @@ type Server struct {
 	p   Provider
 	log *slog.Logger
 	mux *http.ServeMux
+
+	onListening func() // see OnListening
 }
 
 // shutdownTimeout bounds how long Serve waits for in-flight requests once
@@ -110,6 +112,11 @@ func (s *Server) Handler() http.Handler { return s.mux }
 // http.ServeMux's, e.g. "GET /metrics".
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
+// OnListening sets f to be called once Serve's socket accepts connections (the agent's READY to
+// systemd waits for it, so that `mqlet pods` works as soon as `systemctl start` returns). Call it
+// before Serve.
+func (s *Server) OnListening(f func()) { s.onListening = f }
+
 // Serve listens on socketPath and serves until ctx is done, then shuts down
 // gracefully and removes the socket file. It returns nil after a clean
 // shutdown.
@@ -139,6 +146,9 @@ func (s *Server) Serve(ctx context.Context, socketPath string) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	s.log.Info("api listening", "socket", socketPath)
+	if s.onListening != nil {
+		s.onListening()
+	}
 
 	var serveErr error
 	select {

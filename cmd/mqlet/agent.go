@@ -144,6 +144,7 @@ func (c *AgentCmd) Run() error {
 	}
 	// Admission reads node allocatable and pressure from parts built after the agent (they need it);
 	// nothing is admitted before Run, by which time both exist.
+	notify := newServiceNotify(cfg, log) // wire_notify.go
 	var nodeStatus *nodeStatusWiring
 	var evictions *evictions
 	interim := interimAllocatable(cfg, devs, log)
@@ -165,6 +166,10 @@ func (c *AgentCmd) Run() error {
 		Node:        func() *v1.Node { return nodeStatus.nodeOr(cfg) }, // wire_volumes.go
 		// The shutdown manager, which calls it, starts after nodeStatus is set.
 		OnShutdownChange: func() { nodeStatus.m.Trigger() },
+		// systemd's READY waits for the restore; its watchdog is fed by the main loop only.
+		Started:         notify.partReady,
+		Heartbeat:       notify.heartbeat,
+		HeartbeatPeriod: notify.watchdog,
 	}, rt, state, sources...)
 	connectObjects(objs, a, report)
 
@@ -199,6 +204,7 @@ func (c *AgentCmd) Run() error {
 	// before they run (deferred calls run last-in first-out), or the agent hangs instead of exiting.
 	defer stop()
 	srv := api.NewServer(nodeStatus.api(a), log)
+	srv.OnListening(notify.partReady)
 	events.serve(srv)
 	m.usage(a, rt, srv) // wire_metrics.go
 	stopMetrics, err := m.serve(ctx, cfg, a, evictions.Manager, channel, db, srv, log)
@@ -238,6 +244,7 @@ func (c *AgentCmd) Run() error {
 		chStop()
 		<-chErr
 	}
+	notify.stopping()
 	log.Info("mqlet agent stopped; pods keep running")
 	if errors.Is(err, context.Canceled) {
 		return nil

@@ -78,6 +78,8 @@ type harness struct {
 	agent     *exec.Cmd
 	agentLog  *syncBuffer
 	exited    chan error
+	// agentEnv is added to the agent's environment at startAgent (notify_e2e_test.go).
+	agentEnv []string
 	client    *api.Client
 	// cniConfDir and cniBinDir are the agent's CNI settings. By default a private directory with a
 	// loopback-only network (pods get CNI but no bridge, address or rule to clean up); network
@@ -161,6 +163,9 @@ func (h *harness) startAgent(extra ...string) {
 	h.agentLog = &syncBuffer{}
 	cmd := exec.Command(h.bin, append(append([]string{"agent"}, h.flags()...), extra...)...)
 	cmd.Stdout, cmd.Stderr = h.agentLog, h.agentLog
+	if h.agentEnv != nil {
+		cmd.Env = append(os.Environ(), h.agentEnv...)
+	}
 	if err := cmd.Start(); err != nil {
 		h.t.Fatal(err)
 	}
