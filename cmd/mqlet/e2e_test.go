@@ -80,7 +80,7 @@ type harness struct {
 	exited    chan error
 	// agentEnv is added to the agent's environment at startAgent (notify_e2e_test.go).
 	agentEnv []string
-	client    *api.Client
+	client   *api.Client
 	// cniConfDir and cniBinDir are the agent's CNI settings. By default a private directory with a
 	// loopback-only network (pods get CNI but no bridge, address or rule to clean up); network
 	// tests point them at a testenv.CNINet (cni_e2e_test.go).
