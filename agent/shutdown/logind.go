@@ -25,9 +25,8 @@ const (
 	systemdManager  = "org.freedesktop.systemd1.Manager"
 )
 
-// dropInName is the logind drop-in mqlet writes; late in the order so that it wins, like kubelet's
-// 99-kubelet.conf.
-const dropInName = "99-mqlet.conf"
+// dropInName is the logind drop-in mqlet writes (LogindDropIn).
+const dropInName = LogindDropIn
 
 // How long to wait for logind to show a raised InhibitDelayMaxUSec after it was told to reload
 // (the reload is a SIGHUP: it happens after the call returns).
@@ -119,7 +118,7 @@ func (l *logind) inhibitDelay() (time.Duration, error) {
 // warning).
 func (l *logind) raiseInhibitDelay(grace, delay time.Duration, confDir string) time.Duration {
 	path := filepath.Join(confDir, dropInName)
-	content := fmt.Sprintf("# Written by mqlet: systemd-logind waits this long for mqlet to stop pods at a shutdown (shutdownGracePeriod).\n[Login]\nInhibitDelayMaxSec=%d\n",
+	content := fmt.Sprintf(LogindDropInMark+": systemd-logind waits this long for mqlet to stop pods at a shutdown (shutdownGracePeriod).\n[Login]\nInhibitDelayMaxSec=%d\n",
 		int64((grace+time.Second-1)/time.Second))
 	if err := os.MkdirAll(confDir, 0o755); err != nil {
 		l.log.Warn("cannot raise logind's InhibitDelayMaxSec", "dir", confDir, "err", err)

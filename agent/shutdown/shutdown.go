@@ -48,6 +48,14 @@ type Options struct {
 // DefaultLogindConfDir is logind's drop-in directory.
 const DefaultLogindConfDir = "/etc/systemd/logind.conf.d"
 
+// LogindDropIn is the name of the drop-in mqlet writes there when logind would not wait for the
+// whole grace period; late in the order so that it wins, like kubelet's 99-kubelet.conf. Its
+// first line starts with LogindDropInMark, which `mqlet uninstall --purge` looks for.
+const LogindDropIn = "99-mqlet.conf"
+
+// LogindDropInMark starts the drop-in mqlet writes.
+const LogindDropInMark = "# Written by mqlet"
+
 // Reconnecting to the system bus: quickly at first (logind restarted, or dbus starting after the
 // agent at boot), then rarely on a machine that has no bus at all.
 const (

@@ -80,6 +80,9 @@ type harness struct {
 	exited    chan error
 	// agentEnv is added to the agent's environment at startAgent (notify_e2e_test.go).
 	agentEnv []string
+	// agentPrefix runs the agent under a command that execs it, e.g. nsenter into a private
+	// network namespace (uninstall_e2e_test.go).
+	agentPrefix []string
 	client   *api.Client
 	// cniConfDir and cniBinDir are the agent's CNI settings. By default a private directory with a
 	// loopback-only network (pods get CNI but no bridge, address or rule to clean up); network
@@ -161,7 +164,11 @@ func (h *harness) mqletErr(args ...string) (string, error) {
 func (h *harness) startAgent(extra ...string) {
 	h.t.Helper()
 	h.agentLog = &syncBuffer{}
-	cmd := exec.Command(h.bin, append(append([]string{"agent"}, h.flags()...), extra...)...)
+	args := append(append([]string{"agent"}, h.flags()...), extra...)
+	cmd := exec.Command(h.bin, args...)
+	if len(h.agentPrefix) > 0 {
+		cmd = exec.Command(h.agentPrefix[0], append(append(h.agentPrefix[1:], h.bin), args...)...)
+	}
 	cmd.Stdout, cmd.Stderr = h.agentLog, h.agentLog
 	if h.agentEnv != nil {
 		cmd.Env = append(os.Environ(), h.agentEnv...)

@@ -27,17 +27,18 @@ var version, commit = buildversion.Resolve(stampedVersion, stampedCommit, debug.
 type cli struct {
 	Version kong.VersionFlag `help:"Print the version and exit."`
 
-	Agent    AgentCmd    `cmd:"" help:"Run the agent daemon."`
-	Pods     PodsCmd     `cmd:"" help:"List the pods of the local agent."`
-	Describe DescribeCmd `cmd:"" help:"Show details of an object of the local agent."`
-	Node     NodeCmd     `cmd:"" help:"Show the local agent's node status."`
-	Logs     LogsCmd     `cmd:"" help:"Print the logs of a container of a pod."`
-	Top      TopCmd      `cmd:"" help:"Show the CPU (millicores) and memory (working set) of the node and its pods, like kubectl top."`
-	Image    ImageCmd    `cmd:"" help:"Import and list images in containerd (works without the agent)."`
-	VersionC VersionCmd  `cmd:"" name:"version" help:"Print the version."`
-	Ctl      CtlCmd      `cmd:"" help:"Control plane over MQTT: apply to, read from and stream logs of nodes through the broker."`
-	Check    CheckCmd    `cmd:"" help:"Check that this machine can run pods: kernel, cgroups, containerd, runc, CNI, iptables, state dir, clock, swap, config; each item with its fix."`
-	FleetSim FleetSimCmd `cmd:"" name:"fleet-sim" help:"Run many simulated nodes (the real agent over an in-memory runtime) against a broker, for scale tests of a control plane."`
+	Agent     AgentCmd     `cmd:"" help:"Run the agent daemon."`
+	Pods      PodsCmd      `cmd:"" help:"List the pods of the local agent."`
+	Describe  DescribeCmd  `cmd:"" help:"Show details of an object of the local agent."`
+	Node      NodeCmd      `cmd:"" help:"Show the local agent's node status."`
+	Logs      LogsCmd      `cmd:"" help:"Print the logs of a container of a pod."`
+	Top       TopCmd       `cmd:"" help:"Show the CPU (millicores) and memory (working set) of the node and its pods, like kubectl top."`
+	Image     ImageCmd     `cmd:"" help:"Import and list images in containerd (works without the agent)."`
+	VersionC  VersionCmd   `cmd:"" name:"version" help:"Print the version."`
+	Ctl       CtlCmd       `cmd:"" help:"Control plane over MQTT: apply to, read from and stream logs of nodes through the broker."`
+	Check     CheckCmd     `cmd:"" help:"Check that this machine can run pods: kernel, cgroups, containerd, runc, CNI, iptables, state dir, clock, swap, config; each item with its fix."`
+	Uninstall UninstallCmd `cmd:"" help:"Remove what mqlet made on this host: pods, their network and cgroups, images, state (--purge; without it, list what would go)."`
+	FleetSim  FleetSimCmd  `cmd:"" name:"fleet-sim" help:"Run many simulated nodes (the real agent over an in-memory runtime) against a broker, for scale tests of a control plane."`
 
 	Completion CompletionCmd `cmd:"" help:"Print a shell completion script for bash, zsh or fish."`
 	Complete   CompleteCmd   `cmd:"" name:"__complete" hidden:"" passthrough:"" help:"Print the completions of a command line (the completion scripts call it)."`
