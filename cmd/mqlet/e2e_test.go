@@ -83,7 +83,7 @@ type harness struct {
 	// agentPrefix runs the agent under a command that execs it, e.g. nsenter into a private
 	// network namespace (uninstall_e2e_test.go).
 	agentPrefix []string
-	client   *api.Client
+	client      *api.Client
 	// cniConfDir and cniBinDir are the agent's CNI settings. By default a private directory with a
 	// loopback-only network (pods get CNI but no bridge, address or rule to clean up); network
 	// tests point them at a testenv.CNINet (cni_e2e_test.go).
