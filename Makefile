@@ -16,7 +16,7 @@ LDFLAGS := -s -w -X main.stampedVersion=$(VERSION) -X main.stampedCommit=$(COMMI
 GOBUILD := CGO_ENABLED=0 go build -trimpath -tags grpcnotrace -ldflags "$(LDFLAGS)"
 TESTENV := /run/mqlet-test/env
 
-.PHONY: version build cross test unit fuzz demo demo-down bench bench-fleet testenv testenv-down vet clean
+.PHONY: version build cross release test unit fuzz demo demo-down bench bench-fleet testenv testenv-down vet clean
 
 # Prints the version `make build` stamps.
 version:
@@ -32,6 +32,25 @@ cross:
 	GOOS=linux GOARCH=arm GOARM=7 $(GOBUILD) -o bin/mqlet-linux-armv7 ./cmd/mqlet
 	@ls -l bin/mqlet-linux-*
 
+# Release artifacts in dist/ (docs/operations.md): per architecture a static tarball and a .deb
+# (scripts/release, nfpm, a module of its own so nfpm stays out of mqlet's dependencies), the
+# mqlet-bridge image as a docker-archive `ctr images import` takes (scripts/mkimage -file) for amd64
+# and arm64 with configs/bridge/deployment.yaml naming it, and SHA256SUMS.
+BRIDGE_TAG = $(subst +,-,$(VERSION))
+release:
+	rm -rf dist bin/release
+	mkdir -p dist bin/release
+	GOOS=linux GOARCH=amd64 $(GOBUILD) -o bin/release/mqlet-linux-amd64 ./cmd/mqlet
+	GOOS=linux GOARCH=arm64 $(GOBUILD) -o bin/release/mqlet-linux-arm64 ./cmd/mqlet
+	GOOS=linux GOARCH=arm GOARM=7 $(GOBUILD) -o bin/release/mqlet-linux-armv7 ./cmd/mqlet
+	for a in amd64 arm64; do \
+	  GOOS=linux GOARCH=$$a $(GOBUILD) -o bin/release/mqlet-bridge-linux-$$a ./cmd/mqlet-bridge && \
+	  go run ./scripts/mkimage -file bin/release/mqlet-bridge-linux-$$a=/usr/local/bin/mqlet-bridge -arch $$a \
+	    -ref localhost/mqlet-bridge:$(BRIDGE_TAG) -o dist/mqlet-bridge-$(VERSION:v%=%)-linux-$$a.image.tar || exit 1; \
+	done
+	cd scripts/release && go run . -version $(VERSION) -repo ../.. -bin ../../bin/release -out ../../dist
+	@ls -l dist
+
 testenv:
 	bash scripts/testenv.sh
 
@@ -42,6 +61,7 @@ testenv-down:
 # a missing environment a failure instead of a skip.
 test: testenv
 	set -a && . $(TESTENV) && set +a && MQLET_TEST_REQUIRE=1 go test -count=1 -timeout 20m ./...
+	cd scripts/release && go test -count=1 ./...
 	$(MAKE) fuzz
 	$(MAKE) test-vm test-arm
 
@@ -93,4 +113,4 @@ vet:
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 
 clean:
-	rm -rf bin
+	rm -rf bin dist

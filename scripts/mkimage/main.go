@@ -16,6 +16,12 @@
 // Usage (from the repository root):
 //
 //	go run ./scripts/mkimage -busybox /bin/busybox -out /var/lib/mqlet-test/images
+//
+// With -file it writes one docker-archive instead, of an image holding one static binary and
+// nothing else (the release's mqlet-bridge image, `make release`), in the same reproducible way:
+//
+//	go run ./scripts/mkimage -file bin/mqlet-bridge=/usr/local/bin/mqlet-bridge -arch arm64 \
+//	    -ref localhost/mqlet-bridge:v1.2.3 -o dist/mqlet-bridge-v1.2.3-linux-arm64.tar
 package main
 
 import (
@@ -46,7 +52,17 @@ func main() {
 	busybox := flag.String("busybox", "/bin/busybox", "path of a statically linked busybox binary")
 	out := flag.String("out", "", "directory to write the image archives into (created if missing)")
 	arch := flag.String("arch", runtime.GOARCH, "architecture recorded in the image config (that of the busybox binary)")
+	fileSpec := flag.String("file", "", "SRC=DST: write one image holding the static binary SRC at DST (its entrypoint) instead of the test images")
+	ref := flag.String("ref", "", "with -file: the image's reference (name:tag)")
+	output := flag.String("o", "", "with -file: the archive to write")
 	flag.Parse()
+	if *fileSpec != "" {
+		if err := binaryImage(*fileSpec, *ref, *arch, *output); err != nil {
+			fmt.Fprintln(os.Stderr, "mkimage:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *out == "" || flag.NArg() != 0 {
 		fmt.Fprintln(os.Stderr, "usage: mkimage [-busybox PATH] [-arch ARCH] -out DIR")
 		os.Exit(2)
@@ -399,4 +415,49 @@ func writeAtomic(dst string, data []byte) error {
 		return fmt.Errorf("writing %s: %w", dst, err)
 	}
 	return nil
+}
+
+// binaryImage writes a docker-archive of one image that holds the static binary src at dst (and
+// the directories above it, /tmp and an /etc/passwd naming root and nobody), with dst as its
+// entrypoint.
+func binaryImage(spec, ref, arch, out string) error {
+	src, dst, ok := strings.Cut(spec, "=")
+	if !ok || src == "" || !strings.HasPrefix(dst, "/") || ref == "" || out == "" {
+		return fmt.Errorf("-file %q: want -file SRC=/ABS/DST with -ref NAME:TAG and -o FILE", spec)
+	}
+	bin, err := os.ReadFile(src)
+	if err != nil {
+		return err
+	}
+	if err := requireStatic(src); err != nil {
+		return err
+	}
+	var entries []tarEntry
+	parts := strings.Split(strings.TrimPrefix(dst, "/"), "/")
+	for i := 1; i < len(parts); i++ {
+		entries = append(entries, dir(strings.Join(parts[:i], "/"), 0o755))
+	}
+	entries = append(entries,
+		file(strings.TrimPrefix(dst, "/"), 0o755, bin),
+		dir("etc", 0o755),
+		file("etc/group", 0o644, []byte("root:x:0:\nnogroup:x:65534:\n")),
+		file("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n")),
+		dir("tmp", 0o1777),
+	)
+	layer, err := writeTar(entries)
+	if err != nil {
+		return err
+	}
+	cfg, err := json.Marshal(newImageConfig(arch, containerConfig{Env: []string{defaultPath}, Entrypoint: []string{dst}}, digestOf(layer)))
+	if err != nil {
+		return err
+	}
+	archive, err := dockerArchive(ref, cfg, layer)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	return writeAtomic(out, archive)
 }
