@@ -329,6 +329,150 @@ v2b_system_oom() {
 v2b_eviction_tests
 v2b_system_oom
 
+# --- the .deb (issue 22): install, a pod, upgrade, rollback, purge ---------------------------------
+# run.sh builds two .debs of the checkout (versions 0.0.1~lane and 0.0.2~lane) into /mqlet/out/debs.
+# No network in the guest: the packages' dependencies are in the image (image.sh).
+
+# host_state prints what the host holds that a purge must restore: links, iptables rules, CNI
+# files, cgroups, containerd namespaces, units and their enablement, mqlet's paths.
+host_state() {
+	echo "# links"
+	ip -o link show | awk -F': ' '{print $2}' | sed 's/@.*//' | sort
+	for t in nat filter; do
+		echo "# iptables -t $t"
+		iptables-save -t $t | grep -v '^#' | sed 's/\[[0-9]*:[0-9]*\]//'
+	done
+	echo "# /etc/cni/net.d"
+	ls -A /etc/cni/net.d 2>/dev/null
+	echo "# cgroups"
+	(cd /sys/fs/cgroup && find . -mindepth 1 -maxdepth 3 -type d | grep -v '^./system.slice\|^./user.slice\|^./init.scope' | sort)
+	echo "# containerd namespaces"
+	ctr namespaces ls -q | sort
+	echo "# units"
+	systemctl list-unit-files --no-legend --no-pager | awk '{print $1, $2}' | grep -i mqlet
+	ls /etc/systemd/system/multi-user.target.wants/ | sort
+	echo "# paths"
+	for p in /usr/bin/mqlet /lib/systemd/system/mqlet.service /etc/mqlet/mqlet.yaml /etc/mqlet/node.key /var/lib/mqlet /var/lib/mqlet-purge /run/mqlet /etc/systemd/logind.conf.d/99-mqlet.conf; do
+		[ -e $p ] && echo "$p"
+	done
+}
+
+# running_tasks prints "container-id pid" of the running tasks of mqlet's namespace, sorted.
+running_tasks() { ctr -n $NS tasks ls 2>/dev/null | awk '$3 == "RUNNING" {print $1, $2}' | sort; }
+
+# wait_hello waits (bounded) until the local agent reports the hello pod 2/2 Running.
+wait_hello() {
+	for _ in $(seq 1 120); do
+		mqlet pods 2>/dev/null | awk '$2 ~ /^hello/ && $3 == "2/2" && $4 == "Running" {ok=1} END {exit !ok}' && return 0
+		sleep 2
+	done
+	return 1
+}
+
+package_lifecycle() {
+	local deb1 deb2 tasks before main1 main2 wd1 wd2
+	deb1=$(ls /mqlet/out/debs/mqlet_0.0.1*_amd64.deb 2>/dev/null)
+	deb2=$(ls /mqlet/out/debs/mqlet_0.0.2*_amd64.deb 2>/dev/null)
+	if [ -z "$deb1" ] || [ -z "$deb2" ]; then
+		fail "no .debs in /mqlet/out/debs: $(ls /mqlet/out/debs 2>&1)"
+		return
+	fi
+	# The by-hand install of the step above goes first, by its own `mqlet uninstall --purge`, so
+	# the package meets a host mqlet never touched.
+	systemctl stop mqlet 2>/dev/null
+	/usr/local/bin/mqlet uninstall --purge --config /etc/mqlet/mqlet.yaml || fail "mqlet uninstall --purge of the by-hand install"
+	rm -rf /etc/systemd/system/mqlet.service /usr/local/bin/mqlet /etc/mqlet
+	hash -r # mqlet is /usr/bin/mqlet from here on
+	systemctl daemon-reload
+	host_state >/tmp/state-before
+
+	echo "--- apt-get install $(basename "$deb1")"
+	apt-get install -y -q --no-install-recommends "$deb1" || fail "apt-get install $deb1"
+	systemctl is-enabled --quiet mqlet || fail "mqlet is $(systemctl is-enabled mqlet) after the install, not enabled"
+	systemctl is-active --quiet mqlet || fail "mqlet is $(systemctl is-active mqlet) after the install, not active"
+	systemctl show -p Type,ActiveState,SubState,StatusText,WatchdogUSec,ExecMainPID,FragmentPath mqlet
+	[ "$(systemctl show -p Type --value mqlet)" = notify ] || fail "the packaged unit is not Type=notify"
+	case $(systemctl show -p StatusText --value mqlet) in
+	running:*) ;;
+	*) fail "StatusText is '$(systemctl show -p StatusText --value mqlet)', not the agent's READY status" ;;
+	esac
+	[ "$(systemctl show -p WatchdogUSec --value mqlet)" = 2min ] || fail "WatchdogUSec is $(systemctl show -p WatchdogUSec --value mqlet), not 2min"
+	mqlet version | grep -q 'mqlet v0.0.1-lane' || fail "after the install, mqlet version says: $(mqlet version)"
+
+	echo "--- a pod dropped into /etc/mqlet/pods"
+	ctr -n $NS images import /mqlet/out/images/busybox.tar >/dev/null || fail "ctr -n $NS images import busybox.tar"
+	install -m 644 $SRC/configs/pods/hello.yaml /etc/mqlet/pods/hello.yaml
+	wait_hello || fail "the hello pod did not run under the packaged service"
+	mqlet pods
+	tasks=$(running_tasks)
+	echo "running tasks:"
+	echo "$tasks"
+	[ "$(echo "$tasks" | grep -c .)" = 2 ] || fail "$(echo "$tasks" | grep -c .) running tasks, want the hello pod's 2"
+	# The watchdog is fed: systemd's WatchdogTimestamp moves (the agent's relist loop, every 10 s).
+	wd1=$(systemctl show -p WatchdogTimestampMonotonic --value mqlet)
+	for _ in $(seq 1 45); do
+		wd2=$(systemctl show -p WatchdogTimestampMonotonic --value mqlet)
+		[ "$wd2" != "$wd1" ] && break
+		sleep 2
+	done
+	[ "$wd2" != "$wd1" ] || fail "systemd's WatchdogTimestamp did not move in 90 s: no WATCHDOG=1 from the agent"
+	echo "watchdog pinged at ${wd1}us and ${wd2}us (monotonic)"
+
+	echo "--- upgrade: apt-get install $(basename "$deb2")"
+	main1=$(systemctl show -p MainPID --value mqlet)
+	apt-get install -y -q "$deb2" || fail "apt-get install $deb2 (upgrade)"
+	main2=$(systemctl show -p MainPID --value mqlet)
+	systemctl is-active --quiet mqlet || fail "mqlet is $(systemctl is-active mqlet) after the upgrade"
+	[ "$main1" != "$main2" ] || fail "the agent was not restarted by the upgrade (MainPID $main1)"
+	mqlet version | grep -q 'mqlet v0.0.2-lane' || fail "after the upgrade, mqlet version says: $(mqlet version)"
+	wait_hello || fail "the hello pod is not 2/2 Running after the upgrade"
+	[ "$(running_tasks)" = "$tasks" ] || fail "the upgrade changed the pod's containers: before
+$tasks
+after
+$(running_tasks)"
+
+	echo "--- rollback: apt-get install --allow-downgrades $(basename "$deb1")"
+	apt-get install -y -q --allow-downgrades "$deb1" || fail "apt-get install --allow-downgrades $deb1 (rollback)"
+	systemctl is-active --quiet mqlet || fail "mqlet is $(systemctl is-active mqlet) after the rollback"
+	mqlet version | grep -q 'mqlet v0.0.1-lane' || fail "after the rollback, mqlet version says: $(mqlet version)"
+	wait_hello || fail "the hello pod is not 2/2 Running after the rollback"
+	[ "$(running_tasks)" = "$tasks" ] || fail "the rollback changed the pod's containers: before
+$tasks
+after
+$(running_tasks)"
+	# It keeps syncing: an edit of the manifest reaches the pod (a label is not a container change).
+	sed -i 's/app: hello/app: hello-again/' /etc/mqlet/pods/hello.yaml
+	for _ in $(seq 1 60); do
+		mqlet describe pod "$(mqlet pods | awk '$2 ~ /^hello/ {print $2; exit}')" 2>/dev/null | grep -q 'hello-again' && break
+		sleep 2
+	done
+	mqlet describe pod "$(mqlet pods | awk '$2 ~ /^hello/ {print $2; exit}')" 2>/dev/null | grep -q 'hello-again' ||
+		fail "after the rollback the agent did not pick up a manifest edit"
+	systemctl show -p NRestarts,ActiveState,StatusText mqlet
+	[ "$(systemctl show -p NRestarts --value mqlet)" = 0 ] || fail "the service restarted on its own (watchdog or crash): NRestarts $(systemctl show -p NRestarts --value mqlet)"
+
+	echo "--- apt-get purge mqlet"
+	apt-get purge -y -q mqlet || fail "apt-get purge mqlet"
+	for t in $tasks; do
+		case $t in
+		*[!0-9]*) ;;
+		*) [ -d /proc/$t ] && fail "container pid $t still runs after the purge" ;;
+		esac
+	done
+	# The manifest is the owner's file and stays; take it away to compare the rest.
+	[ -f /etc/mqlet/pods/hello.yaml ] || fail "the purge removed the owner's manifest /etc/mqlet/pods/hello.yaml"
+	rm -rf /etc/mqlet
+	host_state >/tmp/state-after
+	if ! diff -u /tmp/state-before /tmp/state-after; then
+		fail "the purge did not leave the host as it was before the install (diff above: - before, + after)"
+	fi
+}
+
+step "the .deb: apt install, a pod from /etc/mqlet/pods, upgrade and rollback keep it, apt purge leaves nothing"
+package_lifecycle
+echo "--- journalctl -u mqlet (the package's)"
+journalctl -u mqlet --no-pager -o short-monotonic | tail -n 40
+
 step "done"
 if [ ${#failed[@]} -gt 0 ]; then
 	echo "${#failed[@]} check(s) failed:"

@@ -75,6 +75,19 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$run/bin" "$run/images"
 
+# build_debs makes two .debs of the checkout (0.0.1~lane and 0.0.2~lane, amd64) into $1, for
+# guest.sh's package steps: install, upgrade, rollback, purge. Only the stamped version differs.
+build_debs() {
+	local out=$1 v
+	for v in 1 2; do
+		mkdir -p "$out/bin-$v"
+		CGO_ENABLED=0 go build -trimpath -tags grpcnotrace -ldflags "-s -w -X main.stampedVersion=v0.0.$v-lane -X main.stampedCommit=lane" \
+			-o "$out/bin-$v/mqlet-linux-amd64" ./cmd/mqlet
+		(cd scripts/release && go run . -version "v0.0.$v-lane" -repo ../.. -bin "$out/bin-$v" -out "$out" -arch amd64 -only deb >/dev/null)
+		rm -rf "$out/bin-$v"
+	done
+}
+
 t1=$(now)
 log "building the test binaries on the host"
 (
@@ -83,6 +96,7 @@ log "building the test binaries on the host"
 	CGO_ENABLED=0 go test -c -o "$run/bin/eviction.test" ./agent/eviction
 	CGO_ENABLED=0 go build -trimpath -tags grpcnotrace -o "$run/bin/mqlet" ./cmd/mqlet
 	go run ./scripts/mkimage -busybox /bin/busybox -out "$run/images" >/dev/null
+	build_debs "$run/debs"
 )
 t_build=$(($(now) - t1))
 
