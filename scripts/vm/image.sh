@@ -56,8 +56,15 @@ done
 
 mkdir -p "$VM_DIR"
 exec 9>"$VM_DIR/lock"
-flock -x 9
+# A cached image is found under the shared lock, which running lanes hold too: waiting for the
+# exclusive one first made every lane wait for all guests already running (minutes each).
+flock -s 9
 if [ -e "$IMAGE/complete" ]; then
+	echo "$IMAGE"
+	exit 0
+fi
+flock -x 9
+if [ -e "$IMAGE/complete" ]; then # built by another caller while this one waited
 	echo "$IMAGE"
 	exit 0
 fi
