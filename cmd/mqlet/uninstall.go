@@ -198,7 +198,7 @@ func (u *uninstaller) purge(ctx context.Context, maxGrace time.Duration) error {
 	if len(errs) > 0 {
 		return fmt.Errorf("uninstall: %d part(s) failed: %w", len(errs), errors.Join(errs...))
 	}
-	u.say("mqlet purged; kept %s and the manifests in %s", u.kept(), u.cfg.ManifestDir)
+	u.say("mqlet purged; kept the config file and the manifests in %s", u.cfg.ManifestDir)
 	return nil
 }
 

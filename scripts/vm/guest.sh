@@ -369,6 +369,9 @@ wait_hello() {
 	return 1
 }
 
+# is_version says whether the installed mqlet reports version $1.
+is_version() { case $(mqlet version 2>&1) in "mqlet $1 "*) return 0 ;; esac; return 1; }
+
 package_lifecycle() {
 	local deb1 deb2 tasks before main1 main2 wd1 wd2
 	deb1=$(ls /mqlet/out/debs/mqlet_0.0.1*_amd64.deb 2>/dev/null)
@@ -387,7 +390,7 @@ package_lifecycle() {
 	host_state >/tmp/state-before
 
 	echo "--- apt-get install $(basename "$deb1")"
-	apt-get install -y -q --no-install-recommends "$deb1" || fail "apt-get install $deb1"
+	apt-get install -y -q -o Dpkg::Use-Pty=0 --no-install-recommends "$deb1" || fail "apt-get install $deb1"
 	systemctl is-enabled --quiet mqlet || fail "mqlet is $(systemctl is-enabled mqlet) after the install, not enabled"
 	systemctl is-active --quiet mqlet || fail "mqlet is $(systemctl is-active mqlet) after the install, not active"
 	systemctl show -p Type,ActiveState,SubState,StatusText,WatchdogUSec,ExecMainPID,FragmentPath mqlet
@@ -397,7 +400,7 @@ package_lifecycle() {
 	*) fail "StatusText is '$(systemctl show -p StatusText --value mqlet)', not the agent's READY status" ;;
 	esac
 	[ "$(systemctl show -p WatchdogUSec --value mqlet)" = 2min ] || fail "WatchdogUSec is $(systemctl show -p WatchdogUSec --value mqlet), not 2min"
-	mqlet version | grep -q 'mqlet v0.0.1-lane' || fail "after the install, mqlet version says: $(mqlet version)"
+	is_version v0.0.1-lane || fail "after the install, mqlet version says: $(mqlet version)"
 
 	echo "--- a pod dropped into /etc/mqlet/pods"
 	ctr -n $NS images import /mqlet/out/images/busybox.tar >/dev/null || fail "ctr -n $NS images import busybox.tar"
@@ -420,11 +423,11 @@ package_lifecycle() {
 
 	echo "--- upgrade: apt-get install $(basename "$deb2")"
 	main1=$(systemctl show -p MainPID --value mqlet)
-	apt-get install -y -q "$deb2" || fail "apt-get install $deb2 (upgrade)"
+	apt-get install -y -q -o Dpkg::Use-Pty=0 "$deb2" || fail "apt-get install $deb2 (upgrade)"
 	main2=$(systemctl show -p MainPID --value mqlet)
 	systemctl is-active --quiet mqlet || fail "mqlet is $(systemctl is-active mqlet) after the upgrade"
 	[ "$main1" != "$main2" ] || fail "the agent was not restarted by the upgrade (MainPID $main1)"
-	mqlet version | grep -q 'mqlet v0.0.2-lane' || fail "after the upgrade, mqlet version says: $(mqlet version)"
+	is_version v0.0.2-lane || fail "after the upgrade, mqlet version says: $(mqlet version)"
 	wait_hello || fail "the hello pod is not 2/2 Running after the upgrade"
 	[ "$(running_tasks)" = "$tasks" ] || fail "the upgrade changed the pod's containers: before
 $tasks
@@ -432,27 +435,33 @@ after
 $(running_tasks)"
 
 	echo "--- rollback: apt-get install --allow-downgrades $(basename "$deb1")"
-	apt-get install -y -q --allow-downgrades "$deb1" || fail "apt-get install --allow-downgrades $deb1 (rollback)"
+	apt-get install -y -q -o Dpkg::Use-Pty=0 --allow-downgrades "$deb1" || fail "apt-get install --allow-downgrades $deb1 (rollback)"
 	systemctl is-active --quiet mqlet || fail "mqlet is $(systemctl is-active mqlet) after the rollback"
-	mqlet version | grep -q 'mqlet v0.0.1-lane' || fail "after the rollback, mqlet version says: $(mqlet version)"
+	is_version v0.0.1-lane || fail "after the rollback, mqlet version says: $(mqlet version)"
 	wait_hello || fail "the hello pod is not 2/2 Running after the rollback"
 	[ "$(running_tasks)" = "$tasks" ] || fail "the rollback changed the pod's containers: before
 $tasks
 after
 $(running_tasks)"
 	# It keeps syncing: an edit of the manifest reaches the pod (a label is not a container change).
+	# (Read whole, then matched: `mqlet ... | grep -q` fails under pipefail when grep exits first
+	# and mqlet gets SIGPIPE.)
 	sed -i 's/app: hello/app: hello-again/' /etc/mqlet/pods/hello.yaml
+	local described=
 	for _ in $(seq 1 60); do
-		mqlet describe pod "$(mqlet pods | awk '$2 ~ /^hello/ {print $2; exit}')" 2>/dev/null | grep -q 'hello-again' && break
+		described=$(mqlet describe pod "$(mqlet pods | awk '$2 ~ /^hello/ {print $2; exit}')" 2>&1)
+		case $described in *app=hello-again*) break ;; esac
 		sleep 2
 	done
-	mqlet describe pod "$(mqlet pods | awk '$2 ~ /^hello/ {print $2; exit}')" 2>/dev/null | grep -q 'hello-again' ||
-		fail "after the rollback the agent did not pick up a manifest edit"
+	case $described in
+	*app=hello-again*) ;;
+	*) fail "after the rollback the agent did not pick up a manifest edit (label app=hello-again): $described" ;;
+	esac
 	systemctl show -p NRestarts,ActiveState,StatusText mqlet
 	[ "$(systemctl show -p NRestarts --value mqlet)" = 0 ] || fail "the service restarted on its own (watchdog or crash): NRestarts $(systemctl show -p NRestarts --value mqlet)"
 
 	echo "--- apt-get purge mqlet"
-	apt-get purge -y -q mqlet || fail "apt-get purge mqlet"
+	apt-get purge -y -q -o Dpkg::Use-Pty=0 mqlet || fail "apt-get purge mqlet"
 	for t in $tasks; do
 		case $t in
 		*[!0-9]*) ;;
