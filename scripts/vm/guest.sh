@@ -352,7 +352,7 @@ host_state() {
 	systemctl list-unit-files --no-legend --no-pager | awk '{print $1, $2}' | grep -i mqlet
 	ls /etc/systemd/system/multi-user.target.wants/ | sort
 	echo "# paths"
-	for p in /usr/bin/mqlet /lib/systemd/system/mqlet.service /etc/mqlet/mqlet.yaml /etc/mqlet/node.key /var/lib/mqlet /var/lib/mqlet-purge /run/mqlet /etc/systemd/logind.conf.d/99-mqlet.conf; do
+	for p in /usr/bin/mqlet /lib/systemd/system/mqlet.service /etc/mqlet /var/lib/mqlet /var/lib/mqlet-purge /run/mqlet /etc/systemd/logind.conf.d/99-mqlet.conf; do
 		[ -e $p ] && echo "$p"
 	done
 }
@@ -468,9 +468,11 @@ $(running_tasks)"
 		*) [ -d /proc/$t ] && fail "container pid $t still runs after the purge" ;;
 		esac
 	done
-	# The manifest is the owner's file and stays; take it away to compare the rest.
+	# The manifest is the owner's file and stays; take it away to compare the rest (the node key
+	# left behind would keep /etc/mqlet, which the state lists).
 	[ -f /etc/mqlet/pods/hello.yaml ] || fail "the purge removed the owner's manifest /etc/mqlet/pods/hello.yaml"
-	rm -rf /etc/mqlet
+	rm -f /etc/mqlet/pods/hello.yaml
+	rmdir /etc/mqlet/pods /etc/mqlet 2>/dev/null
 	host_state >/tmp/state-after
 	if ! diff -u /tmp/state-before /tmp/state-after; then
 		fail "the purge did not leave the host as it was before the install (diff above: - before, + after)"
