@@ -142,6 +142,12 @@ func (u *uninstaller) purge(ctx context.Context, maxGrace time.Duration) error {
 		u.say("removed %d image(s) and containerd namespace %s", len(imgs), u.cfg.ContainerdNamespace)
 		fail("containerd namespace "+u.cfg.ContainerdNamespace, err)
 		base := filepath.Join(u.cfg.CgroupRoot, u.cfg.ContainerdNamespace)
+		// Processes whose container is gone may still sit in the pods' cgroups (children of an
+		// init killed alone, as `ctr tasks kill` does): they are the pods' too.
+		if n, err := killCgroupTree(base); n > 0 || err != nil {
+			u.say("killed %d process(es) left in cgroups below %s", n, base)
+			fail("kill processes below "+base, err)
+		}
 		if err := runtime.RemoveCgroupTree(base); err != nil {
 			fail("remove cgroups below "+base, err)
 		} else {
@@ -300,4 +306,53 @@ func unescapeOctal(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// killCgroupTree sends SIGKILL to every process in the cgroups at and below rel, in every
+// mounted hierarchy, until none is left; it waits at most 10 s for them to go (a bound, as a
+// process in uninterruptible sleep takes its time). It returns how many it signalled.
+func killCgroupTree(rel string) (int, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return 0, err
+	}
+	var roots []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		for i, x := range f {
+			if x == "-" && i+1 < len(f) && (f[i+1] == "cgroup" || f[i+1] == "cgroup2") && len(f) > 4 {
+				roots = append(roots, filepath.Join(unescapeOctal(f[4]), rel))
+			}
+		}
+	}
+	signalled := map[int]bool{}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var left []int
+		for _, root := range roots {
+			filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+				if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+					return nil
+				}
+				procs, _ := os.ReadFile(p)
+				for _, f := range strings.Fields(string(procs)) {
+					if pid, err := strconv.Atoi(f); err == nil && pid > 1 && pid != os.Getpid() {
+						left = append(left, pid)
+					}
+				}
+				return nil
+			})
+		}
+		if len(left) == 0 {
+			return len(signalled), nil
+		}
+		if time.Now().After(deadline) {
+			return len(signalled), fmt.Errorf("processes %v still in cgroups below %s 10 s after SIGKILL", left, rel)
+		}
+		for _, pid := range left {
+			unix.Kill(pid, unix.SIGKILL)
+			signalled[pid] = true
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
