@@ -173,9 +173,13 @@ func networkRules(save, network string) (rules [][]string, chains []string) {
 			continue
 		}
 		all = append(all, args)
-		if t := ruleTarget(args); strings.HasPrefix(t, "CNI-") && !strings.HasPrefix(t, "CNI-HOSTPORT-") && !gone[t] {
-			gone[t] = true
-			chains = append(chains, t)
+		// The per-pod chains: those such a rule jumps to, and those holding such rules (a chain
+		// whose jump is already gone).
+		for _, c := range []string{ruleTarget(args), args[0]} {
+			if strings.HasPrefix(c, "CNI-") && !strings.HasPrefix(c, "CNI-HOSTPORT-") && !gone[c] {
+				gone[c] = true
+				chains = append(chains, c)
+			}
 		}
 	}
 	for _, r := range all {
