@@ -264,7 +264,7 @@ spec:
 		t.Errorf("writer's status message %q, want %q", writer.Status.Message, want)
 	}
 	waitFor(t, "Evicted event for writer", func() bool { return eventOf("Evicted", "writer") != nil })
-	h.waitLog("critical pod's overuse logged", "emptyDir over its sizeLimit, but the pod is never evicted", "default/static")
+	h.waitLog("critical pod's overuse logged", "local storage over its limit, but the pod is never evicted", "default/static", "signal=emptydirfs.limit")
 	if p, err := h.getPod("static"); err != nil || !allRunning(p) {
 		t.Errorf("the manifest-dir pod did not keep running: %v %s", err, podSummaryForTest(p))
 	}
