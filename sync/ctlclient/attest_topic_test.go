@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/sync/protocol"
@@ -24,16 +23,7 @@ func TestSealingKeyOfAnotherNodeUnderThisNodesTopic(t *testing.T) {
 	mqtttest.Require(t)
 	b := mqtttest.Start(t, mqtttest.Options{Identities: []string{"edge-1", "edge-2"}})
 	ctx := testCtx(t)
-	nodes, err := sealing.LoadNodeTrust(b.CAFile, "", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	adminCert, adminKey := b.ClientCert(mqtttest.Admin)
-	c, err := Connect(ctx, Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: adminCert, KeyFile: adminKey, Timeout: 5 * time.Second, NodeTrust: nodes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := verifyingClient(t, b)
 
 	// edge-2's genuine status, as edge-2 publishes it with its certificate.
 	edge2Key, _ := sealing.Generate()

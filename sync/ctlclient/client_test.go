@@ -433,16 +433,7 @@ func TestSealingKeyMustBeVouchedForByTheNodesCertificate(t *testing.T) {
 	const node = "edge-1"
 	b := mqtttest.Start(t, mqtttest.Options{Identities: []string{node, "site-factory1"}})
 	ctx := testCtx(t)
-	nodes, err := sealing.LoadNodeTrust(b.CAFile, "", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	adminCert, adminKey := b.ClientCert(mqtttest.Admin)
-	verifying, err := Connect(ctx, Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: adminCert, KeyFile: adminKey, Timeout: 5 * time.Second, NodeTrust: nodes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer verifying.Close()
+	verifying := verifyingClient(t, b)
 	trusting := dial(t, b)
 	sec := func() *v1.Secret {
 		return &v1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s", Namespace: "default"}, Data: map[string][]byte{"k": []byte("v")}}
@@ -512,4 +503,21 @@ func TestSealingKeyMustBeVouchedForByTheNodesCertificate(t *testing.T) {
 	if !slices.ContainsFunc(res.Warnings, func(w string) bool { return strings.Contains(w, brokerKey.ID()) }) {
 		t.Errorf("warnings = %v, want one naming the unverified key %s", res.Warnings, brokerKey.ID())
 	}
+}
+
+// verifyingClient connects over TLS as the broker's admin and seals Secrets only to keys the
+// harness CA's node certificates vouch for.
+func verifyingClient(t *testing.T, b *mqtttest.Broker) *Client {
+	t.Helper()
+	nodes, err := sealing.LoadNodeTrust(b.CAFile, "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminCert, adminKey := b.ClientCert(mqtttest.Admin)
+	c, err := Connect(testCtx(t), Options{Broker: b.TLS, CAFile: b.CAFile, CertFile: adminCert, KeyFile: adminKey, Timeout: 5 * time.Second, NodeTrust: nodes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
 }
