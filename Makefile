@@ -25,6 +25,7 @@ version:
 build:
 	$(GOBUILD) -o bin/mqlet ./cmd/mqlet
 	$(GOBUILD) -o bin/mqlet-bridge ./cmd/mqlet-bridge
+	$(GOBUILD) -o bin/mqlet-fleetsim ./cmd/mqlet-fleetsim
 
 cross:
 	GOOS=linux GOARCH=amd64 $(GOBUILD) -o bin/mqlet-linux-amd64 ./cmd/mqlet

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make bench-fleet`: mqlet-bridge holding 1,000 simulated nodes and 10,000 pods on a real control
 # plane on this machine (etcd, kube-apiserver, kube-controller-manager, kube-scheduler from
-# internal/kubetest; mosquitto with configs/mosquitto/fleet-sim.conf; `mqlet fleet-sim`). The
+# internal/kubetest; mosquitto with configs/mosquitto/fleet-sim.conf; mqlet-fleetsim). The
 # harness is scripts/benchfleet (Go); it writes bench/fleet-results.json and prints the figures.
 # BENCHMARKS.md ("After issue 13: the fleet") says what each one means.
 #
@@ -22,14 +22,14 @@ MOSQUITTO=$(command -v mosquitto || echo /usr/sbin/mosquitto)
 command -v etcd >/dev/null || die "etcd is not installed (apt-get install etcd-server)"
 
 cd "$REPO_ROOT"
-echo "bench-fleet: building bin/mqlet and bin/mqlet-bridge (make build)" >&2
+echo "bench-fleet: building bin/mqlet, bin/mqlet-bridge and bin/mqlet-fleetsim (make build)" >&2
 make --no-print-directory build >&2
 WORK=$(mktemp -d /tmp/mqlet-bench-fleet.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 go build -o "$WORK/benchfleet" ./scripts/benchfleet
 
 "$WORK/benchfleet" \
-	-mqlet "$REPO_ROOT/bin/mqlet" \
+	-fleetsim "$REPO_ROOT/bin/mqlet-fleetsim" \
 	-bridge "$REPO_ROOT/bin/mqlet-bridge" \
 	-mosquitto "$MOSQUITTO" \
 	-mosquitto-conf "$REPO_ROOT/configs/mosquitto/fleet-sim.conf" \

@@ -1,7 +1,7 @@
 #!/bin/sh
 # fleetsim-idle.sh: what an idle fleet of simulated nodes costs on this machine. It starts a
 # private mosquitto (configs/mosquitto/fleet-sim.conf on a free loopback port), runs
-# `mqlet fleet-sim --nodes N` against it, and prints key=value lines:
+# `mqlet-fleetsim --nodes N` (beside MQLET_BINARY) against it, and prints key=value lines:
 #   fleetsim_nodes, fleetsim_connect_s (start to "all simulated nodes connected"),
 #   fleetsim_cpu_pct and mosquitto_cpu_pct (average % of one core over the idle window),
 #   fleetsim_rss_mib and mosquitto_rss_mib (at the end of the window),
@@ -12,6 +12,7 @@
 set -eu
 
 bin=${1:-bin/mqlet}
+simbin=$(dirname "$bin")/mqlet-fleetsim
 nodes=${2:-1000}
 idle=${3:-60}
 [ $# -gt 3 ] && shift 3 || set --
@@ -45,7 +46,7 @@ rss_mib() { awk '/VmRSS/{printf "%.0f", $2/1024}' "/proc/$1/status"; }
 now() { date +%s.%N; }
 
 start=$(now)
-"$bin" fleet-sim --nodes "$nodes" --broker "tcp://127.0.0.1:$port" "$@" >"$dir/sim.log" 2>&1 &
+"$simbin" --nodes "$nodes" --broker "tcp://127.0.0.1:$port" "$@" >"$dir/sim.log" 2>&1 &
 sim_pid=$!
 until grep -q "all simulated nodes connected" "$dir/sim.log"; do
 	kill -0 "$sim_pid" 2>/dev/null || { echo "fleetsim-idle: fleet-sim exited:" >&2; cat "$dir/sim.log" >&2; exit 1; }

@@ -178,6 +178,13 @@ func defaultRoute(subnet string) string {
 // DefaultConfFile is the name mqlet gives its default network in the configuration directory.
 const DefaultConfFile = "10-mqlet.conflist"
 
+// The names of the default network mqlet writes when the configuration directory holds none, and
+// of its bridge (what `mqlet check` and `mqlet uninstall` look for).
+const (
+	DefaultNetworkName = "mqlet"
+	DefaultBridge      = "mqlet0"
+)
+
 // WriteDefault writes d into dir as DefaultConfFile when dir holds no configuration file at all. A
 // directory that holds only invalid files is left alone: the operator's file is to be fixed, not
 // silently replaced. It reports whether it wrote.

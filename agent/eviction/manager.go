@@ -166,7 +166,7 @@ func (m *Manager) MemoryPressure() bool {
 // Run watches the signals until ctx ends: every monitoring period, and at once when the notifier
 // says memory moved. After an eviction it waits for the pod's containers to stop, frees what the pod
 // held, and looks again at once, so one pod goes per round and no more than needed.
-func (m *Manager) Run(ctx context.Context) {
+func (m *Manager) Run(ctx context.Context) error {
 	var notify <-chan struct{}
 	if m.o.Notifier != nil {
 		defer m.o.Notifier.Close()
@@ -175,7 +175,7 @@ func (m *Manager) Run(ctx context.Context) {
 	if len(m.o.Thresholds) == 0 && m.o.EmptyDirPath == nil && m.o.ContainerStorage == nil {
 		m.log.Info("eviction: no thresholds configured; pods are never evicted")
 		<-ctx.Done()
-		return
+		return nil
 	}
 	t := time.NewTicker(m.o.MonitoringPeriod)
 	defer t.Stop()
@@ -193,7 +193,7 @@ func (m *Manager) Run(ctx context.Context) {
 		notified = false
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-t.C:
 		case <-notify:
 			notified = true
@@ -201,7 +201,7 @@ func (m *Manager) Run(ctx context.Context) {
 			if gap := notifyGap - time.Since(last); gap > 0 {
 				select {
 				case <-ctx.Done():
-					return
+					return nil
 				case <-time.After(gap):
 				}
 			}

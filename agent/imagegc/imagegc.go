@@ -169,13 +169,13 @@ func New(rt Runtime, o Options) (*Manager, error) {
 }
 
 // Run applies the policy at once and then every period, and whenever Trigger asks, until ctx ends.
-func (m *Manager) Run(ctx context.Context) {
+func (m *Manager) Run(ctx context.Context) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-timer.C:
 		case <-m.trigger:
 		}

@@ -53,6 +53,20 @@ type Config struct {
 	Conditions []Setter
 	// Now is the clock of the conditions' heartbeat and transition times; time.Now if nil.
 	Now func() time.Time
+	// Host, when set, is a made-up machine read in place of the one under Root (the fleet
+	// simulator's nodes): its figures and facts, and its OS and architecture in the labels.
+	Host *Host
+}
+
+// Host is a made-up machine: what DefaultSetters reports for a simulated node.
+type Host struct {
+	CPUs         int
+	Memory       int64 // bytes
+	DiskCapacity int64 // bytes, the ephemeral-storage
+	// Info is the software identity (nodeInfo); its OperatingSystem and Architecture also go
+	// into the kubernetes.io/os and kubernetes.io/arch labels.
+	Info     Info
+	Hardware Hardware
 }
 
 // DefaultSetters returns mqlet's setters in the order they must run: addresses, capacity and
@@ -81,21 +95,14 @@ func DefaultSetters(c Config) []Setter {
 	if list == nil {
 		list = func(context.Context) ([]Image, error) { return nil, nil }
 	}
-	// What cannot change while the agent runs is read once, here: the software identity (a new
-	// kernel or boot id needs a reboot, which restarts the agent) and the board. Only the
-	// temperatures and the throttling flags are read every period.
-	sys := hw.ReadSystem(root)
-	info := Info{OSImage: sys.OSImage, KernelVersion: sys.KernelVersion, BootID: sys.BootID, MachineID: sys.MachineID,
-		SystemUUID:      sys.SystemUUID,
-		OperatingSystem: goruntime.GOOS, Architecture: sys.Arch}
-	fixed, fixedErr := readFixedHardware(root)
+	info, hardware, goos, goarch := c.machineFacts()
 	setters := []Setter{
 		NodeAddress(c.NodeName, hostIP),
 		MachineInfo(c.Machine()),
 		NodeInfo(c.AgentVersion, runtimeVersion, func() Info { return info }),
 		Images(c.MaxImages, list),
-		Labels(c.NodeName, goruntime.GOOS, goruntime.GOARCH, c.NodeLabels),
-		HardwareFacts(func() (Hardware, error) { return readHardwareReadings(root, fixed, fixedErr) }),
+		Labels(c.NodeName, goos, goarch, c.NodeLabels),
+		HardwareFacts(hardware),
 		Taints(c.Taints),
 		PressureCondition(v1.NodeMemoryPressure, c.Pressure, now),
 		PressureCondition(v1.NodeDiskPressure, c.Pressure, now),
@@ -109,6 +116,19 @@ func DefaultSetters(c Config) []Setter {
 // count falls back to Go's when cpuinfo lists none), DiskCapacity at StateDir, MaxPods, Extra and
 // the reservations.
 func (c Config) Machine() Machine {
+	if h := c.Host; h != nil {
+		return Machine{
+			CPUs:           func() (int, error) { return h.CPUs, nil },
+			Memory:         func() (int64, error) { return h.Memory, nil },
+			DiskCapacity:   func(string) (int64, error) { return h.DiskCapacity, nil },
+			Path:           c.StateDir,
+			MaxPods:        c.MaxPods,
+			Extra:          c.Extra,
+			SystemReserved: c.SystemReserved,
+			AgentReserved:  c.AgentReserved,
+			Thresholds:     c.Thresholds,
+		}
+	}
 	root := c.Root
 	return Machine{
 		CPUs: func() (int, error) {
@@ -130,6 +150,23 @@ func (c Config) Machine() Machine {
 		AgentReserved:  c.AgentReserved,
 		Thresholds:     c.Thresholds,
 	}
+}
+
+// machineFacts are the software identity and the hardware facts reader of the machine, and the
+// OS and architecture its labels name. What cannot change while the agent runs is read once, here:
+// the software identity (a new kernel or boot id needs a reboot, which restarts the agent) and the
+// board. Only the temperatures and the throttling flags are read every period.
+func (c Config) machineFacts() (info Info, hardware func() (Hardware, error), goos, goarch string) {
+	if h := c.Host; h != nil {
+		return h.Info, func() (Hardware, error) { return h.Hardware, nil }, h.Info.OperatingSystem, h.Info.Architecture
+	}
+	root := c.Root
+	sys := hw.ReadSystem(root)
+	info = Info{OSImage: sys.OSImage, KernelVersion: sys.KernelVersion, BootID: sys.BootID, MachineID: sys.MachineID,
+		SystemUUID:      sys.SystemUUID,
+		OperatingSystem: goruntime.GOOS, Architecture: sys.Arch}
+	fixed, fixedErr := readFixedHardware(root)
+	return info, func() (Hardware, error) { return readHardwareReadings(root, fixed, fixedErr) }, goruntime.GOOS, goruntime.GOARCH
 }
 
 // ReadHardware reads the Hardware facts under root with the hw readers.

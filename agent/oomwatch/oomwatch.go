@@ -60,14 +60,14 @@ func New(o Options) *Watcher {
 // parser starts at the end too) until ctx ends; closing the log then ends the read it waits in,
 // so no goroutine outlives the call. A log that cannot be opened (no /dev/kmsg in a container,
 // no permission) is logged once and Run waits for ctx: the node works without the watcher.
-func (w *Watcher) Run(ctx context.Context) {
+func (w *Watcher) Run(ctx context.Context) error {
 	// The kernel log is pollable: os.Open registers it with the runtime's poller, so Close
 	// interrupts a Read that waits for the next record.
 	f, err := os.Open(w.o.Path)
 	if err != nil {
 		w.o.Log.Warn("oom watcher: cannot read the kernel log; no SystemOOM events", "path", w.o.Path, "err", err)
 		<-ctx.Done()
-		return
+		return nil
 	}
 	if _, err := f.Seek(0, io.SeekEnd); err != nil && !errors.Is(err, syscall.ESPIPE) {
 		w.o.Log.Debug("oom watcher: seek to the kernel log's end", "path", w.o.Path, "err", err)
@@ -77,6 +77,7 @@ func (w *Watcher) Run(ctx context.Context) {
 	defer stop()
 	defer f.Close()
 	w.read(ctx, f)
+	return nil
 }
 
 // read handles records until the log is closed. /dev/kmsg returns one record per read (with its

@@ -364,20 +364,20 @@ func (r *Recorder) Flush() error {
 // Run flushes a moment after events arrive and prunes every PruneEvery until ctx ends, then
 // flushes once more. alive returns the UIDs of the pods the agent has, and false while it cannot
 // tell yet (before its sources were read); nil means no pruning.
-func (r *Recorder) Run(ctx context.Context, alive func() (map[types.UID]bool, bool)) {
+func (r *Recorder) Run(ctx context.Context, alive func() (map[types.UID]bool, bool)) error {
 	prune := time.NewTicker(r.o.PruneEvery)
 	defer prune.Stop()
 	defer r.flushLogged()
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-r.kick:
 			t := time.NewTimer(r.o.FlushDelay)
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return
+				return nil
 			case <-t.C:
 			}
 			r.flushLogged()

@@ -83,10 +83,10 @@ func New(opts Options, pods Pods) *Manager {
 
 // Run watches for a shutdown until ctx ends, then releases what it holds (the signal, the
 // inhibitor lock, the bus connection); no goroutine of it outlives the call.
-func (m *Manager) Run(ctx context.Context) {
+func (m *Manager) Run(ctx context.Context) error {
 	if m.opts.GracePeriod <= 0 {
 		m.log.Info("graceful node shutdown is off (shutdownGracePeriod is 0): pods are not stopped before the machine goes down")
-		return
+		return nil
 	}
 	var sigc chan os.Signal
 	if m.opts.Signal != nil {
@@ -114,7 +114,7 @@ func (m *Manager) Run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-retry.C:
 			var err error
 			lg, err = connectLogind(ctx, m.opts.BusAddress, m.opts.GracePeriod, m.opts.LogindConfDir, m.log)

@@ -198,12 +198,12 @@ func (p preflight) cni(cfg config.Config) checkItem {
 			return checkItem{"CNI", checkWarn, fmt.Sprintf("cannot judge the default network: %v", err), ""}
 		}
 		defer os.RemoveAll(tmp)
-		d := cni.DefaultNetwork{Name: defaultNetworkName, Bridge: defaultBridge, Subnet: cfg.PodNetwork().String(), DataDir: filepath.Join(tmp, "data")}
+		d := cni.DefaultNetwork{Name: cni.DefaultNetworkName, Bridge: cni.DefaultBridge, Subnet: cfg.PodNetwork().String(), DataDir: filepath.Join(tmp, "data")}
 		if _, err := cni.WriteDefault(tmp, d); err != nil {
 			return checkItem{"CNI", checkWarn, fmt.Sprintf("cannot judge the default network: %v", err), ""}
 		}
 		confDir = tmp
-		found = fmt.Sprintf("no configuration in %s: the agent writes its default (bridge %s on %s)", cfg.CNIConfDir, defaultBridge, d.Subnet)
+		found = fmt.Sprintf("no configuration in %s: the agent writes its default (bridge %s on %s)", cfg.CNIConfDir, cni.DefaultBridge, d.Subnet)
 	}
 	if err := cni.New(cni.Options{ConfDir: confDir, BinDirs: cfg.CNIBinDirs}).Ready(); err != nil {
 		msg := strings.ReplaceAll(err.Error(), confDir, cfg.CNIConfDir)

@@ -128,7 +128,7 @@ func TestComplete(t *testing.T) {
 		words []string
 		want  string // candidates joined by spaces
 	}{
-		{[]string{""}, "agent pods describe node logs top image version ctl check uninstall fleet-sim completion"}, // not the hidden ones
+		{[]string{""}, "agent pods describe node logs top image version ctl check uninstall completion"}, // not the hidden ones
 		{[]string{"c"}, "ctl check completion"},
 		{[]string{"ctl", "get", ""}, "nodes pods"},
 		{[]string{"ctl", "--broker", "tcp://b:1883", "g"}, "get"}, // the flag's value is skipped
@@ -305,8 +305,8 @@ func TestMakefileStampsTheVersion(t *testing.T) {
 				t.Errorf("make %v builds without %q:\n%s", args, want, line)
 			}
 		}
-		if builds != 5 { // build: mqlet and mqlet-bridge; cross: three mqlet
-			t.Errorf("make -n build cross %v ran %d go builds, want 5:\n%s", args, builds, out)
+		if builds != 6 { // build: mqlet, mqlet-bridge and mqlet-fleetsim; cross: three mqlet
+			t.Errorf("make -n build cross %v ran %d go builds, want 6:\n%s", args, builds, out)
 		}
 	}
 }

@@ -38,7 +38,6 @@ type cli struct {
 	Ctl       CtlCmd       `cmd:"" help:"Control plane over MQTT: apply to, read from and stream logs of nodes through the broker."`
 	Check     CheckCmd     `cmd:"" help:"Check that this machine can run pods: kernel, cgroups, containerd, runc, CNI, iptables, state dir, clock, swap, config; each item with its fix."`
 	Uninstall UninstallCmd `cmd:"" help:"Remove what mqlet made on this host: pods, their network and cgroups, images, state (--purge; without it, list what would go)."`
-	FleetSim  FleetSimCmd  `cmd:"" name:"fleet-sim" help:"Run many simulated nodes (the real agent over an in-memory runtime) against a broker, for scale tests of a control plane."`
 
 	Completion CompletionCmd `cmd:"" help:"Print a shell completion script for bash, zsh or fish."`
 	Complete   CompleteCmd   `cmd:"" name:"__complete" hidden:"" passthrough:"" help:"Print the completions of a command line (the completion scripts call it)."`

@@ -159,8 +159,11 @@ metadata: {name: bad}
 spec:
   restartPolicy: Never
   containers:
-  - {name: main, image: mqlet.test/busybox:1, command: ["sh", "-c", "exit 4"]}
+  - {name: main, image: mqlet.test/busybox:1, command: ["/no/such/program"]}
 `)
+	// A container that cannot start fails the pod whatever the timing; one that starts and then
+	// exits non-zero may be seen running first, which --once counts as settled, as kubelet's
+	// --runonce does.
 	out, err = h.runAgent("--once", "--once-timeout", "60s")
 	if err == nil || !strings.Contains(out, "default/bad") {
 		t.Errorf("--once with a failing pod: err=%v\n%s", err, out)

@@ -77,7 +77,7 @@ func (u *uninstaller) kept() string {
 func (u *uninstaller) say(format string, args ...any) { fmt.Fprintf(u.out, format+"\n", args...) }
 
 func (u *uninstaller) defaultNetwork() cni.DefaultNetwork {
-	return cni.DefaultNetwork{Name: defaultNetworkName, Bridge: defaultBridge}
+	return cni.DefaultNetwork{Name: cni.DefaultNetworkName, Bridge: cni.DefaultBridge}
 }
 
 // plan prints what purge would remove, changing nothing.
@@ -87,7 +87,7 @@ func (u *uninstaller) plan() {
 	u.say("  pod networks (CNI DEL), pod namespaces, volumes and logs of every pod")
 	u.say("  cgroups below %s", filepath.Join(u.cfg.CgroupRoot, u.cfg.ContainerdNamespace))
 	u.say("  %s (if it is mqlet's default network)", filepath.Join(u.cfg.CNIConfDir, cni.DefaultConfFile))
-	u.say("  the bridge %s and the iptables rules naming the network %q", defaultBridge, defaultNetworkName)
+	u.say("  the bridge %s and the iptables rules naming the network %q", cni.DefaultBridge, cni.DefaultNetworkName)
 	for _, p := range []string{u.cfg.SecretKeyFile, filepath.Join(shutdown.DefaultLogindConfDir, shutdown.LogindDropIn), u.cfg.StateDir, u.cfg.APISocket} {
 		if _, err := os.Lstat(p); err == nil {
 			u.say("  %s", p)

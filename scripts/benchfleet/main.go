@@ -2,7 +2,7 @@
 // control plane, all on this machine. It starts a real etcd, kube-apiserver,
 // kube-controller-manager and kube-scheduler (internal/kubetest, with Kubernetes' own node
 // lifecycle timing), a real mosquitto, mqlet-bridge (as its ServiceAccount with the RBAC of
-// configs/bridge, leader election on), then `mqlet fleet-sim`, and measures:
+// configs/bridge, leader election on), then mqlet-fleetsim, and measures:
 //
 //   - fleet_ready_s: from starting the simulator to every Node Ready in the API;
 //   - fleet_pods_running_s: pods bound to the nodes by spec.nodeName, created through the API as
@@ -45,7 +45,7 @@ import (
 )
 
 type config struct {
-	mqlet, bridge, mosquitto, mosquittoConf, rbac string
+	fleetsim, bridge, mosquitto, mosquittoConf, rbac string
 	nodes, podsPerNode, createWorkers             int
 	image                                         string
 	readyTimeout, runningTimeout                  time.Duration
@@ -67,7 +67,7 @@ const (
 
 func main() {
 	var c config
-	flag.StringVar(&c.mqlet, "mqlet", "bin/mqlet", "mqlet binary (runs `mqlet fleet-sim`)")
+	flag.StringVar(&c.fleetsim, "fleetsim", "bin/mqlet-fleetsim", "the fleet simulator's binary (cmd/mqlet-fleetsim)")
 	flag.StringVar(&c.bridge, "bridge", "bin/mqlet-bridge", "mqlet-bridge binary")
 	flag.StringVar(&c.mosquitto, "mosquitto", "/usr/sbin/mosquitto", "mosquitto binary")
 	flag.StringVar(&c.mosquittoConf, "mosquitto-conf", "configs/mosquitto/fleet-sim.conf", "mosquitto config; its `listener 1883 ` line gets a free port")
@@ -82,7 +82,7 @@ func main() {
 	flag.DurationVar(&c.settleMax, "settle-max", 8*time.Minute, "bound on the wait for the cluster to stop changing Nodes and pods before the idle window")
 	flag.DurationVar(&c.idle, "idle", 60*time.Second, "the idle window over which CPU is averaged (at least 60s for the figures)")
 	flag.Var(&c.bridgeFlags, "bridge-flag", "extra mqlet-bridge flag, repeatable (e.g. --kube-api-qps=400)")
-	flag.Var(&c.simFlags, "sim-flag", "extra `mqlet fleet-sim` flag, repeatable")
+	flag.Var(&c.simFlags, "sim-flag", "extra mqlet-fleetsim flag, repeatable")
 	flag.StringVar(&c.out, "out", "bench/fleet-results.json", "where the figures go")
 	flag.StringVar(&c.keepLogs, "keep-logs", "", "keep every log, the cluster's files and the metrics scrapes in this directory (default: a temporary one, removed)")
 	flag.Parse()
@@ -92,7 +92,7 @@ func main() {
 	if c.nodes < 1 || c.podsPerNode < 0 || c.createWorkers < 1 {
 		fatal(fmt.Errorf("-nodes %d, -pods-per-node %d, -create-workers %d: want >= 1, >= 0, >= 1", c.nodes, c.podsPerNode, c.createWorkers))
 	}
-	for _, p := range []*string{&c.mqlet, &c.bridge, &c.mosquittoConf, &c.rbac, &c.out} {
+	for _, p := range []*string{&c.fleetsim, &c.bridge, &c.mosquittoConf, &c.rbac, &c.out} {
 		abs, err := filepath.Abs(*p)
 		if err != nil {
 			fatal(err)
@@ -629,7 +629,7 @@ func (b *bench) startBridge(ctx context.Context, kubeconfig, broker string) erro
 }
 
 func (b *bench) startSim() error {
-	args := append([]string{b.cfg.mqlet, "fleet-sim",
+	args := append([]string{b.cfg.fleetsim,
 		"--nodes=" + strconv.Itoa(b.cfg.nodes),
 		"--pods-per-node=" + strconv.Itoa(b.cfg.podsPerNode),
 		"--broker=" + b.broker,

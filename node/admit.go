@@ -1,13 +1,11 @@
-package main
+package node
 
 import (
-	"context"
 	"log/slog"
 	"maps"
 	"os"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/config"
@@ -47,22 +45,17 @@ func quantities(l v1.ResourceList) string {
 	return strings.Join(parts, " ")
 }
 
-// startNodeShutdown runs graceful node shutdown (logind's inhibitor lock where there is a system
-// bus, and shutdownSignal) beside the agent. The returned func ends it and waits.
-func startNodeShutdown(ctx context.Context, cfg config.Config, a *agent.Agent, log *slog.Logger) (stop func()) {
+// newNodeShutdown makes graceful node shutdown (logind's inhibitor lock where there is a system
+// bus, and shutdownSignal), which runs beside the agent.
+func newNodeShutdown(cfg config.Config, a *agent.Agent, log *slog.Logger) *shutdown.Manager {
 	var sig os.Signal
 	if s := cfg.ShutdownSignalNumber(); s != 0 {
 		sig = s
 	}
-	m := shutdown.New(shutdown.Options{
+	return shutdown.New(shutdown.Options{
 		GracePeriod:         cfg.ShutdownGracePeriod.Duration,
 		CriticalGracePeriod: cfg.ShutdownGracePeriodCriticalPods.Duration,
 		Signal:              sig,
 		Log:                 log,
 	}, a)
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); m.Run(ctx) }()
-	return func() { cancel(); wg.Wait() }
 }

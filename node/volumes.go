@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"context"
@@ -27,15 +27,10 @@ func allocatableMemory(cfg config.Config, log *slog.Logger) func() int64 {
 	})
 }
 
-// nodeOr is the node as the node status last computed it, for admission's nodeSelector, node
-// affinity and taint checks; until it has been computed (and in --once mode), the labels and
-// taints the config gives (hostname, os, arch, nodeLabels; nodeTaints).
-func (w *nodeStatusWiring) nodeOr(cfg config.Config) *v1.Node {
-	if w != nil {
-		if n := w.m.Node(); n != nil {
-			return n
-		}
-	}
+// configNode is the node as the config gives it, for admission's nodeSelector, node affinity and
+// taint checks until the node status has been computed (and in --once mode): the labels (hostname,
+// os, arch, nodeLabels) and taints (nodeTaints).
+func configNode(cfg config.Config) *v1.Node {
 	n := &v1.Node{}
 	nc := nodeConfig(cfg)
 	for _, set := range []nodestatus.Setter{

@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"log/slog"
@@ -8,12 +8,6 @@ import (
 	"github.com/mqlet/mqlet/agent/config"
 )
 
-// Names of the default network mqlet writes when cniConfDir holds no configuration.
-const (
-	defaultNetworkName = "mqlet"
-	defaultBridge      = "mqlet0"
-)
-
 // newPodNetwork is the CNI manager of the pods' networks (cniConfDir, cniBinDirs), with its records
 // under <state>/cni/pods. When the configuration directory holds no configuration it first writes
 // mqlet's default there: a bridge on podCIDR whose host-local allocations live in
@@ -21,13 +15,13 @@ const (
 // no reason to stop: hostNetwork pods run, the others wait, and the node status says why.
 func newPodNetwork(cfg config.Config, log *slog.Logger) *cni.Manager {
 	state := filepath.Join(cfg.StateDir, "cni")
-	d := cni.DefaultNetwork{Name: defaultNetworkName, Bridge: defaultBridge, Subnet: cfg.PodNetwork().String(),
+	d := cni.DefaultNetwork{Name: cni.DefaultNetworkName, Bridge: cni.DefaultBridge, Subnet: cfg.PodNetwork().String(),
 		DataDir: filepath.Join(state, "networks")}
 	if wrote, err := cni.WriteDefault(cfg.CNIConfDir, d); err != nil {
 		log.Error("cannot write the default CNI network (--cni-conf-dir)", "dir", cfg.CNIConfDir, "err", err)
 	} else if wrote {
 		log.Info("wrote the default CNI network", "file", filepath.Join(cfg.CNIConfDir, cni.DefaultConfFile),
-			"bridge", defaultBridge, "podCIDR", d.Subnet)
+			"bridge", cni.DefaultBridge, "podCIDR", d.Subnet)
 	}
 	m := cni.New(cni.Options{ConfDir: cfg.CNIConfDir, BinDirs: cfg.CNIBinDirs, StateDir: filepath.Join(state, "pods"), Log: log})
 	if err := m.Ready(); err != nil {

@@ -1,34 +1,20 @@
-package main
+package node
 
 import (
 	"fmt"
 	"log/slog"
 
-	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/link"
 	"github.com/mqlet/mqlet/sync/logserve"
 	"github.com/mqlet/mqlet/sync/nodesync"
 	"github.com/mqlet/mqlet/sync/protocol"
-	"github.com/mqlet/mqlet/sync/sealing"
 )
 
-// newChannel builds the MQTT channel from the validated config. The agent is handed over lazily
-// because the agent needs the channel's source and reporter to be built first. The node status
-// reaches it from the node status manager (wire_nodestatus.go), on real changes only.
-func newChannel(cfg config.Config, db store.State, sealKey *sealing.Key, log *slog.Logger, agentOf func() *agent.Agent) (*nodesync.Sync, error) {
-	o, err := channelOptions(cfg, db, log, lazyLogs(agentOf))
-	if err != nil {
-		return nil, err
-	}
-	o.Sealing = sealKey
-	return nodesync.New(o)
-}
-
-// channelOptions are the MQTT channel's options from the validated config; the agent and the
-// fleet simulator (which finds logs its own way) share them.
-func channelOptions(cfg config.Config, db store.State, log *slog.Logger, logs logserve.LogFinder) (nodesync.Options, error) {
+// channelOptions are the MQTT channel's options from the validated config; logs finds containers'
+// logs for `mqlet ctl logs` (the agent's, through the view; a simulated node's own way).
+func channelOptions(cfg config.Config, db store.State, log *slog.Logger, logs logserve.LogFinder, version string) (nodesync.Options, error) {
 	topics, err := protocol.NewTopics(cfg.MQTTTopicPrefix)
 	if err != nil {
 		return nodesync.Options{}, fmt.Errorf("--mqtt-topic-prefix: %w", err)
@@ -63,15 +49,4 @@ func channelOptions(cfg config.Config, db store.State, log *slog.Logger, logs lo
 		Version:    version,
 		Log:        log,
 	}, nil
-}
-
-// lazyLogs finds logs through the agent once it exists (the channel is built before it).
-type lazyLogs func() *agent.Agent
-
-func (f lazyLogs) LogPath(namespace, name, container string, previous bool) (string, error) {
-	a := f()
-	if a == nil {
-		return "", fmt.Errorf("the agent is starting")
-	}
-	return a.LogPath(namespace, name, container, previous)
 }

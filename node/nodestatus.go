@@ -1,9 +1,8 @@
-package main
+package node
 
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/mqlet/mqlet/agent"
@@ -21,40 +20,13 @@ import (
 // nodeInputs are what other parts of the node tell the status: pressure conditions (the eviction
 // manager) and device resources (their capacity, also allocatable).
 type nodeInputs struct {
+	version  string // the build's, in nodeInfo.kubeletVersion as mqlet-<version>
 	pressure nodestatus.Pressure
 	devices  *devices.Manager
-	network  func() error // why pods cannot get a network now, nil when they can (wire_cni.go)
+	network  func() error // why pods cannot get a network now, nil when they can (cni.go)
 	sealing  *sealing.Key // its public key is published for control planes to seal Secrets to
 	// attestation vouches for the sealing key with the node's MQTT certificate ("" without one).
 	attestation string
-}
-
-// pressureRef hands the node status the eviction manager's conditions; p is set before the status
-// manager runs (the eviction manager needs the status manager's Trigger first).
-type pressureRef struct{ p nodestatus.Pressure }
-
-func (r *pressureRef) Conditions() map[v1.NodeConditionType]bool {
-	if r.p == nil {
-		return nil
-	}
-	return r.p.Conditions()
-}
-
-// allocatable is what admission checks pods against: the published allocatable once the status
-// has been computed, else fallback (the same figures read once at start). Nil-safe: --once admits
-// before any status exists.
-func (w *nodeStatusWiring) allocatable(fallback func() v1.ResourceList) v1.ResourceList {
-	if w != nil {
-		if alloc := w.m.Allocatable(); len(alloc) > 0 {
-			return alloc
-		}
-	}
-	return fallback()
-}
-
-// nodeStatusWiring is the node status manager, built once the agent and the channel exist.
-type nodeStatusWiring struct {
-	m *nodestatus.Manager
 }
 
 // newNodeStatus builds the node status manager from the config: the hw readers on "/", containerd
@@ -62,12 +34,13 @@ type nodeStatusWiring struct {
 // standalone) as the receiver of real changes. Standalone, the status is kept in the store and
 // served to `mqlet node` only.
 func newNodeStatus(cfg config.Config, rt *runtime.Runtime, db *store.DB, log *slog.Logger,
-	a *agent.Agent, channel *nodesync.Sync, in nodeInputs) *nodeStatusWiring {
+	a *agent.Agent, channel *nodesync.Sync, in nodeInputs) *nodestatus.Manager {
 	var extra func() v1.ResourceList
 	if in.devices != nil {
 		extra = in.devices.Capacity
 	}
 	c := nodeConfig(cfg)
+	c.AgentVersion = "mqlet-" + in.version
 	c.RuntimeVersion = rt.Version
 	c.ListImages = containerdImages(rt)
 	c.Ready = a.Ready
@@ -86,7 +59,7 @@ func newNodeStatus(cfg config.Config, rt *runtime.Runtime, db *store.DB, log *sl
 			setters = append(setters, nodestatus.Annotation(sealing.AttestationKey, in.attestation))
 		}
 	}
-	m := nodestatus.New(nodestatus.Options{
+	return nodestatus.New(nodestatus.Options{
 		Name:    cfg.NodeName,
 		Setters: setters,
 		Period:  cfg.NodeStatusUpdateFrequency.Duration,
@@ -98,7 +71,6 @@ func newNodeStatus(cfg config.Config, rt *runtime.Runtime, db *store.DB, log *sl
 		},
 		Log: log,
 	})
-	return &nodeStatusWiring{m: m}
 }
 
 // nodeConfig is the node status's settings and its hw readers on "/", without the parts that need
@@ -108,7 +80,6 @@ func nodeConfig(cfg config.Config) nodestatus.Config {
 	system, agentReserved := cfg.Reservations()
 	return nodestatus.Config{
 		NodeName:       cfg.NodeName,
-		AgentVersion:   "mqlet-" + version,
 		Root:           "/",
 		StateDir:       cfg.StateDir,
 		MaxPods:        cfg.MaxPods,
@@ -122,20 +93,7 @@ func nodeConfig(cfg config.Config) nodestatus.Config {
 	}
 }
 
-// start runs the manager until ctx ends; wait returns once it has.
-func (w *nodeStatusWiring) start(ctx context.Context) (wait func()) {
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		w.m.Run(ctx)
-	}()
-	return wg.Wait
-}
-
-// api is what the local API serves: the agent, plus the node status.
-func (w *nodeStatusWiring) api(a *agent.Agent) nodeAPI { return nodeAPI{Agent: a, m: w.m} }
-
+// nodeAPI is what the local API serves: the agent, plus the node status.
 type nodeAPI struct {
 	*agent.Agent
 	m *nodestatus.Manager

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	goruntime "runtime"
@@ -20,7 +21,7 @@ import (
 // The fleet simulator against a real mosquitto, read and driven through sync/ctlclient as a
 // control plane would: no containerd, no root.
 
-// runFleetSim runs `mqlet fleet-sim args...` in this process until the returned stop is called;
+// runFleetSim runs `mqlet-fleetsim args...` in this process until the returned stop is called;
 // stop returns Run's error once every node has stopped.
 func runFleetSim(t *testing.T, args ...string) (stop func() error, logs *syncBuffer) {
 	t.Helper()
@@ -29,14 +30,13 @@ func runFleetSim(t *testing.T, args ...string) (stop func() error, logs *syncBuf
 	if err != nil {
 		t.Fatal(err)
 	}
-	kctx, err := p.Parse(append([]string{"fleet-sim"}, args...))
-	if err != nil {
+	if _, err := p.Parse(args); err != nil {
 		t.Fatalf("parse fleet-sim %v: %v", args, err)
 	}
 	logs = &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- kctx.Run(&ctlEnv{ctx: ctx, errOut: logs, now: time.Now}) }()
+	go func() { done <- c.Run(ctx, logs) }()
 	var once sync.Once
 	var runErr error
 	stop = func() error {
@@ -262,7 +262,7 @@ func simGoroutines() (stacks []string, paho int) {
 			paho++
 		}
 		for _, pkg := range []string{"mqlet/mqlet/agent", "mqlet/mqlet/sync/", "mqlet/mqlet/store", "main.(*simNode)",
-			"main.(*fleet)", "main.startPodEvents", "main.(*FleetSimCmd)"} {
+			"main.(*fleet)", "mqlet/mqlet/node.", "main.(*FleetSimCmd)"} {
 			if strings.Contains(g, pkg) && !strings.Contains(g, "sync/ctlclient") {
 				stacks = append(stacks, g)
 				break
@@ -294,4 +294,22 @@ func TestFleetSimBadFlags(t *testing.T) {
 			t.Errorf("fleet-sim %v started despite the bad flag:\n%s", tc.args, logs)
 		}
 	}
+}
+
+// syncBuffer is the simulator's log: written by its nodes, read by the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -1,11 +1,10 @@
-package main
+package node
 
 import (
 	"context"
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/mqlet/mqlet/agent"
@@ -28,7 +27,7 @@ type agentMetrics struct {
 	*metrics.Agent
 }
 
-func newAgentMetrics() *agentMetrics {
+func newAgentMetrics(version, commit string) *agentMetrics {
 	reg := metrics.NewRegistry()
 	metrics.RegisterProcess(reg, "/proc")
 	return &agentMetrics{reg: reg, Agent: metrics.NewAgent(reg, version, commit)}
@@ -58,11 +57,12 @@ func (standaloneReporter) PodGone(store.DesiredPod)                 {}
 func (standaloneReporter) Emit(event.Event)                         {}
 
 // serve registers the figures read at scrape time (the agent's pods, the eviction manager's count;
-// the MQTT link and outbox when there is a channel), adds /metrics to the local API, and with
-// --metrics-address serves /metrics, /healthz and /readyz on TCP until ctx ends. A TCP address that cannot be listened on is an error
-// at start, naming the address. The returned func stops the TCP endpoint and waits for it.
-func (m *agentMetrics) serve(ctx context.Context, cfg config.Config, a *agent.Agent, ev *eviction.Manager, ch *nodesync.Sync, db *store.DB,
-	srv *api.Server, log *slog.Logger) (stop func(), err error) {
+// the MQTT link and outbox when there is a channel) and adds /metrics to the local API. With
+// --metrics-address it listens on TCP now (an address that cannot be listened on is an error at
+// start, naming it) and returns the part that serves /metrics, /healthz and /readyz there until
+// its context ends; without, a part that has nothing to do.
+func (m *agentMetrics) serve(cfg config.Config, a *agent.Agent, ev *eviction.Manager, ch *nodesync.Sync, db *store.DB,
+	srv *api.Server, log *slog.Logger) (run func(ctx context.Context) error, err error) {
 	m.Pods(a.Pods)
 	m.evictions(cfg, ev)
 	if ch != nil {
@@ -70,23 +70,19 @@ func (m *agentMetrics) serve(ctx context.Context, cfg config.Config, a *agent.Ag
 	}
 	srv.Handle("GET /metrics", m.reg.Handler())
 	if cfg.MetricsAddress == "" {
-		return func() {}, nil
+		return func(context.Context) error { return nil }, nil
 	}
 	ln, err := metrics.Listen(cfg.MetricsListenAddress())
 	if err != nil {
 		return nil, fmt.Errorf("%w (--metrics-address)", err)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	return func(ctx context.Context) error {
 		if err := metrics.Serve(ctx, ln, metrics.Endpoints(m.reg.Handler(), srv.Handler()), log); err != nil {
 			// The agent and its pods go on; only the scrapes fail, and the log says why.
 			log.Error("metrics endpoint stopped", "err", err)
 		}
-	}()
-	return func() { cancel(); wg.Wait() }, nil
+		return nil
+	}, nil
 }
 
 // usageMaxAge is how long a usage reading serves the metrics: the four usage families of one

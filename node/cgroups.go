@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"context"
@@ -83,25 +83,22 @@ func podsAllocatable(cfg config.Config, capacity v1.ResourceList) v1.ResourceLis
 // below the pods' usage, a pod's lowered limit) are tried again as usage falls.
 const cgroupConvergePeriod = 10 * time.Second
 
-// startCgroupConverge sends the cgroup manager's node events to report and retries its held
-// limits every cgroupConvergePeriod until ctx ends; the returned wait returns once it has.
-func startCgroupConverge(ctx context.Context, m *cgroup.Manager, report agent.Reporter) (wait func()) {
+// cgroupConverge sends the cgroup manager's node events to report and is the part that retries
+// its held limits every cgroupConvergePeriod until ctx ends.
+func cgroupConverge(m *cgroup.Manager, report agent.Reporter) func(ctx context.Context) error {
 	m.SetEvents(report.Emit)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	return func(ctx context.Context) error {
 		t := time.NewTicker(cgroupConvergePeriod)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
-				return
+				return nil
 			case <-t.C:
 				m.Converge()
 			}
 		}
-	}()
-	return func() { <-done }
+	}
 }
 
 // ReasonSwapOn is the node's Warning that the host has swap on.

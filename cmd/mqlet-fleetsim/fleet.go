@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
-	"os"
 	goruntime "runtime"
 	"strconv"
 	"sync"
@@ -22,9 +21,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 )
 
-// FleetSimCmd is `mqlet fleet-sim`: many simulated nodes in one process, each the real agent code
+// FleetSimCmd is mqlet-fleetsim's flags: many simulated nodes in one process, each the real agent code
 // (MQTT source, admission, desired set, pod workers, node status, the MQTT sync with its outbox)
-// over an in-memory store and an in-memory runtime (agent/simruntime) whose containers run the
+// over an in-memory store and an in-memory runtime (simruntime) whose containers run the
 // moment they start. A control plane (mqlet-bridge, `mqlet ctl`) sees the traffic of real nodes:
 // it is for the bridge's scale test and for sizing a broker. It creates no pods itself.
 //
@@ -64,22 +63,6 @@ type FleetSimCmd struct {
 	LogLevel     string `name:"log-level" default:"info" help:"Log level of the simulator's own lines: debug, info, warn or error."`
 	NodeLogLevel string `name:"node-log-level" default:"warn" help:"Log level of the simulated agents (each line names its node): debug, info, warn or error."`
 	LogFormat    string `name:"log-format" default:"text" help:"Log format: text or json."`
-}
-
-// Run runs the fleet until SIGINT or SIGTERM; then every node stops (publishing offline) and Run
-// returns once every goroutine has ended.
-func (c *FleetSimCmd) Run(env *ctlEnv) error {
-	ctx, cancel := env.context()
-	defer cancel()
-	errOut := env.errOut
-	if errOut == nil {
-		errOut = os.Stderr
-	}
-	f, err := c.fleet(errOut)
-	if err != nil {
-		return err
-	}
-	return f.run(ctx)
 }
 
 // fleet checks the flags and builds the fleet's shared settings.
@@ -149,7 +132,7 @@ func (c *FleetSimCmd) fleet(w io.Writer) (*fleet, error) {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("mqlet fleet-sim: %w", err)
+		return nil, err
 	}
 	mk := func(l slog.Level) slog.Handler {
 		o := &slog.HandlerOptions{Level: l}
@@ -221,7 +204,7 @@ starting:
 		}
 		nodes = append(nodes, n)
 		wg.Go(func() {
-			if err := n.run(ctx); err != nil {
+			if err := n.Run(ctx); err != nil {
 				failed.Add(1)
 				f.log.Error("simulated node stopped", "node", n.name, "err", err)
 			}
@@ -250,7 +233,7 @@ func (f *fleet) waitConnected(ctx context.Context, nodes []*simNode, start time.
 	for {
 		up := 0
 		for _, n := range nodes {
-			if n.channel.Connected() {
+			if n.Connected() {
 				up++
 			}
 		}

@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"context"
@@ -17,36 +17,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// evictions is the running eviction manager: Manager answers Conditions (node status) and
-// MemoryPressure (admission); Wait returns once it has stopped with the agent's context.
-type evictions struct {
-	*eviction.Manager
-	done chan struct{}
-}
-
-// Pressure lists the pressure conditions that hold now, for admission.
-func (e *evictions) Pressure() []v1.NodeConditionType {
-	if e == nil {
-		return nil // --once: no eviction manager
-	}
-	var out []v1.NodeConditionType
-	for c, on := range e.Conditions() {
-		if on {
-			out = append(out, c)
-		}
-	}
-	return out
-}
-
-// Wait blocks until the manager has stopped.
-func (e *evictions) Wait() { <-e.done }
-
-// startEviction runs the eviction manager for agent a until ctx ends. events receives the Evicted
-// and EvictionThresholdMet events (nil on a standalone node: they are logged only); reclaim is the
-// node-level reclaim for disk pressure (image GC; nil for none). It needs no broker.
-// podsCgroup is the pods' top cgroup, whose memory limit is node allocatable when enforced.
-func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *runtime.Runtime, podsCgroup string, events event.Sink,
-	reclaim eviction.Reclaimer, onChange func(), log *slog.Logger) *evictions {
+// newEviction makes the eviction manager of agent a. events receives the Evicted and
+// EvictionThresholdMet events (nil on a standalone node: they are logged only); reclaim is the
+// node-level reclaim for disk pressure (image GC; nil for none). It needs no broker. podsCgroup is
+// the pods' top cgroup, whose memory limit is node allocatable when enforced. life bounds its
+// readings of containerd: it ends when the node stops.
+func newEviction(life context.Context, cfg config.Config, a *agent.Agent, rt *runtime.Runtime, podsCgroup string, events event.Sink,
+	reclaim eviction.Reclaimer, onChange func(), log *slog.Logger) *eviction.Manager {
 	thresholds := evictionThresholds(cfg)
 	if !cfg.EnforceNodeAllocatable {
 		podsCgroup = "" // no limit on it: allocatableMemory.available is not a signal
@@ -74,7 +51,7 @@ func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *r
 			AllocatableCgroup: podsCgroup, Log: log},
 		Usage: eviction.NodeUsage{Root: "/", PodCgroup: rt.PodCgroup, PodDirs: rt.PodStorageDirs,
 			WritableLayers: func(pod *v1.Pod) (int64, int64, error) {
-				ctx, cancel := context.WithTimeout(ctx, storageTimeout)
+				ctx, cancel := context.WithTimeout(life, storageTimeout)
 				defer cancel()
 				u, err := rt.WritableLayers(ctx, pod)
 				return u.Bytes, u.Inodes, err
@@ -88,7 +65,7 @@ func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *r
 		EmptyDirPath:       rt.EmptyDirPath, // emptyDir sizeLimit
 		// ephemeral-storage limits: each container's writable layer and logs
 		ContainerStorage: func(pod *v1.Pod) (map[string]int64, error) {
-			ctx, cancel := context.WithTimeout(ctx, storageTimeout)
+			ctx, cancel := context.WithTimeout(life, storageTimeout)
 			defer cancel()
 			us, err := rt.ContainerStorage(ctx, pod)
 			out := make(map[string]int64, len(us))
@@ -98,12 +75,7 @@ func startEviction(ctx context.Context, cfg config.Config, a *agent.Agent, rt *r
 			return out, err
 		},
 	})
-	e := &evictions{Manager: m, done: make(chan struct{})}
-	go func() {
-		defer close(e.done)
-		m.Run(ctx)
-	}()
-	return e
+	return m
 }
 
 // evictionThresholds are the configured thresholds and, when node allocatable is enforced on the
@@ -116,16 +88,10 @@ func evictionThresholds(cfg config.Config) []eviction.Threshold {
 	return ts
 }
 
-// startOOMWatch runs the OOM watcher (SystemOOM node events from the kernel log, for kills
-// outside podsCgroup) until ctx ends; the returned func waits for it.
-func startOOMWatch(ctx context.Context, cfg config.Config, podsCgroup string, events event.Sink, log *slog.Logger) (wait func()) {
-	w := oomwatch.New(oomwatch.Options{NodeName: cfg.NodeName, PodsCgroup: podsCgroup, Events: events, Log: log})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w.Run(ctx)
-	}()
-	return func() { <-done }
+// newOOMWatch makes the OOM watcher: SystemOOM node events from the kernel log, for kills outside
+// podsCgroup.
+func newOOMWatch(cfg config.Config, podsCgroup string, events event.Sink, log *slog.Logger) *oomwatch.Watcher {
+	return oomwatch.New(oomwatch.Options{NodeName: cfg.NodeName, PodsCgroup: podsCgroup, Events: events, Log: log})
 }
 
 // agentPods is the agent as the eviction manager sees it.
