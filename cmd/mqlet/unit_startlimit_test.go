@@ -36,4 +36,9 @@ func TestUnitHasNoStartLimit(t *testing.T) {
 	if v := keys["[Service]Restart"]; v != "always" && v != "on-failure" {
 		t.Errorf("[Service] Restart = %q, want always or on-failure", v)
 	}
+	// Forever, but backing off: a node that cannot start must not spin every 5 s for days.
+	if keys["[Service]RestartSteps"] == "" || keys["[Service]RestartMaxDelaySec"] == "" {
+		t.Errorf("[Service] RestartSteps = %q, RestartMaxDelaySec = %q: want a back-off between restarts",
+			keys["[Service]RestartSteps"], keys["[Service]RestartMaxDelaySec"])
+	}
 }
