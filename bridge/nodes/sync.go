@@ -53,6 +53,9 @@ func (c *Controller) syncStatus(ctx context.Context, name string) (time.Duration
 	if !due {
 		return c.o.StatusReportFrequency - since, nil
 	}
+	if existing, err = c.syncMeta(ctx, existing, agent); err != nil {
+		return 0, err
+	}
 	if err := c.postStatus(ctx, existing, agent); err != nil {
 		return 0, err
 	}
@@ -72,7 +75,8 @@ func (c *Controller) posted(name string, seq uint64) {
 // returns nil). An offline node is registered with every condition Unknown. fresh is false when the
 // Node turned out to exist already: its status is then not ours.
 func (c *Controller) register(ctx context.Context, name string, agent *v1.Node, vouched bool) (n *v1.Node, fresh bool, err error) {
-	n = registration(name, agent, c.o.RoleLabel)
+	// With the record of which labels and taints the agent set (reconcileAgentMeta).
+	n, _ = reconcileAgentMeta(registration(name, agent, c.o.RoleLabel), agent, c.o.RoleLabel)
 	if !c.o.Selector.Matches(labels.Set(n.Labels)) {
 		c.o.Log.Debug("node not registered: its labels do not match the node selector", "node", name, "selector", c.o.Selector.String())
 		return nil, false, nil
@@ -100,6 +104,32 @@ func (c *Controller) register(ctx context.Context, name string, agent *v1.Node, 
 	c.m.registrations.Inc()
 	c.o.Log.Info("node registered", "node", name, "online", vouched, "labels", len(n.Labels), "taints", len(n.Spec.Taints))
 	return created, true, nil
+}
+
+// syncMeta brings the agent's changed labels and taints onto the Node (reconcileAgentMeta),
+// retrying once on a conflict with a fresh copy, and returns the Node as the API now has it.
+func (c *Controller) syncMeta(ctx context.Context, existing, agent *v1.Node) (*v1.Node, error) {
+	nodes := c.o.Kube.CoreV1().Nodes()
+	for attempt := 0; ; attempt++ {
+		upd, changed := reconcileAgentMeta(existing, agent, c.o.RoleLabel)
+		if !changed {
+			return existing, nil
+		}
+		start := time.Now()
+		out, err := nodes.Update(ctx, upd, metav1.UpdateOptions{})
+		c.observe("node_update", start)
+		if err == nil {
+			c.o.Log.Info("node labels and taints updated from the agent", "node", existing.Name,
+				"labels", len(out.Labels), "taints", len(out.Spec.Taints))
+			return out, nil
+		}
+		if !apierrors.IsConflict(err) || attempt > 0 {
+			return nil, fmt.Errorf("update labels and taints of node %s: %w", existing.Name, err)
+		}
+		if existing, err = nodes.Get(ctx, existing.Name, metav1.GetOptions{}); err != nil {
+			return nil, fmt.Errorf("get node %s after a conflict: %w", existing.Name, err)
+		}
+	}
 }
 
 // postStatus writes the node's status subresource from the agent's, retrying once on a conflict
