@@ -86,11 +86,11 @@ else
 	done
 	# The pod's network and volume work: the poller fetches the web container's page.
 	for _ in $(seq 1 30); do
-		mqlet logs "${name:-hello}" -c poller 2>/dev/null | grep -q 'poller got: hello from' && break
+		mqlet logs "${name:-hello}" -c poller 2>/dev/null | grep 'poller got: hello from' >/dev/null && break
 		sleep 2
 	done
 	mqlet logs "${name:-hello}" -c poller | tail -3
-	mqlet logs "${name:-hello}" -c poller | grep -q 'poller got: hello from' || fail "the poller never got the web container's page"
+	mqlet logs "${name:-hello}" -c poller | grep 'poller got: hello from' >/dev/null || fail "the poller never got the web container's page"
 	# mqlet itself runs in its unit's cgroup, not among the pods.
 	main=$(systemctl show -p MainPID --value mqlet)
 	own=$(sed -n 's/^0:://p' /proc/$main/cgroup)
@@ -211,7 +211,7 @@ YAML
 	oomed() {
 		local n
 		n=$(v2a_pod_name oomer)
-		[ -n "$n" ] && mqlet describe pod "$n" 2>/dev/null | grep -q 'Reason: *OOMKilled' &&
+		[ -n "$n" ] && mqlet describe pod "$n" 2>/dev/null | grep 'Reason: *OOMKilled' >/dev/null &&
 			mqlet describe pod "$n" 2>/dev/null | grep -Eq 'Restart Count: *[1-9]'
 	}
 	v2a_wait "v2a: the oomer container (two processes, one past its limit) was not reported OOMKilled and restarted" oomed
@@ -229,7 +229,7 @@ YAML
 		[ "$(cat $cg/pids.current)" -le 16 ] || fail "forker pod $cg: pids.current = $(cat $cg/pids.current), above podPidsLimit 16"
 		# Debian 12's kernel counts a refused fork in pids.events of the forking task's cgroup
 		# (the container's), later kernels in the cgroup whose limit was hit (the pod's).
-		cat $cg/*/pids.events $cg/pids.events | grep -q '^max [1-9]' ||
+		cat $cg/*/pids.events $cg/pids.events | grep '^max [1-9]' >/dev/null ||
 			fail "forker pod $cg: no fork refused at podPidsLimit: $(cat $cg/pids.events $cg/*/pids.events | tr '\n' ' ')"
 	fi
 
@@ -263,7 +263,7 @@ YAML
 	kills=$(awk '$1 == "oom_kill" {print $2}' $base/memory.events)
 	echo "base before the restart: memory.max $(cat $base/memory.max), memory.current $(cat $base/memory.current), oom_kill $kills"
 	systemctl restart mqlet || fail "systemctl restart mqlet"
-	held() { journalctl -u mqlet --no-pager | grep -q 'not enforced yet: pods use'; }
+	held() { journalctl -u mqlet --no-pager | grep 'not enforced yet: pods use' >/dev/null; }
 	v2a_wait "v2a: no log line (and node event) that node allocatable is held above the pods' usage" held
 	echo "base after the restart: memory.max $(cat $base/memory.max), memory.current $(cat $base/memory.current)"
 	[ "$(cat $base/memory.max)" -gt $((32 << 20)) ] || fail "node allocatable written below the pods' usage: $base/memory.max = $(cat $base/memory.max)"
@@ -272,7 +272,7 @@ YAML
 	rm /etc/mqlet/pods/hog.yaml
 	converged() { [ "$(cat $base/memory.max)" = $((32 << 20)) ]; }
 	v2a_wait "v2a: node allocatable never reached its target after the hog went ($base/memory.max = $(cat $base/memory.max), memory.current $(cat $base/memory.current))" converged
-	journalctl -u mqlet --no-pager | grep -q 'Updated Node Allocatable limit across pods' || fail "no log line (and node event) that node allocatable was enforced"
+	journalctl -u mqlet --no-pager | grep 'Updated Node Allocatable limit across pods' >/dev/null || fail "no log line (and node event) that node allocatable was enforced"
 
 	echo "--- journalctl -u mqlet (v2a)"
 	journalctl -u mqlet --no-pager -o short-monotonic | grep -v 'level=DEBUG' | tail -n 40
@@ -301,10 +301,10 @@ v2b_system_oom() {
 	systemctl start mqlet || fail "systemctl start mqlet (SystemOOM check)"
 	# The watcher reads from the log's end: wait until it has opened it (bounded, not timed).
 	for _ in $(seq 1 60); do
-		journalctl -u mqlet --since "$since" --no-pager | grep -q 'oom watcher: reading the kernel log' && break
+		journalctl -u mqlet --since "$since" --no-pager | grep 'oom watcher: reading the kernel log' >/dev/null && break
 		sleep 1
 	done
-	journalctl -u mqlet --since "$since" --no-pager | grep -q 'oom watcher: reading the kernel log' || fail "the OOM watcher did not start"
+	journalctl -u mqlet --since "$since" --no-pager | grep 'oom watcher: reading the kernel log' >/dev/null || fail "the OOM watcher did not start"
 	# dash keeps the 64 MiB it reads in memory: the kernel kills it at the scope's 16 MiB.
 	systemd-run --scope --unit=mqlet-oom-victim -p MemoryMax=16M -p MemorySwapMax=0 \
 		sh -c 'x=$(head -c 67108864 /dev/zero | tr "\\0" x); echo "not killed: ${#x}"'
