@@ -27,7 +27,7 @@ func (w *Worker) activeDeadline(pod *v1.Pod, next time.Duration) time.Duration {
 		return next
 	}
 	w.mu.Lock()
-	start, phase, done := w.status.StartTime, w.status.Phase, w.failure != nil || w.deleting
+	start, phase, done := w.status.StartTime, w.status.Phase, w.life.Phase != Syncing
 	w.mu.Unlock()
 	if done || start == nil || phase == v1.PodSucceeded || phase == v1.PodFailed {
 		return next

@@ -37,32 +37,18 @@ type Failure struct {
 // Fail stops the pod for good with f (see Failure). A second call keeps the first verdict: a pod
 // evicted during a shutdown stays evicted.
 func (w *Worker) Fail(f Failure) {
-	w.mu.Lock()
-	if w.failure == nil {
-		w.failure = &f
-	}
-	w.mu.Unlock()
-	w.Nudge()
+	w.apply(input{op: opFail, failure: &f})
 }
 
 // Refuse holds the pod Failed with f in place of any verdict it is held under: admission's answer
 // to a new spec replaces its answer to the old one (Fail would keep the first).
 func (w *Worker) Refuse(f Failure) {
-	w.mu.Lock()
-	w.failure = &f
-	w.mu.Unlock()
-	w.Nudge()
+	w.apply(input{op: opRefuse, failure: &f})
 }
 
 // Failed returns the verdict the pod is held under, or nil.
 func (w *Worker) Failed() *Failure {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.failure == nil {
-		return nil
-	}
-	f := *w.failure
-	return &f
+	return w.State().Failure
 }
 
 // restoredFailure reads the verdict back from a stored status: a pod that was failed by the node
@@ -74,14 +60,17 @@ func restoredFailure(prev *v1.PodStatus) *Failure {
 	return &Failure{Reason: prev.Reason, Message: prev.Message}
 }
 
-// syncFailed stops every running container of a failed pod (in parallel, each with the verdict's
-// grace) and publishes the Failed status. Containers are stopped, not removed: their exit stays
-// visible, as kubelet leaves an evicted pod's containers to garbage collection.
-func (w *Worker) syncFailed(ctx context.Context, pod *v1.Pod, f *Failure) time.Duration {
+// syncFailed is the sync of a pod the node failed. While it is Terminating (kill set) it stops
+// every running container (in parallel, each with the verdict's grace); in both phases it publishes
+// the Failed status. Containers are stopped, not removed: their exit stays visible, as kubelet leaves
+// an evicted pod's containers to garbage collection. A Terminated pod's containers are all stopped
+// already and are left alone, so the exits recorded when they were stopped stay as they were. It
+// returns when to look again and whether no container is left running.
+func (w *Worker) syncFailed(ctx context.Context, pod *v1.Pod, f *Failure, kill bool) (time.Duration, bool) {
 	observed, err := w.env.Runtime.ListContainers(ctx, string(pod.UID))
 	if err != nil {
 		w.env.Log.Error("failed pod: list containers", "err", err)
-		return relistRetry
+		return relistRetry, false
 	}
 	g := grace(pod)
 	if f.Grace != nil {
@@ -93,7 +82,7 @@ func (w *Worker) syncFailed(ctx context.Context, pod *v1.Pod, f *Failure) time.D
 	failed := false
 	for i := range observed {
 		c := &observed[i]
-		if c.State == runtime.StateExited {
+		if c.State == runtime.StateExited || !kill {
 			continue
 		}
 		w.killing(pod, *c)
@@ -128,12 +117,12 @@ func (w *Worker) syncFailed(ctx context.Context, pod *v1.Pod, f *Failure) time.D
 	if len(stopped) > 0 {
 		w.mutations++
 		if observed, err = w.env.Runtime.ListContainers(ctx, string(pod.UID)); err != nil {
-			return relistRetry
+			return relistRetry, false
 		}
 	}
 	w.finishSync(pod, observed, newestAttempts(observed), now)
 	if failed {
-		return relistRetry
+		return relistRetry, false
 	}
-	return 0
+	return 0, true
 }

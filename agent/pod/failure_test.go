@@ -1,9 +1,11 @@
 package pod
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -84,5 +86,48 @@ func TestWorkerDeletionTimestampRecordedOnce(t *testing.T) {
 	second := h.w.Pod().DeletionTimestamp
 	if first == nil || second == nil || !first.Time.Equal(second.Time) {
 		t.Errorf("deletionTimestamp %v then %v, want one time recorded at Delete", first, second)
+	}
+}
+
+// gatedRuntime holds every StartContainer until the test lets it through, so a test can act while a
+// sync is in the middle of starting a pod.
+type gatedRuntime struct {
+	*fakeRuntime
+	entered chan string   // the name of each container whose start began
+	gate    chan struct{} // closed to let the starts through
+}
+
+func (g gatedRuntime) StartContainer(ctx context.Context, pod *v1.Pod, sb *runtime.Sandbox, c *v1.Container, restarts int) (runtime.Container, error) {
+	g.entered <- c.Name
+	<-g.gate
+	return g.fakeRuntime.StartContainer(ctx, pod, sb, c, restarts)
+}
+
+// Once the node fails a pod, the sync under way starts nothing more of it: being stopped is a state
+// of the worker (Terminating), not a check of deletion alone.
+func TestWorkerStartsNothingOnceFailed(t *testing.T) {
+	f := newFakeRuntime()
+	g := gatedRuntime{fakeRuntime: f, entered: make(chan string, 2), gate: make(chan struct{})}
+	h := startWorkerOn(t, testPod(v1.RestartPolicyAlways, "a", "b"), nil, g, f, nil)
+	select {
+	case <-g.entered: // a's start: the sync is under way
+	case <-time.After(waitLimit):
+		t.Fatal("no start within the wait limit")
+	}
+	h.w.Fail(Failure{Reason: ReasonEvicted, Message: "The node was low on resource: memory."})
+	if s := h.w.State(); s.Phase != Terminating || s.Failure == nil || s.Failure.Reason != ReasonEvicted {
+		t.Fatalf("state after Fail = %s, want terminating for Evicted", show(s))
+	}
+	close(g.gate)
+	h.waitFor("phase Failed", phaseIs(v1.PodFailed))
+	if got := f.callsOf("start"); len(got) != 1 || got[0].name != "a" {
+		t.Errorf("start calls = %v, want only a's, begun before the verdict", got)
+	}
+	deadline := time.Now().Add(waitLimit)
+	for h.w.State().Phase != Terminated {
+		if time.Now().After(deadline) {
+			t.Fatalf("state %s, want terminated once a was stopped", show(h.w.State()))
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -118,13 +118,13 @@ func (w *Worker) postStart(ctx context.Context, pod *v1.Pod, c *v1.Container, st
 	if c.Lifecycle == nil || c.Lifecycle.PostStart == nil {
 		return
 	}
-	// A hook that hangs must not hold off the pod's deletion, which waits for this sync to end:
-	// kubelet too gives up a postStart hook when the pod is killed.
+	// A hook that hangs must not hold off the pod's termination (a deletion, an eviction), which
+	// waits for this sync to end: kubelet too gives up a postStart hook when the pod is killed.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		select {
-		case <-w.deleted:
+		case <-w.stopping:
 			cancel()
 		case <-ctx.Done():
 		}

@@ -80,16 +80,14 @@ type Worker struct {
 	env   Env
 	nudge chan struct{}
 
-	mu       sync.Mutex
-	pod      *v1.Pod
-	deleting bool
-	deleted  chan struct{} // closed by the first Delete: cuts short a postStart hook in progress
-	// deletedAt is when the first Delete came: the pod's deletionTimestamp, the same on every read.
-	deletedAt metav1.Time
-	failure   *Failure // the node's verdict (evicted, rejected, shut down); see Fail
-	status    v1.PodStatus
-	ooms      []string
-	objects   bool // a ConfigMap or Secret the pod uses changed (ObjectsChanged); true at first for a restarted agent
+	mu   sync.Mutex
+	pod  *v1.Pod
+	life State // the lifecycle (lifecycle.go); changed by transition only, in apply
+	// stopping is closed when the worker leaves Syncing: it cuts short a postStart hook in progress.
+	stopping chan struct{}
+	status   v1.PodStatus
+	ooms     []string
+	objects  bool // a ConfigMap or Secret the pod uses changed (ObjectsChanged); true at first for a restarted agent
 
 	seen string // runtime.Fingerprint of what the last sync left behind; guarded by mu
 
@@ -109,7 +107,7 @@ type Worker struct {
 // NewWorker starts nothing; call Run. prev is the status stored before an agent restart, if any,
 // so start times and last states survive the restart.
 func NewWorker(pod *v1.Pod, prev *v1.PodStatus, env Env) *Worker {
-	w := &Worker{env: env, nudge: make(chan struct{}, 1), pod: pod, recs: map[string]*record{}, objects: true, deleted: make(chan struct{})}
+	w := &Worker{env: env, nudge: make(chan struct{}, 1), pod: pod, recs: map[string]*record{}, objects: true, stopping: make(chan struct{})}
 	if env.Log == nil {
 		w.env.Log = slog.Default()
 	}
@@ -118,7 +116,9 @@ func NewWorker(pod *v1.Pod, prev *v1.PodStatus, env Env) *Worker {
 	}
 	w.env.Log = w.env.Log.With("pod", pod.Namespace+"/"+pod.Name)
 	if prev != nil {
-		w.failure = restoredFailure(prev)
+		if f := restoredFailure(prev); f != nil {
+			w.apply(input{op: opFail, failure: f})
+		}
 		w.status = *prev.DeepCopy()
 		for _, cs := range podspec.AllStatuses(prev) {
 			r := w.rec(cs.Name)
@@ -158,25 +158,70 @@ func (r *record) startTime(cur *runtime.Container) time.Time {
 	return r.startedAt
 }
 
-// Update hands the worker a new desired spec.
+// Update hands the worker a new desired spec. A worker that is stopping the pod keeps it (its grace
+// period applies) but starts nothing of it.
 func (w *Worker) Update(pod *v1.Pod) {
 	w.mu.Lock()
-	w.pod = pod
-	w.objects = true // downwardAPI volumes show labels and annotations, which an update may change
+	if w.applyLocked(input{op: opUpdate}) {
+		w.pod = pod
+		w.objects = true // downwardAPI volumes show labels and annotations, which an update may change
+	}
 	w.mu.Unlock()
 	w.Nudge()
 }
 
 // Delete asks the worker to stop the pod gracefully and remove it.
 func (w *Worker) Delete() {
+	w.apply(input{op: opDelete})
+}
+
+// apply feeds in to the lifecycle and nudges the worker to act on the new state. It reports whether
+// the state took the input.
+func (w *Worker) apply(in input) bool {
 	w.mu.Lock()
-	if !w.deleting {
-		close(w.deleted)
-		w.deletedAt = metav1.Now()
-	}
-	w.deleting = true
+	ok := w.applyLocked(in)
 	w.mu.Unlock()
 	w.Nudge()
+	return ok
+}
+
+// settle feeds the lifecycle the outcome of the worker's own sync (opStopped, opRemoved): unlike
+// apply, it asks for no sync, since the loop acts on the new state when it next runs anyway.
+func (w *Worker) settle(in input) {
+	w.mu.Lock()
+	w.applyLocked(in)
+	w.mu.Unlock()
+}
+
+// applyLocked is apply with w.mu held, without the nudge. A refused input changes nothing; it is
+// logged for the record, since every caller may legitimately race one (a verdict on a pod that is
+// being removed).
+func (w *Worker) applyLocked(in input) bool {
+	next, err := transition(w.life, in, time.Now())
+	if err != nil {
+		w.env.Log.Debug("lifecycle", "err", err)
+		return false
+	}
+	if w.life.Phase == Syncing && next.Phase != Syncing {
+		close(w.stopping)
+	}
+	if next.Phase != w.life.Phase {
+		w.env.Log.Debug("lifecycle", "from", w.life.Phase, "to", next.Phase, "on", in.op)
+	}
+	w.life = next
+	return true
+}
+
+// State returns the worker's lifecycle record.
+func (w *Worker) State() State {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.life
+	if s.Failure != nil {
+		f := *s.Failure
+		s.Failure = &f
+	}
+	return s
 }
 
 // Nudge asks for a sync soon; nudges while one is pending fold into it.
@@ -209,8 +254,8 @@ func (w *Worker) Pod() v1.Pod {
 	defer w.mu.Unlock()
 	p := *w.pod.DeepCopy()
 	p.Status = *w.status.DeepCopy()
-	if w.deleting && p.DeletionTimestamp == nil {
-		at := w.deletedAt
+	if w.life.Removing && p.DeletionTimestamp == nil {
+		at := w.life.RemovalAt
 		p.DeletionTimestamp = &at
 	}
 	return p
@@ -230,10 +275,11 @@ func (w *Worker) Run(ctx context.Context) {
 		case <-timer.C:
 		}
 		w.mu.Lock()
-		pod, deleting, ooms, failure, objects := w.pod, w.deleting, w.ooms, w.failure, w.objects
+		pod, life, ooms, objects := w.pod, w.life, w.ooms, w.objects
 		w.ooms, w.objects = nil, false
 		w.mu.Unlock()
-		if objects && !deleting && failure == nil {
+		todo := life.work()
+		if objects && todo == syncPod {
 			w.objectsChanged(ctx, pod)
 		}
 		for _, id := range ooms {
@@ -242,7 +288,11 @@ func (w *Worker) Run(ctx context.Context) {
 			}
 		}
 		start := time.Now()
-		if deleting {
+		var next time.Duration
+		switch todo {
+		case noWork:
+			return
+		case removePod:
 			gone := w.terminate(ctx, pod)
 			w.synced(start)
 			if gone {
@@ -250,14 +300,16 @@ func (w *Worker) Run(ctx context.Context) {
 			}
 			timer.Reset(relistRetry)
 			continue
+		case killPod:
+			var stopped bool
+			if next, stopped = w.syncFailed(ctx, pod, life.Failure, true); stopped {
+				w.settle(input{op: opStopped})
+			}
+		case terminatedPod:
+			next, _ = w.syncFailed(ctx, pod, life.Failure, false)
+		case syncPod:
+			next = w.activeDeadline(pod, w.sync(ctx, pod))
 		}
-		var next time.Duration
-		if failure != nil {
-			next = w.syncFailed(ctx, pod, failure)
-		} else {
-			next = w.sync(ctx, pod)
-		}
-		next = w.activeDeadline(pod, next)
 		w.synced(start)
 		if !timer.Stop() {
 			select {
@@ -300,6 +352,7 @@ func (w *Worker) terminate(ctx context.Context, pod *v1.Pod) bool {
 		w.env.Log.Warn("remove pod sandbox", "err", err)
 	}
 	w.env.Log.Info("pod removed")
+	w.settle(input{op: opRemoved})
 	if w.env.OnGone != nil {
 		w.env.OnGone(pod)
 	}
@@ -610,8 +663,8 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 		return 0 // finished for good, and its container record is gone: nothing to run again
 	}
 
-	if w.isDeleting() {
-		return 0 // the pod is going away: don't start what terminate would stop at once
+	if !w.syncing() {
+		return 0 // the pod is being stopped: don't start what the next sync would stop at once
 	}
 	r.attempt = attempt
 	started, err := w.env.Runtime.StartContainer(w.notifying(ctx, pod, c), withNodeStatus(pod, w.hostIP(), w.podIPs()), w.sb, c, attempt)
@@ -658,10 +711,12 @@ func (w *Worker) hostIP() string {
 	return w.env.HostIP()
 }
 
-func (w *Worker) isDeleting() bool {
+// syncing reports whether the worker is still in Syncing: once the node stops the pod, nothing of
+// it starts.
+func (w *Worker) syncing() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.deleting
+	return w.life.Phase == Syncing
 }
 
 // withNodeStatus fills the status fields that env fieldRefs (status.hostIP, status.podIP) read,
@@ -714,7 +769,7 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*runtime.Container, now 
 	}
 
 	w.mu.Lock()
-	prev, failure := w.status, w.failure
+	prev, failure := w.status, w.life.Failure
 	w.mu.Unlock()
 	if failure != nil {
 		// Containers that never ran have nothing to report in a pod the node failed (kubelet
