@@ -155,7 +155,7 @@ func critical(d store.DesiredPod) bool { return admission.CriticalReason(d.Pod, 
 // A refusal is set before the new spec is handed over, so the new spec never starts; an admission
 // never lifts the old refusal of the same worker (see the end).
 func (a *Agent) applyVerdictLocked(w *pod.Worker, d store.DesiredPod, f *pod.Failure) {
-	if w.Pod().DeletionTimestamp != nil {
+	if w.State().Removing {
 		if a.refusedNext == nil {
 			a.refusedNext = map[types.UID]*pod.Failure{}
 		}

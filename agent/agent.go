@@ -121,10 +121,6 @@ type Options struct {
 	HeartbeatPeriod time.Duration
 }
 
-// maxVersions bounds how many versions of one pod the agent remembers for status reports (see
-// Agent.versions); only a burst of spec updates during one long sync (an image pull) reaches it.
-const maxVersions = 8
-
 // quietBeforeTrim is how long nothing must change before the agent returns freed memory to the
 // OS. A burst of pod starts allocates several MiB that the Go runtime would otherwise keep for
 // minutes; on a device with a few hundred MiB, that matters more than the one extra collection.
@@ -151,12 +147,6 @@ type Agent struct {
 	// containerd event finds its pod without hashing every UID.
 	byPrefix map[string]types.UID
 	desired  map[types.UID]store.DesiredPod
-	// versions holds, per pod with a worker, the DesiredPods handed to the worker that a status
-	// may still be reported for, oldest first: the first is the version the last status was for
-	// (or the first handed), the last is the newest. A worker names the pod of a status by pointer;
-	// this finds that version's source and generation, also once the pod has left a.desired
-	// (deleted, terminating), until the worker reports it gone.
-	versions map[types.UID][]store.DesiredPod
 	// rejected holds, per source, what it or admission refused, keyed by where it came from. It is
 	// also what tells a new rejection (an event) from one a resync repeats (silence).
 	rejected map[source.Kind]map[string]rejection
@@ -215,7 +205,6 @@ func New(opts Options, rt Runtime, st store.State, sources ...source.Source) *Ag
 		workers:  map[types.UID]*pod.Worker{},
 		byPrefix: map[string]types.UID{},
 		desired:  map[types.UID]store.DesiredPod{},
-		versions: map[types.UID][]store.DesiredPod{},
 		rejected: map[source.Kind]map[string]rejection{},
 		synced:   map[source.Kind]bool{},
 		cleaning: map[types.UID]chan struct{}{},
@@ -335,8 +324,7 @@ func (a *Agent) preload(ctx context.Context) {
 // worker runs, so nothing of it starts.
 func (a *Agent) startWorker(d store.DesiredPod, prev *v1.PodStatus, refused *pod.Failure) {
 	p := d.Pod
-	a.versions[p.UID] = []store.DesiredPod{d}
-	w := pod.NewWorker(p, prev, pod.Env{
+	w := pod.NewWorker(pod.Desired(d), prev, pod.Env{
 		Runtime:  a.rt,
 		Log:      a.log,
 		HostIP:   a.currentHostIP,
@@ -366,59 +354,32 @@ func (a *Agent) startWorker(d store.DesiredPod, prev *v1.PodStatus, refused *pod
 	}()
 }
 
-// updateWorkerLocked hands a new version of a desired pod to its running worker (a.mu held).
+// updateWorkerLocked hands a new version of a desired pod to its running worker (a.mu held). The
+// worker holds the version (its source and generation) and hands it back with the statuses computed
+// for it: the agent keeps no list of the versions a worker may still report on.
 func (a *Agent) updateWorkerLocked(w *pod.Worker, d store.DesiredPod) {
-	vs := append(a.versions[d.Pod.UID], d)
-	if len(vs) > maxVersions {
-		// A worker only ever syncs the newest version it has, so versions in the middle were
-		// replaced before it saw them. Drop those, not the first: a long sync may still be on it.
-		vs = slices.Delete(vs, 1, 2)
-	}
-	a.versions[d.Pod.UID] = vs
-	w.Update(d.Pod)
+	w.Update(pod.Desired(d))
 }
 
-// versionLocked finds the version of a pod that p, a pointer a worker was handed, is (a.mu held).
-// With drop, older versions are forgotten: the worker has moved past them.
-func (a *Agent) versionLocked(p *v1.Pod, drop bool) store.DesiredPod {
-	vs := a.versions[p.UID]
-	for i, d := range vs {
-		if d.Pod == p {
-			if drop {
-				a.versions[p.UID] = slices.Delete(vs, 0, i)
-			}
-			return d
-		}
-	}
-	if len(vs) == 0 {
-		return store.DesiredPod{Pod: p} // not handed out by this agent: cannot happen
-	}
-	// Dropped by maxVersions: the oldest version kept is older than p, so its generation claims
-	// no more than the node has observed.
-	return store.DesiredPod{Pod: p, Source: vs[0].Source, Generation: vs[0].Generation}
-}
-
-func (a *Agent) onStatus(p *v1.Pod, st v1.PodStatus) {
+// onStatus stores and reports a status with the version of the pod the worker computed it for, so
+// the generation reported as observed is one the node acted on.
+func (a *Agent) onStatus(d pod.Desired, st v1.PodStatus) {
 	a.activity()
-	a.mu.Lock()
-	d := a.versionLocked(p, true)
-	a.mu.Unlock()
+	p := d.Pod
 	if err := a.st.PutStatus(p.UID, &st); err != nil {
 		a.log.Error("store pod status", "pod", p.Namespace+"/"+p.Name, "err", err)
 	}
-	a.report.PodStatus(d, st)
+	a.report.PodStatus(store.DesiredPod(d), st)
 }
 
-func (a *Agent) onGone(p *v1.Pod) {
+// onGone forgets a removed pod's worker; last is the newest version the worker had (it may have
+// come while the pod was terminating).
+func (a *Agent) onGone(last pod.Desired) {
+	p := last.Pod
 	if err := a.st.DeleteStatus(p.UID); err != nil {
 		a.log.Error("delete pod status", "pod", p.Namespace+"/"+p.Name, "err", err)
 	}
 	a.mu.Lock()
-	last := store.DesiredPod{Pod: p}
-	if vs := a.versions[p.UID]; len(vs) > 0 {
-		last = vs[len(vs)-1] // the newest version the node had (it may have come during termination)
-	}
-	delete(a.versions, p.UID)
 	delete(a.workers, p.UID)
 	delete(a.byPrefix, runtime.ContainerIDPrefix(string(p.UID)))
 	// A pod re-added while it was terminating gets a fresh worker from its desired entry, and is
@@ -431,7 +392,7 @@ func (a *Agent) onGone(p *v1.Pod) {
 	}
 	a.mu.Unlock()
 	if !again {
-		a.report.PodGone(last)
+		a.report.PodGone(store.DesiredPod(last))
 	}
 }
 

@@ -170,47 +170,9 @@ func TestReportsLeftoverPodGone(t *testing.T) {
 	}
 }
 
-// The versions kept for status reports: a status names its version by pointer; a burst of updates
-// keeps the first and the newest; a status for a version dropped by the bound claims no newer
-// generation than the node saw.
-func TestVersionsForStatus(t *testing.T) {
-	a := New(Options{NodeName: "n", Log: slog.New(slog.DiscardHandler)}, newFakeRuntime(), store.NewMemory())
-	version := func(gen int64) store.DesiredPod {
-		p := testPod("p")
-		p.UID = "uid-p"
-		p.Spec.Containers[0].Image = fmt.Sprintf("busybox:%d", gen)
-		return store.DesiredPod{Pod: p, Source: source.Ref{Kind: source.MQTT, Origin: "t/p"}, Generation: gen}
-	}
-	vs := []store.DesiredPod{version(1)}
-	for g := int64(2); g <= 12; g++ {
-		vs = append(vs, version(g))
-	}
-	w := pod.NewWorker(vs[0].Pod, nil, pod.Env{})
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.versions["uid-p"] = slices.Clone(vs[:1])
-	for _, d := range vs[1:] {
-		a.updateWorkerLocked(w, d)
-	}
-	if n := len(a.versions["uid-p"]); n != maxVersions {
-		t.Fatalf("%d versions kept, want %d", n, maxVersions)
-	}
-	for _, tc := range []struct {
-		gen, want int64
-	}{{1, 1}, {12, 12}, {6, 6}, {3, 1 /* dropped: the oldest kept */}} {
-		if d := a.versionLocked(vs[tc.gen-1].Pod, false); d.Generation != tc.want || d.Pod != vs[tc.gen-1].Pod || d.Source.Origin != "t/p" {
-			t.Errorf("version of generation %d's pod: generation %d, pod %v, source %+v; want generation %d", tc.gen, d.Generation, d.Pod.Spec.Containers[0].Image, d.Source, tc.want)
-		}
-	}
-	// A status for generation 11 means the worker moved past everything older.
-	a.versionLocked(vs[10].Pod, true)
-	if got := a.versions["uid-p"]; len(got) != 2 || got[0].Generation != 11 || got[1].Generation != 12 {
-		t.Errorf("after a status for generation 11, kept %d versions (first %d)", len(got), got[0].Generation)
-	}
-}
-
 // A status computed for a version that has since been replaced reports that version's generation,
-// not the newest one's; the onStatus calls here are what a worker makes mid-update.
+// not the newest one's; the worker hands each status back with its version (pod's
+// TestWorkerReportsTheVersionEachStatusWasComputedFor), and the agent reports what it is handed.
 func TestStatusOfAReplacedVersion(t *testing.T) {
 	rep := &fakeReporter{}
 	a := New(Options{NodeName: "n", Log: slog.New(slog.DiscardHandler), Report: rep}, newFakeRuntime(), store.NewMemory())
@@ -220,14 +182,11 @@ func TestStatusOfAReplacedVersion(t *testing.T) {
 		return store.DesiredPod{Pod: p, Source: source.Ref{Kind: source.MQTT, Origin: "t/p"}, Generation: gen}
 	}
 	old, cur := version(1), version(2)
-	w := pod.NewWorker(old.Pod, nil, pod.Env{})
 	a.mu.Lock()
-	a.versions["uid-p"] = []store.DesiredPod{old}
 	a.desired["uid-p"] = cur
-	a.updateWorkerLocked(w, cur)
 	a.mu.Unlock()
-	a.onStatus(old.Pod, v1.PodStatus{Phase: v1.PodPending})
-	a.onStatus(cur.Pod, v1.PodStatus{Phase: v1.PodRunning})
+	a.onStatus(pod.Desired(old), v1.PodStatus{Phase: v1.PodPending})
+	a.onStatus(pod.Desired(cur), v1.PodStatus{Phase: v1.PodRunning})
 	ss, _, _ := rep.snapshot()
 	if len(ss) != 2 || ss[0].d.Generation != 1 || ss[0].d.Pod != old.Pod || ss[1].d.Generation != 2 || ss[1].d.Pod != cur.Pod {
 		t.Errorf("reported %+v, want generation 1 then 2 with the pods they were computed for", ss)

@@ -63,7 +63,7 @@ func TestWorkerFailedStaysFailedOnUpdate(t *testing.T) {
 	f := newFakeRuntime()
 	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), &v1.PodStatus{Phase: v1.PodFailed, Reason: "OutOfcpu"}, f)
 	h.resync()
-	h.w.Update(testPod(v1.RestartPolicyAlways, "a", "b"))
+	h.w.Update(Desired{Pod: testPod(v1.RestartPolicyAlways, "a", "b")})
 	h.resync()
 	h.resync()
 	if got := f.callsOf("start"); len(got) != 0 {

@@ -17,10 +17,10 @@ func TestWorkerReportsSyncDurations(t *testing.T) {
 	var mu sync.Mutex
 	var took []time.Duration
 	running, gone := make(chan struct{}, 1), make(chan struct{})
-	w := NewWorker(testPod(v1.RestartPolicyAlways, "a"), nil, Env{
+	w := NewWorker(Desired{Pod: testPod(v1.RestartPolicyAlways, "a")}, nil, Env{
 		Runtime: f,
 		Log:     slog.New(slog.DiscardHandler),
-		OnStatus: func(_ *v1.Pod, st v1.PodStatus) {
+		OnStatus: func(_ Desired, st v1.PodStatus) {
 			if st.Phase == v1.PodRunning {
 				select {
 				case running <- struct{}{}:
@@ -28,7 +28,7 @@ func TestWorkerReportsSyncDurations(t *testing.T) {
 				}
 			}
 		},
-		OnGone: func(*v1.Pod) { close(gone) },
+		OnGone: func(Desired) { close(gone) },
 		OnSync: func(d time.Duration) {
 			mu.Lock()
 			took = append(took, d)

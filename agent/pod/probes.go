@@ -32,7 +32,7 @@ func (w *Worker) startProbes(ctx context.Context) func() {
 			typ = event.Warning
 		}
 		w.mu.Lock()
-		pod := w.pod
+		pod := w.desired.Pod
 		w.mu.Unlock()
 		w.report(pod, typ, reason, message, "container", container)
 	}, w.env.Log)

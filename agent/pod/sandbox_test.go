@@ -73,7 +73,7 @@ func TestWorkerSandboxOncePerSpec(t *testing.T) {
 	}
 	changed := pod.DeepCopy()
 	changed.Spec.Volumes = []v1.Volume{{Name: "v", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}}}
-	h.w.Update(changed)
+	h.w.Update(Desired{Pod: changed})
 	h.resync()
 	f.mu.Lock()
 	n = f.ensured

@@ -33,7 +33,7 @@ func (w *Worker) addExitMessage(t *v1.ContainerStateTerminated, name string, cur
 		return
 	}
 	w.mu.Lock()
-	pod := w.pod
+	pod := w.desired.Pod
 	w.mu.Unlock()
 	spec := containerSpec(pod, name)
 	if spec == nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mqlet/mqlet/agent/qos"
 	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/source"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,10 +45,12 @@ type Env struct {
 	Runtime Runtime
 	Log     *slog.Logger
 	HostIP  func() string // the node's address now (it may change: DHCP after boot)
-	// OnStatus receives every status the worker computes that differs from the last one.
-	OnStatus func(pod *v1.Pod, st v1.PodStatus)
-	// OnGone is called once the pod's containers and files are gone after Delete.
-	OnGone func(pod *v1.Pod)
+	// OnStatus receives every status the worker computes that differs from the last one, with the
+	// version of the pod it was computed for (an update may have come since); calls come in order.
+	OnStatus func(d Desired, st v1.PodStatus)
+	// OnGone is called once the pod's containers and files are gone after Delete, with the newest
+	// version the worker was handed (it may have come while the pod was terminating).
+	OnGone func(d Desired)
 	// Emit reports what happened to the pod (an OOM kill, a liveness failure) as an event; nil
 	// drops them. It must not block (the agent's Reporter queues).
 	Emit func(e event.Event)
@@ -56,6 +59,17 @@ type Env struct {
 	OnSync func(took time.Duration)
 	// Prober runs probes and lifecycle hooks; the node shares one. nil: the worker makes its own.
 	Prober *probe.Prober
+}
+
+// Desired is one version of the desired pod as the agent hands it to its worker: the spec, the source
+// it came from and the source's generation of it. Its fields are store.DesiredPod's, so the agent
+// converts one into the other. The worker holds the newest version it was handed and gives back,
+// with each status, the version that status was computed for: what the node reports as observed is
+// what it acted on, with no list of versions kept beside the worker.
+type Desired struct {
+	Pod        *v1.Pod
+	Source     source.Ref
+	Generation int64
 }
 
 // record is what the worker remembers about one container name across attempts: containerd forgets
@@ -80,9 +94,9 @@ type Worker struct {
 	env   Env
 	nudge chan struct{}
 
-	mu   sync.Mutex
-	pod  *v1.Pod
-	life State // the lifecycle (lifecycle.go); changed by transition only, in apply
+	mu      sync.Mutex
+	desired Desired // the newest version handed to the worker
+	life    State   // the lifecycle (lifecycle.go); changed by transition only, in apply
 	// stopping is closed when the worker leaves Syncing: it cuts short a postStart hook in progress.
 	stopping chan struct{}
 	status   v1.PodStatus
@@ -100,14 +114,17 @@ type Worker struct {
 	sbFailures int              // loop-owned: consecutive failed set-ups, for back-off
 	sbErr      string           // loop-owned: why the last set-up failed, shown while the pod waits
 
+	active Desired // loop-owned: the version the sync under way works on, which its statuses report
+
 	exitMsgs map[string]exitMessage // loop-owned: container name -> termination message of its last exit
 	probes   *probe.Set             // the pod's probes, for the span of Run (probes.go)
 }
 
 // NewWorker starts nothing; call Run. prev is the status stored before an agent restart, if any,
 // so start times and last states survive the restart.
-func NewWorker(pod *v1.Pod, prev *v1.PodStatus, env Env) *Worker {
-	w := &Worker{env: env, nudge: make(chan struct{}, 1), pod: pod, recs: map[string]*record{}, objects: true, stopping: make(chan struct{})}
+func NewWorker(d Desired, prev *v1.PodStatus, env Env) *Worker {
+	pod := d.Pod
+	w := &Worker{env: env, nudge: make(chan struct{}, 1), desired: d, active: d, recs: map[string]*record{}, objects: true, stopping: make(chan struct{})}
 	if env.Log == nil {
 		w.env.Log = slog.Default()
 	}
@@ -158,12 +175,12 @@ func (r *record) startTime(cur *runtime.Container) time.Time {
 	return r.startedAt
 }
 
-// Update hands the worker a new desired spec. A worker that is stopping the pod keeps it (its grace
-// period applies) but starts nothing of it.
-func (w *Worker) Update(pod *v1.Pod) {
+// Update hands the worker a new version of its pod. A worker that is stopping the pod keeps it (its
+// grace period applies, its source and generation are what a status reports) but starts nothing of it.
+func (w *Worker) Update(d Desired) {
 	w.mu.Lock()
 	if w.applyLocked(input{op: opUpdate}) {
-		w.pod = pod
+		w.desired = d
 		w.objects = true // downwardAPI volumes show labels and annotations, which an update may change
 	}
 	w.mu.Unlock()
@@ -252,7 +269,7 @@ func (w *Worker) Seen() string {
 func (w *Worker) Pod() v1.Pod {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	p := *w.pod.DeepCopy()
+	p := *w.desired.Pod.DeepCopy()
 	p.Status = *w.status.DeepCopy()
 	if w.life.Removing && p.DeletionTimestamp == nil {
 		at := w.life.RemovalAt
@@ -275,9 +292,11 @@ func (w *Worker) Run(ctx context.Context) {
 		case <-timer.C:
 		}
 		w.mu.Lock()
-		pod, life, ooms, objects := w.pod, w.life, w.ooms, w.objects
+		d, life, ooms, objects := w.desired, w.life, w.ooms, w.objects
 		w.ooms, w.objects = nil, false
 		w.mu.Unlock()
+		w.active = d
+		pod := d.Pod
 		todo := life.work()
 		if objects && todo == syncPod {
 			w.objectsChanged(ctx, pod)
@@ -354,7 +373,10 @@ func (w *Worker) terminate(ctx context.Context, pod *v1.Pod) bool {
 	w.env.Log.Info("pod removed")
 	w.settle(input{op: opRemoved})
 	if w.env.OnGone != nil {
-		w.env.OnGone(pod)
+		w.mu.Lock()
+		newest := w.desired
+		w.mu.Unlock()
+		w.env.OnGone(newest)
 	}
 	return true
 }
@@ -809,7 +831,7 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*runtime.Container, now 
 	w.status = st
 	w.mu.Unlock()
 	if w.env.OnStatus != nil {
-		w.env.OnStatus(pod, st)
+		w.env.OnStatus(w.active, st)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/source"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -226,6 +227,12 @@ func testPod(policy v1.RestartPolicy, names ...string) *v1.Pod {
 	return p
 }
 
+// reported is one OnStatus call.
+type reported struct {
+	d  Desired
+	st v1.PodStatus
+}
+
 // harness runs one worker against a fake runtime and keeps what it publishes.
 type harness struct {
 	t       *testing.T
@@ -237,6 +244,7 @@ type harness struct {
 	mu        sync.Mutex
 	last      *v1.PodStatus
 	published int
+	reported  []reported // each published status with the version it was reported for
 	gone      []*v1.Pod
 }
 
@@ -249,22 +257,29 @@ func startWorker(t *testing.T, pod *v1.Pod, prev *v1.PodStatus, f *fakeRuntime) 
 // runtime and emit, if not nil, given the worker's events.
 func startWorkerOn(t *testing.T, pod *v1.Pod, prev *v1.PodStatus, rt Runtime, f *fakeRuntime, emit func(event.Event)) *harness {
 	t.Helper()
+	return startWorkerWith(t, Desired{Pod: pod}, prev, rt, f, emit)
+}
+
+// startWorkerWith is startWorkerOn with the version of the pod the worker starts from.
+func startWorkerWith(t *testing.T, d Desired, prev *v1.PodStatus, rt Runtime, f *fakeRuntime, emit func(event.Event)) *harness {
+	t.Helper()
 	h := &harness{t: t, f: f, changed: make(chan struct{}, 1), done: make(chan struct{})}
-	h.w = NewWorker(pod, prev, Env{
+	h.w = NewWorker(d, prev, Env{
 		Runtime: rt,
 		Log:     slog.New(slog.DiscardHandler),
 		HostIP:  func() string { return "192.0.2.10" },
 		Emit:    emit,
-		OnStatus: func(_ *v1.Pod, st v1.PodStatus) {
+		OnStatus: func(d Desired, st v1.PodStatus) {
 			h.mu.Lock()
 			h.last = st.DeepCopy()
 			h.published++
+			h.reported = append(h.reported, reported{d, *st.DeepCopy()})
 			h.mu.Unlock()
 			h.poke()
 		},
-		OnGone: func(p *v1.Pod) {
+		OnGone: func(d Desired) {
 			h.mu.Lock()
-			h.gone = append(h.gone, p)
+			h.gone = append(h.gone, d.Pod)
 			h.mu.Unlock()
 			h.poke()
 		},
@@ -975,4 +990,52 @@ func TestWorkerRestartBackOffExact(t *testing.T) {
 			t.Errorf("starts at %v, want %v", got, want)
 		}
 	})
+}
+
+// Each status goes back with the version of the pod it was computed for, although a burst of
+// updates came while it was computed: what the node reports as observed is what it acted on, and
+// the newest version is what it ends on.
+func TestWorkerReportsTheVersionEachStatusWasComputedFor(t *testing.T) {
+	f := newFakeRuntime()
+	g := gatedRuntime{fakeRuntime: f, entered: make(chan string, 16), gate: make(chan struct{})}
+	version := func(gen int64) Desired {
+		p := testPod(v1.RestartPolicyAlways, "a")
+		p.Spec.Containers[0].Image = fmt.Sprintf("busybox:%d", gen)
+		return Desired{Pod: p, Source: source.Ref{Kind: source.MQTT, Origin: "t/web"}, Generation: gen}
+	}
+	h := startWorkerWith(t, version(1), nil, g, f, nil)
+	select {
+	case <-g.entered: // the first sync is starting busybox:1
+	case <-time.After(waitLimit):
+		t.Fatal("no start within the wait limit")
+	}
+	for gen := int64(2); gen <= 12; gen++ {
+		h.w.Update(version(gen))
+	}
+	close(g.gate)
+	h.waitFor("a running busybox:12", func(st *v1.PodStatus) bool {
+		cs := statusOf(st, "a")
+		return cs != nil && cs.State.Running != nil && cs.Image == "busybox:12"
+	})
+	h.mu.Lock()
+	all := slices.Clone(h.reported)
+	h.mu.Unlock()
+	var gens []int64
+	for _, r := range all {
+		d := r.d
+		gens = append(gens, d.Generation)
+		if img := d.Pod.Spec.Containers[0].Image; img != fmt.Sprintf("busybox:%d", d.Generation) {
+			t.Errorf("a status reported generation %d with a pod of image %s", d.Generation, img)
+		}
+		// The status shows the image of the spec it was computed from.
+		if cs := statusOf(&r.st, "a"); cs == nil || cs.Image != d.Pod.Spec.Containers[0].Image {
+			t.Errorf("a status computed for %v reported with generation %d (%s)", cs, d.Generation, d.Pod.Spec.Containers[0].Image)
+		}
+		if d.Source.Origin != "t/web" {
+			t.Errorf("a status reported source %+v", d.Source)
+		}
+	}
+	if len(gens) < 2 || gens[0] != 1 || gens[len(gens)-1] != 12 || !slices.IsSorted(gens) {
+		t.Errorf("generations reported %v, want 1 first, 12 last, never going back", gens)
+	}
 }
