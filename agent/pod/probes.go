@@ -3,7 +3,6 @@ package pod
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/event"
@@ -84,40 +83,41 @@ func (w *Worker) probeStatus(c *v1.Container, id string) (*bool, bool) {
 	return &started, ready
 }
 
-// killUnhealthy kills a running container whose liveness or startup probe failed, as kubelet does:
-// a Killing event, its preStop hook, then the stop signal with the probe's grace period if it sets
-// one. The exit then goes the way of any exit: restart policy and back-off. It reports whether the
-// container was (or is being) killed and when to look again.
+// killUnhealthy kills a running container that a health hook (probeKillHook) finds unhealthy, as
+// kubelet does: a Killing event, the prekill hooks (preStop), then the stop signal with the grace
+// period the hook gives, or the pod's. The exit then goes the way of any exit: restart policy and
+// back-off. It reports whether the container was (or is being) killed and when to look again.
 func (w *Worker) killUnhealthy(ctx context.Context, pod *v1.Pod, c *v1.Container, cur *runtime.Container) (bool, time.Duration) {
-	k, _, probeGrace, failed := w.probes.Failed(c.Name, cur.ID)
-	if !failed {
-		return false, 0
+	a := attempt{pod: pod, spec: c, cur: *cur, target: w.target(pod, w.sb, c, cur)}
+	for _, h := range w.hooks {
+		hc, ok := h.(healthChecker)
+		if !ok {
+			continue
+		}
+		msg, hookGrace, kill := hc.Unhealthy(a)
+		if !kill {
+			continue
+		}
+		w.report(pod, event.Normal, "Killing", msg, "container", c.Name)
+		g := grace(pod)
+		if hookGrace != nil {
+			g = *hookGrace
+		}
+		w.mutations++
+		if err := w.withPreStop(pod, *cur).kill(ctx, cur.ID, g); err != nil {
+			w.env.Log.Error("kill unhealthy container", "container", cur.ID, "hook", h.Name(), "err", err)
+			return true, relistRetry
+		}
+		w.Nudge() // restart (or not) at once, on the exit the next sync sees
+		return true, 0
 	}
-	msg := fmt.Sprintf("Container %s failed %s probe", c.Name, strings.ToLower(k.String()))
-	if pod.Spec.RestartPolicy != v1.RestartPolicyNever {
-		msg += ", will be restarted"
-	}
-	w.report(pod, event.Normal, "Killing", msg, "container", c.Name)
-	g := grace(pod)
-	if probeGrace != nil {
-		g = max(time.Duration(*probeGrace)*time.Second, MinGrace)
-	}
-	w.mutations++
-	if err := w.withPreStop(pod, *cur).kill(ctx, cur.ID, g); err != nil {
-		w.env.Log.Error("kill unhealthy container", "container", cur.ID, "err", err)
-		return true, relistRetry
-	}
-	w.Nudge() // restart (or not) at once, on the exit the next sync sees
-	return true, 0
+	return false, 0
 }
 
-// postStart runs the container's postStart hook right after its start; the pod's status waits for
-// it, as kubelet's start does. A hook that fails gets a FailedPostStartHook event and its container
-// is killed; that exit then goes the way of the pod's restart policy.
+// postStart runs the poststart hooks (the postStart handler) right after a start; the pod's status
+// waits for them, as kubelet's start does. A hook that fails gets its container killed; that exit
+// then goes the way of the pod's restart policy.
 func (w *Worker) postStart(ctx context.Context, pod *v1.Pod, c *v1.Container, started runtime.Container) {
-	if c.Lifecycle == nil || c.Lifecycle.PostStart == nil {
-		return
-	}
 	// A hook that hangs must not hold off the pod's termination (a deletion, an eviction), which
 	// waits for this sync to end: kubelet too gives up a postStart hook when the pod is killed.
 	ctx, cancel := context.WithCancel(ctx)
@@ -129,20 +129,26 @@ func (w *Worker) postStart(ctx context.Context, pod *v1.Pod, c *v1.Container, st
 		case <-ctx.Done():
 		}
 	}()
-	err := w.env.Prober.RunHook(ctx, w.target(pod, w.sb, c, &started), c.Lifecycle.PostStart)
-	if err == nil || ctx.Err() != nil {
+	a := attempt{pod: pod, spec: c, cur: started, target: w.target(pod, w.sb, c, &started)}
+	for _, h := range w.hooks {
+		ps, ok := h.(poststarter)
+		if !ok {
+			continue
+		}
+		if err := ps.Poststart(ctx, a); err == nil || ctx.Err() != nil {
+			continue
+		}
+		w.report(pod, event.Normal, "Killing", fmt.Sprintf("Container %s failed its %s hook", c.Name, h.Name()), "container", c.Name)
+		if err := w.withPreStop(pod, started).kill(ctx, started.ID, grace(pod)); err != nil {
+			w.env.Log.Error("kill container after its "+h.Name()+" hook failed", "container", started.ID, "err", err)
+		}
+		w.Nudge()
 		return
 	}
-	w.report(pod, event.Warning, "FailedPostStartHook", err.Error(), "container", c.Name)
-	w.report(pod, event.Normal, "Killing", fmt.Sprintf("Container %s failed its postStart hook", c.Name), "container", c.Name)
-	if err := w.withPreStop(pod, started).kill(ctx, started.ID, grace(pod)); err != nil {
-		w.env.Log.Error("kill container after its postStart hook failed", "container", started.ID, "err", err)
-	}
-	w.Nudge()
 }
 
-// preStopRuntime is the worker's Runtime with each running container's preStop hook run before its
-// stop signal, inside the same grace period, as kubelet's kill does.
+// preStopRuntime is the worker's Runtime with each running container's prekill hooks (preStop) run
+// before its stop signal, inside the same grace period, as kubelet's kill does.
 type preStopRuntime struct {
 	Runtime
 	w    *Worker
@@ -173,23 +179,29 @@ func (h preStopRuntime) kill(ctx context.Context, id string, grace time.Duration
 	return h.Runtime.StopContainer(ctx, id, left)
 }
 
-// preStop runs the preStop hook of attempt id, if it runs and has one, for at most grace. It
-// returns what is left of grace for the stop signal, never under kubelet's minimum.
+// preStop runs the prekill hooks of attempt id, if it runs, for at most grace. It returns what is
+// left of grace for the stop signal, never under kubelet's minimum.
 func (h preStopRuntime) preStop(ctx context.Context, id string, grace time.Duration) time.Duration {
 	cur, ok := h.ctrs[id]
 	if !ok || cur.State != runtime.StateRunning {
 		return grace
 	}
 	c := containerSpec(h.pod, cur.Name)
-	if c == nil || c.Lifecycle == nil || c.Lifecycle.PreStop == nil {
+	if c == nil {
 		return grace
 	}
+	a := attempt{pod: h.pod, spec: c, cur: cur, target: h.w.target(h.pod, h.sb, c, &cur)}
 	start := time.Now()
+	ran := false
 	hctx, cancel := context.WithTimeout(ctx, grace)
-	err := h.w.env.Prober.RunHook(hctx, h.w.target(h.pod, h.sb, c, &cur), c.Lifecycle.PreStop)
-	cancel()
-	if err != nil && ctx.Err() == nil {
-		h.w.report(h.pod, event.Warning, "FailedPreStopHook", err.Error(), "container", c.Name)
+	defer cancel()
+	for _, hk := range h.w.hooks {
+		if pk, ok := hk.(prekiller); ok && pk.Prekill(hctx, a) {
+			ran = true
+		}
+	}
+	if !ran {
+		return grace // nothing ran: the stop signal gets the whole grace, even under the minimum
 	}
 	return max(grace-time.Since(start), MinGrace)
 }

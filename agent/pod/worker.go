@@ -118,6 +118,7 @@ type Worker struct {
 
 	exitMsgs map[string]exitMessage // loop-owned: container name -> termination message of its last exit
 	probes   *probe.Set             // the pod's probes, for the span of Run (probes.go)
+	hooks    []containerHook        // the container hooks, for the span of Run (container_hooks.go)
 }
 
 // NewWorker starts nothing; call Run. prev is the status stored before an agent restart, if any,
@@ -282,6 +283,7 @@ func (w *Worker) Pod() v1.Pod {
 // ctx (agent shutdown) leaves containers running, as kubelet does.
 func (w *Worker) Run(ctx context.Context) {
 	defer w.startProbes(ctx)()
+	w.hooks = containerHooks(w.env.Prober, w.probes, w.report)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
