@@ -41,7 +41,8 @@ func (w *Worker) Fail(f Failure) {
 }
 
 // Refuse holds the pod Failed with f in place of any verdict it is held under: admission's answer
-// to a new spec replaces its answer to the old one (Fail would keep the first).
+// to a new spec replaces its answer to the old one (Fail would keep the first). A pod being removed
+// is not judged any more (see transition).
 func (w *Worker) Refuse(f Failure) {
 	w.apply(input{op: opRefuse, failure: &f})
 }

@@ -135,7 +135,7 @@ func NewWorker(d Desired, prev *v1.PodStatus, env Env) *Worker {
 	w.env.Log = w.env.Log.With("pod", pod.Namespace+"/"+pod.Name)
 	if prev != nil {
 		if f := restoredFailure(prev); f != nil {
-			w.apply(input{op: opFail, failure: f})
+			w.settle(input{op: opFail, failure: f}) // the first sync kills what may still run
 		}
 		w.status = *prev.DeepCopy()
 		for _, cs := range podspec.AllStatuses(prev) {
@@ -203,8 +203,9 @@ func (w *Worker) apply(in input) bool {
 	return ok
 }
 
-// settle feeds the lifecycle the outcome of the worker's own sync (opStopped, opRemoved): unlike
-// apply, it asks for no sync, since the loop acts on the new state when it next runs anyway.
+// settle feeds the lifecycle an input from the worker itself (the outcome of its own sync, a verdict
+// restored at construction): unlike apply, it asks for no sync, since the loop acts on the new
+// state when it next runs anyway.
 func (w *Worker) settle(in input) {
 	w.mu.Lock()
 	w.applyLocked(in)
