@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/store"
@@ -68,7 +69,7 @@ func (f *fakeRuntime) StartContainer(_ context.Context, p *v1.Pod, _ *runtime.Sa
 	defer f.mu.Unlock()
 	id := runtime.ContainerID(string(p.UID), c.Name, restarts)
 	ct := runtime.Container{ID: id, PodUID: string(p.UID), PodName: p.Name, PodNamespace: p.Namespace, Name: c.Name,
-		Hash: runtime.SpecHash(p, c), RestartCount: restarts, CreatedAt: time.Now(), State: runtime.StateRunning, Pid: 100}
+		Hash: ctrspec.SpecHash(p, c), RestartCount: restarts, CreatedAt: time.Now(), State: runtime.StateRunning, Pid: 100}
 	f.ctrs[id] = ct
 	f.starts++
 	return ct, nil

@@ -2,7 +2,7 @@
 // manifest dir (SyncFiles, the whole set of its files each time) and the MQTT downlink (through
 // Guard, one object at a time). The package decides which source owns a name (the first to claim
 // it; the second is refused with a message naming the owner, as pods are), writes the store
-// (Secrets sealed there), reads objects back for the runtime (runtime.Objects) and tells the agent
+// (Secrets sealed there), reads objects back for the runtime (ctrspec.Objects) and tells the agent
 // when one changes, so the pods that use it are looked at again.
 package objects
 
@@ -16,8 +16,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/event"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
@@ -96,19 +96,19 @@ func (s *Store) emit(e event.Event) {
 	}
 }
 
-// ConfigMap implements runtime.Objects.
+// ConfigMap implements ctrspec.Objects.
 func (s *Store) ConfigMap(namespace, name string) (*v1.ConfigMap, error) {
 	r, ok, err := s.st.GetObject(store.KindConfigMap, namespace, name)
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
-		return nil, &runtime.NotFoundError{Kind: string(store.KindConfigMap), Namespace: namespace, Name: name}
+		return nil, &ctrspec.NotFoundError{Kind: string(store.KindConfigMap), Namespace: namespace, Name: name}
 	}
 	return r.ConfigMap, nil
 }
 
-// Secret implements runtime.Objects. stringData is folded into data, as the API server does on
+// Secret implements ctrspec.Objects. stringData is folded into data, as the API server does on
 // write, so users of the Secret read data alone.
 func (s *Store) Secret(namespace, name string) (*v1.Secret, error) {
 	r, ok, err := s.st.GetObject(store.KindSecret, namespace, name)
@@ -116,7 +116,7 @@ func (s *Store) Secret(namespace, name string) (*v1.Secret, error) {
 		return nil, err
 	}
 	if !ok {
-		return nil, &runtime.NotFoundError{Kind: string(store.KindSecret), Namespace: namespace, Name: name}
+		return nil, &ctrspec.NotFoundError{Kind: string(store.KindSecret), Namespace: namespace, Name: name}
 	}
 	return FoldStringData(r.Secret), nil
 }

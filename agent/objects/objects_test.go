@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/event"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
@@ -53,7 +53,7 @@ func TestSyncFilesPutsChangesAndDeletes(t *testing.T) {
 	if len(rec.changed) != 2 {
 		t.Errorf("changed %v, want a (changed) and b (deleted)", rec.changed)
 	}
-	if _, err := s.ConfigMap("default", "b"); !runtime.IsNotFound(err) {
+	if _, err := s.ConfigMap("default", "b"); !ctrspec.IsNotFound(err) {
 		t.Errorf("ConfigMap b after its file went: %v, want a NotFoundError", err)
 	}
 	// A file that cannot be read now keeps what it stored, even when no object of it is listed.
@@ -113,7 +113,7 @@ func TestSecretFoldsStringData(t *testing.T) {
 	if err != nil || string(got.Data["a"]) != "1" || string(got.Data["b"]) != "new" || got.StringData != nil {
 		t.Errorf("Secret = %v, %v", got, err)
 	}
-	if _, err := s.Secret("default", "nope"); !runtime.IsNotFound(err) || err.Error() != "Secret default/nope not found" {
+	if _, err := s.Secret("default", "nope"); !ctrspec.IsNotFound(err) || err.Error() != "Secret default/nope not found" {
 		t.Errorf("missing Secret: %v", err)
 	}
 }

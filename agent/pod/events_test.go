@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
@@ -169,7 +170,7 @@ func TestWorkerActiveDeadlineSurvivesRestart(t *testing.T) {
 	f := newFakeRuntime()
 	f.intact(testUID)
 	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, PodName: "web", PodNamespace: "default", Name: "a",
-		Hash:  runtime.SpecHash(testPod(v1.RestartPolicyAlways, "a"), &testPod(v1.RestartPolicyAlways, "a").Spec.Containers[0]),
+		Hash:  ctrspec.SpecHash(testPod(v1.RestartPolicyAlways, "a"), &testPod(v1.RestartPolicyAlways, "a").Spec.Containers[0]),
 		State: runtime.StateRunning, CreatedAt: time.Now().Add(-time.Hour)})
 	pod := testPod(v1.RestartPolicyAlways, "a")
 	secs := int64(600)

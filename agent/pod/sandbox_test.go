@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -19,9 +20,9 @@ func TestWorkerNewSandboxRerunsInit(t *testing.T) {
 	pod := testPod(v1.RestartPolicyAlways, "a")
 	pod.Spec.InitContainers = []v1.Container{{Name: "i", Image: "busybox:1.36", Command: []string{"true"}}}
 	f := newFakeRuntime() // no sandbox for the pod: EnsureSandbox reports it Created
-	f.add(runtime.Container{ID: idOf("i", 0), PodUID: testUID, Name: "i", Hash: runtime.SpecHash(pod, &pod.Spec.InitContainers[0]),
+	f.add(runtime.Container{ID: idOf("i", 0), PodUID: testUID, Name: "i", Hash: ctrspec.SpecHash(pod, &pod.Spec.InitContainers[0]),
 		State: runtime.StateCreated, CreatedAt: time.Now()})
-	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: runtime.SpecHash(pod, &pod.Spec.Containers[0]),
+	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[0]),
 		State: runtime.StateCreated, CreatedAt: time.Now()})
 	prev := &v1.PodStatus{
 		InitContainerStatuses: []v1.ContainerStatus{{Name: "i", ContainerID: runtime.StatusContainerID(idOf("i", 0)),

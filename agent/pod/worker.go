@@ -3,6 +3,7 @@ package pod
 import (
 	"context"
 	"errors"
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/podspec"
 	"github.com/mqlet/mqlet/agent/probe"
@@ -620,7 +621,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 	if cur != nil {
 		attempt = cur.RestartCount + 1
 		switch {
-		case !runtime.SpecHashMatches(cur.Hash, pod, c):
+		case !ctrspec.SpecHashMatches(cur.Hash, pod, c):
 			w.env.Log.Info("container spec changed; recreating", "container", c.Name)
 			if !w.stopAndRemove(ctx, pod, cur) {
 				return relistRetry

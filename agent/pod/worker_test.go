@@ -12,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
@@ -94,7 +95,7 @@ func (f *fakeRuntime) StartContainer(_ context.Context, pod *v1.Pod, sb *runtime
 	}
 	ctr := &runtime.Container{
 		ID: id, PodUID: string(pod.UID), PodName: pod.Name, PodNamespace: pod.Namespace, Name: c.Name,
-		Hash: runtime.SpecHash(pod, c), RestartCount: restarts, Image: c.Image, CreatedAt: time.Now(),
+		Hash: ctrspec.SpecHash(pod, c), RestartCount: restarts, Image: c.Image, CreatedAt: time.Now(),
 		State: runtime.StateRunning, Pid: 4242,
 	}
 	f.ctrs[id] = ctr
@@ -448,9 +449,9 @@ func TestWorkerAdoptsRunningContainers(t *testing.T) {
 	created := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
 	storedStart := time.Date(2024, 5, 1, 11, 0, 0, 0, time.UTC)
 	// a is the very attempt the stored status describes; b was restarted (attempt 2) since.
-	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: runtime.SpecHash(pod, &pod.Spec.Containers[0]),
+	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[0]),
 		State: runtime.StateRunning, CreatedAt: created})
-	f.add(runtime.Container{ID: idOf("b", 2), PodUID: testUID, Name: "b", Hash: runtime.SpecHash(pod, &pod.Spec.Containers[1]),
+	f.add(runtime.Container{ID: idOf("b", 2), PodUID: testUID, Name: "b", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[1]),
 		RestartCount: 2, State: runtime.StateRunning, CreatedAt: created})
 	prev := &v1.PodStatus{Phase: v1.PodPending, ContainerStatuses: []v1.ContainerStatus{
 		{Name: "a", ContainerID: "containerd://" + idOf("a", 0),
@@ -482,7 +483,7 @@ func TestWorkerRecreatesChangedContainer(t *testing.T) {
 	f.intact(testUID) // an agent restart: the sandbox is still there
 	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: "0123456789abcdef",
 		State: runtime.StateRunning, CreatedAt: time.Now()})
-	f.add(runtime.Container{ID: idOf("b", 0), PodUID: testUID, Name: "b", Hash: runtime.SpecHash(pod, &pod.Spec.Containers[1]),
+	f.add(runtime.Container{ID: idOf("b", 0), PodUID: testUID, Name: "b", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[1]),
 		State: runtime.StateRunning, CreatedAt: time.Now()})
 	h := startWorker(t, pod, nil, f)
 	h.waitFor("a running with restarts=1", func(st *v1.PodStatus) bool { return isRunning(st, "a", 1) && isRunning(st, "b", 0) })
@@ -791,7 +792,7 @@ func TestWorkerAfterRebootDoesNotRerunFinished(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := testPod(tt.policy, "a")
 			f := newFakeRuntime()
-			f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: runtime.SpecHash(pod, &pod.Spec.Containers[0]),
+			f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[0]),
 				State: runtime.StateCreated, CreatedAt: time.Now()})
 			prev := &v1.PodStatus{ContainerStatuses: []v1.ContainerStatus{{Name: "a", ContainerID: "containerd://" + idOf("a", 0), State: tt.prev}}}
 			h := startWorker(t, pod, prev, f)
@@ -839,9 +840,9 @@ func TestWorkerAfterRebootInitStaysDone(t *testing.T) {
 	pod.Spec.InitContainers = []v1.Container{{Name: "i", Image: "busybox:1.36", Command: []string{"true"}}}
 	f := newFakeRuntime()
 	f.intact(testUID) // an agent restart: the sandbox is still there
-	f.add(runtime.Container{ID: idOf("i", 0), PodUID: testUID, Name: "i", Hash: runtime.SpecHash(pod, &pod.Spec.InitContainers[0]),
+	f.add(runtime.Container{ID: idOf("i", 0), PodUID: testUID, Name: "i", Hash: ctrspec.SpecHash(pod, &pod.Spec.InitContainers[0]),
 		State: runtime.StateCreated, CreatedAt: time.Now()})
-	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: runtime.SpecHash(pod, &pod.Spec.Containers[0]),
+	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[0]),
 		State: runtime.StateCreated, CreatedAt: time.Now()})
 	prev := &v1.PodStatus{
 		InitContainerStatuses: []v1.ContainerStatus{{Name: "i", ContainerID: "containerd://" + idOf("i", 0),
@@ -878,7 +879,7 @@ func TestWorkerStartsNothingWhileOldAttemptCannotBeStopped(t *testing.T) {
 			f.intact(testUID) // the pod's sandbox survives: only the stuck attempt is in the way
 			for _, c := range tt.old {
 				if c.Hash == "" {
-					c.Hash = runtime.SpecHash(pod, &pod.Spec.Containers[0])
+					c.Hash = ctrspec.SpecHash(pod, &pod.Spec.Containers[0])
 				}
 				f.add(c)
 			}

@@ -186,13 +186,6 @@ func inheritEmpty(parent, child string) error {
 	return nil
 }
 
-// cgroupFeatures is what a container's cgroup settings may use on this host.
-type cgroupFeatures struct {
-	v2       bool // runc manages cgroup v2 (/sys/fs/cgroup is cgroup2)
-	swap     bool // the kernel accounts swap (see swapAccounting)
-	oomGroup bool // memory.oom.group=1 on v2 (not singleProcessOOMKill)
-}
-
 // unifiedCgroups reports whether /sys/fs/cgroup is a cgroup2 file system: the test runc uses to
 // manage containers' cgroups the v2 way, and so whether the spec's unified settings apply.
 func unifiedCgroups() bool {

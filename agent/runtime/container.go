@@ -20,6 +20,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/distribution/reference"
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/logs"
 	v1 "k8s.io/api/core/v1"
 )
@@ -131,7 +132,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		LabelPodName:       pod.Name,
 		LabelPodNamespace:  pod.Namespace,
 		LabelContainerName: c.Name,
-		LabelSpecHash:      SpecHash(pod, c),
+		LabelSpecHash:      ctrspec.SpecHash(pod, c),
 		LabelRestartCount:  strconv.Itoa(restarts),
 		LabelLogPath:       logPath,
 		LabelImageID:       imageID(img),
@@ -159,7 +160,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		ctr, err = create()
 	}
 	if err != nil {
-		var ce *ConfigError
+		var ce *ctrspec.ConfigError
 		if errors.As(err, &ce) {
 			return Container{}, &StartError{"CreateContainerConfigError", err}
 		}

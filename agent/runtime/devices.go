@@ -13,6 +13,7 @@ import (
 
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/devices"
 	"github.com/mqlet/mqlet/internal/atomicfile"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -76,7 +77,7 @@ func (r *Runtime) allocateDevices(pod *v1.Pod, sb *Sandbox) error {
 	sb.Devices, sb.devicesErr = nil, nil
 	reqs, err := devices.Requests(pod)
 	if err != nil {
-		sb.devicesErr = &ConfigError{err}
+		sb.devicesErr = &ctrspec.ConfigError{Err: err}
 		return nil
 	}
 	m := r.opts.Devices
@@ -194,7 +195,7 @@ func (r *Runtime) deviceOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container) ([]oci.S
 // cannot serve with UnexpectedAdmissionError; here the pod waits and retries, so the reason is the
 // same and the container is waiting rather than the pod failed.
 func deviceStartError(c *v1.Container, err error) *StartError {
-	var ce *ConfigError
+	var ce *ctrspec.ConfigError
 	var ue *devices.UnknownResourceError
 	switch {
 	case err == nil:

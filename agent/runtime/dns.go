@@ -21,6 +21,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/internal/atomicfile"
 )
 
@@ -264,13 +265,13 @@ func podDomain(pod *v1.Pod, clusterDomain string) string {
 // kernelHostname is the hostname the pod's UTS namespace gets: its hostname, or with
 // setHostnameAsFQDN and a subdomain its FQDN, which must fit the kernel's 64 characters.
 func kernelHostname(pod *v1.Pod, domain string) (string, error) {
-	h := podHostname(pod)
+	h := ctrspec.PodHostname(pod)
 	if fqdn := pod.Spec.SetHostnameAsFQDN; fqdn == nil || !*fqdn || domain == "" {
 		return h, nil
 	}
 	h += "." + domain
 	if len(h) > maxHostnameChars {
-		return "", configErr("pod %s/%s: setHostnameAsFQDN: the FQDN %s has %d characters, more than the kernel's %d", pod.Namespace, pod.Name, h, len(h), maxHostnameChars)
+		return "", ctrspec.ConfigErrorf("pod %s/%s: setHostnameAsFQDN: the FQDN %s has %d characters, more than the kernel's %d", pod.Namespace, pod.Name, h, len(h), maxHostnameChars)
 	}
 	return h, nil
 }
@@ -320,7 +321,7 @@ func aliasLines(aliases []v1.HostAlias) string {
 // resolver in the pod.
 func checkFileInput(pod *v1.Pod, podIPs []string) error {
 	bad := func(field, v string) error {
-		return configErr("pod %s/%s: %s %q cannot be written to the pod's hosts or resolv.conf file", pod.Namespace, pod.Name, field, v)
+		return ctrspec.ConfigErrorf("pod %s/%s: %s %q cannot be written to the pod's hosts or resolv.conf file", pod.Namespace, pod.Name, field, v)
 	}
 	token := func(s string) bool {
 		return s != "" && !strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r == 0x7f || r == '#' || r == ';' })
@@ -394,7 +395,7 @@ func (h hostsHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
 		}
 	} else {
 		domain := podDomain(pod, dns.ClusterDomain)
-		hosts = managedHosts(sb.PodIPs, podHostname(pod), domain, pod.Spec.HostAliases)
+		hosts = managedHosts(sb.PodIPs, ctrspec.PodHostname(pod), domain, pod.Spec.HostAliases)
 		var err error
 		if hostname, err = kernelHostname(pod, domain); err != nil {
 			return err

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/internal/testenv"
 	v1 "k8s.io/api/core/v1"
@@ -235,7 +236,7 @@ func TestPodDNSFilesUpdatedInRunningContainer(t *testing.T) {
 	changed := p.DeepCopy()
 	changed.Spec.HostAliases = []v1.HostAlias{{IP: "10.0.0.9", Hostnames: []string{"cache"}}}
 	changed.Spec.DNSConfig = &v1.PodDNSConfig{Nameservers: []string{"1.1.1.1"}}
-	if runtime.SpecHash(changed, &changed.Spec.Containers[0]) != runtime.SpecHash(p, &p.Spec.Containers[0]) {
+	if ctrspec.SpecHash(changed, &changed.Spec.Containers[0]) != ctrspec.SpecHash(p, &p.Spec.Containers[0]) {
 		t.Fatalf("hostAliases/dnsConfig change the container's hash: it would be restarted")
 	}
 	if _, err := g.r.EnsureSandbox(context.Background(), changed); err != nil {

@@ -10,6 +10,9 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -215,7 +218,7 @@ func TestKernelHostname(t *testing.T) {
 	}
 	pod.Spec.Hostname = strings.Repeat("h", 40)
 	_, err := kernelHostname(pod, domain)
-	var ce *ConfigError
+	var ce *ctrspec.ConfigError
 	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "setHostnameAsFQDN") {
 		t.Errorf("a 67-character FQDN: err = %v, want a ConfigError naming setHostnameAsFQDN", err)
 	}
@@ -259,7 +262,7 @@ func TestCheckFileInput(t *testing.T) {
 		p := dnsPod(v1.DNSClusterFirst, false, nil)
 		ips := f(p)
 		err := checkFileInput(p, ips)
-		var ce *ConfigError
+		var ce *ctrspec.ConfigError
 		if !errors.As(err, &ce) {
 			t.Errorf("%s: err = %v, want a ConfigError", what, err)
 		}
@@ -380,27 +383,18 @@ func TestHostsHookWritesOnChangeInPlace(t *testing.T) {
 	}
 }
 
-func TestSpecHashDNSFields(t *testing.T) {
-	yes := true
-	base := hashPod()
-	h0 := SpecHash(base, &base.Spec.Containers[0])
-	for what, change := range map[string]func(p *v1.Pod){
-		"hostAliases": func(p *v1.Pod) { p.Spec.HostAliases = []v1.HostAlias{{IP: "10.0.0.5", Hostnames: []string{"db"}}} },
-		"dnsConfig":   func(p *v1.Pod) { p.Spec.DNSConfig = &v1.PodDNSConfig{Nameservers: []string{"1.1.1.1"}} },
-		"dnsPolicy":   func(p *v1.Pod) { p.Spec.DNSPolicy = v1.DNSDefault },
-		"subdomain":   func(p *v1.Pod) { p.Spec.Subdomain = "api" },
-	} {
-		p := hashPod()
-		change(p)
-		if SpecHash(p, &p.Spec.Containers[0]) != h0 {
-			t.Errorf("changing %s restarts the containers; the files are rewritten in place instead", what)
+// applyOpts applies opts to an empty spec (as ctrspec's tests do), for the sandbox's file mounts.
+func applyOpts(t *testing.T, opts []oci.SpecOpts) *oci.Spec {
+	t.Helper()
+	s := &oci.Spec{
+		Root:    &specs.Root{Path: t.TempDir()},
+		Process: &specs.Process{},
+		Linux:   &specs.Linux{Resources: &specs.LinuxResources{}},
+	}
+	for i, opt := range opts {
+		if err := opt(context.Background(), nil, &containers.Container{}, s); err != nil {
+			t.Fatalf("spec option %d: %v", i, err)
 		}
 	}
-	p := hashPod()
-	p.Spec.SetHostnameAsFQDN, p.Spec.Subdomain = &yes, "api"
-	h1 := SpecHash(p, &p.Spec.Containers[0])
-	p.Spec.Subdomain = "other"
-	if h1 == h0 || SpecHash(p, &p.Spec.Containers[0]) == h1 {
-		t.Errorf("with setHostnameAsFQDN the subdomain is the kernel hostname and must recreate the containers")
-	}
+	return s
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/mqlet/mqlet/agent/admission"
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/runtime/beneath"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
@@ -32,13 +33,13 @@ func (e *MountError) Error() string {
 func (e *MountError) Unwrap() error { return e.Err }
 
 // startErr is the StartError for an error building a container's spec: a MountError keeps its own
-// reason, unless it is a ConfigError too (a missing ConfigMap or Secret behind an object volume);
+// reason, unless it is a ctrspec.ConfigError too (a missing ConfigMap or Secret behind an object volume);
 // anything else is a CreateContainerConfigError.
 func startErr(err error) *StartError {
 	if se, ok := err.(*StartError); ok {
 		return se
 	}
-	if _, ok := errors.AsType[*ConfigError](err); ok {
+	if _, ok := errors.AsType[*ctrspec.ConfigError](err); ok {
 		return &StartError{"CreateContainerConfigError", err}
 	}
 	if _, ok := errors.AsType[*MountError](err); ok {
@@ -110,7 +111,7 @@ func openHostPath(pod *v1.Pod, v v1.Volume) (*os.File, error) {
 	}
 	kind, what, ok := hostPathWant(typ)
 	if !ok {
-		return nil, configErr("volume %q: hostPath type %q is not one of \"\", DirectoryOrCreate, Directory, FileOrCreate, File, Socket, CharDevice, BlockDevice", v.Name, typ)
+		return nil, ctrspec.ConfigErrorf("volume %q: hostPath type %q is not one of \"\", DirectoryOrCreate, Directory, FileOrCreate, File, Socket, CharDevice, BlockDevice", v.Name, typ)
 	}
 	scope, err := hostPathScopeOf(pod, v)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/mqlet/mqlet/agent/admission"
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -113,7 +114,7 @@ func TestHostPathTypes(t *testing.T) {
 	}
 }
 
-func isConfigErr(err error) bool { _, ok := errors.AsType[*ConfigError](err); return ok }
+func isConfigErr(err error) bool { _, ok := errors.AsType[*ctrspec.ConfigError](err); return ok }
 
 // mqttPod is a pod as admission passes it from MQTT with its hostPath volume "host" allowed under
 // root (admission.AnnotationHostPathRoots).

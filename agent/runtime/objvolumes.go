@@ -12,11 +12,12 @@ import (
 	"strings"
 
 	"github.com/mqlet/mqlet/agent/atomicwriter"
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 )
 
-// Object volumes fail with a MountError (hostpath.go) wrapped in a ConfigError: a missing
+// Object volumes fail with a MountError (hostpath.go) wrapped in a ctrspec.ConfigError: a missing
 // ConfigMap or Secret is the container's CreateContainerConfigError, as the issue asks.
 
 // Volumes written from objects live below <pod dir>/volumes in a directory per kind, named as
@@ -54,14 +55,14 @@ func objectVolumeKind(v *v1.Volume) (dir string, tmpfs, ok bool) {
 
 // setUpObjectVolume writes (or rewrites) v's files under podDir and returns the directory to bind
 // into the container. handled is false when v is not a configMap, secret, downwardAPI or projected
-// volume. Errors are *MountError inside a *ConfigError.
+// volume. Errors are *MountError inside a *ctrspec.ConfigError.
 func (r *Runtime) setUpObjectVolume(pod *v1.Pod, podDir string, v *v1.Volume) (src string, handled bool, err error) {
 	kindDir, tmpfs, ok := objectVolumeKind(v)
 	if !ok {
 		return "", false, nil
 	}
 	fail := func(err error) (string, bool, error) {
-		return "", true, &ConfigError{&MountError{Volume: v.Name, Err: err}}
+		return "", true, &ctrspec.ConfigError{Err: &MountError{Volume: v.Name, Err: err}}
 	}
 	dir, err := joinUnder(podDir, "volumes", kindDir, v.Name)
 	if err != nil {
@@ -241,10 +242,10 @@ func itemMode(item, dflt *int32, at string) (os.FileMode, error) {
 	return os.FileMode(m), nil
 }
 
-func configMapFiles(out map[string]atomicwriter.File, objs Objects, ns, name string, items []v1.KeyToPath, optional *bool, dflt *int32, at string) error {
+func configMapFiles(out map[string]atomicwriter.File, objs ctrspec.Objects, ns, name string, items []v1.KeyToPath, optional *bool, dflt *int32, at string) error {
 	cm, err := objs.ConfigMap(ns, name)
 	found := err == nil
-	if err != nil && !IsNotFound(err) {
+	if err != nil && !ctrspec.IsNotFound(err) {
 		return err
 	}
 	data := map[string][]byte{}
@@ -259,10 +260,10 @@ func configMapFiles(out map[string]atomicwriter.File, objs Objects, ns, name str
 	return keyFiles(out, "ConfigMap", ns, name, data, found, err, items, optional, dflt, at)
 }
 
-func secretFiles(out map[string]atomicwriter.File, objs Objects, ns, name string, items []v1.KeyToPath, optional *bool, dflt *int32, at string) error {
+func secretFiles(out map[string]atomicwriter.File, objs ctrspec.Objects, ns, name string, items []v1.KeyToPath, optional *bool, dflt *int32, at string) error {
 	s, err := objs.Secret(ns, name)
 	found := err == nil
-	if err != nil && !IsNotFound(err) {
+	if err != nil && !ctrspec.IsNotFound(err) {
 		return err
 	}
 	data := map[string][]byte{}
@@ -342,7 +343,7 @@ func downwardFiles(out map[string]atomicwriter.File, pod *v1.Pod, items []v1.Dow
 			if it.ResourceFieldRef.ContainerName == "" {
 				err = fmt.Errorf("%s.resourceFieldRef.containerName is required in a volume", itemAt)
 			} else {
-				val, err = resourceFieldValue(pod, "", it.ResourceFieldRef)
+				val, err = ctrspec.ResourceFieldValue(pod, "", it.ResourceFieldRef)
 			}
 		default:
 			err = fmt.Errorf("%s: neither fieldRef nor resourceFieldRef is set", itemAt)
@@ -369,10 +370,10 @@ func volumePodField(pod *v1.Pod, path string) (string, error) {
 	case "metadata.annotations":
 		return formatMap(pod.Annotations), nil
 	case "metadata.name", "metadata.namespace", "metadata.uid":
-		return podField(pod, path)
+		return ctrspec.PodField(pod, path)
 	}
 	if strings.HasPrefix(path, "metadata.labels['") || strings.HasPrefix(path, "metadata.annotations['") {
-		return podField(pod, path)
+		return ctrspec.PodField(pod, path)
 	}
 	return "", fmt.Errorf("fieldRef %q is not supported in a volume (metadata.name, metadata.namespace, metadata.uid, metadata.labels, metadata.annotations)", path)
 }
@@ -396,15 +397,15 @@ func mountSubPath(c *v1.Container, m v1.VolumeMount, env []v1.EnvVar) (string, e
 		return m.SubPath, nil
 	}
 	if m.SubPath != "" {
-		return "", configErr("container %q volumeMount %q: subPath and subPathExpr are mutually exclusive", c.Name, m.Name)
+		return "", ctrspec.ConfigErrorf("container %q volumeMount %q: subPath and subPathExpr are mutually exclusive", c.Name, m.Name)
 	}
 	vars := make(map[string]string, len(env))
 	for _, e := range env {
 		vars[e.Name] = e.Value
 	}
-	out := expand(m.SubPathExpr, vars)
+	out := ctrspec.Expand(m.SubPathExpr, vars)
 	if strings.Contains(strings.ReplaceAll(out, "$$", ""), "$(") {
-		return "", configErr("container %q volumeMount %q: subPathExpr %q names a variable the container's env does not define", c.Name, m.Name, m.SubPathExpr)
+		return "", ctrspec.ConfigErrorf("container %q volumeMount %q: subPathExpr %q names a variable the container's env does not define", c.Name, m.Name, m.SubPathExpr)
 	}
 	return out, nil // "" (an empty variable) mounts the whole volume, as kubelet does
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"
 
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/internal/atomicfile"
 )
 
@@ -152,12 +153,8 @@ type pidnsHook struct{ r *Runtime }
 
 func (pidnsHook) Name() string { return "shared PID namespace" }
 
-func sharesPIDNS(pod *v1.Pod) bool {
-	return pod.Spec.ShareProcessNamespace != nil && *pod.Spec.ShareProcessNamespace && !pod.Spec.HostPID
-}
-
 func (h pidnsHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
-	if !sharesPIDNS(pod) {
+	if !ctrspec.SharesPIDNS(pod) {
 		// A holder left from before shareProcessNamespace was turned off is kept until the pod is
 		// removed: stopping it here would SIGKILL the old containers still in its namespace before
 		// the worker stops them with their grace period.

@@ -13,6 +13,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/defaults"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/devices"
 	"github.com/mqlet/mqlet/agent/regauth"
 	"github.com/mqlet/mqlet/hw"
@@ -84,7 +85,7 @@ type Runtime struct {
 	memCapacity int64 // bytes, for Burstable oom_score_adj
 	oomFloor    int   // lowest oom_score_adj runc may set (see oomScoreFloor)
 	oomWarned   sync.Once
-	cg          cgroupFeatures // what the containers' cgroup settings may use on this host
+	cg          ctrspec.CgroupFeatures // what the containers' cgroup settings may use on this host
 
 	// taskStatus reads a task's status; nil means task.Status. Tests replace it to make the
 	// status unreadable, which a real shim does only when busy or broken.
@@ -96,7 +97,7 @@ type Runtime struct {
 
 	logIO logCopiers // copies of container output into their logs (logio.go)
 
-	objects  Objects          // ConfigMaps and Secrets pods use (SetObjects); nil refuses them
+	objects  ctrspec.Objects  // ConfigMaps and Secrets pods use (SetObjects); nil refuses them
 	nodeAuth *regauth.Keyring // the node's registryAuthFile (SetNodeCredentials)
 }
 
@@ -129,7 +130,7 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 		return nil, fmt.Errorf("containerd at %s (--containerd-address) is not answering: %w", addr, err)
 	}
 	r := &Runtime{client: c, opts: o, log: o.Log, pulling: map[string]*pull{}, oomFloor: -1000,
-		cg:      cgroupFeatures{v2: unifiedCgroups(), swap: swapAccounting(), oomGroup: !o.SingleProcessOOMKill},
+		cg:      ctrspec.CgroupFeatures{V2: unifiedCgroups(), Swap: swapAccounting(), OOMGroup: !o.SingleProcessOOMKill},
 		version: ver.Version}
 	if r.memCapacity, err = hw.MemTotal("/"); err != nil {
 		o.Log.Warn("memory capacity unknown; Burstable containers get oom_score_adj 999", "err", err)

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/devices"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -60,6 +61,11 @@ type Sandbox struct {
 	Devices    devices.Allocation // host devices of the pod's containers (see devicesHook)
 	Warnings   []SandboxWarning   // for the pod's events: what set-up did differently than asked (DNS)
 	devicesErr error              // why the pod has no devices, for its containers that ask for some
+}
+
+// namespaces is what of the sandbox the containers' specs join.
+func (sb *Sandbox) namespaces() ctrspec.Namespaces {
+	return ctrspec.Namespaces{NetNS: sb.NetNS, IPCNS: sb.IPCNS, PIDNS: sb.PIDNS, Shm: sb.Shm, Hostname: sb.Hostname}
 }
 
 // A sandbox hook is one part of the sandbox (pod dir, a namespace, the cgroup, volumes...). Each has

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"golang.org/x/sys/unix"
 
 	v1 "k8s.io/api/core/v1"
@@ -383,8 +384,8 @@ func TestSharedPIDNamespaceWithoutExecutable(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(sb.Dir, holderFile)); sb.PIDNS != "" || !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("PIDNS = %q, holder record: %v; want neither", sb.PIDNS, err)
 	}
-	_, err = namespaceOpts(pod, sb)
-	var ce *ConfigError
+	_, err = ctrspec.NamespaceOpts(pod, sb.namespaces())
+	var ce *ctrspec.ConfigError
 	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "shareProcessNamespace") {
 		t.Errorf("namespaceOpts: err = %v, want a ConfigError naming shareProcessNamespace", err)
 	}

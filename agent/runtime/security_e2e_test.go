@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/internal/testenv"
 	v1 "k8s.io/api/core/v1"
@@ -132,7 +133,7 @@ func TestSecurityPrivileged(t *testing.T) {
 // profile from <state>/seccomp is loaded and enforced.
 func TestSecuritySeccomp(t *testing.T) {
 	g := newRig(t)
-	dir := filepath.Join(g.state, runtime.SeccompDir)
+	dir := filepath.Join(g.state, ctrspec.SeccompDir)
 	os.MkdirAll(filepath.Join(dir, "profiles"), 0o755)
 	// Everything allowed but mkdir/mkdirat, which fail with EPERM.
 	prof := `{"defaultAction":"SCMP_ACT_ALLOW","syscalls":[{"names":["mkdir","mkdirat"],"action":"SCMP_ACT_ERRNO"}]}`

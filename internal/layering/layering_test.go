@@ -54,3 +54,11 @@ func TestCheckSeesDependencies(t *testing.T) {
 		t.Errorf("go list found no containerd package under agent/: the check is blind")
 	}
 }
+
+// The pod -> OCI spec translation is pure: it builds spec options and never talks to containerd,
+// so it must not link the containerd client (agent/runtime does).
+func TestSpecTranslationImportsNoContainerdClient(t *testing.T) {
+	if bad := forbidden(t, "github.com/mqlet/mqlet/agent/ctrspec", "github.com/containerd/containerd/v2/client"); len(bad) > 0 {
+		t.Errorf("agent/ctrspec imports the containerd client: %v", bad)
+	}
+}

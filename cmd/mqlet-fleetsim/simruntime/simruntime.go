@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/distribution/reference"
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -44,7 +45,7 @@ var DefaultPodCIDR = netip.MustParsePrefix("10.88.0.0/16")
 type Options struct {
 	// Objects holds the ConfigMaps and Secrets pods reference (the agent's objects store); nil
 	// refuses every reference, as the real runtime does before SetObjects.
-	Objects runtime.Objects
+	Objects ctrspec.Objects
 	// PodCIDR is the range pod addresses are handed out from (DefaultPodCIDR when invalid/zero).
 	PodCIDR netip.Prefix
 	// OnNewImage, when set, is called when a container uses an image no container used before,
@@ -197,7 +198,7 @@ func (r *Runtime) StartContainer(_ context.Context, pod *v1.Pod, sb *runtime.San
 	r.nextPid++
 	ct := runtime.Container{
 		ID: runtime.ContainerID(string(pod.UID), c.Name, restarts), PodUID: string(pod.UID), PodName: pod.Name,
-		PodNamespace: pod.Namespace, Name: c.Name, Hash: runtime.SpecHash(pod, c), RestartCount: restarts,
+		PodNamespace: pod.Namespace, Name: c.Name, Hash: ctrspec.SpecHash(pod, c), RestartCount: restarts,
 		Image: img.Name, ImageID: imageRepo(named) + "@" + img.Digest, CreatedAt: r.o.Now(),
 		State: runtime.StateRunning, Pid: r.nextPid, Grace: runtime.PodGrace(pod),
 	}
@@ -399,7 +400,7 @@ func (r *Runtime) checkObjects(pod *v1.Pod, c *v1.Container) error {
 			}
 		}
 		if err != nil {
-			return &runtime.ConfigError{Err: &runtime.MountError{Volume: v.Name, Err: err}}
+			return &ctrspec.ConfigError{Err: &runtime.MountError{Volume: v.Name, Err: err}}
 		}
 	}
 	for _, ef := range c.EnvFrom {
@@ -411,7 +412,7 @@ func (r *Runtime) checkObjects(pod *v1.Pod, c *v1.Container) error {
 			err = needSecret(objs, pod.Namespace, ef.SecretRef.Name, isTrue(ef.SecretRef.Optional), nil)
 		}
 		if err != nil {
-			return &runtime.ConfigError{Err: err}
+			return &ctrspec.ConfigError{Err: err}
 		}
 	}
 	for _, e := range c.Env {
@@ -426,16 +427,16 @@ func (r *Runtime) checkObjects(pod *v1.Pod, c *v1.Container) error {
 			err = needSecret(objs, pod.Namespace, ref.SecretKeyRef.Name, isTrue(ref.SecretKeyRef.Optional), []string{ref.SecretKeyRef.Key})
 		}
 		if err != nil {
-			return &runtime.ConfigError{Err: fmt.Errorf("env %s: %w", e.Name, err)}
+			return &ctrspec.ConfigError{Err: fmt.Errorf("env %s: %w", e.Name, err)}
 		}
 	}
 	return nil
 }
 
-func needConfigMap(objs runtime.Objects, ns, name string, optional bool, keys []string) error {
+func needConfigMap(objs ctrspec.Objects, ns, name string, optional bool, keys []string) error {
 	cm, err := objs.ConfigMap(ns, name)
 	if err != nil {
-		if optional && runtime.IsNotFound(err) {
+		if optional && ctrspec.IsNotFound(err) {
 			return nil
 		}
 		return err
@@ -450,10 +451,10 @@ func needConfigMap(objs runtime.Objects, ns, name string, optional bool, keys []
 	return nil
 }
 
-func needSecret(objs runtime.Objects, ns, name string, optional bool, keys []string) error {
+func needSecret(objs ctrspec.Objects, ns, name string, optional bool, keys []string) error {
 	s, err := objs.Secret(ns, name)
 	if err != nil {
-		if optional && runtime.IsNotFound(err) {
+		if optional && ctrspec.IsNotFound(err) {
 			return nil
 		}
 		return err

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent"
+	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/probe"
 	"github.com/mqlet/mqlet/agent/runtime"
@@ -107,7 +108,7 @@ func TestContainerLifecycle(t *testing.T) {
 	if c.Image != "docker.io/library/busybox:1.36" || !strings.HasPrefix(c.ImageID, "docker.io/library/busybox@sha256:") {
 		t.Errorf("image %q id %q, want the normalized reference and repo@digest", c.Image, c.ImageID)
 	}
-	if c.Hash != runtime.SpecHash(p, &p.Spec.Containers[0]) || c.Grace != runtime.DefaultGrace {
+	if c.Hash != ctrspec.SpecHash(p, &p.Spec.Containers[0]) || c.Grace != runtime.DefaultGrace {
 		t.Errorf("hash %q grace %s, want the spec hash and kubelet's default grace", c.Hash, c.Grace)
 	}
 	// A second pod with the same image is not a new image.
@@ -233,7 +234,7 @@ func TestSandboxAddresses(t *testing.T) {
 	}
 }
 
-// objects is a runtime.Objects over maps.
+// objects is a ctrspec.Objects over maps.
 type objects struct {
 	cms     map[string]*v1.ConfigMap
 	secrets map[string]*v1.Secret
@@ -243,14 +244,14 @@ func (o objects) ConfigMap(ns, name string) (*v1.ConfigMap, error) {
 	if cm, ok := o.cms[ns+"/"+name]; ok {
 		return cm, nil
 	}
-	return nil, &runtime.NotFoundError{Kind: "ConfigMap", Namespace: ns, Name: name}
+	return nil, &ctrspec.NotFoundError{Kind: "ConfigMap", Namespace: ns, Name: name}
 }
 
 func (o objects) Secret(ns, name string) (*v1.Secret, error) {
 	if s, ok := o.secrets[ns+"/"+name]; ok {
 		return s, nil
 	}
-	return nil, &runtime.NotFoundError{Kind: "Secret", Namespace: ns, Name: name}
+	return nil, &ctrspec.NotFoundError{Kind: "Secret", Namespace: ns, Name: name}
 }
 
 func startReason(err error, reason string) bool {

@@ -1,4 +1,4 @@
-package runtime
+package ctrspec
 
 import (
 	"errors"
@@ -78,7 +78,7 @@ func TestContainerEnvFromObjects(t *testing.T) {
 			{Name: "MAYBEKEY", ValueFrom: secretKey("creds", "nope", tru())},
 		},
 	}
-	env, skipped, err := containerEnvWith(envPod(), c, testObjects())
+	env, skipped, err := ContainerEnvWith(envPod(), c, testObjects())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestContainerEnvMissingObjects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, _, err := containerEnvWith(envPod(), &tt.c, testObjects())
+			_, _, err := ContainerEnvWith(envPod(), &tt.c, testObjects())
 			var ce *ConfigError
 			if !errors.As(err, &ce) {
 				t.Fatalf("err = %v; want a *ConfigError", err)

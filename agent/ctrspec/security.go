@@ -1,4 +1,4 @@
-package runtime
+package ctrspec
 
 import (
 	"context"
@@ -24,28 +24,20 @@ import (
 // <root-dir>/seccomp): a pod's localhostProfile names a file below it.
 const SeccompDir = "seccomp"
 
-// securityOpts applies the pod's and the container's security context the way kubelet and
-// containerd's CRI plugin together do. Refusals that depend on the image (runAsNonRoot with an
-// image that runs as root) are ConfigErrors: kubelet's CreateContainerConfigError. imageUser is
-// the image config's User.
-func (r *Runtime) securityOpts(pod *v1.Pod, c *v1.Container, imageUser string) ([]oci.SpecOpts, error) {
-	return securityOpts(pod, c, secInputs{imageUser: imageUser, seccompRoot: filepath.Join(r.opts.StateDir, SeccompDir)})
+// SecurityInputs is what the security options need besides the pod: facts about the image and the node.
+type SecurityInputs struct {
+	ImageUser   string // the image config's User: "", "uid", "name", "uid:gid", "name:group"...
+	SeccompRoot string // the directory Localhost seccomp profiles live in
 }
 
-// secInputs is what the security options need besides the pod: facts about the image and the node.
-type secInputs struct {
-	imageUser   string // the image config's User: "", "uid", "name", "uid:gid", "name:group"...
-	seccompRoot string // the directory Localhost seccomp profiles live in
-}
-
-func securityOpts(pod *v1.Pod, c *v1.Container, in secInputs) ([]oci.SpecOpts, error) {
+func SecurityOpts(pod *v1.Pod, c *v1.Container, in SecurityInputs) ([]oci.SpecOpts, error) {
 	sc := effectiveSecurity(pod, c)
-	if err := checkRunAsNonRoot(pod, c, sc, in.imageUser); err != nil {
+	if err := checkRunAsNonRoot(pod, c, sc, in.ImageUser); err != nil {
 		return nil, err
 	}
 	privileged := sc.Privileged != nil && *sc.Privileged
 	var opts []oci.SpecOpts
-	if u := userOpt(pod, sc, in.imageUser); u != nil {
+	if u := userOpt(pod, sc, in.ImageUser); u != nil {
 		opts = append(opts, u)
 	}
 	// Masked and read-only /proc paths first: a privileged container clears them below.
@@ -65,7 +57,7 @@ func securityOpts(pod *v1.Pod, c *v1.Container, in secInputs) ([]oci.SpecOpts, e
 	if s := sysctlOpt(pod); s != nil {
 		opts = append(opts, s)
 	}
-	seccompOpt, err := seccompOpt(pod, c, privileged, in.seccompRoot)
+	seccompOpt, err := seccompOpt(pod, c, privileged, in.SeccompRoot)
 	if err != nil {
 		return nil, err
 	}
@@ -132,16 +124,16 @@ func checkRunAsNonRoot(pod *v1.Pod, c *v1.Container, sc v1.SecurityContext, imag
 	}
 	if sc.RunAsUser != nil {
 		if *sc.RunAsUser == 0 {
-			return configErr("container's runAsUser breaks non-root policy (pod: %q, container: %s)", podRef(pod), c.Name)
+			return ConfigErrorf("container's runAsUser breaks non-root policy (pod: %q, container: %s)", podRef(pod), c.Name)
 		}
 		return nil
 	}
 	uid, name := imageUID(imageUser)
 	switch {
 	case uid == nil && name != "":
-		return configErr("container has runAsNonRoot and image has non-numeric user (%s), cannot verify user is non-root (pod: %q, container: %s)", name, podRef(pod), c.Name)
+		return ConfigErrorf("container has runAsNonRoot and image has non-numeric user (%s), cannot verify user is non-root (pod: %q, container: %s)", name, podRef(pod), c.Name)
 	case uid == nil || *uid == 0:
-		return configErr("container has runAsNonRoot and image will run as root (pod: %q, container: %s)", podRef(pod), c.Name)
+		return ConfigErrorf("container has runAsNonRoot and image will run as root (pod: %q, container: %s)", podRef(pod), c.Name)
 	}
 	return nil
 }
@@ -275,14 +267,14 @@ func seccompOpt(pod *v1.Pod, c *v1.Container, privileged bool, root string) (oci
 		return none, nil
 	}
 	if !seccompSupported() {
-		return nil, configErr("container %q: seccompProfile %s: this kernel has no seccomp", c.Name, p.Type)
+		return nil, ConfigErrorf("container %q: seccompProfile %s: this kernel has no seccomp", c.Name, p.Type)
 	}
 	switch p.Type {
 	case v1.SeccompProfileTypeRuntimeDefault:
 		return seccomp.WithDefaultProfile(), nil
 	case v1.SeccompProfileTypeLocalhost:
 		if p.LocalhostProfile == nil || *p.LocalhostProfile == "" {
-			return nil, configErr("container %q: seccompProfile Localhost needs localhostProfile", c.Name)
+			return nil, ConfigErrorf("container %q: seccompProfile Localhost needs localhostProfile", c.Name)
 		}
 		rel := *p.LocalhostProfile
 		return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
@@ -297,7 +289,7 @@ func seccompOpt(pod *v1.Pod, c *v1.Container, privileged bool, root string) (oci
 			return nil
 		}, nil
 	}
-	return nil, configErr("container %q: seccompProfile type %q is not RuntimeDefault, Localhost or Unconfined", c.Name, p.Type)
+	return nil, ConfigErrorf("container %q: seccompProfile type %q is not RuntimeDefault, Localhost or Unconfined", c.Name, p.Type)
 }
 
 // readLocalhostProfile reads an OCI seccomp profile (JSON) at rel below root. rel comes from a

@@ -1,4 +1,4 @@
-package runtime
+package ctrspec
 
 import (
 	"fmt"
@@ -12,16 +12,16 @@ import (
 // containerEnv resolves a container's env list in order, the way kubelet does: envFrom sources
 // first (later ones win), then env, whose values may refer to variables defined before them with
 // $(NAME); valueFrom reads pod fields, resources, and ConfigMap and Secret keys. It is
-// containerEnvWith without a ConfigMap/Secret store: references to one are refused.
+// ContainerEnvWith without a ConfigMap/Secret store: references to one are refused.
 func containerEnv(pod *v1.Pod, c *v1.Container) ([]v1.EnvVar, error) {
-	env, _, err := containerEnvWith(pod, c, noObjects{})
+	env, _, err := ContainerEnvWith(pod, c, NoObjects{})
 	return env, err
 }
 
-// containerEnvWith is containerEnv reading ConfigMaps and Secrets from objs. skipped lists envFrom
+// ContainerEnvWith is containerEnv reading ConfigMaps and Secrets from objs. skipped lists envFrom
 // keys that are not valid variable names (kubelet leaves them out with a warning). A missing
 // object or key that is not optional is a *ConfigError naming them (never a value).
-func containerEnvWith(pod *v1.Pod, c *v1.Container, objs Objects) (env []v1.EnvVar, skipped []string, err error) {
+func ContainerEnvWith(pod *v1.Pod, c *v1.Container, objs Objects) (env []v1.EnvVar, skipped []string, err error) {
 	out := make([]v1.EnvVar, 0, len(c.Env))
 	seen := map[string]string{}
 	// A name defined twice is listed twice; the later one wins (oci.WithEnv replaces).
@@ -32,7 +32,7 @@ func containerEnvWith(pod *v1.Pod, c *v1.Container, objs Objects) (env []v1.EnvV
 	for i, src := range c.EnvFrom {
 		vars, skip, err := envFromVars(pod, objs, src)
 		if err != nil {
-			return nil, nil, configErr("container %q envFrom[%d] (%s): %v", c.Name, i, envFromName(src), err)
+			return nil, nil, ConfigErrorf("container %q envFrom[%d] (%s): %v", c.Name, i, envFromName(src), err)
 		}
 		skipped = append(skipped, skip...)
 		for _, v := range vars {
@@ -46,17 +46,17 @@ func containerEnvWith(pod *v1.Pod, c *v1.Container, objs Objects) (env []v1.EnvV
 			if vf.ConfigMapKeyRef != nil || vf.SecretKeyRef != nil {
 				v, ok, err := keyRefValue(pod, objs, vf)
 				if err != nil {
-					return nil, nil, configErr("container %q env %s: %v", c.Name, e.Name, err)
+					return nil, nil, ConfigErrorf("container %q env %s: %v", c.Name, e.Name, err)
 				}
 				if !ok {
 					continue // optional and missing: the variable is not set
 				}
 				val = v
 			} else if val, err = envFrom(pod, c, e); err != nil {
-				return nil, nil, configErr("container %q env %s: %v", c.Name, e.Name, err)
+				return nil, nil, ConfigErrorf("container %q env %s: %v", c.Name, e.Name, err)
 			}
 		} else {
-			val = expand(val, seen)
+			val = Expand(val, seen)
 		}
 		set(e.Name, val)
 	}
@@ -67,16 +67,16 @@ func envFrom(pod *v1.Pod, c *v1.Container, e v1.EnvVar) (string, error) {
 	vf := e.ValueFrom
 	switch {
 	case vf.FieldRef != nil:
-		return podField(pod, vf.FieldRef.FieldPath)
+		return PodField(pod, vf.FieldRef.FieldPath)
 	case vf.ResourceFieldRef != nil:
-		return resourceFieldValue(pod, c.Name, vf.ResourceFieldRef)
+		return ResourceFieldValue(pod, c.Name, vf.ResourceFieldRef)
 	}
 	return "", fmt.Errorf("valueFrom has no source")
 }
 
-// resourceFieldValue reads a container's request or limit for resourceFieldRef, in units of the
+// ResourceFieldValue reads a container's request or limit for resourceFieldRef, in units of the
 // divisor, rounded up. The container is rf.ContainerName, or self when that is empty (env).
-func resourceFieldValue(pod *v1.Pod, self string, rf *v1.ResourceFieldSelector) (string, error) {
+func ResourceFieldValue(pod *v1.Pod, self string, rf *v1.ResourceFieldSelector) (string, error) {
 	name := rf.ContainerName
 	if name == "" {
 		name = self
@@ -112,7 +112,7 @@ func resourceFieldValue(pod *v1.Pod, self string, rf *v1.ResourceFieldSelector) 
 
 func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 
-func podField(pod *v1.Pod, path string) (string, error) {
+func PodField(pod *v1.Pod, path string) (string, error) {
 	switch path {
 	case "metadata.name":
 		return pod.Name, nil
@@ -144,21 +144,21 @@ func podField(pod *v1.Pod, path string) (string, error) {
 	return "", fmt.Errorf("fieldRef %q is not supported", path)
 }
 
-func expandAll(in []string, env []v1.EnvVar) []string {
+func ExpandAll(in []string, env []v1.EnvVar) []string {
 	vars := make(map[string]string, len(env))
 	for _, e := range env {
 		vars[e.Name] = e.Value
 	}
 	out := make([]string, len(in))
 	for i, s := range in {
-		out[i] = expand(s, vars)
+		out[i] = Expand(s, vars)
 	}
 	return out
 }
 
-// expand replaces $(NAME) with its value when NAME is known and leaves it as written otherwise;
+// Expand replaces $(NAME) with its value when NAME is known and leaves it as written otherwise;
 // $$ is an escaped $. These are Kubernetes' rules for env values, command and args.
-func expand(s string, vars map[string]string) string {
+func Expand(s string, vars map[string]string) string {
 	if !strings.Contains(s, "$") {
 		return s
 	}

@@ -1,4 +1,4 @@
-package runtime
+package ctrspec
 
 import (
 	"errors"
@@ -32,8 +32,8 @@ func TestExpand(t *testing.T) {
 		{"cost: 5$", "cost: 5$"},
 	}
 	for _, tt := range tests {
-		if got := expand(tt.in, vars); got != tt.want {
-			t.Errorf("expand(%q) = %q, want %q", tt.in, got, tt.want)
+		if got := Expand(tt.in, vars); got != tt.want {
+			t.Errorf("Expand(%q) = %q, want %q", tt.in, got, tt.want)
 		}
 	}
 }
@@ -229,9 +229,9 @@ func TestContainerEnvConfigErrors(t *testing.T) {
 
 func TestExpandAll(t *testing.T) {
 	env := []v1.EnvVar{{Name: "PORT", Value: "8080"}, {Name: "HOST", Value: "0.0.0.0"}}
-	got := expandAll([]string{"serve", "--addr=$(HOST):$(PORT)", "$(NOPE)", "$$(PORT)"}, env)
+	got := ExpandAll([]string{"serve", "--addr=$(HOST):$(PORT)", "$(NOPE)", "$$(PORT)"}, env)
 	want := []string{"serve", "--addr=0.0.0.0:8080", "$(NOPE)", "$(PORT)"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
-		t.Errorf("expandAll = %q, want %q", got, want)
+		t.Errorf("ExpandAll = %q, want %q", got, want)
 	}
 }

@@ -1,4 +1,4 @@
-package runtime
+package ctrspec
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/containerd/containerd/v2/core/containers"
@@ -19,9 +18,9 @@ import (
 
 func mustSecurityOpts(t *testing.T, pod *v1.Pod, c *v1.Container) []oci.SpecOpts {
 	t.Helper()
-	opts, err := securityOpts(pod, c, secInputs{seccompRoot: t.TempDir()})
+	opts, err := SecurityOpts(pod, c, SecurityInputs{SeccompRoot: t.TempDir()})
 	if err != nil {
-		t.Fatalf("securityOpts: %v", err)
+		t.Fatalf("SecurityOpts: %v", err)
 	}
 	return opts
 }
@@ -74,7 +73,7 @@ func TestCheckRunAsNonRoot(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := secPod(tt.pod)
 			c := &v1.Container{Name: "app", SecurityContext: tt.ctr}
-			_, err := securityOpts(pod, c, secInputs{imageUser: tt.imageUser})
+			_, err := SecurityOpts(pod, c, SecurityInputs{ImageUser: tt.imageUser})
 			if tt.want == "" {
 				if err != nil {
 					t.Fatalf("err = %v, want none", err)
@@ -129,7 +128,7 @@ func TestUserAndGroups(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			opts, err := securityOpts(secPod(tt.pod), &v1.Container{Name: "app", SecurityContext: tt.ctr}, secInputs{imageUser: tt.imageUser})
+			opts, err := SecurityOpts(secPod(tt.pod), &v1.Container{Name: "app", SecurityContext: tt.ctr}, SecurityInputs{ImageUser: tt.imageUser})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -190,7 +189,7 @@ func TestSeccomp(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := secPod(&v1.PodSecurityContext{SeccompProfile: tt.pod})
-			opts, err := securityOpts(pod, &v1.Container{Name: "app", SecurityContext: tt.ctr}, secInputs{seccompRoot: root})
+			opts, err := SecurityOpts(pod, &v1.Container{Name: "app", SecurityContext: tt.ctr}, SecurityInputs{SeccompRoot: root})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -247,54 +246,5 @@ func TestSysctlOpt(t *testing.T) {
 	want := map[string]string{"net.ipv4.ip_local_port_range": "1024 2048", "net.ipv4.conf.eth0/100.forwarding": "1"}
 	if len(s.Linux.Sysctl) != 2 || s.Linux.Sysctl["net.ipv4.ip_local_port_range"] != want["net.ipv4.ip_local_port_range"] || s.Linux.Sysctl["net.ipv4.conf.eth0/100.forwarding"] != "1" {
 		t.Errorf("sysctls = %v, want %v", s.Linux.Sysctl, want)
-	}
-}
-
-func statGid(t *testing.T, p string) (uint32, os.FileMode) {
-	t.Helper()
-	fi, err := os.Lstat(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fi.Sys().(*syscall.Stat_t).Gid, fi.Mode()
-}
-
-// fsGroup: the volume and what is in it get the group, group rw, setgid dirs; a symlink's target
-// outside the volume is not touched.
-func TestSetVolumeGroup(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("chown needs root")
-	}
-	vol := filepath.Join(t.TempDir(), "vol")
-	os.MkdirAll(filepath.Join(vol, "sub"), 0o700)
-	os.WriteFile(filepath.Join(vol, "sub", "f"), []byte("x"), 0o600)
-	outside := filepath.Join(t.TempDir(), "host-file")
-	os.WriteFile(outside, []byte("x"), 0o600)
-	os.Symlink(outside, filepath.Join(vol, "link"))
-	os.Chmod(vol, 0o777)
-
-	skipped, err := setVolumeGroup(vol, 4321, false)
-	if err != nil || skipped != nil {
-		t.Fatalf("setVolumeGroup: %v, skipped %v", err, skipped)
-	}
-	for _, p := range []string{vol, filepath.Join(vol, "sub"), filepath.Join(vol, "sub", "f")} {
-		gid, mode := statGid(t, p)
-		if gid != 4321 || mode.Perm()&0o060 != 0o060 {
-			t.Errorf("%s: gid %d mode %v, want group 4321 with rw", p, gid, mode)
-		}
-		if mode.IsDir() && (mode&os.ModeSetgid == 0 || mode.Perm()&0o010 == 0) {
-			t.Errorf("%s: mode %v, want setgid and g+x on a directory", p, mode)
-		}
-	}
-	if gid, mode := statGid(t, outside); gid == 4321 || mode.Perm() != 0o600 {
-		t.Errorf("file outside the volume changed through a symlink: gid %d mode %v", gid, mode)
-	}
-	// A volume whose root is already right is not walked again.
-	os.Chown(filepath.Join(vol, "sub", "f"), -1, 0)
-	if _, err := setVolumeGroup(vol, 4321, false); err != nil {
-		t.Fatal(err)
-	}
-	if gid, _ := statGid(t, filepath.Join(vol, "sub", "f")); gid != 0 {
-		t.Errorf("a volume whose root matched was walked again (file gid %d)", gid)
 	}
 }
