@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/pod"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
@@ -289,7 +289,7 @@ func TestShutdownPodsCriticalLast(t *testing.T) {
 			t.Errorf("%s: message %q", n, p.Status.Message)
 		}
 		cs, _ := rt.ListContainers(context.Background(), string(p.UID))
-		if len(cs) != 1 || cs[0].State != runtime.StateExited {
+		if len(cs) != 1 || cs[0].State != ctrd.StateExited {
 			t.Fatalf("%s: containers %+v, want one stopped", n, cs)
 		}
 		exited[n] = cs[0].ExitedAt

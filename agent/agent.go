@@ -20,11 +20,11 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/admission"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/pod"
 	"github.com/mqlet/mqlet/agent/podspec"
 	"github.com/mqlet/mqlet/agent/probe"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/agent/sysctl"
 	"github.com/mqlet/mqlet/store"
@@ -34,13 +34,13 @@ import (
 )
 
 // Runtime is what the agent needs from the container runtime: the workers' part plus events,
-// image preload and the leftovers sweep. *runtime.Runtime implements it; unit tests fake it.
+// image preload and the leftovers sweep. *ctrd.Runtime implements it; unit tests fake it.
 type Runtime interface {
 	pod.Runtime
-	Events(ctx context.Context, fn func(runtime.Event)) error
+	Events(ctx context.Context, fn func(ctrd.Event)) error
 	ImportArchiveIfMissing(ctx context.Context, path string) ([]string, error)
 	LogPath(pod *v1.Pod, name string, restarts int) string
-	ListSandboxes() ([]runtime.PodRef, error)
+	ListSandboxes() ([]ctrd.PodRef, error)
 }
 
 // Reporter receives what the node reports to a control plane. Calls must not block (the MQTT uplink
@@ -143,7 +143,7 @@ type Agent struct {
 	// mu guards the maps below. It is never held across I/O (store, containerd, files).
 	mu      sync.Mutex
 	workers map[types.UID]*pod.Worker
-	// byPrefix maps runtime.ContainerIDPrefix of each worker's pod UID to the UID, so a
+	// byPrefix maps ctrd.ContainerIDPrefix of each worker's pod UID to the UID, so a
 	// containerd event finds its pod without hashing every UID.
 	byPrefix map[string]types.UID
 	desired  map[types.UID]store.DesiredPod
@@ -338,7 +338,7 @@ func (a *Agent) startWorker(d store.DesiredPod, prev *v1.PodStatus, refused *pod
 		w.Refuse(*refused)
 	}
 	a.workers[p.UID] = w
-	a.byPrefix[runtime.ContainerIDPrefix(string(p.UID))] = p.UID
+	a.byPrefix[ctrd.ContainerIDPrefix(string(p.UID))] = p.UID
 	cleaned := a.cleaning[p.UID]
 	a.wg.Add(1)
 	go func() {
@@ -381,7 +381,7 @@ func (a *Agent) onGone(last pod.Desired) {
 	}
 	a.mu.Lock()
 	delete(a.workers, p.UID)
-	delete(a.byPrefix, runtime.ContainerIDPrefix(string(p.UID)))
+	delete(a.byPrefix, ctrd.ContainerIDPrefix(string(p.UID)))
 	// A pod re-added while it was terminating gets a fresh worker from its desired entry, and is
 	// not gone: reporting it gone, then running, would make a control plane's view flicker.
 	d, again := a.desired[p.UID]
@@ -748,7 +748,7 @@ func (a *Agent) activity() {
 // containerd restarts.
 func (a *Agent) followEvents(ctx context.Context) {
 	for ctx.Err() == nil {
-		err := a.rt.Events(ctx, func(e runtime.Event) {
+		err := a.rt.Events(ctx, func(e ctrd.Event) {
 			w := a.workerForContainer(e.ContainerID)
 			if w == nil {
 				return
@@ -770,7 +770,7 @@ func (a *Agent) followEvents(ctx context.Context) {
 	}
 }
 
-// workerForContainer finds the pod by the container id's UID prefix (see runtime.ContainerID), so an
+// workerForContainer finds the pod by the container id's UID prefix (see ctrd.ContainerID), so an
 // exit costs no containerd round trip.
 func (a *Agent) workerForContainer(id string) *pod.Worker {
 	a.mu.Lock()
@@ -835,9 +835,9 @@ func (a *Agent) heartbeat() {
 	a.opts.Heartbeat()
 }
 
-// shimReaper is the part of *runtime.Runtime that kills shims left without a container record.
+// shimReaper is the part of *ctrd.Runtime that kills shims left without a container record.
 type shimReaper interface {
-	ReapStaleShims(ctx context.Context) ([]runtime.StaleShim, error)
+	ReapStaleShims(ctx context.Context) ([]ctrd.StaleShim, error)
 }
 
 // reapStaleShims kills the shims of the agent's namespace whose container has no record (a
@@ -911,13 +911,13 @@ func (a *Agent) Relist(ctx context.Context, sweep bool) error {
 		a.hostIP.Store(&ip)
 		ipChanged = true
 	}
-	byPod := map[types.UID][]runtime.Container{}
+	byPod := map[types.UID][]ctrd.Container{}
 	for _, c := range ctrs {
 		byPod[types.UID(c.PodUID)] = append(byPod[types.UID(c.PodUID)], c)
 	}
 
 	// Leftovers outside containerd are read before taking the lock: files and the store are I/O.
-	var leftovers []runtime.PodRef
+	var leftovers []ctrd.PodRef
 	var statusOnly []types.UID
 	if sweep {
 		a.reapStaleShims(ctx)
@@ -936,7 +936,7 @@ func (a *Agent) Relist(ctx context.Context, sweep bool) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for uid, w := range a.workers {
-		if ipChanged || runtime.Fingerprint(byPod[uid]) != w.Seen() {
+		if ipChanged || ctrd.Fingerprint(byPod[uid]) != w.Seen() {
 			w.Nudge()
 		}
 	}
@@ -953,7 +953,7 @@ func (a *Agent) Relist(ctx context.Context, sweep bool) error {
 	for uid, cs := range byPod {
 		if unwanted(uid) {
 			c := cs[0]
-			a.teardownLocked(runtime.PodRef{UID: uid, Namespace: c.PodNamespace, Name: c.PodName}, cs)
+			a.teardownLocked(ctrd.PodRef{UID: uid, Namespace: c.PodNamespace, Name: c.PodName}, cs)
 		}
 	}
 	for _, ref := range leftovers {
@@ -963,7 +963,7 @@ func (a *Agent) Relist(ctx context.Context, sweep bool) error {
 	}
 	for _, uid := range statusOnly {
 		if _, running := byPod[uid]; !running && unwanted(uid) {
-			a.teardownLocked(runtime.PodRef{UID: uid}, nil)
+			a.teardownLocked(ctrd.PodRef{UID: uid}, nil)
 		}
 	}
 	return nil
@@ -971,7 +971,7 @@ func (a *Agent) Relist(ctx context.Context, sweep bool) error {
 
 // teardownLocked starts the removal of a pod nobody wants (a.mu held): its containers, each with
 // the grace period recorded on it, its sandbox and its status record. The work runs outside the lock.
-func (a *Agent) teardownLocked(ref runtime.PodRef, cs []runtime.Container) {
+func (a *Agent) teardownLocked(ref ctrd.PodRef, cs []ctrd.Container) {
 	done := make(chan struct{})
 	a.cleaning[ref.UID] = done
 	a.wg.Add(1)

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/ctrspec"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
@@ -29,7 +29,7 @@ import (
 // stopped.
 type fakeRuntime struct {
 	mu         sync.Mutex
-	ctrs       map[string]runtime.Container
+	ctrs       map[string]ctrd.Container
 	sandboxes  map[types.UID]bool
 	removedSbx []types.UID
 	starts     int
@@ -37,39 +37,39 @@ type fakeRuntime struct {
 }
 
 func newFakeRuntime() *fakeRuntime {
-	return &fakeRuntime{ctrs: map[string]runtime.Container{}, sandboxes: map[types.UID]bool{}}
+	return &fakeRuntime{ctrs: map[string]ctrd.Container{}, sandboxes: map[types.UID]bool{}}
 }
 
-func (f *fakeRuntime) ListContainers(_ context.Context, podUID string) ([]runtime.Container, error) {
+func (f *fakeRuntime) ListContainers(_ context.Context, podUID string) ([]ctrd.Container, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.listErr != nil {
 		return nil, f.listErr
 	}
-	var out []runtime.Container
+	var out []ctrd.Container
 	for _, c := range f.ctrs {
 		if podUID == "" || c.PodUID == podUID {
 			out = append(out, c)
 		}
 	}
-	slices.SortFunc(out, func(a, b runtime.Container) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b ctrd.Container) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
 }
 
-func (f *fakeRuntime) EnsureSandbox(_ context.Context, p *v1.Pod) (*runtime.Sandbox, error) {
+func (f *fakeRuntime) EnsureSandbox(_ context.Context, p *v1.Pod) (*ctrd.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	created := !f.sandboxes[p.UID]
 	f.sandboxes[p.UID] = true
-	return &runtime.Sandbox{Ref: runtime.RefOf(p), Created: created}, nil
+	return &ctrd.Sandbox{Ref: ctrd.RefOf(p), Created: created}, nil
 }
 
-func (f *fakeRuntime) StartContainer(_ context.Context, p *v1.Pod, _ *runtime.Sandbox, c *v1.Container, restarts int) (runtime.Container, error) {
+func (f *fakeRuntime) StartContainer(_ context.Context, p *v1.Pod, _ *ctrd.Sandbox, c *v1.Container, restarts int) (ctrd.Container, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	id := runtime.ContainerID(string(p.UID), c.Name, restarts)
-	ct := runtime.Container{ID: id, PodUID: string(p.UID), PodName: p.Name, PodNamespace: p.Namespace, Name: c.Name,
-		Hash: ctrspec.SpecHash(p, c), RestartCount: restarts, CreatedAt: time.Now(), State: runtime.StateRunning, Pid: 100}
+	id := ctrd.ContainerID(string(p.UID), c.Name, restarts)
+	ct := ctrd.Container{ID: id, PodUID: string(p.UID), PodName: p.Name, PodNamespace: p.Namespace, Name: c.Name,
+		Hash: ctrspec.SpecHash(p, c), RestartCount: restarts, CreatedAt: time.Now(), State: ctrd.StateRunning, Pid: 100}
 	f.ctrs[id] = ct
 	f.starts++
 	return ct, nil
@@ -78,8 +78,8 @@ func (f *fakeRuntime) StartContainer(_ context.Context, p *v1.Pod, _ *runtime.Sa
 func (f *fakeRuntime) StopContainer(_ context.Context, id string, _ time.Duration) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if c, ok := f.ctrs[id]; ok && c.State == runtime.StateRunning {
-		c.State, c.ExitCode, c.ExitedAt = runtime.StateExited, 137, time.Now()
+	if c, ok := f.ctrs[id]; ok && c.State == ctrd.StateRunning {
+		c.State, c.ExitCode, c.ExitedAt = ctrd.StateExited, 137, time.Now()
 		f.ctrs[id] = c
 	}
 	return nil
@@ -92,7 +92,7 @@ func (f *fakeRuntime) RemoveContainer(_ context.Context, id string) error {
 	return nil
 }
 
-func (f *fakeRuntime) RemoveSandbox(_ context.Context, ref runtime.PodRef) error {
+func (f *fakeRuntime) RemoveSandbox(_ context.Context, ref ctrd.PodRef) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.sandboxes, ref.UID)
@@ -100,17 +100,17 @@ func (f *fakeRuntime) RemoveSandbox(_ context.Context, ref runtime.PodRef) error
 	return nil
 }
 
-func (f *fakeRuntime) ListSandboxes() ([]runtime.PodRef, error) {
+func (f *fakeRuntime) ListSandboxes() ([]ctrd.PodRef, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []runtime.PodRef
+	var out []ctrd.PodRef
 	for uid := range f.sandboxes {
-		out = append(out, runtime.PodRef{UID: uid})
+		out = append(out, ctrd.PodRef{UID: uid})
 	}
 	return out, nil
 }
 
-func (f *fakeRuntime) Events(ctx context.Context, _ func(runtime.Event)) error {
+func (f *fakeRuntime) Events(ctx context.Context, _ func(ctrd.Event)) error {
 	<-ctx.Done()
 	return ctx.Err()
 }

@@ -8,7 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/store"
 )
 
@@ -20,7 +20,7 @@ type hangingRuntime struct {
 	release chan struct{}
 }
 
-func (h *hangingRuntime) ListContainers(ctx context.Context, podUID string) ([]runtime.Container, error) {
+func (h *hangingRuntime) ListContainers(ctx context.Context, podUID string) ([]ctrd.Container, error) {
 	if h.hang.Load() {
 		<-h.release
 	}

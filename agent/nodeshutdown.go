@@ -5,9 +5,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/pod"
-	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -83,7 +83,7 @@ func (a *Agent) stopForShutdown(ctx context.Context, what string, ws []*pod.Work
 		}
 		// kubelet gives each pod the group's time or its own grace period when shorter, never
 		// under kubelet's minimum.
-		g := max(min(grace, runtime.PodGrace(&p)), pod.MinGrace)
+		g := max(min(grace, ctrd.PodGrace(&p)), pod.MinGrace)
 		w.Fail(pod.Failure{Reason: pod.ReasonNodeShutdown, Message: nodeShutdownMessage, Grace: &g})
 		stopping = append(stopping, w)
 		names = append(names, p.Namespace+"/"+p.Name)

@@ -7,11 +7,11 @@ import (
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/agent/oomwatch"
 	"github.com/mqlet/mqlet/agent/pod"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -22,7 +22,7 @@ import (
 // node-level reclaim for disk pressure (image GC; nil for none). It needs no broker. podsCgroup is
 // the pods' top cgroup, whose memory limit is node allocatable when enforced. life bounds its
 // readings of containerd: it ends when the node stops.
-func newEviction(life context.Context, cfg config.Config, a *agent.Agent, rt *runtime.Runtime, podsCgroup string, events event.Sink,
+func newEviction(life context.Context, cfg config.Config, a *agent.Agent, rt *ctrd.Runtime, podsCgroup string, events event.Sink,
 	reclaim eviction.Reclaimer, onChange func(), log *slog.Logger) *eviction.Manager {
 	thresholds := evictionThresholds(cfg)
 	if !cfg.EnforceNodeAllocatable {
@@ -97,7 +97,7 @@ func newOOMWatch(cfg config.Config, podsCgroup string, events event.Sink, log *s
 // agentPods is the agent as the eviction manager sees it.
 type agentPods struct {
 	a  *agent.Agent
-	rt *runtime.Runtime
+	rt *ctrd.Runtime
 }
 
 // List returns the desired pods with their status; pods being deleted are left out (they go anyway).

@@ -10,10 +10,10 @@ import (
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/api"
 	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/agent/metrics"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/usage"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/nodesync"
@@ -92,7 +92,7 @@ const usageMaxAge = time.Second
 // usage registers the node's and the containers' CPU and memory use and the node's temperature
 // and throttling as metrics, and serves fresh readings to `mqlet top` on the local API
 // (/api/v1/usage), all from one usage.Reader over the containers' cgroups.
-func (m *agentMetrics) usage(a *agent.Agent, rt *runtime.Runtime, srv *api.Server) {
+func (m *agentMetrics) usage(a *agent.Agent, rt *ctrd.Runtime, srv *api.Server) {
 	r := usage.New(usage.Options{Root: "/", Pods: a.Pods, CgroupOf: rt.ContainerCgroup})
 	m.Usage(func() (usage.Snapshot, error) {
 		// A scrape has no context of its own here; the runtime call is bounded like the API's.

@@ -17,12 +17,12 @@ import (
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/api"
 	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/manifest"
 	"github.com/mqlet/mqlet/agent/nodestatus"
 	"github.com/mqlet/mqlet/agent/objects"
 	"github.com/mqlet/mqlet/agent/podevents"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/hw"
 	"github.com/mqlet/mqlet/store"
@@ -128,7 +128,7 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 		return err
 	}
 	network := newPodNetwork(cfg, log)
-	rt, err := runtime.New(ctx, withLogRotation(cfg, runtime.Options{
+	rt, err := ctrd.New(ctx, withLogRotation(cfg, ctrd.Options{
 		Network:              network,
 		Devices:              devs,
 		Cgroups:              cgroups,
@@ -139,7 +139,7 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 		Namespace:            cfg.ContainerdNamespace,
 		DialTimeout:          cfg.ContainerdTimeout.Duration,
 		StateDir:             cfg.StateDir,
-		Registry:             runtime.RegistryOptions{PlainHTTP: cfg.PlainHTTPRegistries, CAFile: cfg.RegistryCAFile},
+		Registry:             ctrd.RegistryOptions{PlainHTTP: cfg.PlainHTTPRegistries, CAFile: cfg.RegistryCAFile},
 		Log:                  log,
 		OnPull:               m.ImagePulled,
 		// Memory-backed emptyDirs are sized from it (volumes.go).

@@ -7,9 +7,9 @@ import (
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/devices"
 	"github.com/mqlet/mqlet/agent/nodestatus"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/hw"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/nodesync"
@@ -33,7 +33,7 @@ type nodeInputs struct {
 // for the runtime version and images, the agent for Ready, and the MQTT channel (nil when
 // standalone) as the receiver of real changes. Standalone, the status is kept in the store and
 // served to `mqlet node` only.
-func newNodeStatus(cfg config.Config, rt *runtime.Runtime, db *store.DB, log *slog.Logger,
+func newNodeStatus(cfg config.Config, rt *ctrd.Runtime, db *store.DB, log *slog.Logger,
 	a *agent.Agent, channel *nodesync.Sync, in nodeInputs) *nodestatus.Manager {
 	var extra func() v1.ResourceList
 	if in.devices != nil {
@@ -102,7 +102,7 @@ type nodeAPI struct {
 // Node implements api.NodeProvider.
 func (p nodeAPI) Node() *v1.Node { return p.m.Node() }
 
-func containerdImages(rt *runtime.Runtime) func(ctx context.Context) ([]nodestatus.Image, error) {
+func containerdImages(rt *ctrd.Runtime) func(ctx context.Context) ([]nodestatus.Image, error) {
 	return func(ctx context.Context) ([]nodestatus.Image, error) {
 		list, err := rt.ListImages(ctx)
 		if err != nil {

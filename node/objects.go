@@ -8,11 +8,11 @@ import (
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/config"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/manifest"
 	"github.com/mqlet/mqlet/agent/objects"
 	"github.com/mqlet/mqlet/agent/regauth"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/store/seal"
 	"github.com/mqlet/mqlet/sync/sealing"
@@ -71,7 +71,7 @@ func sealingAttestation(cfg config.Config, k *sealing.Key, log *slog.Logger) (st
 // newObjects makes the store of ConfigMaps and Secrets that pods use: the runtime reads env and
 // volumes from it, the manifest dir's objects are synced into it before the pods that use them.
 // The MQTT downlink writes through objs.Guard.
-func newObjects(state store.State, rt *runtime.Runtime, dir *manifest.Dir, log *slog.Logger) *objects.Store {
+func newObjects(state store.State, rt *ctrd.Runtime, dir *manifest.Dir, log *slog.Logger) *objects.Store {
 	objs := objects.New(state, log)
 	rt.SetObjects(objs)
 	dir.OnObjects(func(s manifest.Snapshot) error {
@@ -103,7 +103,7 @@ func manifestRecords(in []manifest.Object) []store.ObjectRecord {
 // loadRegistryAuth gives the runtime the node-wide registry credentials (registryAuthFile). A
 // file that other users may read, or that is not a docker config.json, stops the agent at start
 // with a message naming it: pulls would otherwise fail later, far from the cause.
-func loadRegistryAuth(cfg config.Config, rt *runtime.Runtime) error {
+func loadRegistryAuth(cfg config.Config, rt *ctrd.Runtime) error {
 	if cfg.RegistryAuthFile == "" {
 		return nil
 	}

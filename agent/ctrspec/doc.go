@@ -3,5 +3,5 @@
 // ConfigMap and Secret references), its security context (user, groups, capabilities, seccomp,
 // sysctls), its resources, and the pod namespaces it joins. It is pure translation: it reads no
 // containerd state and does not import the containerd client, so a rule here is tested with a spec
-// applied in memory (agent/runtime builds the container from it).
+// applied in memory (agent/ctrd builds the container from it).
 package ctrspec

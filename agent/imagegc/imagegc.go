@@ -22,10 +22,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/agent/podspec"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/hw"
 	v1 "k8s.io/api/core/v1"
 )
@@ -50,12 +50,12 @@ const (
 // source not read): an image one of them needs could otherwise be taken for unused.
 var ErrNotReady = errors.New("desired pods not known yet")
 
-// Runtime is what garbage collection needs from containerd; *runtime.Runtime implements it.
+// Runtime is what garbage collection needs from containerd; *ctrd.Runtime implements it.
 type Runtime interface {
-	ListImages(ctx context.Context) ([]runtime.ImageInfo, error)
-	ContainerImages(ctx context.Context) ([]runtime.ImageUse, error)
+	ListImages(ctx context.Context) ([]ctrd.ImageInfo, error)
+	ContainerImages(ctx context.Context) ([]ctrd.ImageUse, error)
 	RemoveImage(ctx context.Context, name string) (freed int64, err error)
-	ListContainers(ctx context.Context, podUID string) ([]runtime.Container, error)
+	ListContainers(ctx context.Context, podUID string) ([]ctrd.Container, error)
 	RemoveExitedContainer(ctx context.Context, id string) (freed int64, err error)
 }
 
@@ -393,7 +393,7 @@ func (m *Manager) protected() (map[string]bool, error) {
 	keep := map[string]bool{}
 	for _, p := range m.o.Pods() {
 		for _, c := range podspec.AllContainers(&p.Spec) {
-			if n, err := runtime.NormalizeImage(c.Image); err == nil {
+			if n, err := ctrd.NormalizeImage(c.Image); err == nil {
 				keep[n] = true
 			}
 		}
@@ -437,7 +437,7 @@ func (m *Manager) preloadNames() ([]string, error) {
 		}
 		var got []string
 		if err == nil {
-			got, err = runtime.ArchiveImageNames(path)
+			got, err = ctrd.ArchiveImageNames(path)
 		}
 		switch {
 		case err == nil:
@@ -519,7 +519,7 @@ func (m *Manager) reclaimContainers(ctx context.Context, pods []v1.Pod) (int64, 
 	if err != nil {
 		return 0, 0, fmt.Errorf("list containers: %w", err)
 	}
-	byPod := map[string][]runtime.Container{}
+	byPod := map[string][]ctrd.Container{}
 	for _, c := range ctrs {
 		byPod[c.PodUID] = append(byPod[c.PodUID], c)
 	}
@@ -536,14 +536,14 @@ func (m *Manager) reclaimContainers(ctx context.Context, pods []v1.Pod) (int64, 
 		for _, c := range podspec.AllContainers(&p.Spec) {
 			named[c.Name] = true
 		}
-		newest := map[string]runtime.Container{}
+		newest := map[string]ctrd.Container{}
 		for _, c := range cs {
 			if o, ok := newest[c.Name]; !ok || c.RestartCount > o.RestartCount {
 				newest[c.Name] = c
 			}
 		}
 		for _, c := range cs {
-			if c.State != runtime.StateExited || (named[c.Name] && newest[c.Name].ID == c.ID) {
+			if c.State != ctrd.StateExited || (named[c.Name] && newest[c.Name].ID == c.ID) {
 				continue
 			}
 			b, err := m.rt.RemoveExitedContainer(ctx, c.ID)

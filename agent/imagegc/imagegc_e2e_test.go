@@ -27,10 +27,10 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/agent/imagegc"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/internal/testenv"
 	"github.com/opencontainers/go-digest"
 	"github.com/opencontainers/image-spec/identity"
@@ -47,7 +47,7 @@ type rig struct {
 	t     *testing.T
 	env   testenv.Env
 	ns    string
-	rt    *runtime.Runtime
+	rt    *ctrd.Runtime
 	cl    *containerd.Client
 	state string
 }
@@ -57,7 +57,7 @@ func newRig(t *testing.T) *rig {
 	env := testenv.Require(t)
 	g := &rig{t: t, env: env, ns: testenv.Namespace(t, env.ContainerdAddress), state: t.TempDir()}
 	var err error
-	g.rt, err = runtime.New(context.Background(), runtime.Options{Address: env.ContainerdAddress, Namespace: g.ns,
+	g.rt, err = ctrd.New(context.Background(), ctrd.Options{Address: env.ContainerdAddress, Namespace: g.ns,
 		StateDir: g.state, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +135,7 @@ func newPod(uid string, ctrs ...v1.Container) *v1.Pod {
 
 // run starts attempt n of the pod's container c and removes the pod's containers and sandbox when
 // the test ends.
-func (g *rig) run(p *v1.Pod, c *v1.Container, attempt int) runtime.Container {
+func (g *rig) run(p *v1.Pod, c *v1.Container, attempt int) ctrd.Container {
 	g.t.Helper()
 	ctx := context.Background()
 	sb, err := g.rt.EnsureSandbox(ctx, p)
@@ -147,7 +147,7 @@ func (g *rig) run(p *v1.Pod, c *v1.Container, attempt int) runtime.Container {
 		for _, c := range cs {
 			g.rt.RemoveContainer(ctx, c.ID)
 		}
-		g.rt.RemoveSandbox(ctx, runtime.RefOf(p))
+		g.rt.RemoveSandbox(ctx, ctrd.RefOf(p))
 	})
 	ctr, err := g.rt.StartContainer(ctx, p, sb, c, attempt)
 	if err != nil {
@@ -226,7 +226,7 @@ func TestImageGCRemovesUnusedKeepsUsed(t *testing.T) {
 	}
 	// The running container is untouched.
 	cs, err := g.rt.ListContainers(context.Background(), string(running.UID))
-	if err != nil || len(cs) != 1 || cs[0].State != runtime.StateRunning {
+	if err != nil || len(cs) != 1 || cs[0].State != ctrd.StateRunning {
 		t.Errorf("the running pod's containers after GC: %+v, %v", cs, err)
 	}
 }
@@ -270,7 +270,7 @@ func TestReclaimDiskFreesUnusedImageAndDeadContainers(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		cs, _ := g.rt.ListContainers(context.Background(), string(job.UID))
-		if len(cs) == 2 && cs[0].State == runtime.StateExited && cs[1].State == runtime.StateExited {
+		if len(cs) == 2 && cs[0].State == ctrd.StateExited && cs[1].State == ctrd.StateExited {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -282,7 +282,7 @@ func TestReclaimDiskFreesUnusedImageAndDeadContainers(t *testing.T) {
 		t.Fatalf("ReclaimDisk(nodefs.available): %v", err)
 	}
 	cs, err := g.rt.ListContainers(context.Background(), string(job.UID))
-	if err != nil || len(cs) != 1 || cs[0].ID != runtime.ContainerID(string(job.UID), "job", 1) {
+	if err != nil || len(cs) != 1 || cs[0].ID != ctrd.ContainerID(string(job.UID), "job", 1) {
 		t.Errorf("the job's containers after reclaim: %+v, %v; want only attempt 1", cs, err)
 	}
 	if !g.present(testenv.Busybox2Ref) {

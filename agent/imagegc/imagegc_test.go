@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/hw"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -25,9 +25,9 @@ import (
 // gives its bytes back to the file system the fake statfs reports.
 type fakeRuntime struct {
 	mu         sync.Mutex
-	images     map[string]runtime.ImageInfo
-	uses       []runtime.ImageUse
-	ctrs       []runtime.Container
+	images     map[string]ctrd.ImageInfo
+	uses       []ctrd.ImageUse
+	ctrs       []ctrd.Container
 	ctrSize    int64
 	capacity   int64
 	available  int64
@@ -38,13 +38,13 @@ type fakeRuntime struct {
 }
 
 func newFake(capacity, available int64) *fakeRuntime {
-	return &fakeRuntime{images: map[string]runtime.ImageInfo{}, capacity: capacity, available: available, failRemove: map[string]error{}}
+	return &fakeRuntime{images: map[string]ctrd.ImageInfo{}, capacity: capacity, available: available, failRemove: map[string]error{}}
 }
 
 func (f *fakeRuntime) addImage(name, digest string, size int64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.images[name] = runtime.ImageInfo{Name: name, Digest: digest, Size: size}
+	f.images[name] = ctrd.ImageInfo{Name: name, Digest: digest, Size: size}
 }
 
 func (f *fakeRuntime) use(names ...string) {
@@ -52,7 +52,7 @@ func (f *fakeRuntime) use(names ...string) {
 	defer f.mu.Unlock()
 	f.uses = nil
 	for _, n := range names {
-		f.uses = append(f.uses, runtime.ImageUse{Container: "c-" + n, Name: n})
+		f.uses = append(f.uses, ctrd.ImageUse{Container: "c-" + n, Name: n})
 	}
 }
 
@@ -62,18 +62,18 @@ func (f *fakeRuntime) setAvailable(n int64) {
 	f.available = n
 }
 
-func (f *fakeRuntime) ListImages(context.Context) ([]runtime.ImageInfo, error) {
+func (f *fakeRuntime) ListImages(context.Context) ([]ctrd.ImageInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.lists++
-	var out []runtime.ImageInfo
+	var out []ctrd.ImageInfo
 	for _, i := range f.images {
 		out = append(out, i)
 	}
 	return out, nil
 }
 
-func (f *fakeRuntime) ContainerImages(context.Context) ([]runtime.ImageUse, error) {
+func (f *fakeRuntime) ContainerImages(context.Context) ([]ctrd.ImageUse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.uses), nil
@@ -95,10 +95,10 @@ func (f *fakeRuntime) RemoveImage(_ context.Context, name string) (int64, error)
 	return img.Size, nil
 }
 
-func (f *fakeRuntime) ListContainers(_ context.Context, podUID string) ([]runtime.Container, error) {
+func (f *fakeRuntime) ListContainers(_ context.Context, podUID string) ([]ctrd.Container, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []runtime.Container
+	var out []ctrd.Container
 	for _, c := range f.ctrs {
 		if podUID == "" || c.PodUID == podUID {
 			out = append(out, c)
@@ -112,8 +112,8 @@ func (f *fakeRuntime) RemoveExitedContainer(_ context.Context, id string) (int64
 	defer f.mu.Unlock()
 	for i, c := range f.ctrs {
 		if c.ID == id {
-			if c.State != runtime.StateExited {
-				return 0, runtime.ErrContainerRunning
+			if c.State != ctrd.StateExited {
+				return 0, ctrd.ErrContainerRunning
 			}
 			f.ctrs = slices.Delete(f.ctrs, i, i+1)
 			f.removedCtr = append(f.removedCtr, id)
@@ -277,7 +277,7 @@ func TestNeverRemoveRules(t *testing.T) {
 		f.addImage(n, "sha256:"+n, 100)
 	}
 	f.addImage("x.test/samedigest:1", "sha256:shared", 100)
-	f.uses = []runtime.ImageUse{
+	f.uses = []ctrd.ImageUse{
 		{Container: "c1", Name: "x.test/running:1"},
 		{Container: "c2", Name: "x.test/exited:1"},
 		{Container: "c3", Name: "x.test/other-name:1", Digest: "sha256:shared"},
@@ -452,20 +452,20 @@ func TestReclaimDisk(t *testing.T) {
 	f.addImage("x.test/old:1", "sha256:o", 100)
 	f.addImage("x.test/older:1", "sha256:oo", 100)
 	f.addImage("x.test/app:1", "sha256:a", 100)
-	ctr := func(pod, name string, attempt int, st runtime.State) runtime.Container {
-		return runtime.Container{ID: runtime.ContainerID(pod, name, attempt), PodUID: pod, Name: name, RestartCount: attempt, State: st, Image: "x.test/app:1"}
+	ctr := func(pod, name string, attempt int, st ctrd.State) ctrd.Container {
+		return ctrd.Container{ID: ctrd.ContainerID(pod, name, attempt), PodUID: pod, Name: name, RestartCount: attempt, State: st, Image: "x.test/app:1"}
 	}
-	f.ctrs = []runtime.Container{
-		ctr("u1", "app", 0, runtime.StateExited),  // older attempt: goes
-		ctr("u1", "app", 1, runtime.StateExited),  // newest: stays (its worker may restart it)
-		ctr("u1", "gone", 0, runtime.StateExited), // the spec no longer names it: goes
-		ctr("u1", "side", 0, runtime.StateRunning),
-		ctr("u1", "side", 1, runtime.StateRunning), // an older attempt that runs: never touched
-		ctr("u2", "orphan", 0, runtime.StateExited),
-		ctr("u2", "orphan", 1, runtime.StateExited), // pod u2 is not desired: the relist's to remove
+	f.ctrs = []ctrd.Container{
+		ctr("u1", "app", 0, ctrd.StateExited),  // older attempt: goes
+		ctr("u1", "app", 1, ctrd.StateExited),  // newest: stays (its worker may restart it)
+		ctr("u1", "gone", 0, ctrd.StateExited), // the spec no longer names it: goes
+		ctr("u1", "side", 0, ctrd.StateRunning),
+		ctr("u1", "side", 1, ctrd.StateRunning), // an older attempt that runs: never touched
+		ctr("u2", "orphan", 0, ctrd.StateExited),
+		ctr("u2", "orphan", 1, ctrd.StateExited), // pod u2 is not desired: the relist's to remove
 	}
 	for _, c := range f.ctrs {
-		f.uses = append(f.uses, runtime.ImageUse{Container: c.ID, Name: c.Image})
+		f.uses = append(f.uses, ctrd.ImageUse{Container: c.ID, Name: c.Image})
 	}
 	r := newRig(t, f, func(o *Options) { o.MinAge = time.Minute })
 	p := pod("u1", "x.test/app:1", "x.test/app:1")
@@ -484,7 +484,7 @@ func TestReclaimDisk(t *testing.T) {
 	if err != nil || n != 10 || len(f.removedImages()) != 0 {
 		t.Fatalf("imagefs 10 bytes: freed %d err %v images removed %v", n, err, f.removedImages())
 	}
-	want := []string{runtime.ContainerID("u1", "app", 0), runtime.ContainerID("u1", "gone", 0)}
+	want := []string{ctrd.ContainerID("u1", "app", 0), ctrd.ContainerID("u1", "gone", 0)}
 	if !slices.Equal(f.removedCtr, want) {
 		t.Errorf("containers removed %v, want %v", f.removedCtr, want)
 	}
@@ -582,7 +582,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 // writeDockerArchive writes the metadata part of a docker-archive naming ref: what
-// runtime.ArchiveImageNames reads.
+// ctrd.ArchiveImageNames reads.
 func writeDockerArchive(t *testing.T, path, ref string) {
 	t.Helper()
 	f, err := os.Create(path)

@@ -6,14 +6,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/probe"
-	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 )
 
 // A container hook is one thing done around a container's run besides starting and stopping it: its
-// lifecycle handlers and its probes. Like the sandbox's hooks (runtime.Runtime's sandboxHooks),
+// lifecycle handlers and its probes. Like the sandbox's hooks (ctrd.Runtime's sandboxHooks),
 // each has a Name and implements the phases it needs, found by type assertion, and gets what it
 // uses when it is made rather than the whole worker: a new one (a readiness gate, a device
 // health check) is a new hook in containerHooks, not an edit of the sync.
@@ -24,7 +24,7 @@ type containerHook interface{ Name() string }
 type attempt struct {
 	pod    *v1.Pod
 	spec   *v1.Container
-	cur    runtime.Container
+	cur    ctrd.Container
 	target probe.Target
 }
 

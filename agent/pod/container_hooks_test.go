@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -17,14 +17,14 @@ type execRuntime struct {
 	fail map[string]bool
 }
 
-func (e execRuntime) Exec(_ context.Context, id string, cmd []string, _ time.Duration) (runtime.ExecResult, error) {
+func (e execRuntime) Exec(_ context.Context, id string, cmd []string, _ time.Duration) (ctrd.ExecResult, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.calls = append(e.calls, call{op: "exec " + cmd[0], id: id})
 	if e.fail[cmd[0]] {
-		return runtime.ExecResult{ExitCode: 1, Output: []byte("no")}, nil
+		return ctrd.ExecResult{ExitCode: 1, Output: []byte("no")}, nil
 	}
-	return runtime.ExecResult{}, nil
+	return ctrd.ExecResult{}, nil
 }
 
 func withHooks(pod *v1.Pod, postStart, preStop string) *v1.Pod {

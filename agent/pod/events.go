@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
-	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -32,17 +32,17 @@ func fieldPath(pod *v1.Pod, name string) string {
 	return fmt.Sprintf("spec.containers{%s}", name)
 }
 
-// notifying returns ctx carrying a runtime.Notifier that turns what StartContainer does (pull,
+// notifying returns ctx carrying a ctrd.Notifier that turns what StartContainer does (pull,
 // create, start) into events about container c.
 func (w *Worker) notifying(ctx context.Context, pod *v1.Pod, c *v1.Container) context.Context {
-	return runtime.WithNotifier(ctx, func(typ event.Type, reason, message string) {
+	return ctrd.WithNotifier(ctx, func(typ event.Type, reason, message string) {
 		w.emitContainer(pod, c.Name, typ, reason, message)
 	})
 }
 
 // startFailed reports a container that could not be started: kubelet's "Error: ..." event, which
 // names the waiting reason for image errors and the cause for the others.
-func (w *Worker) startFailed(pod *v1.Pod, c *v1.Container, se *runtime.StartError) {
+func (w *Worker) startFailed(pod *v1.Pod, c *v1.Container, se *ctrd.StartError) {
 	msg := "Error: " + se.Reason
 	switch se.Reason {
 	case "ErrImagePull", "ErrImageNeverPull", "InvalidImageName":
@@ -67,9 +67,9 @@ func (w *Worker) waitingToRetry(pod *v1.Pod, c *v1.Container, r *record) {
 }
 
 // killing reports that the node stops a running container (kubelet's Killing).
-func (w *Worker) killing(pod *v1.Pod, cs ...runtime.Container) {
+func (w *Worker) killing(pod *v1.Pod, cs ...ctrd.Container) {
 	for _, c := range cs {
-		if c.State == runtime.StateRunning {
+		if c.State == ctrd.StateRunning {
 			w.emitContainer(pod, c.Name, event.Normal, event.ReasonKilling, "Stopping container "+c.Name)
 		}
 	}

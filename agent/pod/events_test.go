@@ -8,9 +8,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/event"
-	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -91,7 +91,7 @@ func TestWorkerEmitsBackOff(t *testing.T) {
 // a BackOff about the image and "Error: ImagePullBackOff".
 func TestWorkerEmitsPullFailure(t *testing.T) {
 	f := newFakeRuntime()
-	f.startErr["a"] = &runtime.StartError{Reason: "ErrImagePull", Err: errors.New("pull busybox:1.36: connection refused")}
+	f.startErr["a"] = &ctrd.StartError{Reason: "ErrImagePull", Err: errors.New("pull busybox:1.36: connection refused")}
 	_, l := startWorkerWithEvents(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
 	failed := l.waitFor(t, event.ReasonFailed, 2)
 	if failed[0].Message != "Error: ErrImagePull" || failed[1].Message != "Error: ImagePullBackOff" || failed[0].Type != event.Warning {
@@ -105,7 +105,7 @@ func TestWorkerEmitsPullFailure(t *testing.T) {
 // Other start failures name their cause.
 func TestWorkerEmitsStartFailureCause(t *testing.T) {
 	f := newFakeRuntime()
-	f.startErr["a"] = &runtime.StartError{Reason: "CreateContainerConfigError", Err: errors.New(`configmap "app" not found`)}
+	f.startErr["a"] = &ctrd.StartError{Reason: "CreateContainerConfigError", Err: errors.New(`configmap "app" not found`)}
 	_, l := startWorkerWithEvents(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
 	if e := l.waitFor(t, event.ReasonFailed, 1)[0]; e.Message != `Error: configmap "app" not found` {
 		t.Errorf("Failed event = %+v", e)
@@ -169,9 +169,9 @@ func TestWorkerActiveDeadline(t *testing.T) {
 func TestWorkerActiveDeadlineSurvivesRestart(t *testing.T) {
 	f := newFakeRuntime()
 	f.intact(testUID)
-	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, PodName: "web", PodNamespace: "default", Name: "a",
+	f.add(ctrd.Container{ID: idOf("a", 0), PodUID: testUID, PodName: "web", PodNamespace: "default", Name: "a",
 		Hash:  ctrspec.SpecHash(testPod(v1.RestartPolicyAlways, "a"), &testPod(v1.RestartPolicyAlways, "a").Spec.Containers[0]),
-		State: runtime.StateRunning, CreatedAt: time.Now().Add(-time.Hour)})
+		State: ctrd.StateRunning, CreatedAt: time.Now().Add(-time.Hour)})
 	pod := testPod(v1.RestartPolicyAlways, "a")
 	secs := int64(600)
 	pod.Spec.ActiveDeadlineSeconds = &secs

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -79,11 +79,11 @@ func (w *Worker) syncFailed(ctx context.Context, pod *v1.Pod, f *Failure, kill b
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var stopped []*runtime.Container
+	var stopped []*ctrd.Container
 	failed := false
 	for i := range observed {
 		c := &observed[i]
-		if c.State == runtime.StateExited || !kill {
+		if c.State == ctrd.StateExited || !kill {
 			continue
 		}
 		w.killing(pod, *c)
@@ -112,7 +112,7 @@ func (w *Worker) syncFailed(ctx context.Context, pod *v1.Pod, f *Failure, kill b
 			started = c.CreatedAt
 		}
 		r.terminated = &v1.ContainerStateTerminated{ExitCode: 137, Signal: 9, Reason: "Error",
-			Message: "stopped by the node: " + f.Reason, ContainerID: runtime.StatusContainerID(c.ID),
+			Message: "stopped by the node: " + f.Reason, ContainerID: ctrd.StatusContainerID(c.ID),
 			StartedAt: metav1.NewTime(started), FinishedAt: metav1.NewTime(now)}
 	}
 	if len(stopped) > 0 {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -97,7 +97,7 @@ type gatedRuntime struct {
 	gate    chan struct{} // closed to let the starts through
 }
 
-func (g gatedRuntime) StartContainer(ctx context.Context, pod *v1.Pod, sb *runtime.Sandbox, c *v1.Container, restarts int) (runtime.Container, error) {
+func (g gatedRuntime) StartContainer(ctx context.Context, pod *v1.Pod, sb *ctrd.Sandbox, c *v1.Container, restarts int) (ctrd.Container, error) {
 	g.entered <- c.Name
 	<-g.gate
 	return g.fakeRuntime.StartContainer(ctx, pod, sb, c, restarts)

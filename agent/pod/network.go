@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
-	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -29,7 +29,7 @@ func sandboxRetry(n int) time.Duration {
 // sandboxFailed makes a pod whose sandbox cannot be set up wait visibly rather than fail: its
 // containers that never started show ContainerCreating (PodInitializing) with the reason as their
 // message, and the first failure and every different one after it is an event.
-func (w *Worker) sandboxFailed(ctx context.Context, pod *v1.Pod, observed []runtime.Container, err error) time.Duration {
+func (w *Worker) sandboxFailed(ctx context.Context, pod *v1.Pod, observed []ctrd.Container, err error) time.Duration {
 	msg := "failed to set up the pod sandbox: " + err.Error()
 	if w.sbErr != msg {
 		w.emit(pod, event.Warning, ReasonFailedCreatePodSandBox, msg)

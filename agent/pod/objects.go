@@ -5,17 +5,17 @@ import (
 	"errors"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
-	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 )
 
 // ReasonFailedMount is kubelet's event reason for a volume that could not be set up; the runtime
 // uses it as the waiting reason too.
-const ReasonFailedMount = runtime.ReasonFailedMount
+const ReasonFailedMount = ctrd.ReasonFailedMount
 
 // VolumeRefresher is a runtime whose configMap, secret, downwardAPI and projected volumes follow
-// their sources while containers run (*runtime.Runtime). RefreshVolumes rewrites the pod's
+// their sources while containers run (*ctrd.Runtime). RefreshVolumes rewrites the pod's
 // volumes that are set up already and returns what failed, one error per volume.
 type VolumeRefresher interface {
 	RefreshVolumes(ctx context.Context, pod *v1.Pod) []error
@@ -55,8 +55,8 @@ func (w *Worker) objectsChanged(ctx context.Context, pod *v1.Pod) {
 
 // reportMountFailure emits FailedMount when a container could not start because one of its
 // volumes could not be set up.
-func (w *Worker) reportMountFailure(pod *v1.Pod, se *runtime.StartError) {
-	var me *runtime.MountError
+func (w *Worker) reportMountFailure(pod *v1.Pod, se *ctrd.StartError) {
+	var me *ctrd.MountError
 	if errors.As(se.Err, &me) {
 		w.emit(pod, event.Warning, ReasonFailedMount, me.Error())
 	}

@@ -6,8 +6,8 @@ import (
 	"fmt"
 
 	"github.com/mqlet/mqlet/agent/cgroup"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
-	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -16,15 +16,15 @@ import (
 const ReasonOOMKilled = "OOMKilled"
 
 // OOMChecker is a runtime that can tell from a container's cgroup whether the kernel OOM-killed a
-// process of it (runtime.Runtime.OOMKilled). containerd's OOM event says so while the agent runs;
+// process of it (ctrd.Runtime.OOMKilled). containerd's OOM event says so while the agent runs;
 // the cgroup's counters say so for a kill nobody saw, as long as the container is not removed.
 type OOMChecker interface {
-	OOMKilled(ctx context.Context, c runtime.Container) (bool, error)
+	OOMKilled(ctx context.Context, c ctrd.Container) (bool, error)
 }
 
 // checkOOM looks, once per exited attempt with no OOM event, at its cgroup's OOM counters. It runs
 // at the first look at the exit, before anything removes the container (and its cgroup).
-func (w *Worker) checkOOM(ctx context.Context, name string, cur *runtime.Container) {
+func (w *Worker) checkOOM(ctx context.Context, name string, cur *ctrd.Container) {
 	r := w.rec(name)
 	if r.oomIDs[cur.ID] || r.oomChecked == cur.ID {
 		return
@@ -47,7 +47,7 @@ func (w *Worker) checkOOM(ctx context.Context, name string, cur *runtime.Contain
 }
 
 // reportOOM emits one Warning event per OOM-killed attempt, from a live event or the counters.
-func (w *Worker) reportOOM(pod *v1.Pod, c *v1.Container, cur *runtime.Container) {
+func (w *Worker) reportOOM(pod *v1.Pod, c *v1.Container, cur *ctrd.Container) {
 	r := w.rec(c.Name)
 	if !r.oomIDs[cur.ID] || r.oomReported == cur.ID {
 		return
@@ -58,7 +58,7 @@ func (w *Worker) reportOOM(pod *v1.Pod, c *v1.Container, cur *runtime.Container)
 		limit = "memory limit " + m.String()
 	}
 	msg := fmt.Sprintf("Memory cgroup out of memory: the kernel killed a process of container %s (%s)", c.Name, limit)
-	if cur.State == runtime.StateExited {
+	if cur.State == ctrd.StateExited {
 		msg = fmt.Sprintf("Container %s was OOM-killed (%s); exit code %d", c.Name, limit, cur.ExitCode)
 	}
 	// About the container (its field path), so the event and the OOM metric name it.

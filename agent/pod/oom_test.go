@@ -8,13 +8,13 @@ import (
 	"testing"
 
 	"github.com/mqlet/mqlet/agent/cgroup"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
-	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
-// oomRuntime is the fake runtime plus the cgroup OOM counters of runtime.Runtime.OOMKilled.
+// oomRuntime is the fake runtime plus the cgroup OOM counters of ctrd.Runtime.OOMKilled.
 type oomRuntime struct {
 	*fakeRuntime
 	mu     sync.Mutex
@@ -23,7 +23,7 @@ type oomRuntime struct {
 	checks []string // ids asked about
 }
 
-func (o *oomRuntime) OOMKilled(_ context.Context, c runtime.Container) (bool, error) {
+func (o *oomRuntime) OOMKilled(_ context.Context, c ctrd.Container) (bool, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.checks = append(o.checks, c.ID)

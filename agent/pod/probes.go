@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/probe"
-	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -41,7 +41,7 @@ func (w *Worker) startProbes(ctx context.Context) func() {
 // target is how a probe or hook reaches container c's attempt cur. sb is the pod's sandbox when the
 // worker has set it up; without it (a pod deleted before its first sync after an agent restart)
 // the container's own process names the network namespace.
-func (w *Worker) target(pod *v1.Pod, sb *runtime.Sandbox, c *v1.Container, cur *runtime.Container) probe.Target {
+func (w *Worker) target(pod *v1.Pod, sb *ctrd.Sandbox, c *v1.Container, cur *ctrd.Container) probe.Target {
 	t := probe.Target{Pod: pod, Container: c, ContainerID: cur.ID}
 	t.Exec, _ = w.env.Runtime.(probe.Execer)
 	if pod.Spec.HostNetwork {
@@ -61,7 +61,7 @@ func (w *Worker) target(pod *v1.Pod, sb *runtime.Sandbox, c *v1.Container, cur *
 }
 
 // syncProbes runs the probes of the pod's running app containers and stops the others.
-func (w *Worker) syncProbes(pod *v1.Pod, newest map[string]*runtime.Container) {
+func (w *Worker) syncProbes(pod *v1.Pod, newest map[string]*ctrd.Container) {
 	if w.probes == nil {
 		return
 	}
@@ -69,7 +69,7 @@ func (w *Worker) syncProbes(pod *v1.Pod, newest map[string]*runtime.Container) {
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
 		cur := newest[c.Name]
-		if cur == nil || cur.State != runtime.StateRunning || (c.LivenessProbe == nil && c.ReadinessProbe == nil && c.StartupProbe == nil) {
+		if cur == nil || cur.State != ctrd.StateRunning || (c.LivenessProbe == nil && c.ReadinessProbe == nil && c.StartupProbe == nil) {
 			continue
 		}
 		running = append(running, probe.Running{Target: w.target(pod, w.sb, c, cur), StartedAt: w.rec(c.Name).startTime(cur)})
@@ -87,7 +87,7 @@ func (w *Worker) probeStatus(c *v1.Container, id string) (*bool, bool) {
 // kubelet does: a Killing event, the prekill hooks (preStop), then the stop signal with the grace
 // period the hook gives, or the pod's. The exit then goes the way of any exit: restart policy and
 // back-off. It reports whether the container was (or is being) killed and when to look again.
-func (w *Worker) killUnhealthy(ctx context.Context, pod *v1.Pod, c *v1.Container, cur *runtime.Container) (bool, time.Duration) {
+func (w *Worker) killUnhealthy(ctx context.Context, pod *v1.Pod, c *v1.Container, cur *ctrd.Container) (bool, time.Duration) {
 	a := attempt{pod: pod, spec: c, cur: *cur, target: w.target(pod, w.sb, c, cur)}
 	for _, h := range w.hooks {
 		hc, ok := h.(healthChecker)
@@ -117,7 +117,7 @@ func (w *Worker) killUnhealthy(ctx context.Context, pod *v1.Pod, c *v1.Container
 // postStart runs the poststart hooks (the postStart handler) right after a start; the pod's status
 // waits for them, as kubelet's start does. A hook that fails gets its container killed; that exit
 // then goes the way of the pod's restart policy.
-func (w *Worker) postStart(ctx context.Context, pod *v1.Pod, c *v1.Container, started runtime.Container) {
+func (w *Worker) postStart(ctx context.Context, pod *v1.Pod, c *v1.Container, started ctrd.Container) {
 	// A hook that hangs must not hold off the pod's termination (a deletion, an eviction), which
 	// waits for this sync to end: kubelet too gives up a postStart hook when the pod is killed.
 	ctx, cancel := context.WithCancel(ctx)
@@ -153,13 +153,13 @@ type preStopRuntime struct {
 	Runtime
 	w    *Worker
 	pod  *v1.Pod
-	sb   *runtime.Sandbox
-	ctrs map[string]runtime.Container // the attempts it may stop, by id
+	sb   *ctrd.Sandbox
+	ctrs map[string]ctrd.Container // the attempts it may stop, by id
 }
 
 // withPreStop wraps the runtime for stopping ctrs of pod.
-func (w *Worker) withPreStop(pod *v1.Pod, ctrs ...runtime.Container) preStopRuntime {
-	h := preStopRuntime{Runtime: w.env.Runtime, w: w, pod: pod, sb: w.sb, ctrs: make(map[string]runtime.Container, len(ctrs))}
+func (w *Worker) withPreStop(pod *v1.Pod, ctrs ...ctrd.Container) preStopRuntime {
+	h := preStopRuntime{Runtime: w.env.Runtime, w: w, pod: pod, sb: w.sb, ctrs: make(map[string]ctrd.Container, len(ctrs))}
 	for _, c := range ctrs {
 		h.ctrs[c.ID] = c
 	}
@@ -183,7 +183,7 @@ func (h preStopRuntime) kill(ctx context.Context, id string, grace time.Duration
 // left of grace for the stop signal, never under kubelet's minimum.
 func (h preStopRuntime) preStop(ctx context.Context, id string, grace time.Duration) time.Duration {
 	cur, ok := h.ctrs[id]
-	if !ok || cur.State != runtime.StateRunning {
+	if !ok || cur.State != ctrd.StateRunning {
 		return grace
 	}
 	c := containerSpec(h.pod, cur.Name)

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/ctrspec"
-	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -20,14 +20,14 @@ func TestWorkerNewSandboxRerunsInit(t *testing.T) {
 	pod := testPod(v1.RestartPolicyAlways, "a")
 	pod.Spec.InitContainers = []v1.Container{{Name: "i", Image: "busybox:1.36", Command: []string{"true"}}}
 	f := newFakeRuntime() // no sandbox for the pod: EnsureSandbox reports it Created
-	f.add(runtime.Container{ID: idOf("i", 0), PodUID: testUID, Name: "i", Hash: ctrspec.SpecHash(pod, &pod.Spec.InitContainers[0]),
-		State: runtime.StateCreated, CreatedAt: time.Now()})
-	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[0]),
-		State: runtime.StateCreated, CreatedAt: time.Now()})
+	f.add(ctrd.Container{ID: idOf("i", 0), PodUID: testUID, Name: "i", Hash: ctrspec.SpecHash(pod, &pod.Spec.InitContainers[0]),
+		State: ctrd.StateCreated, CreatedAt: time.Now()})
+	f.add(ctrd.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[0]),
+		State: ctrd.StateCreated, CreatedAt: time.Now()})
 	prev := &v1.PodStatus{
-		InitContainerStatuses: []v1.ContainerStatus{{Name: "i", ContainerID: runtime.StatusContainerID(idOf("i", 0)),
-			State: v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", ContainerID: runtime.StatusContainerID(idOf("i", 0))}}}},
-		ContainerStatuses: []v1.ContainerStatus{{Name: "a", ContainerID: runtime.StatusContainerID(idOf("a", 0)),
+		InitContainerStatuses: []v1.ContainerStatus{{Name: "i", ContainerID: ctrd.StatusContainerID(idOf("i", 0)),
+			State: v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", ContainerID: ctrd.StatusContainerID(idOf("i", 0))}}}},
+		ContainerStatuses: []v1.ContainerStatus{{Name: "a", ContainerID: ctrd.StatusContainerID(idOf("a", 0)),
 			State: v1.ContainerState{Running: &v1.ContainerStateRunning{}}}},
 	}
 	h := startWorker(t, pod, prev, f)
@@ -49,7 +49,7 @@ func TestWorkerNewSandboxRerunsInit(t *testing.T) {
 	}
 }
 
-func containsID(cs []runtime.Container, id string) bool {
+func containsID(cs []ctrd.Container, id string) bool {
 	for _, c := range cs {
 		if c.ID == id {
 			return true
@@ -87,8 +87,8 @@ func TestWorkerSandboxOncePerSpec(t *testing.T) {
 // Teardown gives each container its own pod's grace when none is given (an orphan), raises 0 to
 // kubelet's 2 s, and removes the sandbox only once every container is gone.
 func TestTeardownGrace(t *testing.T) {
-	ref := runtime.PodRef{UID: types.UID(testUID)}
-	ctrs := []runtime.Container{
+	ref := ctrd.PodRef{UID: types.UID(testUID)}
+	ctrs := []ctrd.Container{
 		{ID: "c7", PodUID: testUID, Name: "seven", Grace: 7 * time.Second},
 		{ID: "c0", PodUID: testUID, Name: "zero", Grace: 0},
 	}
@@ -104,7 +104,7 @@ func TestTeardownGrace(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFakeRuntime()
 			for _, c := range ctrs {
-				c.State = runtime.StateRunning
+				c.State = ctrd.StateRunning
 				f.add(c)
 			}
 			if err := Teardown(context.Background(), f, ref, ctrs, tt.grace, slog.New(slog.DiscardHandler)); err != nil {
@@ -145,8 +145,8 @@ func (f failingStop) StopContainer(ctx context.Context, id string, grace time.Du
 // the container.
 func TestTeardownKeepsSandboxWhileAContainerRuns(t *testing.T) {
 	f := failingStop{newFakeRuntime(), "c1"}
-	ctrs := []runtime.Container{{ID: "c1", Name: "one", PodUID: testUID}, {ID: "c2", Name: "two", PodUID: testUID}}
-	err := Teardown(context.Background(), f, runtime.PodRef{UID: types.UID(testUID)}, ctrs, nil, slog.New(slog.DiscardHandler))
+	ctrs := []ctrd.Container{{ID: "c1", Name: "one", PodUID: testUID}, {ID: "c2", Name: "two", PodUID: testUID}}
+	err := Teardown(context.Background(), f, ctrd.PodRef{UID: types.UID(testUID)}, ctrs, nil, slog.New(slog.DiscardHandler))
 	if err == nil || errors.Is(err, ErrSandboxLeft) {
 		t.Fatalf("Teardown with a failing stop: err = %v, want the stop error", err)
 	}

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 )
 
 // MinGrace is kubelet's floor for a termination grace period: even a pod that asks for 0 gets a
@@ -22,9 +22,9 @@ var ErrSandboxLeft = errors.New("sandbox not fully removed")
 // Teardown is the one way a pod leaves the node, whether deleted, found orphaned after a crash, or
 // swept as a leftover: every container is stopped in parallel (stop signal, grace period, SIGKILL)
 // and removed, then the sandbox is removed. With grace nil each container gets the grace its pod
-// had when it was created (runtime.Container.Grace). The sandbox stays while any container may
+// had when it was created (ctrd.Container.Grace). The sandbox stays while any container may
 // still run in it; the returned error then says which container failed.
-func Teardown(ctx context.Context, rt Runtime, ref runtime.PodRef, ctrs []runtime.Container, grace *time.Duration, log *slog.Logger) error {
+func Teardown(ctx context.Context, rt Runtime, ref ctrd.PodRef, ctrs []ctrd.Container, grace *time.Duration, log *slog.Logger) error {
 	if log == nil {
 		log = slog.Default()
 	}

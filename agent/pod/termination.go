@@ -1,13 +1,13 @@
 package pod
 
 import (
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	v1 "k8s.io/api/core/v1"
 )
 
-// messageReader is implemented by runtimes that keep termination messages (runtime.Runtime).
+// messageReader is implemented by runtimes that keep termination messages (ctrd.Runtime).
 type messageReader interface {
-	TerminationMessage(c runtime.Container, spec *v1.Container) string
+	TerminationMessage(c ctrd.Container, spec *v1.Container) string
 }
 
 // maxPodTerminationMessages is kubelet's bound on the termination messages of all of a pod's
@@ -23,7 +23,7 @@ type exitMessage struct {
 // addExitMessage puts in t what attempt cur of container name left as its termination message. It
 // is read once per attempt: the status is computed at every sync, the file only changes while the
 // container runs.
-func (w *Worker) addExitMessage(t *v1.ContainerStateTerminated, name string, cur *runtime.Container) {
+func (w *Worker) addExitMessage(t *v1.ContainerStateTerminated, name string, cur *ctrd.Container) {
 	mr, ok := w.env.Runtime.(messageReader)
 	if !ok {
 		return

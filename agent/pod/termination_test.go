@@ -5,7 +5,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -17,7 +17,7 @@ type msgRuntime struct {
 	reads map[string]int
 }
 
-func (m *msgRuntime) TerminationMessage(c runtime.Container, spec *v1.Container) string {
+func (m *msgRuntime) TerminationMessage(c ctrd.Container, spec *v1.Container) string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.reads[c.ID]++
@@ -56,7 +56,7 @@ func TestTerminationMessagesShareThePodBound(t *testing.T) {
 	h := startMsgWorker(t, pod, rt)
 	h.waitFor("phase Running", phaseIs(v1.PodRunning))
 	rt.mu.Lock()
-	rt.msgs[idOf("a", 0)] = strings.Repeat("x", runtime.MaxTerminationMessage)
+	rt.msgs[idOf("a", 0)] = strings.Repeat("x", ctrd.MaxTerminationMessage)
 	rt.msgs[idOf("b", 0)] = "short"
 	rt.mu.Unlock()
 	rt.exit(t, idOf("a", 0), 2)

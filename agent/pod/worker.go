@@ -13,8 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/qos"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -23,14 +23,14 @@ import (
 
 // Runtime is what a worker needs from the container runtime.
 type Runtime interface {
-	ListContainers(ctx context.Context, podUID string) ([]runtime.Container, error)
-	// EnsureSandbox sets up what the pod's containers share (runtime.Runtime.EnsureSandbox).
-	EnsureSandbox(ctx context.Context, pod *v1.Pod) (*runtime.Sandbox, error)
-	StartContainer(ctx context.Context, pod *v1.Pod, sb *runtime.Sandbox, c *v1.Container, restarts int) (runtime.Container, error)
+	ListContainers(ctx context.Context, podUID string) ([]ctrd.Container, error)
+	// EnsureSandbox sets up what the pod's containers share (ctrd.Runtime.EnsureSandbox).
+	EnsureSandbox(ctx context.Context, pod *v1.Pod) (*ctrd.Sandbox, error)
+	StartContainer(ctx context.Context, pod *v1.Pod, sb *ctrd.Sandbox, c *v1.Container, restarts int) (ctrd.Container, error)
 	StopContainer(ctx context.Context, id string, grace time.Duration) error
 	RemoveContainer(ctx context.Context, id string) error
 	// RemoveSandbox removes the sandbox by UID alone if need be; missing parts are fine.
-	RemoveSandbox(ctx context.Context, ref runtime.PodRef) error
+	RemoveSandbox(ctx context.Context, ref ctrd.PodRef) error
 }
 
 // Kubelet's restart back-off: 10 s doubling to 5 min, forgotten after a container ran 10 min.
@@ -79,7 +79,7 @@ type record struct {
 	startedAt   time.Time
 	startedID   string
 	last        *v1.ContainerStateTerminated
-	failure     *runtime.StartError
+	failure     *ctrd.StartError
 	crashes     int // consecutive quick exits, for back-off
 	retryAt     time.Time
 	oomIDs      map[string]bool
@@ -104,16 +104,16 @@ type Worker struct {
 	ooms     []string
 	objects  bool // a ConfigMap or Secret the pod uses changed (ObjectsChanged); true at first for a restarted agent
 
-	seen string // runtime.Fingerprint of what the last sync left behind; guarded by mu
+	seen string // ctrd.Fingerprint of what the last sync left behind; guarded by mu
 
 	recs      map[string]*record // loop-owned
 	mutations int                // loop-owned: containers started or removed, to know when to look again
 	syncs     atomic.Int64       // completed syncs, for tests that wait for one
 
-	sb         *runtime.Sandbox // loop-owned: the pod's sandbox, set up for sbPod
-	sbPod      *v1.Pod          // loop-owned: the spec sb was set up for; a new spec sets it up again
-	sbFailures int              // loop-owned: consecutive failed set-ups, for back-off
-	sbErr      string           // loop-owned: why the last set-up failed, shown while the pod waits
+	sb         *ctrd.Sandbox // loop-owned: the pod's sandbox, set up for sbPod
+	sbPod      *v1.Pod       // loop-owned: the spec sb was set up for; a new spec sets it up again
+	sbFailures int           // loop-owned: consecutive failed set-ups, for back-off
+	sbErr      string        // loop-owned: why the last set-up failed, shown while the pod waits
 
 	active Desired // loop-owned: the version the sync under way works on, which its statuses report
 
@@ -143,11 +143,11 @@ func NewWorker(d Desired, prev *v1.PodStatus, env Env) *Worker {
 			r := w.rec(cs.Name)
 			if cs.State.Running != nil {
 				r.startedAt = cs.State.Running.StartedAt.Time
-				r.startedID = runtime.TrimStatusContainerID(cs.ContainerID)
+				r.startedID = ctrd.TrimStatusContainerID(cs.ContainerID)
 			}
 			if cs.State.Terminated != nil {
 				r.startedAt = cs.State.Terminated.StartedAt.Time
-				r.startedID = runtime.TrimStatusContainerID(cs.ContainerID)
+				r.startedID = ctrd.TrimStatusContainerID(cs.ContainerID)
 				// A container that finished for good stays finished across an agent restart or
 				// a reboot (a one-shot job must not run again).
 				r.terminated = cs.State.Terminated.DeepCopy()
@@ -170,7 +170,7 @@ func (w *Worker) rec(name string) *record {
 
 // startTime is when attempt cur started: the time the worker saw it start, or its creation time
 // for an attempt it did not start (an agent restart).
-func (r *record) startTime(cur *runtime.Container) time.Time {
+func (r *record) startTime(cur *ctrd.Container) time.Time {
 	if r.startedID != cur.ID || r.startedAt.IsZero() {
 		return cur.CreatedAt
 	}
@@ -260,7 +260,7 @@ func (w *Worker) OOM(containerID string) {
 	w.Nudge()
 }
 
-// Seen is the fingerprint (runtime.Fingerprint) of the containers the last sync left behind. The
+// Seen is the fingerprint (ctrd.Fingerprint) of the containers the last sync left behind. The
 // relist compares it with what containerd shows and nudges only workers whose view is stale.
 func (w *Worker) Seen() string {
 	w.mu.Lock()
@@ -354,7 +354,7 @@ func (w *Worker) synced(start time.Time) {
 }
 
 // grace is the pod's termination grace period, raised to kubelet's minimum.
-func grace(pod *v1.Pod) time.Duration { return max(runtime.PodGrace(pod), MinGrace) }
+func grace(pod *v1.Pod) time.Duration { return max(ctrd.PodGrace(pod), MinGrace) }
 
 // terminate tears the pod down (Teardown) with its current grace period. It reports whether the
 // pod's containers are gone; sandbox leftovers are only warned about, as a later sweep removes them.
@@ -367,7 +367,7 @@ func (w *Worker) terminate(ctx context.Context, pod *v1.Pod) bool {
 	g := grace(pod)
 	w.killing(pod, ctrs...)
 	w.probes.Sync(nil) // a pod on its way out is probed no more
-	if err := Teardown(ctx, w.withPreStop(pod, ctrs...), runtime.RefOf(pod), ctrs, &g, w.env.Log); err != nil {
+	if err := Teardown(ctx, w.withPreStop(pod, ctrs...), ctrd.RefOf(pod), ctrs, &g, w.env.Log); err != nil {
 		if !errors.Is(err, ErrSandboxLeft) {
 			w.env.Log.Error("terminate", "err", err)
 			return false
@@ -389,7 +389,7 @@ func (w *Worker) terminate(ctx context.Context, pod *v1.Pod) bool {
 // volumes or hostname may differ). When the sandbox had to be made anew for a pod that ran before
 // (its namespaces went with a reboot), the pod starts over as kubelet's does: what its init
 // containers set up went with the old sandbox. It returns the containers left afterwards.
-func (w *Worker) ensureSandbox(ctx context.Context, pod *v1.Pod, observed []runtime.Container) ([]runtime.Container, error) {
+func (w *Worker) ensureSandbox(ctx context.Context, pod *v1.Pod, observed []ctrd.Container) ([]ctrd.Container, error) {
 	if w.sb != nil && w.sbPod == pod {
 		return observed, nil
 	}
@@ -426,7 +426,7 @@ func (w *Worker) ensureSandbox(ctx context.Context, pod *v1.Pod, observed []runt
 }
 
 // ranBefore reports whether any container of the pod ran (or was made) before this sandbox.
-func (w *Worker) ranBefore(observed []runtime.Container) bool {
+func (w *Worker) ranBefore(observed []ctrd.Container) bool {
 	if len(observed) > 0 {
 		return true
 	}
@@ -474,7 +474,7 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 	}
 	// Keep only the newest attempt of each container; older ones and containers the spec no longer
 	// names are removed (stopped first, with the pod's grace period).
-	newest := map[string]*runtime.Container{}
+	newest := map[string]*ctrd.Container{}
 	stuck := map[string]bool{} // names with an older attempt that may still run: start nothing for them
 	sort.Slice(observed, func(i, j int) bool { return observed[i].RestartCount > observed[j].RestartCount })
 	for i := range observed {
@@ -495,7 +495,7 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 			next = d
 		}
 	}
-	reconcile := func(c *v1.Container, cur *runtime.Container) time.Duration {
+	reconcile := func(c *v1.Container, cur *ctrd.Container) time.Duration {
 		if stuck[c.Name] {
 			return relistRetry
 		}
@@ -507,7 +507,7 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 		cur := newest[c.Name]
 		r := w.rec(c.Name)
 		finished := cur != nil && r.terminatedAt(cur) && r.terminated.ExitCode == 0 // after a reboot
-		if cur != nil && (cur.State == runtime.StateExited && cur.ExitCode == 0 || finished) {
+		if cur != nil && (cur.State == ctrd.StateExited && cur.ExitCode == 0 || finished) {
 			continue
 		}
 		initDone = false
@@ -531,8 +531,8 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 }
 
 // newestAttempts maps each container name to its attempt with the highest restart count.
-func newestAttempts(observed []runtime.Container) map[string]*runtime.Container {
-	newest := map[string]*runtime.Container{}
+func newestAttempts(observed []ctrd.Container) map[string]*ctrd.Container {
+	newest := map[string]*ctrd.Container{}
 	for i := range observed {
 		c := &observed[i]
 		if o := newest[c.Name]; o == nil || c.RestartCount > o.RestartCount {
@@ -544,9 +544,9 @@ func newestAttempts(observed []runtime.Container) map[string]*runtime.Container 
 
 // finishSync records what the sync left behind (for the relist's staleness check) and publishes
 // the resulting status.
-func (w *Worker) finishSync(pod *v1.Pod, observed []runtime.Container, newest map[string]*runtime.Container, now time.Time) {
+func (w *Worker) finishSync(pod *v1.Pod, observed []ctrd.Container, newest map[string]*ctrd.Container, now time.Time) {
 	w.mu.Lock()
-	w.seen = runtime.Fingerprint(observed)
+	w.seen = ctrd.Fingerprint(observed)
 	w.mu.Unlock()
 	w.syncProbes(pod, newest)
 	w.publish(pod, newest, now)
@@ -556,7 +556,7 @@ func (w *Worker) finishSync(pod *v1.Pod, observed []runtime.Container, newest ma
 // stopAndRemove stops and removes one attempt. It reports whether the attempt is known to be no
 // longer running; when it is not, nothing may replace it yet, or two instances would run at once.
 // A failed remove leaves a stopped record, which the next sync removes as an older attempt.
-func (w *Worker) stopAndRemove(ctx context.Context, pod *v1.Pod, c *runtime.Container) bool {
+func (w *Worker) stopAndRemove(ctx context.Context, pod *v1.Pod, c *ctrd.Container) bool {
 	w.killing(pod, *c)
 	w.mutations++
 	if err := w.withPreStop(pod, *c).StopContainer(ctx, c.ID, grace(pod)); err != nil {
@@ -570,7 +570,7 @@ func (w *Worker) stopAndRemove(ctx context.Context, pod *v1.Pod, c *runtime.Cont
 }
 
 // noteExit remembers how an attempt ended, in Kubernetes' terms.
-func (w *Worker) noteExit(name string, cur *runtime.Container) *v1.ContainerStateTerminated {
+func (w *Worker) noteExit(name string, cur *ctrd.Container) *v1.ContainerStateTerminated {
 	r := w.rec(name)
 	reason := "Completed"
 	if cur.ExitCode != 0 {
@@ -581,7 +581,7 @@ func (w *Worker) noteExit(name string, cur *runtime.Container) *v1.ContainerStat
 	}
 	started := r.startTime(cur)
 	t := &v1.ContainerStateTerminated{
-		ExitCode: cur.ExitCode, Reason: reason, ContainerID: runtime.StatusContainerID(cur.ID),
+		ExitCode: cur.ExitCode, Reason: reason, ContainerID: ctrd.StatusContainerID(cur.ID),
 		StartedAt: metav1.NewTime(started), FinishedAt: metav1.NewTime(cur.ExitedAt),
 	}
 	if cur.ExitCode > 128 && cur.ExitCode < 160 {
@@ -602,13 +602,13 @@ func shouldRestart(policy v1.RestartPolicy, exit int32) bool {
 }
 
 // leftState reports whether a start that failed with this reason got as far as creating something
-// in containerd under the attempt's id (runtime.StartError's reasons).
+// in containerd under the attempt's id (ctrd.StartError's reasons).
 func leftState(reason string) bool {
 	return reason == "CreateContainerError" || reason == "RunContainerError"
 }
 
 // reconcile brings one container towards its spec and returns when to look again.
-func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cur *runtime.Container, now time.Time) time.Duration {
+func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cur *ctrd.Container, now time.Time) time.Duration {
 	r := w.rec(c.Name)
 	attempt := r.attempt // nothing in containerd: retry the attempt that failed to start, if any
 	if r.failure != nil && leftState(r.failure.Reason) {
@@ -627,7 +627,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 				return relistRetry
 			}
 			r.crashes, r.retryAt, r.failure = 0, time.Time{}, nil
-		case cur.State == runtime.StateRunning:
+		case cur.State == ctrd.StateRunning:
 			if killed, next := w.killUnhealthy(ctx, pod, c, cur); killed {
 				return next
 			}
@@ -637,7 +637,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 				r.startedID, r.startedAt = cur.ID, cur.CreatedAt // adopted from an earlier agent
 			}
 			return 0
-		case cur.State == runtime.StateExited:
+		case cur.State == ctrd.StateExited:
 			w.checkOOM(ctx, c.Name, cur)
 			w.reportOOM(pod, c, cur)
 			t := w.noteExit(c.Name, cur)
@@ -674,7 +674,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 					// terminated with an unknown status rather than running it again.
 					r.terminated = &v1.ContainerStateTerminated{ExitCode: 137, Reason: "ContainerStatusUnknown",
 						Message:     "The container could not be located when the pod was restarted",
-						ContainerID: runtime.StatusContainerID(cur.ID), StartedAt: metav1.NewTime(r.startedAt), FinishedAt: metav1.NewTime(now)}
+						ContainerID: ctrd.StatusContainerID(cur.ID), StartedAt: metav1.NewTime(r.startedAt), FinishedAt: metav1.NewTime(now)}
 					return 0
 				}
 			}
@@ -695,9 +695,9 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 	r.attempt = attempt
 	started, err := w.env.Runtime.StartContainer(w.notifying(ctx, pod, c), withNodeStatus(pod, w.hostIP(), w.podIPs()), w.sb, c, attempt)
 	if err != nil {
-		var se *runtime.StartError
+		var se *ctrd.StartError
 		if !errors.As(err, &se) {
-			se = &runtime.StartError{Reason: "RunContainerError", Err: err}
+			se = &ctrd.StartError{Reason: "RunContainerError", Err: err}
 		}
 		r.crashes++
 		r.failure = se
@@ -768,8 +768,8 @@ func withNodeStatus(pod *v1.Pod, hostIP string, podIPs []string) *v1.Pod {
 }
 
 // terminatedAt reports whether the recorded terminal state already describes this attempt.
-func (r *record) terminatedAt(cur *runtime.Container) bool {
-	return r.terminated != nil && r.terminated.ContainerID == runtime.StatusContainerID(cur.ID)
+func (r *record) terminatedAt(cur *ctrd.Container) bool {
+	return r.terminated != nil && r.terminated.ContainerID == ctrd.StatusContainerID(cur.ID)
 }
 
 func backoffDelay(crashes int) time.Duration {
@@ -784,7 +784,7 @@ func backoffDelay(crashes int) time.Duration {
 }
 
 // publish computes the pod status from what containerd shows and hands it on when it changed.
-func (w *Worker) publish(pod *v1.Pod, newest map[string]*runtime.Container, now time.Time) {
+func (w *Worker) publish(pod *v1.Pod, newest map[string]*ctrd.Container, now time.Time) {
 	init := make([]v1.ContainerStatus, 0, len(pod.Spec.InitContainers))
 	for i := range pod.Spec.InitContainers {
 		init = append(init, w.containerStatus(pod, &pod.Spec.InitContainers[i], newest[pod.Spec.InitContainers[i].Name], now))
@@ -856,7 +856,7 @@ func condStates(cs []v1.PodCondition) string {
 	return s
 }
 
-func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *runtime.Container, now time.Time) v1.ContainerStatus {
+func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *ctrd.Container, now time.Time) v1.ContainerStatus {
 	r := w.rec(c.Name)
 	cs := v1.ContainerStatus{Name: c.Name, Image: c.Image}
 	if r.last != nil {
@@ -866,16 +866,16 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *runtime.Cont
 	cs.Started = &f
 	cs.RestartCount = int32(r.attempt)
 	if cur != nil {
-		cs.ContainerID = runtime.StatusContainerID(cur.ID)
+		cs.ContainerID = ctrd.StatusContainerID(cur.ID)
 		cs.RestartCount = int32(cur.RestartCount)
 		cs.ImageID = cur.ImageID
 		switch cur.State {
-		case runtime.StateRunning:
+		case ctrd.StateRunning:
 			started := r.startTime(cur)
 			cs.Started, cs.Ready = w.probeStatus(c, cur.ID)
 			cs.State.Running = &v1.ContainerStateRunning{StartedAt: metav1.NewTime(started)}
 			return cs
-		case runtime.StateExited:
+		case ctrd.StateExited:
 			t := w.noteExit(c.Name, cur)
 			if shouldRestart(pod.Spec.RestartPolicy, cur.ExitCode) && now.Before(r.retryAt) {
 				cs.LastTerminationState.Terminated = t

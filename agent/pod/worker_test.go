@@ -12,9 +12,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/event"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,7 +36,7 @@ type call struct {
 // fakeRuntime keeps containers in memory, the way ListContainers would show them from containerd.
 type fakeRuntime struct {
 	mu       sync.Mutex
-	ctrs     map[string]*runtime.Container
+	ctrs     map[string]*ctrd.Container
 	calls    []call
 	podFiles int
 	startErr map[string]error // by container name: every start of it fails so
@@ -54,13 +54,13 @@ type fakeRuntime struct {
 }
 
 func newFakeRuntime() *fakeRuntime {
-	return &fakeRuntime{ctrs: map[string]*runtime.Container{}, startErr: map[string]error{}, stopErr: map[string]error{}, sandboxes: map[types.UID]bool{}}
+	return &fakeRuntime{ctrs: map[string]*ctrd.Container{}, startErr: map[string]error{}, stopErr: map[string]error{}, sandboxes: map[types.UID]bool{}}
 }
 
-func (f *fakeRuntime) ListContainers(_ context.Context, podUID string) ([]runtime.Container, error) {
+func (f *fakeRuntime) ListContainers(_ context.Context, podUID string) ([]ctrd.Container, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var out []runtime.Container
+	var out []ctrd.Container
 	for _, c := range f.ctrs {
 		if podUID == "" || c.PodUID == podUID {
 			out = append(out, *c)
@@ -69,7 +69,7 @@ func (f *fakeRuntime) ListContainers(_ context.Context, podUID string) ([]runtim
 	return out, nil
 }
 
-func (f *fakeRuntime) EnsureSandbox(_ context.Context, pod *v1.Pod) (*runtime.Sandbox, error) {
+func (f *fakeRuntime) EnsureSandbox(_ context.Context, pod *v1.Pod) (*ctrd.Sandbox, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ensured++
@@ -78,25 +78,25 @@ func (f *fakeRuntime) EnsureSandbox(_ context.Context, pod *v1.Pod) (*runtime.Sa
 	}
 	created := !f.sandboxes[pod.UID]
 	f.sandboxes[pod.UID] = true
-	return &runtime.Sandbox{Ref: runtime.RefOf(pod), Created: created, PodIPs: f.podIPs}, nil
+	return &ctrd.Sandbox{Ref: ctrd.RefOf(pod), Created: created, PodIPs: f.podIPs}, nil
 }
 
-func (f *fakeRuntime) StartContainer(_ context.Context, pod *v1.Pod, sb *runtime.Sandbox, c *v1.Container, restarts int) (runtime.Container, error) {
+func (f *fakeRuntime) StartContainer(_ context.Context, pod *v1.Pod, sb *ctrd.Sandbox, c *v1.Container, restarts int) (ctrd.Container, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if sb == nil || sb.Ref.UID != pod.UID || !f.sandboxes[pod.UID] {
-		return runtime.Container{}, fmt.Errorf("fake runtime: start %s without the pod's sandbox", c.Name)
+		return ctrd.Container{}, fmt.Errorf("fake runtime: start %s without the pod's sandbox", c.Name)
 	}
-	id := runtime.ContainerID(string(pod.UID), c.Name, restarts)
+	id := ctrd.ContainerID(string(pod.UID), c.Name, restarts)
 	f.calls = append(f.calls, call{op: "start", id: id, name: c.Name, restarts: restarts})
 	f.startedAt = append(f.startedAt, time.Now())
 	if err := f.startErr[c.Name]; err != nil {
-		return runtime.Container{}, err
+		return ctrd.Container{}, err
 	}
-	ctr := &runtime.Container{
+	ctr := &ctrd.Container{
 		ID: id, PodUID: string(pod.UID), PodName: pod.Name, PodNamespace: pod.Namespace, Name: c.Name,
 		Hash: ctrspec.SpecHash(pod, c), RestartCount: restarts, Image: c.Image, CreatedAt: time.Now(),
-		State: runtime.StateRunning, Pid: 4242,
+		State: ctrd.StateRunning, Pid: 4242,
 	}
 	f.ctrs[id] = ctr
 	return *ctr, nil
@@ -111,7 +111,7 @@ func (f *fakeRuntime) StopContainer(_ context.Context, id string, grace time.Dur
 	}
 	if c, ok := f.ctrs[id]; ok {
 		// Like containerd: the task is deleted, the container record stays.
-		c.State, c.Pid = runtime.StateCreated, 0
+		c.State, c.Pid = ctrd.StateCreated, 0
 	}
 	return nil
 }
@@ -124,7 +124,7 @@ func (f *fakeRuntime) RemoveContainer(_ context.Context, id string) error {
 	return nil
 }
 
-func (f *fakeRuntime) RemoveSandbox(_ context.Context, ref runtime.PodRef) error {
+func (f *fakeRuntime) RemoveSandbox(_ context.Context, ref ctrd.PodRef) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.podFiles++
@@ -139,7 +139,7 @@ func (f *fakeRuntime) intact(uid string) {
 	f.sandboxes[types.UID(uid)] = true
 }
 
-func (f *fakeRuntime) add(c runtime.Container) {
+func (f *fakeRuntime) add(c ctrd.Container) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ctrs[c.ID] = &c
@@ -151,10 +151,10 @@ func (f *fakeRuntime) exit(t *testing.T, id string, code int32) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c, ok := f.ctrs[id]
-	if !ok || c.State != runtime.StateRunning {
+	if !ok || c.State != ctrd.StateRunning {
 		t.Fatalf("fake runtime: container %s is not running (present %v)", id, ok)
 	}
-	c.State, c.ExitCode, c.ExitedAt, c.Pid = runtime.StateExited, code, time.Now(), 0
+	c.State, c.ExitCode, c.ExitedAt, c.Pid = ctrd.StateExited, code, time.Now(), 0
 }
 
 func (f *fakeRuntime) setStopErr(id string, err error) {
@@ -169,7 +169,7 @@ func (f *fakeRuntime) running() []string {
 	defer f.mu.Unlock()
 	var ids []string
 	for id, c := range f.ctrs {
-		if c.State == runtime.StateRunning {
+		if c.State == ctrd.StateRunning {
 			ids = append(ids, id)
 		}
 	}
@@ -385,7 +385,7 @@ func phaseIs(p v1.PodPhase) func(*v1.PodStatus) bool {
 	return func(st *v1.PodStatus) bool { return st.Phase == p }
 }
 
-func idOf(name string, attempt int) string { return runtime.ContainerID(testUID, name, attempt) }
+func idOf(name string, attempt int) string { return ctrd.ContainerID(testUID, name, attempt) }
 
 func TestWorkerStartsNewPod(t *testing.T) {
 	f := newFakeRuntime()
@@ -449,10 +449,10 @@ func TestWorkerAdoptsRunningContainers(t *testing.T) {
 	created := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
 	storedStart := time.Date(2024, 5, 1, 11, 0, 0, 0, time.UTC)
 	// a is the very attempt the stored status describes; b was restarted (attempt 2) since.
-	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[0]),
-		State: runtime.StateRunning, CreatedAt: created})
-	f.add(runtime.Container{ID: idOf("b", 2), PodUID: testUID, Name: "b", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[1]),
-		RestartCount: 2, State: runtime.StateRunning, CreatedAt: created})
+	f.add(ctrd.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[0]),
+		State: ctrd.StateRunning, CreatedAt: created})
+	f.add(ctrd.Container{ID: idOf("b", 2), PodUID: testUID, Name: "b", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[1]),
+		RestartCount: 2, State: ctrd.StateRunning, CreatedAt: created})
 	prev := &v1.PodStatus{Phase: v1.PodPending, ContainerStatuses: []v1.ContainerStatus{
 		{Name: "a", ContainerID: "containerd://" + idOf("a", 0),
 			State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: metav1.NewTime(storedStart)}}},
@@ -481,10 +481,10 @@ func TestWorkerRecreatesChangedContainer(t *testing.T) {
 	pod := testPod(v1.RestartPolicyAlways, "a", "b")
 	f := newFakeRuntime()
 	f.intact(testUID) // an agent restart: the sandbox is still there
-	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: "0123456789abcdef",
-		State: runtime.StateRunning, CreatedAt: time.Now()})
-	f.add(runtime.Container{ID: idOf("b", 0), PodUID: testUID, Name: "b", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[1]),
-		State: runtime.StateRunning, CreatedAt: time.Now()})
+	f.add(ctrd.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: "0123456789abcdef",
+		State: ctrd.StateRunning, CreatedAt: time.Now()})
+	f.add(ctrd.Container{ID: idOf("b", 0), PodUID: testUID, Name: "b", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[1]),
+		State: ctrd.StateRunning, CreatedAt: time.Now()})
 	h := startWorker(t, pod, nil, f)
 	h.waitFor("a running with restarts=1", func(st *v1.PodStatus) bool { return isRunning(st, "a", 1) && isRunning(st, "b", 0) })
 
@@ -567,7 +567,7 @@ func TestWorkerCrashLoopBackOff(t *testing.T) {
 
 func TestWorkerImagePullFailureWaits(t *testing.T) {
 	f := newFakeRuntime()
-	f.startErr["a"] = &runtime.StartError{Reason: "ErrImagePull", Err: errors.New("pull busybox:1.36: connection refused")}
+	f.startErr["a"] = &ctrd.StartError{Reason: "ErrImagePull", Err: errors.New("pull busybox:1.36: connection refused")}
 	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
 	st := h.waitFor("a waiting on its image", func(st *v1.PodStatus) bool {
 		cs := statusOf(st, "a")
@@ -596,7 +596,7 @@ func TestWorkerImagePullFailureWaits(t *testing.T) {
 // worker must look again before the retry is due to show it.
 func TestWorkerImagePullBackOffShownWhileWaiting(t *testing.T) {
 	f := newFakeRuntime()
-	f.startErr["a"] = &runtime.StartError{Reason: "ErrImagePull", Err: errors.New("pull busybox:1.36: connection refused")}
+	f.startErr["a"] = &ctrd.StartError{Reason: "ErrImagePull", Err: errors.New("pull busybox:1.36: connection refused")}
 	h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
 	st := h.waitFor("a in ImagePullBackOff", func(st *v1.PodStatus) bool {
 		cs := statusOf(st, "a")
@@ -792,8 +792,8 @@ func TestWorkerAfterRebootDoesNotRerunFinished(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := testPod(tt.policy, "a")
 			f := newFakeRuntime()
-			f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[0]),
-				State: runtime.StateCreated, CreatedAt: time.Now()})
+			f.add(ctrd.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[0]),
+				State: ctrd.StateCreated, CreatedAt: time.Now()})
 			prev := &v1.PodStatus{ContainerStatuses: []v1.ContainerStatus{{Name: "a", ContainerID: "containerd://" + idOf("a", 0), State: tt.prev}}}
 			h := startWorker(t, pod, prev, f)
 			st := h.waitFor("phase "+string(tt.phase), phaseIs(tt.phase))
@@ -815,7 +815,7 @@ func TestWorkerFailedRestartKeepsCount(t *testing.T) {
 	h := startWorker(t, pod, nil, f)
 	h.waitFor("a running", func(st *v1.PodStatus) bool { return isRunning(st, "a", 0) })
 	f.mu.Lock()
-	f.startErr["a"] = &runtime.StartError{Reason: "RunContainerError", Err: errors.New("runc failed")}
+	f.startErr["a"] = &ctrd.StartError{Reason: "RunContainerError", Err: errors.New("runc failed")}
 	f.mu.Unlock()
 	f.exit(t, idOf("a", 0), 1)
 	h.w.Nudge()
@@ -840,10 +840,10 @@ func TestWorkerAfterRebootInitStaysDone(t *testing.T) {
 	pod.Spec.InitContainers = []v1.Container{{Name: "i", Image: "busybox:1.36", Command: []string{"true"}}}
 	f := newFakeRuntime()
 	f.intact(testUID) // an agent restart: the sandbox is still there
-	f.add(runtime.Container{ID: idOf("i", 0), PodUID: testUID, Name: "i", Hash: ctrspec.SpecHash(pod, &pod.Spec.InitContainers[0]),
-		State: runtime.StateCreated, CreatedAt: time.Now()})
-	f.add(runtime.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[0]),
-		State: runtime.StateCreated, CreatedAt: time.Now()})
+	f.add(ctrd.Container{ID: idOf("i", 0), PodUID: testUID, Name: "i", Hash: ctrspec.SpecHash(pod, &pod.Spec.InitContainers[0]),
+		State: ctrd.StateCreated, CreatedAt: time.Now()})
+	f.add(ctrd.Container{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: ctrspec.SpecHash(pod, &pod.Spec.Containers[0]),
+		State: ctrd.StateCreated, CreatedAt: time.Now()})
 	prev := &v1.PodStatus{
 		InitContainerStatuses: []v1.ContainerStatus{{Name: "i", ContainerID: "containerd://" + idOf("i", 0),
 			State: v1.ContainerState{Terminated: &v1.ContainerStateTerminated{ExitCode: 0, Reason: "Completed", ContainerID: "containerd://" + idOf("i", 0)}}}},
@@ -864,13 +864,13 @@ func TestWorkerAfterRebootInitStaysDone(t *testing.T) {
 func TestWorkerStartsNothingWhileOldAttemptCannotBeStopped(t *testing.T) {
 	for _, tt := range []struct {
 		name string
-		old  []runtime.Container // what containerd holds for container a; the first is stuck
+		old  []ctrd.Container // what containerd holds for container a; the first is stuck
 	}{
-		{"spec changed", []runtime.Container{{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: "0123456789abcdef",
-			State: runtime.StateRunning, CreatedAt: time.Now()}}},
-		{"older attempt beside an exited one", []runtime.Container{
-			{ID: idOf("a", 0), PodUID: testUID, Name: "a", State: runtime.StateRunning, CreatedAt: time.Now()},
-			{ID: idOf("a", 1), PodUID: testUID, Name: "a", RestartCount: 1, State: runtime.StateExited, ExitCode: 1,
+		{"spec changed", []ctrd.Container{{ID: idOf("a", 0), PodUID: testUID, Name: "a", Hash: "0123456789abcdef",
+			State: ctrd.StateRunning, CreatedAt: time.Now()}}},
+		{"older attempt beside an exited one", []ctrd.Container{
+			{ID: idOf("a", 0), PodUID: testUID, Name: "a", State: ctrd.StateRunning, CreatedAt: time.Now()},
+			{ID: idOf("a", 1), PodUID: testUID, Name: "a", RestartCount: 1, State: ctrd.StateExited, ExitCode: 1,
 				CreatedAt: time.Now().Add(-time.Hour), ExitedAt: time.Now().Add(-time.Hour)}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -909,11 +909,11 @@ func TestWorkerStartsNothingWhileOldAttemptCannotBeStopped(t *testing.T) {
 func TestWorkerFailedStartMovesToNewID(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFakeRuntime()
-		f.startErr["a"] = &runtime.StartError{Reason: "RunContainerError", Err: errors.New("failed to start shim: mkdir /run/containerd/x: file exists")}
+		f.startErr["a"] = &ctrd.StartError{Reason: "RunContainerError", Err: errors.New("failed to start shim: mkdir /run/containerd/x: file exists")}
 		h := startWorker(t, testPod(v1.RestartPolicyAlways, "a"), nil, f)
 		synctest.Wait() // attempt 0 failed; the worker waits out its back-off
 		f.mu.Lock()
-		f.startErr["a"] = &runtime.StartError{Reason: "ErrImagePull", Err: errors.New("pull busybox:1: connection refused")}
+		f.startErr["a"] = &ctrd.StartError{Reason: "ErrImagePull", Err: errors.New("pull busybox:1: connection refused")}
 		f.mu.Unlock()
 		time.Sleep(backoffMax)
 		synctest.Wait() // attempt 1 failed to pull, once or more

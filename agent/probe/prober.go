@@ -16,7 +16,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -55,9 +55,9 @@ const maxBody = 10 << 10
 // maxRedirects is how many redirects to the same host a probe follows, as net/http's default.
 const maxRedirects = 10
 
-// Execer runs a command in a running container (runtime.Runtime.Exec).
+// Execer runs a command in a running container (ctrd.Runtime.Exec).
 type Execer interface {
-	Exec(ctx context.Context, containerID string, cmd []string, timeout time.Duration) (runtime.ExecResult, error)
+	Exec(ctx context.Context, containerID string, cmd []string, timeout time.Duration) (ctrd.ExecResult, error)
 }
 
 // Target is the container a probe or hook acts on, and how to reach it.
@@ -86,7 +86,7 @@ type Prober struct {
 
 // NewProber makes the node's Prober.
 func NewProber() *Prober {
-	// The main thread's: it never leaves the agent's namespace (agent/runtime's init keeps
+	// The main thread's: it never leaves the agent's namespace (agent/ctrd's init keeps
 	// goroutines that switch namespaces off it).
 	home, _ := os.Open("/proc/self/ns/net")
 	return &Prober{home: home, version: kubeVersion}
@@ -126,7 +126,7 @@ func (p *Prober) exec(ctx context.Context, t Target, cmd []string, timeout time.
 	}
 	res, err := t.Exec.Exec(ctx, t.ContainerID, cmd, timeout)
 	switch {
-	case errors.Is(err, runtime.ErrExecTimeout), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, ctrd.ErrExecTimeout), errors.Is(err, context.DeadlineExceeded):
 		return Failure, fmt.Sprintf("command %q timed out after %s", strings.Join(cmd, " "), timeout), nil
 	case err != nil:
 		return Unknown, "", err

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/manifest"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/internal/testenv"
@@ -46,7 +46,7 @@ func (h *harness) runningTaskCount(p *v1.Pod) int {
 	n := 0
 	tasks := h.tasks()
 	for id := range tasks {
-		if strings.HasPrefix(id, runtime.ContainerIDPrefix(string(p.UID))) {
+		if strings.HasPrefix(id, ctrd.ContainerIDPrefix(string(p.UID))) {
 			n++
 		}
 	}
@@ -74,7 +74,7 @@ func TestAdmissionRefusesPodsThatDoNotFit(t *testing.T) {
 		t.Errorf("the refused pod has %d running tasks", n)
 	}
 	for _, id := range h.containerIDs() {
-		if strings.HasPrefix(id, runtime.ContainerIDPrefix(string(big.UID))) {
+		if strings.HasPrefix(id, ctrd.ContainerIDPrefix(string(big.UID))) {
 			t.Errorf("the refused pod has container %s", id)
 		}
 	}
@@ -240,12 +240,12 @@ func TestAdmissionBestEffortRefusedUnderMemoryPressure(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	rt, err := runtime.New(ctx, runtime.Options{Address: env.ContainerdAddress, Namespace: ns, StateDir: filepath.Join(dir, "state"), Log: log})
+	rt, err := ctrd.New(ctx, ctrd.Options{Address: env.ContainerdAddress, Namespace: ns, StateDir: filepath.Join(dir, "state"), Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	rc, err := runtime.OpenArchive(env.Image(testenv.Busybox))
+	rc, err := ctrd.OpenArchive(env.Image(testenv.Busybox))
 	if err != nil {
 		t.Fatal(err)
 	}

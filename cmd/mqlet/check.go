@@ -19,7 +19,7 @@ import (
 	"github.com/mqlet/mqlet/agent/cgroup"
 	"github.com/mqlet/mqlet/agent/cni"
 	"github.com/mqlet/mqlet/agent/config"
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/hw"
 
 	"golang.org/x/sys/unix"
@@ -165,7 +165,7 @@ func supportedContainerd(version string) bool {
 
 // containerdVersion connects as the agent does.
 func containerdVersion(ctx context.Context, cfg config.Config) (string, error) {
-	rt, err := runtime.New(ctx, runtime.Options{Address: cfg.ContainerdAddress, Namespace: cfg.ContainerdNamespace, DialTimeout: cfg.ContainerdTimeout.Duration})
+	rt, err := ctrd.New(ctx, ctrd.Options{Address: cfg.ContainerdAddress, Namespace: cfg.ContainerdNamespace, DialTimeout: cfg.ContainerdTimeout.Duration})
 	if err != nil {
 		return "", err
 	}

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/internal/testenv"
 )
 
@@ -249,7 +249,7 @@ end`
 
 func TestPrintImages(t *testing.T) {
 	created := time.Date(2026, 11, 1, 12, 0, 0, 0, time.FixedZone("CET", 3600))
-	imgs := []runtime.ImageInfo{
+	imgs := []ctrd.ImageInfo{
 		{Name: "docker.io/library/busybox:1.37", Digest: "sha256:0123456789abcdef0123456789abcdef", Size: 2_150_000, Created: created},
 		{Name: "mqlet.test/app:1", Digest: "sha256:fedcba9876543210", Size: 999, Created: created},
 	}

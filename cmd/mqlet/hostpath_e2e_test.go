@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	v1 "k8s.io/api/core/v1"
 )
@@ -109,7 +109,7 @@ func TestHostPathSymlinkEscapeRefusedForReal(t *testing.T) {
 		t.Errorf("pod b runs %d tasks", n)
 	}
 	for _, id := range h.containerIDs() {
-		if strings.HasPrefix(id, runtime.ContainerIDPrefix(string(p.UID))) {
+		if strings.HasPrefix(id, ctrd.ContainerIDPrefix(string(p.UID))) {
 			t.Errorf("pod b has container %s", id)
 		}
 	}

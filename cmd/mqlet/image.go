@@ -8,7 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 )
 
 // ImageCmd is `mqlet image`: it talks to containerd directly, so images can be loaded on a node
@@ -24,8 +24,8 @@ type containerdFlags struct {
 	ContainerdTimeout   time.Duration `name:"containerd-timeout" default:"${containerd_timeout}" env:"MQLET_CONTAINERD_TIMEOUT" help:"Timeout for connecting to containerd."`
 }
 
-func (f containerdFlags) runtime(ctx context.Context) (*runtime.Runtime, error) {
-	return runtime.New(ctx, runtime.Options{Address: f.ContainerdAddress, Namespace: f.ContainerdNamespace, DialTimeout: f.ContainerdTimeout})
+func (f containerdFlags) runtime(ctx context.Context) (*ctrd.Runtime, error) {
+	return ctrd.New(ctx, ctrd.Options{Address: f.ContainerdAddress, Namespace: f.ContainerdNamespace, DialTimeout: f.ContainerdTimeout})
 }
 
 // ImageImportCmd is `mqlet image import FILE...`.
@@ -43,7 +43,7 @@ func (c *ImageImportCmd) Run(env *ctlEnv) error {
 	}
 	defer rt.Close()
 	for _, f := range c.Files {
-		rc, err := runtime.OpenArchive(f)
+		rc, err := ctrd.OpenArchive(f)
 		if err != nil {
 			return fmt.Errorf("import %s: %w", f, err)
 		}
@@ -97,7 +97,7 @@ type imageJSON struct {
 }
 
 // printImages writes imgs as names (quiet), JSON or a table.
-func printImages(out io.Writer, imgs []runtime.ImageInfo, quiet bool, format string) error {
+func printImages(out io.Writer, imgs []ctrd.ImageInfo, quiet bool, format string) error {
 	switch {
 	case quiet:
 		for _, i := range imgs {

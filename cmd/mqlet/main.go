@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/config"
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/internal/buildversion"
 
 	"github.com/alecthomas/kong"
@@ -47,11 +47,11 @@ type cli struct {
 
 // SandboxPauseCmd is the holder of a pod's shared PID namespace (shareProcessNamespace): the agent
 // runs its own binary with it, as PID 1 of a new PID namespace, in place of kubelet's pause
-// container. Its name must be runtime.PauseCommand.
+// container. Its name must be ctrd.PauseCommand.
 type SandboxPauseCmd struct{}
 
 // Run never returns in the holder; run by hand (not PID 1) it fails.
-func (SandboxPauseCmd) Run() error { return runtime.RunPause() }
+func (SandboxPauseCmd) Run() error { return ctrd.RunPause() }
 
 // VersionCmd prints the build's version and commit.
 type VersionCmd struct{}

@@ -11,7 +11,7 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -40,7 +40,7 @@ func TestStaleShimDirDoesNotStickContainer(t *testing.T) {
 	h.writeManifest("sleeper.yaml", busyboxSleeper)
 	h.startAgent()
 	p := h.waitPod("sleeper", "running", allRunning)
-	id0 := runtime.ContainerID(string(p.UID), "main", 0)
+	id0 := ctrd.ContainerID(string(p.UID), "main", 0)
 	pid, ok := h.tasks()[id0]
 	if !ok {
 		t.Fatalf("no running task %s", id0)
@@ -51,7 +51,7 @@ func TestStaleShimDirDoesNotStickContainer(t *testing.T) {
 	if err != nil || filepath.Base(bundle) != id0 {
 		t.Fatalf("the shim's dir is %q (%v), want the bundle of %s", bundle, err, id0)
 	}
-	stale := filepath.Join(filepath.Dir(bundle), runtime.ContainerID(string(p.UID), "main", 1))
+	stale := filepath.Join(filepath.Dir(bundle), ctrd.ContainerID(string(p.UID), "main", 1))
 	if err := os.Mkdir(stale, 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestStaleShimDirDoesNotStickContainer(t *testing.T) {
 	if !strings.Contains(h.agentLog.String(), "file exists") {
 		t.Errorf("attempt 1 did not fail on the stale shim dir (the test set-up did not take):\n%s", h.agentLog)
 	}
-	if _, ok := h.tasks()[runtime.ContainerID(string(p.UID), "main", 2)]; !ok {
+	if _, ok := h.tasks()[ctrd.ContainerID(string(p.UID), "main", 2)]; !ok {
 		t.Errorf("attempt 2 has no running task: %v", h.tasks())
 	}
 }
@@ -91,7 +91,7 @@ func TestStaleShimReaped(t *testing.T) {
 	h.writeManifest("sleeper.yaml", busyboxSleeper)
 	h.startAgent()
 	p := h.waitPod("sleeper", "running", allRunning)
-	id0 := runtime.ContainerID(string(p.UID), "main", 0)
+	id0 := ctrd.ContainerID(string(p.UID), "main", 0)
 	pid, ok := h.tasks()[id0]
 	if !ok {
 		t.Fatalf("no running task %s", id0)

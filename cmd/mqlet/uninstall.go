@@ -17,7 +17,7 @@ import (
 
 	"github.com/mqlet/mqlet/agent/cni"
 	"github.com/mqlet/mqlet/agent/config"
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/shutdown"
 	"golang.org/x/sys/unix"
 )
@@ -117,7 +117,7 @@ func (u *uninstaller) purge(ctx context.Context, maxGrace time.Duration) error {
 	// each pod's sandbox by the same teardown the agent uses (CNI DEL with the stored attachment).
 	network := cni.New(cni.Options{ConfDir: u.cfg.CNIConfDir, BinDirs: u.cfg.CNIBinDirs,
 		StateDir: filepath.Join(u.cfg.StateDir, "cni", "pods"), Log: u.log})
-	rt, err := runtime.New(ctx, runtime.Options{Address: u.cfg.ContainerdAddress, Namespace: u.cfg.ContainerdNamespace,
+	rt, err := ctrd.New(ctx, ctrd.Options{Address: u.cfg.ContainerdAddress, Namespace: u.cfg.ContainerdNamespace,
 		DialTimeout: u.cfg.ContainerdTimeout.Duration, StateDir: u.cfg.StateDir, Network: network, Log: u.log})
 	if err != nil {
 		// Without containerd nothing of the pods can be stopped: removing their cgroups, network
@@ -148,12 +148,12 @@ func (u *uninstaller) purge(ctx context.Context, maxGrace time.Duration) error {
 			u.say("killed %d process(es) left in cgroups below %s", n, base)
 			fail("kill processes below "+base, err)
 		}
-		if err := runtime.RemoveCgroupTree(base); err != nil {
+		if err := ctrd.RemoveCgroupTree(base); err != nil {
 			fail("remove cgroups below "+base, err)
 		} else {
 			u.say("removed cgroups below %s", base)
 			if filepath.Clean(u.cfg.CgroupRoot) != "/" {
-				fail("remove cgroup "+u.cfg.CgroupRoot, runtime.RemoveCgroup(u.cfg.CgroupRoot)) // only when empty
+				fail("remove cgroup "+u.cfg.CgroupRoot, ctrd.RemoveCgroup(u.cfg.CgroupRoot)) // only when empty
 			}
 		}
 	}

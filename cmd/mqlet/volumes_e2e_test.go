@@ -9,7 +9,7 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/sync/protocol"
 	"golang.org/x/sys/unix"
@@ -325,7 +325,7 @@ spec:
 		t.Errorf("message %q", p.Status.Message)
 	}
 	for _, id := range h.containerIDs() {
-		if strings.HasPrefix(id, runtime.ContainerIDPrefix(string(p.UID))) {
+		if strings.HasPrefix(id, ctrd.ContainerIDPrefix(string(p.UID))) {
 			t.Errorf("refused pod has container %s", id)
 		}
 	}

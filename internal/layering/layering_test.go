@@ -56,7 +56,7 @@ func TestCheckSeesDependencies(t *testing.T) {
 }
 
 // The pod -> OCI spec translation is pure: it builds spec options and never talks to containerd,
-// so it must not link the containerd client (agent/runtime does).
+// so it must not link the containerd client (agent/ctrd does).
 func TestSpecTranslationImportsNoContainerdClient(t *testing.T) {
 	if bad := forbidden(t, "github.com/mqlet/mqlet/agent/ctrspec", "github.com/containerd/containerd/v2/client"); len(bad) > 0 {
 		t.Errorf("agent/ctrspec imports the containerd client: %v", bad)

@@ -28,7 +28,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
-	mqruntime "github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 )
 
 // Variables written by scripts/testenv.sh to EnvFile; the same names in the
@@ -316,7 +316,7 @@ func cleanupNamespace(t testing.TB, addr, ns string) {
 	// The cgroups left behind: runc's default parent (/<ns>, used by plain containerd clients) and
 	// the pod cgroups of agents stopped with their pods still running (/mqlet/<ns>).
 	for _, rel := range []string{"/" + ns, "/mqlet/" + ns} {
-		if err := mqruntime.RemoveCgroupTree(rel); err != nil {
+		if err := ctrd.RemoveCgroupTree(rel); err != nil {
 			logf("removing cgroups %s: %v", rel, err)
 		}
 	}

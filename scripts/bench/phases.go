@@ -20,7 +20,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/agent/api"
-	"github.com/mqlet/mqlet/agent/runtime"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -195,7 +195,7 @@ func (b *bench) cleanup() error {
 	}
 	// Cgroups: ctr's containers under /<ns>, the agent's pods under /mqlet/<ns>.
 	for _, rel := range []string{"/" + b.cfg.namespace, "/mqlet/" + b.cfg.namespace} {
-		errs = append(errs, runtime.RemoveCgroupTree(rel))
+		errs = append(errs, ctrd.RemoveCgroupTree(rel))
 	}
 	if err := unmountUnder(b.cfg.libDir, b.cfg.runDir); err != nil {
 		errs = append(errs, err)
@@ -335,7 +335,7 @@ func podKeys(names []string) func(id string) string {
 	byPrefix := map[string]string{}
 	for _, n := range names {
 		uid := admission.StableUID(nodeName, podNamespace, n)
-		byPrefix[runtime.ContainerIDPrefix(string(uid))] = n
+		byPrefix[ctrd.ContainerIDPrefix(string(uid))] = n
 	}
 	return func(id string) string {
 		for p, n := range byPrefix {

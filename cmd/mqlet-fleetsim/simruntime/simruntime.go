@@ -25,8 +25,8 @@ import (
 	"time"
 
 	"github.com/distribution/reference"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/ctrspec"
-	"github.com/mqlet/mqlet/agent/runtime"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -68,8 +68,8 @@ type Runtime struct {
 	o Options
 
 	mu        sync.Mutex
-	ctrs      map[string]runtime.Container
-	sandboxes map[types.UID]*runtime.Sandbox
+	ctrs      map[string]ctrd.Container
+	sandboxes map[types.UID]*ctrd.Sandbox
 	images    map[string]Image
 	usedIPs   map[netip.Addr]bool
 	nextIP    netip.Addr
@@ -81,11 +81,11 @@ type Runtime struct {
 // stop never waits for the agent's event handler.
 type subscriber struct {
 	mu    sync.Mutex
-	queue []runtime.Event
+	queue []ctrd.Event
 	wake  chan struct{}
 }
 
-// New returns an empty runtime.
+// New returns an empty ctrd.
 func New(o Options) *Runtime {
 	if !o.PodCIDR.IsValid() || !o.PodCIDR.Addr().Is4() || o.PodCIDR.Bits() > 30 {
 		o.PodCIDR = DefaultPodCIDR
@@ -96,8 +96,8 @@ func New(o Options) *Runtime {
 	}
 	return &Runtime{
 		o:         o,
-		ctrs:      map[string]runtime.Container{},
-		sandboxes: map[types.UID]*runtime.Sandbox{},
+		ctrs:      map[string]ctrd.Container{},
+		sandboxes: map[types.UID]*ctrd.Sandbox{},
 		images:    map[string]Image{},
 		usedIPs:   map[netip.Addr]bool{},
 		nextIP:    o.PodCIDR.Addr().Next(), // .0 is the network; .1 the bridge's gateway, skipped below
@@ -110,22 +110,22 @@ func New(o Options) *Runtime {
 func (r *Runtime) Version() string { return "simulated" }
 
 // ListContainers returns the containers (of one pod when podUID is set), sorted by id.
-func (r *Runtime) ListContainers(_ context.Context, podUID string) ([]runtime.Container, error) {
+func (r *Runtime) ListContainers(_ context.Context, podUID string) ([]ctrd.Container, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]runtime.Container, 0, len(r.ctrs))
+	out := make([]ctrd.Container, 0, len(r.ctrs))
 	for _, c := range r.ctrs {
 		if podUID == "" || c.PodUID == podUID {
 			out = append(out, c)
 		}
 	}
-	slices.SortFunc(out, func(a, b runtime.Container) int { return strings.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b ctrd.Container) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
 }
 
 // EnsureSandbox returns the pod's sandbox, making it (with a pod address, unless the pod uses the
 // host's network) the first time. Created says it was made by this call.
-func (r *Runtime) EnsureSandbox(_ context.Context, pod *v1.Pod) (*runtime.Sandbox, error) {
+func (r *Runtime) EnsureSandbox(_ context.Context, pod *v1.Pod) (*ctrd.Sandbox, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if sb, ok := r.sandboxes[pod.UID]; ok {
@@ -137,7 +137,7 @@ func (r *Runtime) EnsureSandbox(_ context.Context, pod *v1.Pod) (*runtime.Sandbo
 	if hostname == "" {
 		hostname = pod.Name
 	}
-	sb := &runtime.Sandbox{Ref: runtime.RefOf(pod), Hostname: hostname, Created: true}
+	sb := &ctrd.Sandbox{Ref: ctrd.RefOf(pod), Hostname: hostname, Created: true}
 	if !pod.Spec.HostNetwork {
 		ip, err := r.allocIPLocked()
 		if err != nil {
@@ -172,35 +172,35 @@ func (r *Runtime) allocIPLocked() (netip.Addr, error) {
 // StartContainer starts attempt `restarts` of container c, running at once. It fails as the real
 // runtime does for a malformed image reference and for a ConfigMap or Secret the container needs
 // that is not stored.
-func (r *Runtime) StartContainer(_ context.Context, pod *v1.Pod, sb *runtime.Sandbox, c *v1.Container, restarts int) (runtime.Container, error) {
+func (r *Runtime) StartContainer(_ context.Context, pod *v1.Pod, sb *ctrd.Sandbox, c *v1.Container, restarts int) (ctrd.Container, error) {
 	if sb == nil || sb.Ref.UID != pod.UID {
-		return runtime.Container{}, &runtime.StartError{Reason: "CreateContainerError",
+		return ctrd.Container{}, &ctrd.StartError{Reason: "CreateContainerError",
 			Err: fmt.Errorf("container %q of pod %s/%s: no sandbox for this pod", c.Name, pod.Namespace, pod.Name)}
 	}
 	named, err := reference.ParseDockerRef(c.Image)
 	if err != nil {
-		return runtime.Container{}, &runtime.StartError{Reason: "InvalidImageName",
-			Err: fmt.Errorf("%w %q: %v", runtime.ErrInvalidImage, c.Image, err)}
+		return ctrd.Container{}, &ctrd.StartError{Reason: "InvalidImageName",
+			Err: fmt.Errorf("%w %q: %v", ctrd.ErrInvalidImage, c.Image, err)}
 	}
 	if err := r.checkObjects(pod, c); err != nil {
-		return runtime.Container{}, &runtime.StartError{Reason: "CreateContainerConfigError", Err: err}
+		return ctrd.Container{}, &ctrd.StartError{Reason: "CreateContainerConfigError", Err: err}
 	}
 	img := imageOf(named.String())
 
 	r.mu.Lock()
 	if _, ok := r.sandboxes[pod.UID]; !ok {
 		r.mu.Unlock()
-		return runtime.Container{}, &runtime.StartError{Reason: "CreateContainerError",
+		return ctrd.Container{}, &ctrd.StartError{Reason: "CreateContainerError",
 			Err: fmt.Errorf("container %q of pod %s/%s: the pod's sandbox was removed", c.Name, pod.Namespace, pod.Name)}
 	}
 	_, known := r.images[img.Name]
 	r.images[img.Name] = img
 	r.nextPid++
-	ct := runtime.Container{
-		ID: runtime.ContainerID(string(pod.UID), c.Name, restarts), PodUID: string(pod.UID), PodName: pod.Name,
+	ct := ctrd.Container{
+		ID: ctrd.ContainerID(string(pod.UID), c.Name, restarts), PodUID: string(pod.UID), PodName: pod.Name,
 		PodNamespace: pod.Namespace, Name: c.Name, Hash: ctrspec.SpecHash(pod, c), RestartCount: restarts,
 		Image: img.Name, ImageID: imageRepo(named) + "@" + img.Digest, CreatedAt: r.o.Now(),
-		State: runtime.StateRunning, Pid: r.nextPid, Grace: runtime.PodGrace(pod),
+		State: ctrd.StateRunning, Pid: r.nextPid, Grace: ctrd.PodGrace(pod),
 	}
 	r.ctrs[ct.ID] = ct // a stale attempt with this id (never in practice) is replaced, as the real runtime does
 	r.mu.Unlock()
@@ -236,9 +236,9 @@ func (r *Runtime) RemoveContainer(_ context.Context, id string) error {
 func (r *Runtime) exit(id string, code int32, remove bool) {
 	r.mu.Lock()
 	c, ok := r.ctrs[id]
-	ran := ok && c.State == runtime.StateRunning
+	ran := ok && c.State == ctrd.StateRunning
 	if ran {
-		c.State, c.ExitCode, c.ExitedAt = runtime.StateExited, code, r.o.Now()
+		c.State, c.ExitCode, c.ExitedAt = ctrd.StateExited, code, r.o.Now()
 		r.ctrs[id] = c
 	}
 	if ok && remove {
@@ -253,12 +253,12 @@ func (r *Runtime) exit(id string, code int32, remove bool) {
 		return
 	}
 	for _, s := range subs {
-		s.push(runtime.Event{ContainerID: id})
+		s.push(ctrd.Event{ContainerID: id})
 	}
 }
 
 // RemoveSandbox forgets the pod's sandbox and frees its address; a missing sandbox is fine.
-func (r *Runtime) RemoveSandbox(_ context.Context, ref runtime.PodRef) error {
+func (r *Runtime) RemoveSandbox(_ context.Context, ref ctrd.PodRef) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	sb, ok := r.sandboxes[ref.UID]
@@ -275,20 +275,20 @@ func (r *Runtime) RemoveSandbox(_ context.Context, ref runtime.PodRef) error {
 }
 
 // ListSandboxes returns the pods that have a sandbox, sorted by UID.
-func (r *Runtime) ListSandboxes() ([]runtime.PodRef, error) {
+func (r *Runtime) ListSandboxes() ([]ctrd.PodRef, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]runtime.PodRef, 0, len(r.sandboxes))
+	out := make([]ctrd.PodRef, 0, len(r.sandboxes))
 	for _, sb := range r.sandboxes {
 		out = append(out, sb.Ref)
 	}
-	slices.SortFunc(out, func(a, b runtime.PodRef) int { return strings.Compare(string(a.UID), string(b.UID)) })
+	slices.SortFunc(out, func(a, b ctrd.PodRef) int { return strings.Compare(string(a.UID), string(b.UID)) })
 	return out, nil
 }
 
 // Events delivers an event for every container that stops running (as containerd's task exit
 // events) until ctx ends; it then returns ctx's error, as a broken stream would.
-func (r *Runtime) Events(ctx context.Context, fn func(runtime.Event)) error {
+func (r *Runtime) Events(ctx context.Context, fn func(ctrd.Event)) error {
 	s := &subscriber{wake: make(chan struct{}, 1)}
 	r.mu.Lock()
 	r.subs[s] = true
@@ -314,7 +314,7 @@ func (r *Runtime) Events(ctx context.Context, fn func(runtime.Event)) error {
 	}
 }
 
-func (s *subscriber) push(e runtime.Event) {
+func (s *subscriber) push(e ctrd.Event) {
 	s.mu.Lock()
 	s.queue = append(s.queue, e)
 	s.mu.Unlock()
@@ -331,14 +331,14 @@ func (r *Runtime) ImportArchiveIfMissing(context.Context, string) ([]string, err
 func (r *Runtime) LogPath(*v1.Pod, string, int) string { return "" }
 
 // Exec runs nothing and succeeds, so exec probes and hooks pass (probe.Execer).
-func (r *Runtime) Exec(_ context.Context, id string, _ []string, _ time.Duration) (runtime.ExecResult, error) {
+func (r *Runtime) Exec(_ context.Context, id string, _ []string, _ time.Duration) (ctrd.ExecResult, error) {
 	r.mu.Lock()
 	c, ok := r.ctrs[id]
 	r.mu.Unlock()
-	if !ok || c.State != runtime.StateRunning {
-		return runtime.ExecResult{}, fmt.Errorf("exec in container %s: it is not running", id)
+	if !ok || c.State != ctrd.StateRunning {
+		return ctrd.ExecResult{}, fmt.Errorf("exec in container %s: it is not running", id)
 	}
-	return runtime.ExecResult{}, nil
+	return ctrd.ExecResult{}, nil
 }
 
 // ListImages returns the images containers used, by name.
@@ -400,7 +400,7 @@ func (r *Runtime) checkObjects(pod *v1.Pod, c *v1.Container) error {
 			}
 		}
 		if err != nil {
-			return &ctrspec.ConfigError{Err: &runtime.MountError{Volume: v.Name, Err: err}}
+			return &ctrspec.ConfigError{Err: &ctrd.MountError{Volume: v.Name, Err: err}}
 		}
 	}
 	for _, ef := range c.EnvFrom {

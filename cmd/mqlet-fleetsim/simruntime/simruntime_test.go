@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent"
+	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/probe"
-	"github.com/mqlet/mqlet/agent/runtime"
 	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/cmd/mqlet-fleetsim/simruntime"
 	"github.com/mqlet/mqlet/store"
@@ -39,7 +39,7 @@ func pod(uid, name string, ctrs ...v1.Container) *v1.Pod {
 	return p
 }
 
-func start(t *testing.T, r *simruntime.Runtime, p *v1.Pod, restarts int) runtime.Container {
+func start(t *testing.T, r *simruntime.Runtime, p *v1.Pod, restarts int) ctrd.Container {
 	t.Helper()
 	ctx := context.Background()
 	sb, err := r.EnsureSandbox(ctx, p)
@@ -62,7 +62,7 @@ func events(t *testing.T, r *simruntime.Runtime) func() []string {
 	subscribed := make(chan struct{})
 	go func() {
 		close(subscribed)
-		done <- r.Events(ctx, func(e runtime.Event) {
+		done <- r.Events(ctx, func(e ctrd.Event) {
 			mu.Lock()
 			got = append(got, e.ContainerID)
 			mu.Unlock()
@@ -102,13 +102,13 @@ func TestContainerLifecycle(t *testing.T) {
 	p := pod("uid-1", "web")
 
 	c := start(t, r, p, 0)
-	if c.State != runtime.StateRunning || c.Pid == 0 || c.ID != runtime.ContainerID("uid-1", "app", 0) {
+	if c.State != ctrd.StateRunning || c.Pid == 0 || c.ID != ctrd.ContainerID("uid-1", "app", 0) {
 		t.Fatalf("started container = %+v, want running with a pid and the derived id", c)
 	}
 	if c.Image != "docker.io/library/busybox:1.36" || !strings.HasPrefix(c.ImageID, "docker.io/library/busybox@sha256:") {
 		t.Errorf("image %q id %q, want the normalized reference and repo@digest", c.Image, c.ImageID)
 	}
-	if c.Hash != ctrspec.SpecHash(p, &p.Spec.Containers[0]) || c.Grace != runtime.DefaultGrace {
+	if c.Hash != ctrspec.SpecHash(p, &p.Spec.Containers[0]) || c.Grace != ctrd.DefaultGrace {
 		t.Errorf("hash %q grace %s, want the spec hash and kubelet's default grace", c.Hash, c.Grace)
 	}
 	// A second pod with the same image is not a new image.
@@ -136,7 +136,7 @@ func TestContainerLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	list, _ = r.ListContainers(ctx, "uid-1")
-	if len(list) != 1 || list[0].State != runtime.StateExited || list[0].ExitCode != simruntime.ExitCodeSIGTERM || list[0].ExitedAt.IsZero() {
+	if len(list) != 1 || list[0].State != ctrd.StateExited || list[0].ExitCode != simruntime.ExitCodeSIGTERM || list[0].ExitedAt.IsZero() {
 		t.Fatalf("after stop: %+v, want exited with %d and an exit time", list, simruntime.ExitCodeSIGTERM)
 	}
 	eventually(t, "exit event of the stopped container", func() bool { return len(got()) == 1 && got()[0] == c.ID })
@@ -152,7 +152,7 @@ func TestContainerLifecycle(t *testing.T) {
 		t.Fatalf("after remove: %+v, want none", list)
 	}
 	// Removing a running container kills it: an event, with SIGKILL's code never visible since it is gone.
-	other := runtime.ContainerID("uid-2", "app", 0)
+	other := ctrd.ContainerID("uid-2", "app", 0)
 	if err := r.RemoveContainer(ctx, other); err != nil {
 		t.Fatal(err)
 	}
@@ -169,12 +169,12 @@ func TestContainerLifecycle(t *testing.T) {
 func TestKillKeepsExit(t *testing.T) {
 	r := simruntime.New(simruntime.Options{})
 	c := start(t, r, pod("uid-1", "web"), 3)
-	if c.RestartCount != 3 || c.ID != runtime.ContainerID("uid-1", "app", 3) {
+	if c.RestartCount != 3 || c.ID != ctrd.ContainerID("uid-1", "app", 3) {
 		t.Fatalf("attempt 3 = %+v", c)
 	}
 	r.KillContainer(context.Background(), c.ID, time.Second)
 	list, _ := r.ListContainers(context.Background(), "uid-1")
-	if len(list) != 1 || list[0].State != runtime.StateExited || list[0].ExitCode != simruntime.ExitCodeSIGTERM {
+	if len(list) != 1 || list[0].State != ctrd.StateExited || list[0].ExitCode != simruntime.ExitCodeSIGTERM {
 		t.Fatalf("after kill: %+v, want the exit kept", list)
 	}
 }
@@ -206,7 +206,7 @@ func TestSandboxAddresses(t *testing.T) {
 	if err != nil || again.Created {
 		t.Fatalf("existing sandbox: %+v %v, want it found, not created", again, err)
 	}
-	if err := r.RemoveSandbox(ctx, runtime.PodRef{UID: "uid-a"}); err != nil {
+	if err := r.RemoveSandbox(ctx, ctrd.PodRef{UID: "uid-a"}); err != nil {
 		t.Fatal(err)
 	}
 	sb, err := r.EnsureSandbox(ctx, pod("uid-full", "p"))
@@ -222,13 +222,13 @@ func TestSandboxAddresses(t *testing.T) {
 	if sb, _ := r.EnsureSandbox(ctx, host); len(sb.PodIPs) != 0 {
 		t.Errorf("hostNetwork pod got addresses %v", sb.PodIPs)
 	}
-	if err := r.RemoveSandbox(ctx, runtime.PodRef{UID: "missing"}); err != nil {
+	if err := r.RemoveSandbox(ctx, ctrd.PodRef{UID: "missing"}); err != nil {
 		t.Errorf("removing a missing sandbox: %v", err)
 	}
 	// A container whose sandbox is gone (or was never made for this pod) does not start.
 	p := pod("uid-b", "p")
 	sb, _ = r.EnsureSandbox(ctx, p)
-	r.RemoveSandbox(ctx, runtime.RefOf(p))
+	r.RemoveSandbox(ctx, ctrd.RefOf(p))
 	if _, err := r.StartContainer(ctx, p, sb, &p.Spec.Containers[0], 0); !startReason(err, "CreateContainerError") {
 		t.Errorf("start without a sandbox: %v, want CreateContainerError", err)
 	}
@@ -255,7 +255,7 @@ func (o objects) Secret(ns, name string) (*v1.Secret, error) {
 }
 
 func startReason(err error, reason string) bool {
-	var se *runtime.StartError
+	var se *ctrd.StartError
 	return errors.As(err, &se) && se.Reason == reason
 }
 
@@ -309,7 +309,7 @@ func TestObjectsChecked(t *testing.T) {
 			if !startReason(err, "CreateContainerConfigError") || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("start: %v, want CreateContainerConfigError saying %q", err, tc.want)
 			}
-			var me *runtime.MountError
+			var me *ctrd.MountError
 			if errors.As(err, &me) != tc.volErr {
 				t.Errorf("MountError in %v: %v, want %v (the worker emits FailedMount for those)", err, !tc.volErr, tc.volErr)
 			}
@@ -330,7 +330,7 @@ func TestInvalidImage(t *testing.T) {
 	p := pod("uid-1", "p", v1.Container{Name: "app", Image: "Not A Valid/Image"})
 	sb, _ := r.EnsureSandbox(context.Background(), p)
 	_, err := r.StartContainer(context.Background(), p, sb, &p.Spec.Containers[0], 0)
-	if !startReason(err, "InvalidImageName") || !errors.Is(err, runtime.ErrInvalidImage) {
+	if !startReason(err, "InvalidImageName") || !errors.Is(err, ctrd.ErrInvalidImage) {
 		t.Fatalf("start with a malformed image: %v, want InvalidImageName", err)
 	}
 }
