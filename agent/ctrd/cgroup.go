@@ -15,7 +15,7 @@ import (
 
 // podCgroupUIDs lists the UIDs of the pods that have a cgroup directory at the legacy path
 // (legacyPodCgroup) in any hierarchy; the cgroup manager lists those in its tiers.
-func (r *Runtime) podCgroupUIDs() ([]string, error) {
+func podCgroupUIDs(namespace string) ([]string, error) {
 	mounts, err := cgroupMounts("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
@@ -23,7 +23,7 @@ func (r *Runtime) podCgroupUIDs() ([]string, error) {
 	seen := map[string]bool{}
 	var out []string
 	for _, m := range mounts {
-		names, err := dirNames(filepath.Join(m, "mqlet", r.opts.Namespace))
+		names, err := dirNames(filepath.Join(m, "mqlet", namespace))
 		if err != nil {
 			return nil, err
 		}

@@ -219,21 +219,11 @@ func (r *Runtime) LogPath(pod *v1.Pod, name string, restarts int) string {
 }
 
 func (r *Runtime) logPath(pod *v1.Pod, name string, restarts int) (string, error) {
-	dir, err := r.podLogDir(pod)
+	dir, err := r.dirs().podLogDir(pod)
 	if err != nil {
 		return "", err
 	}
 	return joinUnder(dir, name, strconv.Itoa(restarts)+".log")
-}
-
-// podLogDir follows kubelet's /var/log/pods naming so log tooling finds its way around.
-func (r *Runtime) podLogDir(pod *v1.Pod) (string, error) {
-	for what, v := range map[string]string{"pod namespace": pod.Namespace, "pod name": pod.Name, "pod UID": string(pod.UID)} {
-		if err := checkPathElem(what, v); err != nil {
-			return "", err
-		}
-	}
-	return joinUnder(r.opts.StateDir, "logs", fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, pod.UID))
 }
 
 // DefaultGrace is kubelet's termination grace period when a pod sets none.

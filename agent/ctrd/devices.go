@@ -35,25 +35,28 @@ type devicesRecord struct {
 // records them in the pod dir. A pod the node cannot serve now (its devices are held by other pods
 // or unplugged) still gets its sandbox: the containers asking for devices fail to start with the
 // reason, and every start attempt asks again, so a freed or re-plugged device is picked up.
-type devicesHook struct{ r *Runtime }
+type devicesHook struct {
+	dirs    stateDir
+	devices *devices.Manager // nil refuses every container that asks for an extended resource
+}
 
 func (devicesHook) Name() string { return "devices" }
 
 func (h devicesHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
-	return h.r.allocateDevices(pod, sb)
+	return h.allocateDevices(pod, sb)
 }
 
 // Destroy removes the record, then frees the devices: a record left behind (an I/O error) keeps
 // them held, so a restarted agent never gives a device to two pods over its share.
 func (h devicesHook) Destroy(_ context.Context, ref PodRef) error {
-	dir, err := h.r.podDir(ref.UID)
+	dir, err := h.dirs.podDir(ref.UID)
 	if err != nil {
 		return err
 	}
 	if err := os.Remove(filepath.Join(dir, devicesFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	if m := h.r.opts.Devices; m != nil {
+	if m := h.devices; m != nil {
 		m.Release(ref.UID)
 	}
 	return nil
@@ -61,11 +64,11 @@ func (h devicesHook) Destroy(_ context.Context, ref PodRef) error {
 
 // List reports the pods holding devices, so an allocation whose pod is gone is swept.
 func (h devicesHook) List() ([]PodRef, error) {
-	if h.r.opts.Devices == nil {
+	if h.devices == nil {
 		return nil, nil
 	}
 	var out []PodRef
-	for _, uid := range h.r.opts.Devices.Pods() {
+	for _, uid := range h.devices.Pods() {
 		out = append(out, PodRef{UID: uid})
 	}
 	return out, nil
@@ -73,14 +76,14 @@ func (h devicesHook) List() ([]PodRef, error) {
 
 // allocateDevices allocates the pod's devices into sb. Only a failure to record the allocation is
 // an error; a pod that cannot have its devices keeps the reason in sb for StartContainer to report.
-func (r *Runtime) allocateDevices(pod *v1.Pod, sb *Sandbox) error {
+func (h devicesHook) allocateDevices(pod *v1.Pod, sb *Sandbox) error {
 	sb.Devices, sb.devicesErr = nil, nil
 	reqs, err := devices.Requests(pod)
 	if err != nil {
 		sb.devicesErr = &ctrspec.ConfigError{Err: err}
 		return nil
 	}
-	m := r.opts.Devices
+	m := h.devices
 	if m == nil {
 		return nil // deviceOpts refuses the containers that ask for devices
 	}
@@ -118,12 +121,12 @@ func (r *Runtime) allocateDevices(pod *v1.Pod, sb *Sandbox) error {
 // again at its next start.
 func (r *Runtime) restoreDevices() {
 	m := r.opts.Devices
-	refs, err := podDirHook{r}.List()
+	refs, err := podDirHook{r.dirs()}.List()
 	if err != nil {
 		r.log.Warn("device allocations: list pod dirs", "err", err)
 	}
 	for _, ref := range refs {
-		dir, err := r.podDir(ref.UID)
+		dir, err := r.dirs().podDir(ref.UID)
 		if err != nil {
 			continue
 		}
@@ -173,7 +176,7 @@ func (r *Runtime) deviceOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container) ([]oci.S
 	devs, ok := sb.Devices.For(c.Name)
 	if !ok {
 		// Refused when the sandbox was set up, or the devices were freed since: ask again.
-		if err := r.allocateDevices(pod, sb); err != nil {
+		if err := r.devicesHook().allocateDevices(pod, sb); err != nil {
 			return nil, &StartError{"CreateContainerError", err}
 		}
 		if devs, ok = sb.Devices.For(c.Name); !ok {
@@ -232,7 +235,7 @@ func withDeviceNodes(nodes []devices.Node) oci.SpecOpts {
 
 // DeviceAllocation is the pod's device allocation as recorded in its pod dir (for tests and tools).
 func (r *Runtime) DeviceAllocation(uid types.UID) (devices.Allocation, error) {
-	dir, err := r.podDir(uid)
+	dir, err := r.dirs().podDir(uid)
 	if err != nil {
 		return nil, err
 	}

@@ -373,7 +373,7 @@ func checkFileInput(pod *v1.Pod, podIPs []string) error {
 // a file is rewritten only when its content differs, and then in place, so the pod's running
 // containers (whose mounts hold the file, not its name) see the new hostAliases or dnsConfig at
 // their next lookup, as they do when kubelet rewrites its hosts file.
-type hostsHook struct{ r *Runtime }
+type hostsHook struct{ dns DNS }
 
 func (hostsHook) Name() string { return "hosts, resolv.conf and hostname" }
 
@@ -381,7 +381,7 @@ func (h hostsHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
 	if err := checkFileInput(pod, sb.PodIPs); err != nil {
 		return err
 	}
-	dns := h.r.opts.DNS
+	dns := h.dns
 	var hosts []byte
 	var hostname string
 	if pod.Spec.HostNetwork {

@@ -335,7 +335,7 @@ func TestHostsHookWritesOnChangeInPlace(t *testing.T) {
 	run := func() *Sandbox {
 		t.Helper()
 		sb := &Sandbox{Dir: dir, PodIPs: []string{"10.88.0.9"}}
-		if err := (hostsHook{r}).Prerun(context.Background(), pod, sb); err != nil {
+		if err := (hostsHook{dns: r.opts.DNS}).Prerun(context.Background(), pod, sb); err != nil {
 			t.Fatal(err)
 		}
 		return sb

@@ -16,7 +16,7 @@ func SetTaskStatus(r *Runtime, f func(context.Context, containerd.Task) (contain
 
 // HolderPID is the pid of the holder of the pod's shared PID namespace, from its record; 0 if none.
 func HolderPID(r *Runtime, uid string) int {
-	dir, err := r.podDir(types.UID(uid))
+	dir, err := r.dirs().podDir(types.UID(uid))
 	if err != nil {
 		return 0
 	}

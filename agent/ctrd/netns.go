@@ -34,10 +34,6 @@ type podNS struct {
 func netNS() podNS { return podNS{dir: "netns", flag: unix.CLONE_NEWNET, proc: "net"} }
 func ipcNS() podNS { return podNS{dir: "ipcns", flag: unix.CLONE_NEWIPC, proc: "ipc"} }
 
-func (r *Runtime) nsPath(kind podNS, podUID string) (string, error) {
-	return joinUnder(r.opts.StateDir, kind.dir, podUID)
-}
-
 // isNS reports whether path is a live namespace bind mount (after a reboot it is an empty file).
 func isNS(path string) bool {
 	var st unix.Statfs_t
@@ -45,35 +41,6 @@ func isNS(path string) bool {
 		return false
 	}
 	return st.Type == nsfsMagic
-}
-
-// ensurePodNS returns the path of the pod's namespace of this kind, and whether it had to be made
-// now (a new pod, or the old one gone with a reboot). A new network namespace gets loopback up.
-func (r *Runtime) ensurePodNS(kind podNS, podUID string) (path string, created bool, err error) {
-	path, err = r.nsPath(kind, podUID)
-	if err != nil {
-		return "", false, err
-	}
-	if isNS(path) {
-		return path, false, nil
-	}
-	if err := pinTarget(path); err != nil {
-		return "", false, fmt.Errorf("pod %s %s namespace: %w", podUID, kind.proc, err)
-	}
-
-	errc := make(chan error, 1)
-	go func() {
-		// unshare changes only this OS thread. The goroutine ends still locked, which makes the Go
-		// runtime throw the thread away instead of reusing it in the wrong namespace.
-		goruntime.LockOSThread()
-		errc <- enterNewNS(kind, path)
-	}()
-	if err := <-errc; err != nil {
-		unix.Unmount(path, unix.MNT_DETACH)
-		os.Remove(path)
-		return "", false, fmt.Errorf("pod %s %s namespace at %s: %w", podUID, kind.proc, path, err)
-	}
-	return path, true, nil
 }
 
 // pinTarget makes the empty file a namespace is bind-mounted onto to pin it.
@@ -124,32 +91,12 @@ func loopbackUp() error {
 	return nil
 }
 
-// removePodNS releases the pod's namespace of this kind; missing is fine.
-func (r *Runtime) removePodNS(kind podNS, podUID string) error {
-	path, err := r.nsPath(kind, podUID)
-	if err != nil {
-		return err
-	}
-	if err := unmount(path); err != nil {
-		return fmt.Errorf("pod %s %s namespace: %w", podUID, kind.proc, err)
-	}
-	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("pod %s %s namespace: %w", podUID, kind.proc, err)
-	}
-	return nil
-}
-
 // unmount detaches whatever is mounted at path; nothing mounted, or no path, is fine.
 func unmount(path string) error {
 	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("unmount %s: %w", path, err)
 	}
 	return nil
-}
-
-// podNSUIDs lists the pod UIDs that have a pinned namespace file of this kind.
-func (r *Runtime) podNSUIDs(kind podNS) ([]string, error) {
-	return dirNames(filepath.Join(r.opts.StateDir, kind.dir))
 }
 
 // dirNames lists the entries of dir; a missing dir has none.

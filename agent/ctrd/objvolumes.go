@@ -115,7 +115,7 @@ func ensureTmpfs(dir string) error {
 // The swap is atomic for readers. A volume whose object is gone (and not optional) keeps its last
 // content, as kubelet's does; the error says why it was not updated.
 func (r *Runtime) RefreshVolumes(_ context.Context, pod *v1.Pod) []error {
-	podDir, err := r.podDir(pod.UID)
+	podDir, err := r.dirs().podDir(pod.UID)
 	if err != nil {
 		return []error{err}
 	}
@@ -155,12 +155,12 @@ func (r *Runtime) RefreshVolumes(_ context.Context, pod *v1.Pod) []error {
 // dir is removed (it is after the pod dir hook, so its Destroy runs first). The volumes are written
 // when a container that mounts them starts (setUpObjectVolume), not here: a missing ConfigMap is
 // then the container's CreateContainerConfigError, retried, not a sandbox that cannot be made.
-type objectVolumesHook struct{ r *Runtime }
+type objectVolumesHook struct{ dirs stateDir }
 
 func (objectVolumesHook) Name() string { return "configMap/secret volumes" }
 
 func (h objectVolumesHook) Destroy(_ context.Context, ref PodRef) error {
-	dir, err := h.r.podDir(ref.UID)
+	dir, err := h.dirs.podDir(ref.UID)
 	if err != nil {
 		return err
 	}

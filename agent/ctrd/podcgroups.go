@@ -32,11 +32,11 @@ type PodCgroups interface {
 // legacyPodCgroup is where pods went before the QoS hierarchy (and still go without one). With the
 // hierarchy at its default root it is also the Guaranteed tier's path; under another cgroupRoot,
 // pods an older release started are still found and removed here.
-func (r *Runtime) legacyPodCgroup(podUID string) (string, error) {
+func legacyPodCgroup(namespace, podUID string) (string, error) {
 	if err := checkPathElem("pod UID", podUID); err != nil {
 		return "", err
 	}
-	return joinUnder("/mqlet", r.opts.Namespace, "pod"+podUID)
+	return joinUnder("/mqlet", namespace, "pod"+podUID)
 }
 
 // OOMKilled reports whether the kernel's OOM killer killed a process of container c, from the

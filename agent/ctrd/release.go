@@ -26,17 +26,17 @@ func (r *Runtime) PodCgroup(pod *v1.Pod) (string, error) {
 		}
 		return r.opts.Cgroups.PodPath(pod), nil
 	}
-	return r.legacyPodCgroup(string(pod.UID))
+	return legacyPodCgroup(r.opts.Namespace, string(pod.UID))
 }
 
 // PodStorageDirs are the directories whose files are the pod's ephemeral storage on the node's file
 // system: its pod dir (emptyDir volumes, hosts file) and its log dir.
 func (r *Runtime) PodStorageDirs(pod *v1.Pod) ([]string, error) {
-	dir, err := r.podDir(pod.UID)
+	dir, err := r.dirs().podDir(pod.UID)
 	if err != nil {
 		return nil, err
 	}
-	logs, err := r.podLogDir(pod)
+	logs, err := r.dirs().podLogDir(pod)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +51,7 @@ func (r *Runtime) PodStorageDirs(pod *v1.Pod) ([]string, error) {
 // should the pod run again, the sandbox's set-up makes the volumes and the tmpfs anew and
 // allocates its devices again. Call it only once the pod's containers have stopped.
 func (r *Runtime) ReleasePodStorage(pod *v1.Pod) error {
-	dir, err := r.podDir(pod.UID)
+	dir, err := r.dirs().podDir(pod.UID)
 	if err != nil {
 		return err
 	}
@@ -77,7 +77,7 @@ func (r *Runtime) ReleasePodStorage(pod *v1.Pod) error {
 	}
 	// The record goes first, as when the sandbox is destroyed: a record left behind keeps the
 	// devices held, so a restarted agent never hands a device out beyond its share.
-	if err := (devicesHook{r}).Destroy(context.Background(), RefOf(pod)); err != nil {
+	if err := r.devicesHook().Destroy(context.Background(), RefOf(pod)); err != nil {
 		errs = append(errs, fmt.Errorf("release devices: %w", err))
 	}
 	return errors.Join(errs...)
@@ -90,7 +90,7 @@ func (r *Runtime) ReleasePodStorage(pod *v1.Pod) error {
 // too): garbage collection never stops anything. Call it once the pod's containers have stopped.
 // It returns the bytes the writable layers held.
 func (r *Runtime) RemoveEvictedContainers(ctx context.Context, pod *v1.Pod) (int64, error) {
-	logs, err := r.podLogDir(pod)
+	logs, err := r.dirs().podLogDir(pod)
 	if err != nil {
 		return 0, err
 	}
@@ -130,7 +130,7 @@ type StorageUsage struct {
 // directory walk: call it for pods with an ephemeral-storage limit, or to rank under disk pressure.
 func (r *Runtime) ContainerStorage(ctx context.Context, pod *v1.Pod) (map[string]StorageUsage, error) {
 	ctx = r.ctx(ctx)
-	logs, err := r.podLogDir(pod)
+	logs, err := r.dirs().podLogDir(pod)
 	if err != nil {
 		return nil, err
 	}

@@ -93,20 +93,30 @@ type sandboxLister interface {
 // sandboxHooks in set-up order; teardown runs them in reverse.
 func (r *Runtime) sandboxHooks() []sandboxHook {
 	return []sandboxHook{
-		podDirHook{r},
-		logDirHook{r},
-		netnsHook{r},
-		cniHook{r}, // after the namespace it attaches; fills PodIPs for the hosts file
-		ipcHook{r},
-		cgroupHook{r},
-		pidnsHook{r}, // after the pod dir (its record) and the cgroup (where the holder goes)
-		emptyDirHook{r},
-		fsGroupHook{r},       // after the volumes it gives to the pod's fsGroup
-		objectVolumesHook{r}, // after the pod dir: its tmpfs mounts go before the dir is removed
-		hostsHook{r},
-		devicesHook{r},    // after the pod dir, where it records the allocation
-		bootMarkerHook{r}, // last: only a complete set-up is recorded as done in this boot
+		podDirHook{r.dirs()},
+		logDirHook{r.dirs()},
+		netnsHook{r.dirs()},
+		cniHook{r.dirs(), r.opts.Network}, // after the namespace it attaches; fills PodIPs for the hosts file
+		ipcHook{r.dirs()},
+		cgroupHook{r.opts.Cgroups, r.opts.Namespace},
+		pidnsHook{r.dirs(), r.opts.Executable, r.log}, // after the pod dir (its record) and the cgroup (where the holder goes)
+		r.emptyDirHook(),
+		fsGroupHook{r.log},          // after the volumes it gives to the pod's fsGroup
+		objectVolumesHook{r.dirs()}, // after the pod dir: its tmpfs mounts go before the dir is removed
+		hostsHook{r.opts.DNS},
+		r.devicesHook(),  // after the pod dir, where it records the allocation
+		bootMarkerHook{}, // last: only a complete set-up is recorded as done in this boot
 	}
+}
+
+// emptyDirHook sizes memory-backed emptyDirs from the machine's memory and node allocatable.
+func (r *Runtime) emptyDirHook() emptyDirHook {
+	return emptyDirHook{dirs: r.dirs(), memCapacity: r.memCapacity, nodeAllocatable: r.opts.NodeAllocatableMemory}
+}
+
+// devicesHook hands out the devices of r's device manager.
+func (r *Runtime) devicesHook() devicesHook {
+	return devicesHook{dirs: r.dirs(), devices: r.opts.Devices}
 }
 
 // EnsureSandbox sets up (or finds intact) everything pod's containers share. It is idempotent; a

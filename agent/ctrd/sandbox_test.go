@@ -224,7 +224,7 @@ func TestSandboxFromOlderMqletNotRecreated(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := errors.Join(unmount(filepath.Join(sb.Dir, "shm")), r.removePodNS(ipcNS(), string(pod.UID)), os.Remove(filepath.Join(sb.Dir, "boot_id"))); err != nil {
+	if err := errors.Join(unmount(filepath.Join(sb.Dir, "shm")), r.dirs().removePodNS(ipcNS(), string(pod.UID)), os.Remove(filepath.Join(sb.Dir, "boot_id"))); err != nil {
 		t.Fatal(err)
 	}
 	if sb, err = r.EnsureSandbox(ctx, pod); err != nil || sb.Created || !isNS(sb.IPCNS) {

@@ -31,7 +31,7 @@ const (
 // terminationMessageFile is the host file attempt `restarts` of container name writes its
 // termination message to: one per attempt, as kubelet makes one per container instance.
 func (r *Runtime) terminationMessageFile(uid types.UID, name string, restarts int) (string, error) {
-	dir, err := r.podDir(uid)
+	dir, err := r.dirs().podDir(uid)
 	if err != nil {
 		return "", err
 	}

@@ -26,7 +26,7 @@ const emptyDirMode = 0o777
 // EmptyDirPath is where the pod's emptyDir volume called name lives on the node (for the eviction
 // manager's sizeLimit check). The name is checked to be one path element.
 func (r *Runtime) EmptyDirPath(pod *v1.Pod, name string) (string, error) {
-	dir, err := r.podDir(pod.UID)
+	dir, err := r.dirs().podDir(pod.UID)
 	if err != nil {
 		return "", err
 	}
@@ -36,7 +36,7 @@ func (r *Runtime) EmptyDirPath(pod *v1.Pod, name string) (string, error) {
 // setupEmptyDirs makes every emptyDir volume of pod below the sandbox's pod dir and records it in
 // sb.Volumes. It is idempotent: a tmpfs already mounted is kept with what it holds (an agent
 // restart must not wipe a running pod's volume).
-func (r *Runtime) setupEmptyDirs(pod *v1.Pod, sb *Sandbox) error {
+func (h emptyDirHook) setupEmptyDirs(pod *v1.Pod, sb *Sandbox) error {
 	for _, v := range pod.Spec.Volumes {
 		if v.EmptyDir == nil {
 			continue
@@ -45,7 +45,7 @@ func (r *Runtime) setupEmptyDirs(pod *v1.Pod, sb *Sandbox) error {
 		if err != nil {
 			return fmt.Errorf("emptyDir %q: %w", v.Name, err)
 		}
-		if err := r.setupEmptyDir(pod, v.EmptyDir, dir); err != nil {
+		if err := h.setupEmptyDir(pod, v.EmptyDir, dir); err != nil {
 			return fmt.Errorf("emptyDir %q: %w", v.Name, err)
 		}
 		sb.Volumes[v.Name] = dir
@@ -53,7 +53,7 @@ func (r *Runtime) setupEmptyDirs(pod *v1.Pod, sb *Sandbox) error {
 	return nil
 }
 
-func (r *Runtime) setupEmptyDir(pod *v1.Pod, src *v1.EmptyDirVolumeSource, dir string) error {
+func (h emptyDirHook) setupEmptyDir(pod *v1.Pod, src *v1.EmptyDirVolumeSource, dir string) error {
 	mode := os.FileMode(emptyDirMode)
 	switch {
 	case src.Mode != nil:
@@ -84,7 +84,7 @@ func (r *Runtime) setupEmptyDir(pod *v1.Pod, src *v1.EmptyDirVolumeSource, dir s
 			if err := removeContents(dir); err != nil {
 				return err
 			}
-			if err := mountTmpfs(dir, r.emptyDirMemorySize(pod, src)); err != nil {
+			if err := mountTmpfs(dir, h.emptyDirMemorySize(pod, src)); err != nil {
 				return err
 			}
 		}
@@ -108,9 +108,9 @@ func fileMode(m int32) os.FileMode {
 // lowered to the pod's memory limit when every container has one (the same limit its cgroup gets),
 // lowered again to the volume's sizeLimit when that is smaller. A tmpfs can never hold more than
 // the pod could use anyway, and an unbounded one would default to half the RAM.
-func (r *Runtime) emptyDirMemorySize(pod *v1.Pod, src *v1.EmptyDirVolumeSource) int64 {
-	size := r.memCapacity
-	if f := r.opts.NodeAllocatableMemory; f != nil {
+func (h emptyDirHook) emptyDirMemorySize(pod *v1.Pod, src *v1.EmptyDirVolumeSource) int64 {
+	size := h.memCapacity
+	if f := h.nodeAllocatable; f != nil {
 		if a := f(); a > 0 {
 			size = a
 		}
@@ -191,9 +191,22 @@ func unmountEmptyDirs(podDir string) error {
 // Destroy unmounts the pod's memory-backed emptyDirs before the pod dir is removed (the pod dir
 // hook, earlier in the list, runs after this one at teardown).
 func (h emptyDirHook) Destroy(_ context.Context, ref PodRef) error {
-	dir, err := h.r.podDir(ref.UID)
+	dir, err := h.dirs.podDir(ref.UID)
 	if err != nil {
 		return err
 	}
 	return unmountEmptyDirs(dir)
+}
+
+// emptyDirHook makes the pod's emptyDir volumes below the pod dir (above); they go with it.
+type emptyDirHook struct {
+	dirs            stateDir
+	memCapacity     int64        // bytes of memory on the machine
+	nodeAllocatable func() int64 // node allocatable memory in bytes; nil or 0: memCapacity
+}
+
+func (emptyDirHook) Name() string { return "emptyDir volumes" }
+
+func (h emptyDirHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
+	return h.setupEmptyDirs(pod, sb)
 }

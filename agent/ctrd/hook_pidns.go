@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -149,7 +150,11 @@ func bootID() string {
 
 // pidnsHook owns the holder of the pod's shared PID namespace and its pin. Only pods with
 // shareProcessNamespace (and not hostPID) have one.
-type pidnsHook struct{ r *Runtime }
+type pidnsHook struct {
+	dirs       stateDir
+	executable string // the mqlet binary, run as `<executable> sandbox-pause`; "": no holder
+	log        *slog.Logger
+}
 
 func (pidnsHook) Name() string { return "shared PID namespace" }
 
@@ -160,12 +165,12 @@ func (h pidnsHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
 		// the worker stops them with their grace period.
 		return nil
 	}
-	if h.r.opts.Executable == "" {
+	if h.executable == "" {
 		// Without the binary there is no holder; the containers are refused with a clear reason
 		// when their spec is built (sb.PIDNS stays empty).
 		return nil
 	}
-	pin, err := h.r.nsPath(pidNS(), string(pod.UID))
+	pin, err := h.dirs.nsPath(pidNS(), string(pod.UID))
 	if err != nil {
 		return err
 	}
@@ -191,7 +196,7 @@ func (h pidnsHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
 		return fmt.Errorf("read %s: %w", record, err)
 	}
 
-	hd, err := h.r.startHolder(pod, sb.CgroupParent)
+	hd, err := h.startHolder(pod, sb.CgroupParent)
 	if err != nil {
 		return err
 	}
@@ -208,8 +213,8 @@ func (h pidnsHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
 
 // startHolder runs `<executable> sandbox-pause` as PID 1 of a new PID namespace and moves it to a
 // leaf of the pod's cgroup.
-func (r *Runtime) startHolder(pod *v1.Pod, cgroupParent string) (holder, error) {
-	cmd := exec.Command(r.opts.Executable, PauseCommand)
+func (h pidnsHook) startHolder(pod *v1.Pod, cgroupParent string) (holder, error) {
+	cmd := exec.Command(h.executable, PauseCommand)
 	cmd.Dir = "/" // hold no directory of the agent's busy
 	cmd.Env = []string{}
 	// Stdin, stdout and stderr stay nil: /dev/null. Setsid detaches it from the agent's terminal
@@ -217,7 +222,7 @@ func (r *Runtime) startHolder(pod *v1.Pod, cgroupParent string) (holder, error) 
 	// outlive the agent.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID, Setsid: true}
 	if err := cmd.Start(); err != nil {
-		return holder{}, fmt.Errorf("start PID namespace holder %s %s: %w", r.opts.Executable, PauseCommand, err)
+		return holder{}, fmt.Errorf("start PID namespace holder %s %s: %w", h.executable, PauseCommand, err)
 	}
 	// Reap it whenever it exits while this agent runs; after an agent restart init does.
 	go cmd.Wait()
@@ -230,8 +235,8 @@ func (r *Runtime) startHolder(pod *v1.Pod, cgroupParent string) (holder, error) 
 	if cgroupParent != "" {
 		// Best effort: out of the agent's own cgroup, the holder is accounted to the pod and left
 		// alone when the agent's service stops. It works without it.
-		if err := EnterCgroup(filepath.Join(cgroupParent, holderCgroup), hd.pid); err != nil && r.log != nil {
-			r.log.Warn("PID namespace holder stays in the agent's cgroup", "pod", RefOf(pod).String(), "pid", hd.pid, "err", err)
+		if err := EnterCgroup(filepath.Join(cgroupParent, holderCgroup), hd.pid); err != nil && h.log != nil {
+			h.log.Warn("PID namespace holder stays in the agent's cgroup", "pod", RefOf(pod).String(), "pid", hd.pid, "err", err)
 		}
 	}
 	return hd, nil
@@ -284,7 +289,7 @@ func killHolder(hd holder) error {
 // the holder's cgroup. A missing or unreadable record stops nothing: a process is killed only when
 // the record proves it is the holder.
 func (h pidnsHook) Destroy(_ context.Context, ref PodRef) error {
-	dir, err := h.r.podDir(ref.UID)
+	dir, err := h.dirs.podDir(ref.UID)
 	if err != nil {
 		return err
 	}
@@ -301,7 +306,7 @@ func (h pidnsHook) Destroy(_ context.Context, ref PodRef) error {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("read %s: %w", record, err)
 	}
-	errs = append(errs, h.r.removePodNS(pidNS(), string(ref.UID)))
+	errs = append(errs, h.dirs.removePodNS(pidNS(), string(ref.UID)))
 	if err := os.Remove(record); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
@@ -310,6 +315,6 @@ func (h pidnsHook) Destroy(_ context.Context, ref PodRef) error {
 }
 
 func (h pidnsHook) List() ([]PodRef, error) {
-	names, err := h.r.podNSUIDs(pidNS())
+	names, err := h.dirs.podNSUIDs(pidNS())
 	return uidRefs(names), err
 }

@@ -47,12 +47,12 @@ func TestEmptyDirMemorySize(t *testing.T) {
 		{"sizeLimit above allocatable", memoryPod("u", quantity("16Gi")), 4 * gi},
 	} {
 		vol := tc.pod.Spec.Volumes[len(tc.pod.Spec.Volumes)-1].EmptyDir
-		if got := r.emptyDirMemorySize(tc.pod, vol); got != tc.want {
+		if got := r.emptyDirHook().emptyDirMemorySize(tc.pod, vol); got != tc.want {
 			t.Errorf("%s: size %d, want %d", tc.name, got, tc.want)
 		}
 	}
 	r.opts.NodeAllocatableMemory = nil
-	if got := r.emptyDirMemorySize(memoryPod("u", nil), &v1.EmptyDirVolumeSource{Medium: v1.StorageMediumMemory}); got != 8*gi {
+	if got := r.emptyDirHook().emptyDirMemorySize(memoryPod("u", nil), &v1.EmptyDirVolumeSource{Medium: v1.StorageMediumMemory}); got != 8*gi {
 		t.Errorf("no allocatable: size %d, want the machine's %d", got, 8*gi)
 	}
 }

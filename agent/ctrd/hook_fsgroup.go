@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"syscall"
 
@@ -26,7 +27,7 @@ import (
 // the volume's root first (kubelet's OnRootMismatch test) and walks the volume only when the
 // root is not as fsGroup wants: a new volume, or a pod whose fsGroup changed. The walk stays inside
 // the volume whatever a container planted there (os.Root; symlinks are not followed).
-type fsGroupHook struct{ r *Runtime }
+type fsGroupHook struct{ log *slog.Logger }
 
 func (fsGroupHook) Name() string { return "fsGroup ownership" }
 
@@ -46,7 +47,7 @@ func (h fsGroupHook) Prerun(_ context.Context, pod *v1.Pod, sb *Sandbox) error {
 			return fmt.Errorf("emptyDir %q: fsGroup %d: %w", v.Name, gid, err)
 		}
 		if skipped != nil {
-			h.r.log.Warn("fsGroup not applied to some files of a volume", "pod", sb.Ref.String(), "volume", v.Name, "fsGroup", gid, "err", skipped)
+			h.log.Warn("fsGroup not applied to some files of a volume", "pod", sb.Ref.String(), "volume", v.Name, "fsGroup", gid, "err", skipped)
 		}
 	}
 	return nil

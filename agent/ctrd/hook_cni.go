@@ -25,12 +25,15 @@ type PodNetwork interface {
 // cniHook attaches the pod's network namespace (Options.Network) right after it is pinned and
 // fills Sandbox.PodIPs, which the hosts file and the pod status read. hostNetwork pods have no
 // namespace of their own and skip it.
-type cniHook struct{ r *Runtime }
+type cniHook struct {
+	dirs    stateDir
+	network PodNetwork // nil: loopback only
+}
 
 func (cniHook) Name() string { return "pod network (CNI)" }
 
 func (h cniHook) Prerun(ctx context.Context, pod *v1.Pod, sb *Sandbox) error {
-	n := h.r.opts.Network
+	n := h.network
 	if n == nil {
 		return nil
 	}
@@ -50,11 +53,11 @@ func (h cniHook) Prerun(ctx context.Context, pod *v1.Pod, sb *Sandbox) error {
 // Destroy runs before the namespace is released (hooks tear down in reverse), so plugins still
 // find the pod's interface in it; after a reboot the pin is no namespace and they are given none.
 func (h cniHook) Destroy(ctx context.Context, ref PodRef) error {
-	n := h.r.opts.Network
+	n := h.network
 	if n == nil {
 		return nil
 	}
-	path, err := h.r.nsPath(netNS(), string(ref.UID))
+	path, err := h.dirs.nsPath(netNS(), string(ref.UID))
 	if err != nil {
 		return err
 	}
@@ -65,7 +68,7 @@ func (h cniHook) Destroy(ctx context.Context, ref PodRef) error {
 }
 
 func (h cniHook) List() ([]PodRef, error) {
-	n := h.r.opts.Network
+	n := h.network
 	if n == nil {
 		return nil, nil
 	}
