@@ -5,7 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	goruntime "runtime"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -77,13 +77,13 @@ func TestReadSystemOnFixtures(t *testing.T) {
 	}
 	for _, name := range trees {
 		w := want[name]
-		w.Arch = goruntime.GOARCH
+		w.Arch = runtime.GOARCH
 		if got := ReadSystem(tree(name)); got != w {
 			t.Errorf("%s: ReadSystem =\n %+v\nwant\n %+v", name, got, w)
 		}
 	}
 	// Nothing there: every field but the build's architecture is empty, and nothing fails.
-	if got := ReadSystem(t.TempDir()); got != (System{Arch: goruntime.GOARCH}) {
+	if got := ReadSystem(t.TempDir()); got != (System{Arch: runtime.GOARCH}) {
 		t.Errorf("ReadSystem of an empty root = %+v", got)
 	}
 }

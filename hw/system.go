@@ -3,7 +3,7 @@ package hw
 import (
 	"os"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"strings"
 )
 
@@ -33,7 +33,7 @@ func ReadSystem(root string) System {
 		BootID:        BootID(root),
 		MachineID:     MachineID(root),
 		SystemUUID:    SystemUUID(root),
-		Arch:          goruntime.GOARCH,
+		Arch:          runtime.GOARCH,
 		Machine:       Machine(root),
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"io"
 	"net"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +22,7 @@ func listenIn(t *testing.T, path string, open func() error) {
 	errc := make(chan error, 1)
 	go func() {
 		// The thread is left in the pod's namespace and thrown away when the goroutine ends locked.
-		goruntime.LockOSThread()
+		runtime.LockOSThread()
 		fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			errc <- err

@@ -8,7 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -48,7 +48,7 @@ func pinNetns(t *testing.T, path string) {
 	errc := make(chan error, 1)
 	go func() {
 		// The thread ends still locked and so is thrown away, never reused in the new namespace.
-		goruntime.LockOSThread()
+		runtime.LockOSThread()
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 			errc <- err
 			return

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
-	goruntime "runtime"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -34,9 +34,9 @@ func missingAddrs(netns, ifName string, ips []string) (string, error) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		goruntime.LockOSThread()
+		runtime.LockOSThread()
 		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			goruntime.UnlockOSThread()
+			runtime.UnlockOSThread()
 			done <- result{err: fmt.Errorf("enter the pod's network namespace: %w", err)}
 			return
 		}
@@ -46,7 +46,7 @@ func missingAddrs(netns, ifName string, ips []string) (string, error) {
 			done <- result{err: fmt.Errorf("leave the pod's network namespace: %w", serr)}
 			return
 		}
-		goruntime.UnlockOSThread()
+		runtime.UnlockOSThread()
 		done <- result{have, err}
 	}()
 	r := <-done
@@ -111,9 +111,9 @@ func restoreForDel(netns, ifName string, addrs []*net.IPNet) error {
 	defer home.Close()
 	done := make(chan error, 1)
 	go func() {
-		goruntime.LockOSThread()
+		runtime.LockOSThread()
 		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			goruntime.UnlockOSThread()
+			runtime.UnlockOSThread()
 			done <- fmt.Errorf("enter the pod's network namespace: %w", err)
 			return
 		}
@@ -122,7 +122,7 @@ func restoreForDel(netns, ifName string, addrs []*net.IPNet) error {
 			done <- fmt.Errorf("leave the pod's network namespace: %w", serr)
 			return
 		}
-		goruntime.UnlockOSThread()
+		runtime.UnlockOSThread()
 		done <- err
 	}()
 	return <-done

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 
 	"golang.org/x/sys/unix"
 )
@@ -14,7 +14,7 @@ import (
 // The main thread cannot be thrown away: a goroutine that happened to run there would leave it (and
 // /proc/self/ns/* with it) in a pod's namespace. Keeping every importer's main goroutine on the main
 // thread keeps that work off it.
-func init() { goruntime.LockOSThread() }
+func init() { runtime.LockOSThread() }
 
 // A pod's containers share namespaces (network, IPC) that must outlive any one container, so that a
 // restarted container keeps the pod's localhost and its shared memory. kubelet keeps them alive with a

@@ -16,7 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -367,7 +367,7 @@ func writeImageArchiveOf(t *testing.T, path, ref string, data []byte, variant st
 	sum := sha256.Sum256(layer.Bytes())
 	diffID := "sha256:" + hex.EncodeToString(sum[:])
 	config, _ := json.Marshal(map[string]any{
-		"architecture": goruntime.GOARCH, "os": "linux",
+		"architecture": runtime.GOARCH, "os": "linux",
 		"config": map[string]any{"Cmd": []string{"/gc-data"}, "Env": []string{"VARIANT=" + variant}},
 		"rootfs": map[string]any{"type": "layers", "diff_ids": []string{diffID}},
 	})

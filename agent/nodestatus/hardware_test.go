@@ -6,7 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	goruntime "runtime"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -174,7 +174,7 @@ func TestDefaultSettersOnFixture(t *testing.T) {
 		v1.ResourceEphemeralStorage: q("29Gi"), v1.ResourcePods: q("110")})
 	wantInfo := v1.NodeSystemInfo{MachineID: "3c9b2f7d41e84a0f9d6a5e1b2c8f7a04", SystemUUID: "3c9b2f7d-41e8-4a0f-9d6a-5e1b2c8f7a04", BootID: "5f0c1a7e-3b9d-4c2e-8a61-0d4e9b7f2c13",
 		KernelVersion: "6.6.51+rpt-rpi-v8", OSImage: "Debian GNU/Linux 12 (bookworm)", ContainerRuntimeVersion: "containerd://1.7.24",
-		KubeletVersion: "mqlet-v0.3.0", OperatingSystem: "linux", Architecture: goruntime.GOARCH}
+		KubeletVersion: "mqlet-v0.3.0", OperatingSystem: "linux", Architecture: runtime.GOARCH}
 	if n.Status.NodeInfo != wantInfo {
 		t.Errorf("nodeInfo %+v\nwant %+v", n.Status.NodeInfo, wantInfo)
 	}

@@ -7,7 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	goruntime "runtime"
+	"runtime"
 	"syscall"
 	"time"
 	"unsafe"
@@ -160,10 +160,10 @@ func socketIn(r route, family int) (int, error) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		goruntime.LockOSThread()
+		runtime.LockOSThread()
 		fd, err, restored := socketOnThread(int(target.Fd()), int(r.home.Fd()), family)
 		if restored {
-			goruntime.UnlockOSThread()
+			runtime.UnlockOSThread()
 		}
 		done <- result{fd, err}
 	}()

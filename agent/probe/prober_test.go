@@ -9,7 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -184,7 +184,7 @@ func testNetNS(t testing.TB) string {
 	}
 	errc := make(chan error, 1)
 	go func() {
-		goruntime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 			errc <- err
 			return
@@ -221,7 +221,7 @@ func listenIn(t testing.TB, path string) net.Listener {
 	}
 	c := make(chan res, 1)
 	go func() {
-		goruntime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
 		f, err := os.Open(path)
 		if err != nil {
 			c <- res{nil, err}

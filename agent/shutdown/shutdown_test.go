@@ -6,7 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -116,7 +116,7 @@ func TestSignalWithoutBus(t *testing.T) {
 	c := make(chan os.Signal, 1)
 	signal.Notify(c, syscall.SIGUSR1)
 	signal.Stop(c)
-	before := goruntime.NumGoroutine()
+	before := runtime.NumGoroutine()
 	logs := &logRecorder{}
 	pods := &fakePods{}
 	stop := runManager(t, Options{GracePeriod: 6 * time.Second, CriticalGracePeriod: 2 * time.Second,
@@ -129,7 +129,7 @@ func TestSignalWithoutBus(t *testing.T) {
 		t.Errorf("graces %v, want critical 2s, others 4s", c[0])
 	}
 	stop()
-	waitUntil(t, "goroutines end", func() bool { return goruntime.NumGoroutine() <= before })
+	waitUntil(t, "goroutines end", func() bool { return runtime.NumGoroutine() <= before })
 }
 
 // A grace period of 0 is kubelet's "off": nothing is watched, not even the signal. Run returns at
