@@ -62,3 +62,35 @@ func TestSpecTranslationImportsNoContainerdClient(t *testing.T) {
 		t.Errorf("agent/ctrspec imports the containerd client: %v", bad)
 	}
 }
+
+// stdNameExceptions are packages named like a standard one that predate this rule, with why they
+// may stay: nothing that imports them needs the standard package beside them.
+var stdNameExceptions = map[string]string{
+	"github.com/mqlet/mqlet/agent/metrics": "runtime/metrics is not used next to it",
+}
+
+// No package is named like a standard library package: a name that shadows one (agent/runtime did,
+// forcing goruntime aliases) makes every file that needs both pick an alias.
+func TestNoPackageNamedLikeStandardLibrary(t *testing.T) {
+	out, err := exec.Command("go", "list", "std").Output()
+	if err != nil {
+		t.Fatalf("go list std: %v", err)
+	}
+	std := map[string]string{}
+	for _, p := range strings.Fields(string(out)) {
+		if strings.Contains(p, "internal") || strings.HasPrefix(p, "vendor/") {
+			continue
+		}
+		std[p[strings.LastIndex(p, "/")+1:]] = p
+	}
+	out, err = exec.Command("go", "list", "-f", "{{.ImportPath}} {{.Name}}", "github.com/mqlet/mqlet/...").Output()
+	if err != nil {
+		t.Fatalf("go list github.com/mqlet/mqlet/...: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		path, name, _ := strings.Cut(line, " ")
+		if s, ok := std[name]; ok && stdNameExceptions[path] == "" {
+			t.Errorf("package %s is named %s, like the standard library's %s: pick a name that says what it holds", path, name, s)
+		}
+	}
+}
