@@ -80,7 +80,7 @@ type Options struct {
 	// (emptydir.go); nil: sizeLimit is not enforced.
 	EmptyDirPath func(pod *v1.Pod, volume string) (string, error)
 	// ContainerStorage reads what each container of the pod keeps on disk, by name: its writable
-	// layer plus its logs (runtime.ContainerStorage), for ephemeral-storage limits (emptydir.go);
+	// layer plus its logs (ctrd.ContainerStorage), for ephemeral-storage limits (emptydir.go);
 	// nil: those limits are not enforced. It is called only for pods that have such a limit.
 	ContainerStorage func(pod *v1.Pod) (map[string]int64, error)
 

@@ -77,7 +77,7 @@ func NewAgent(reg *Registry, version, commit string) *Agent {
 // ObserveSync records one pod worker sync (pod.Env.OnSync).
 func (a *Agent) ObserveSync(d time.Duration) { a.syncs.Observe(d.Seconds()) }
 
-// ImagePulled records one pull from a registry (runtime.Options.OnPull).
+// ImagePulled records one pull from a registry (ctrd.Options.OnPull).
 func (a *Agent) ImagePulled(ref string, took time.Duration, err error) {
 	if err != nil {
 		a.pulls.With("failure").Inc()

@@ -56,7 +56,7 @@ type Options struct {
 	// Pods lists the agent's pods with their status (agent.Agent.Pods): the running containers
 	// and their ids come from it.
 	Pods func() []v1.Pod
-	// CgroupOf returns a container's cgroup path (runtime.Runtime.ContainerCgroup); the Reader
+	// CgroupOf returns a container's cgroup path (ctrd.Runtime.ContainerCgroup); the Reader
 	// keeps each path while the container exists.
 	CgroupOf func(ctx context.Context, id string) (string, error)
 	// Now stamps snapshots; time.Now when nil.
