@@ -25,6 +25,13 @@ func TestAgentLabelAndTaintChangesReachTheNode(t *testing.T) {
 	if _, err := h.kube.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// The bridge writes from its informer's copy; the API server would refuse a write from an
+	// older copy (a conflict, then a retry with a fresh one), the fake clientset does not check,
+	// so the test lets the informer see the operator's change first.
+	eventually(t, "the informer sees the operator's change", func() bool {
+		got, err := h.c.lister.Get("edge-1")
+		return err == nil && got.Labels["team"] == "ops"
+	})
 
 	// The device's config changes: site moves, a zone label appears, the edge taint goes and
 	// another comes.
