@@ -23,6 +23,15 @@ import (
 // asMqletEnv makes the test binary run main (TestMain).
 const asMqletEnv = "MQLET_TEST_AS_MQLET"
 
+// TestMain: with MQLET_TEST_AS_MQLET=1 the test binary is mqlet itself (main), so CLI tests run
+// the real process without building one.
+func TestMain(m *testing.M) {
+	if os.Getenv(asMqletEnv) == "1" {
+		main()
+	}
+	os.Exit(m.Run())
+}
+
 // runCLI runs the command line args in-process as main does, and returns its exit status.
 func runCLI(t *testing.T, args ...string) (status int, stdout, stderr string) {
 	t.Helper()
