@@ -6,7 +6,7 @@
 # BENCHMARKS.md explains every figure.
 #
 # The measurements run against a private containerd that this script configures and the harness
-# (scripts/bench, Go) starts, restarts and stops by pid: its own root /var/lib/mqlet-bench/containerd,
+# (tools/bench, Go) starts, restarts and stops by pid: its own root /var/lib/mqlet-bench/containerd,
 # state /run/mqlet-bench/containerd and socket /run/mqlet-bench/containerd.sock. The recovery
 # figure kills every task and restarts containerd, which must never happen to the shared test
 # containerd of scripts/testenv.sh. That script (a prerequisite: `make bench` runs it first)
@@ -15,7 +15,7 @@
 # into OUTPUT on lo), removed at the end.
 #
 # Usage: scripts/bench.sh [harness flags...], e.g. -agent-env GODEBUG=gctrace=1 -keep-logs /tmp/bench-logs
-# (go run ./scripts/bench -h lists them). Must run as root.
+# (go run ./tools/bench -h lists them). Must run as root.
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -55,8 +55,8 @@ trap 'rm -rf "$WORK"' EXIT
 . "$REPO_ROOT/scripts/lib/containerd-config.sh"
 containerd_config scripts/bench.sh "$LIB_DIR" "$RUN_DIR" "$SOCK" >"$WORK/containerd.toml"
 
-go build -o "$WORK/bench" ./scripts/bench
-go build -o "$WORK/mqttfloor" ./scripts/bench/mqttfloor
+go build -o "$WORK/bench" ./tools/bench
+go build -o "$WORK/mqttfloor" ./tools/bench/mqttfloor
 
 "$WORK/bench" \
 	-containerd "$(command -v containerd)" \

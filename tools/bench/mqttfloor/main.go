@@ -1,7 +1,7 @@
 // Command mqttfloor is the floor of the bench's idle-link figure: a bare paho client that connects
 // with the agent's MQTT settings (client id, keepalive, clean session, MQTT 3.1.1) and then does
 // nothing at all, so the bytes it costs are what any MQTT connection with that keepalive costs.
-// The harness (scripts/bench) starts it, counts its bytes with iptables and stops it with SIGTERM.
+// The harness (tools/bench) starts it, counts its bytes with iptables and stops it with SIGTERM.
 //
 // -tcp-keepalive=false turns off the kernel's TCP keepalive probes on the socket (Go's dialer
 // enables them, every 15 s of idleness, unless told otherwise); with the default, the client uses

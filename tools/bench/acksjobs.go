@@ -239,7 +239,7 @@ func (b *bench) measureAcksJobs(ctx context.Context, r *results) error {
 // delayed ACK of the first, ~40 ms on Linux. The node's path meets that wait two or three times per
 // index (measured: 20 jobs in 2.9 s with the default, in 0.5 s with this line), which
 // would make 5,000 jobs take ~11 minutes here. The figure is a size, which Nagle does not change.
-const jobsBrokerConf = "\n# Nagle off (see jobsBrokerConf in scripts/bench/acksjobs.go).\nset_tcp_nodelay true\n"
+const jobsBrokerConf = "\n# Nagle off (see jobsBrokerConf in tools/bench/acksjobs.go).\nset_tcp_nodelay true\n"
 
 func appendConf(br *broker, extra string) error {
 	f, err := os.OpenFile(br.conf, os.O_APPEND|os.O_WRONLY, 0)

@@ -89,7 +89,7 @@ func main() {
 	flag.Var(&c.agentEnv, "agent-env", "KEY=VALUE added to the agent's environment, repeatable, for profiling: GODEBUG=gctrace=1 (output goes to the agent log), GOGC=50, GOMEMLIMIT=8MiB")
 	flag.StringVar(&c.keepLogs, "keep-logs", "", "copy the agent and containerd logs into this directory before cleaning up")
 	flag.StringVar(&c.mosquitto, "mosquitto", "/usr/sbin/mosquitto", "mosquitto binary, for the MQTT figures' brokers")
-	flag.StringVar(&c.mqttFloor, "mqtt-floor", "", "the mqttfloor binary (scripts/bench/mqttfloor), the idle link's floor")
+	flag.StringVar(&c.mqttFloor, "mqtt-floor", "", "the mqttfloor binary (tools/bench/mqttfloor), the idle link's floor")
 	flag.StringVar(&c.iptables, "iptables", "/usr/sbin/iptables", "iptables binary, to count the MQTT links' bytes")
 	flag.Var(&c.only, "only", "comma-separated steps to run, for development: "+strings.Join(stepKeys(), ",")+
 		"; a step needs the ones before it, except mqtt, outbox, reconnect50, acks5000, eviction and idlecpu, which set up their own pods. A partial run writes no results file")

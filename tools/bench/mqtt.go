@@ -69,7 +69,7 @@ func (b *bench) newBroker(name string, persistence bool) (*broker, error) {
 	br := &broker{name: name, dir: dir, conf: filepath.Join(dir, "mosquitto.conf"), log: filepath.Join(dir, "mosquitto.log"),
 		client: ports[0], harness: ports[1], persistence: persistence}
 	var c strings.Builder
-	fmt.Fprintf(&c, `# Written by scripts/bench for the %s broker of one run.
+	fmt.Fprintf(&c, `# Written by tools/bench for the %s broker of one run.
 per_listener_settings true
 # Stay root, to write in the bench's root-owned directory.
 user root
