@@ -2,11 +2,11 @@
 # `make bench-fleet`: mqlet-bridge holding 1,000 simulated nodes and 10,000 pods on a real control
 # plane on this machine (etcd, kube-apiserver, kube-controller-manager, kube-scheduler from
 # internal/kubetest; mosquitto with configs/mosquitto/fleet-sim.conf; mqlet-fleetsim). The
-# harness is scripts/benchfleet (Go); it writes bench/fleet-results.json and prints the figures.
+# harness is tools/benchfleet (Go); it writes bench/fleet-results.json and prints the figures.
 # BENCHMARKS.md ("After issue 13: the fleet") says what each one means.
 #
 # Usage: scripts/bench-fleet.sh [harness flags...], e.g. -keep-logs /tmp/fleet-logs
-# -bridge-flag=--kube-api-qps=400 (go run ./scripts/benchfleet -h lists them).
+# -bridge-flag=--kube-api-qps=400 (go run ./tools/benchfleet -h lists them).
 # Needs: mosquitto, Debian's etcd-server, and the kube binaries of scripts/kubebins.sh
 # (MQLET_TEST_KUBE_BIN, else /run/mqlet-test/env, else /var/lib/mqlet-test/kube/<version>/bin).
 set -euo pipefail
@@ -26,7 +26,7 @@ echo "bench-fleet: building bin/mqlet, bin/mqlet-bridge and bin/mqlet-fleetsim (
 make --no-print-directory build >&2
 WORK=$(mktemp -d /tmp/mqlet-bench-fleet.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
-go build -o "$WORK/benchfleet" ./scripts/benchfleet
+go build -o "$WORK/benchfleet" ./tools/benchfleet
 
 "$WORK/benchfleet" \
 	-fleetsim "$REPO_ROOT/bin/mqlet-fleetsim" \
