@@ -34,7 +34,7 @@ cross:
 	@ls -l bin/mqlet-linux-*
 
 # Release artifacts in dist/ (docs/operations.md): per architecture a static tarball and a .deb
-# (scripts/release, nfpm, a module of its own so nfpm stays out of mqlet's dependencies), the
+# (tools/release, nfpm, a module of its own so nfpm stays out of mqlet's dependencies), the
 # mqlet-bridge image as a docker-archive `ctr images import` takes (scripts/mkimage -file) for amd64
 # and arm64 with configs/bridge/deployment.yaml naming it, and SHA256SUMS.
 BRIDGE_TAG = $(subst +,-,$(VERSION))
@@ -49,7 +49,7 @@ release:
 	  go run ./scripts/mkimage -file bin/release/mqlet-bridge-linux-$$a=/usr/local/bin/mqlet-bridge -arch $$a \
 	    -ref localhost/mqlet-bridge:$(BRIDGE_TAG) -o dist/mqlet-bridge-$(VERSION:v%=%)-linux-$$a.image.tar || exit 1; \
 	done
-	cd scripts/release && go run . -version $(VERSION) -repo ../.. -bin ../../bin/release -out ../../dist
+	cd tools/release && go run . -version $(VERSION) -repo ../.. -bin ../../bin/release -out ../../dist
 	@ls -l dist
 
 testenv:
@@ -62,7 +62,7 @@ testenv-down:
 # a missing environment a failure instead of a skip.
 test: testenv
 	set -a && . $(TESTENV) && set +a && MQLET_TEST_REQUIRE=1 go test -count=1 -timeout 20m ./...
-	cd scripts/release && go test -count=1 ./...
+	cd tools/release && go test -count=1 ./...
 	$(MAKE) fuzz
 	$(MAKE) test-vm test-arm
 

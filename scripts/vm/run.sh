@@ -83,7 +83,7 @@ build_debs() {
 		mkdir -p "$out/bin-$v"
 		CGO_ENABLED=0 go build -trimpath -tags grpcnotrace -ldflags "-s -w -X main.stampedVersion=v0.0.$v-lane -X main.stampedCommit=lane" \
 			-o "$out/bin-$v/mqlet-linux-amd64" ./cmd/mqlet
-		(cd scripts/release && go run . -version "v0.0.$v-lane" -repo ../.. -bin "$out/bin-$v" -out "$out" -arch amd64 -only deb >/dev/null)
+		(cd tools/release && go run . -version "v0.0.$v-lane" -repo ../.. -bin "$out/bin-$v" -out "$out" -arch amd64 -only deb >/dev/null)
 		rm -rf "$out/bin-$v"
 	done
 }

@@ -210,7 +210,7 @@ func debPackage(o options, a arch, binary string, unit []byte) (string, error) {
 	if err := os.WriteFile(unitFile, u, 0o644); err != nil {
 		return "", err
 	}
-	scripts := filepath.Join(o.repo, "scripts/release/debian")
+	scripts := filepath.Join(o.repo, "tools/release/debian")
 	mode := func(m os.FileMode) *files.ContentFileInfo {
 		return &files.ContentFileInfo{Owner: "root", Group: "root", Mode: m, MTime: epoch}
 	}

@@ -1,4 +1,4 @@
-module github.com/mqlet/mqlet/scripts/release
+module github.com/mqlet/mqlet/tools/release
 
 go 1.26.8
 
