@@ -35,7 +35,7 @@ cross:
 
 # Release artifacts in dist/ (docs/operations.md): per architecture a static tarball and a .deb
 # (tools/release, nfpm, a module of its own so nfpm stays out of mqlet's dependencies), the
-# mqlet-bridge image as a docker-archive `ctr images import` takes (scripts/mkimage -file) for amd64
+# mqlet-bridge image as a docker-archive `ctr images import` takes (tools/mkimage -file) for amd64
 # and arm64 with configs/bridge/deployment.yaml naming it, and SHA256SUMS.
 BRIDGE_TAG = $(subst +,-,$(VERSION))
 release:
@@ -46,7 +46,7 @@ release:
 	GOOS=linux GOARCH=arm GOARM=7 $(GOBUILD) -o bin/release/mqlet-linux-armv7 ./cmd/mqlet
 	for a in amd64 arm64; do \
 	  GOOS=linux GOARCH=$$a $(GOBUILD) -o bin/release/mqlet-bridge-linux-$$a ./cmd/mqlet-bridge && \
-	  go run ./scripts/mkimage -file bin/release/mqlet-bridge-linux-$$a=/usr/local/bin/mqlet-bridge -arch $$a \
+	  go run ./tools/mkimage -file bin/release/mqlet-bridge-linux-$$a=/usr/local/bin/mqlet-bridge -arch $$a \
 	    -ref localhost/mqlet-bridge:$(BRIDGE_TAG) -o dist/mqlet-bridge-$(VERSION:v%=%)-linux-$$a.image.tar || exit 1; \
 	done
 	cd tools/release && go run . -version $(VERSION) -repo ../.. -bin ../../bin/release -out ../../dist

@@ -5,7 +5,7 @@
 #     (MQTT tests start their own brokers; a system mosquitto is stopped)
 #   - a private containerd (own root, state, socket; the system one is never touched)
 #   - a local plain-HTTP registry (Debian's docker-registry) on 127.0.0.1:5000
-#   - test images built from busybox-static by scripts/mkimage
+#   - test images built from busybox-static by tools/mkimage
 #   - etcd (Debian's etcd-server; tests start their own, a system etcd is stopped)
 #     and kube-apiserver, kube-controller-manager and kube-scheduler built by
 #     scripts/kubebins.sh (minutes on a clean machine, cached after that)
@@ -284,7 +284,7 @@ find_go() {
 	elif [ -x /usr/local/go/bin/go ]; then
 		echo /usr/local/go/bin/go
 	else
-		die "go is needed to build the test images (scripts/mkimage) but is neither on PATH nor at /usr/local/go/bin/go"
+		die "go is needed to build the test images (tools/mkimage) but is neither on PATH nor at /usr/local/go/bin/go"
 	fi
 }
 
@@ -294,7 +294,7 @@ ensure_images() {
 	# the generator's source and the architecture.
 	local stamp
 	stamp="busybox $(sha256sum <"$BUSYBOX" | cut -d' ' -f1)
-mkimage $(cat "$REPO_ROOT"/scripts/mkimage/*.go | sha256sum | cut -d' ' -f1)
+mkimage $(cat "$REPO_ROOT"/tools/mkimage/*.go | sha256sum | cut -d' ' -f1)
 arch $(dpkg --print-architecture)"
 	local f rebuild=0
 	for f in "${outputs[@]}"; do
@@ -309,8 +309,8 @@ arch $(dpkg --print-architecture)"
 	export HOME=${HOME:-/root}
 	log "building test images into $IMAGES"
 	rm -f "$IMAGES/.stamp"
-	(cd "$REPO_ROOT" && "$gobin" run ./scripts/mkimage -busybox "$BUSYBOX" -out "$IMAGES") >&2 ||
-		die "scripts/mkimage failed"
+	(cd "$REPO_ROOT" && "$gobin" run ./tools/mkimage -busybox "$BUSYBOX" -out "$IMAGES") >&2 ||
+		die "tools/mkimage failed"
 	echo "$stamp" >"$IMAGES/.stamp"
 }
 

@@ -43,7 +43,7 @@ command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 command -v mkfs.ext4 >/dev/null || missing+=(e2fsprogs)
 command -v ssh-keygen >/dev/null || missing+=(openssh-client)
 command -v file >/dev/null || missing+=(file)
-# The test image is made from a static busybox (scripts/mkimage), as testenv.sh makes its own.
+# The test image is made from a static busybox (tools/mkimage), as testenv.sh makes its own.
 dpkg -s busybox-static 2>/dev/null | grep -q '^Status: install ok installed' || missing+=(busybox-static)
 if [ ${#missing[@]} -gt 0 ]; then
 	log "installing: ${missing[*]}"
@@ -95,7 +95,7 @@ log "building the test binaries on the host"
 	CGO_ENABLED=0 go test -c -o "$run/bin/cgroup.test" ./agent/cgroup
 	CGO_ENABLED=0 go test -c -o "$run/bin/eviction.test" ./agent/eviction
 	CGO_ENABLED=0 go build -trimpath -tags grpcnotrace -o "$run/bin/mqlet" ./cmd/mqlet
-	go run ./scripts/mkimage -busybox /bin/busybox -out "$run/images" >/dev/null
+	go run ./tools/mkimage -busybox /bin/busybox -out "$run/images" >/dev/null
 	build_debs "$run/debs"
 )
 t_build=$(($(now) - t1))

@@ -15,12 +15,12 @@
 //
 // Usage (from the repository root):
 //
-//	go run ./scripts/mkimage -busybox /bin/busybox -out /var/lib/mqlet-test/images
+//	go run ./tools/mkimage -busybox /bin/busybox -out /var/lib/mqlet-test/images
 //
 // With -file it writes one docker-archive instead, of an image holding one static binary and
 // nothing else (the release's mqlet-bridge image, `make release`), in the same reproducible way:
 //
-//	go run ./scripts/mkimage -file bin/mqlet-bridge=/usr/local/bin/mqlet-bridge -arch arm64 \
+//	go run ./tools/mkimage -file bin/mqlet-bridge=/usr/local/bin/mqlet-bridge -arch arm64 \
 //	    -ref localhost/mqlet-bridge:v1.2.3 -o dist/mqlet-bridge-v1.2.3-linux-arm64.tar
 package main
 
