@@ -7,7 +7,7 @@
 //
 // Usage (from the repository root, after scripts/testenv.sh):
 //
-//	go run ./scripts/kubecluster [-dir DIR] [-user NAME[:GROUP,...]]...
+//	go run ./tools/kubecluster [-dir DIR] [-user NAME[:GROUP,...]]...
 package main
 
 import (
