@@ -23,7 +23,7 @@ import (
 
 // These tests run the agent's desired-set logic, relist, teardown and restore against an in-memory
 // store and a fake runtime: no containerd (make unit). The real runtime is covered by the e2e
-// tests in cmd/mqlet.
+// tests in cmd/mqlet/e2e.
 
 // fakeRuntime keeps containers and sandboxes in maps. Containers start running and stay so until
 // stopped.

@@ -23,7 +23,7 @@ import (
 )
 
 // These tests drive the downlink's logic with the in-memory store twin; the real broker and the
-// real agent are exercised by sync/nodesync's and cmd/mqlet's tests.
+// real agent are exercised by sync/nodesync's and cmd/mqlet/e2e's tests.
 
 var tp = protocol.MustTopics(protocol.DefaultPrefix)
 

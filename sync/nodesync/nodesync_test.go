@@ -22,7 +22,7 @@ import (
 )
 
 // These tests run the node's channel against a real mosquitto and a real bbolt state file, with
-// the agent replaced by a recorder of the changes the source delivers. cmd/mqlet's tests run the
+// the agent replaced by a recorder of the changes the source delivers. cmd/mqlet/e2e's tests run the
 // whole agent on containerd.
 
 var tp = protocol.MustTopics(protocol.DefaultPrefix)
