@@ -46,12 +46,12 @@ import (
 
 type config struct {
 	fleetsim, bridge, mosquitto, mosquittoConf, rbac string
-	nodes, podsPerNode, createWorkers             int
-	image                                         string
-	readyTimeout, runningTimeout                  time.Duration
-	settle, settleMax, idle                       time.Duration
-	bridgeFlags, simFlags                         listFlag
-	out, keepLogs                                 string
+	nodes, podsPerNode, createWorkers                int
+	image                                            string
+	readyTimeout, runningTimeout                     time.Duration
+	settle, settleMax, idle                          time.Duration
+	bridgeFlags, simFlags                            listFlag
+	out, keepLogs                                    string
 }
 
 type listFlag []string
