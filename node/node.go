@@ -23,7 +23,7 @@ import (
 	"github.com/mqlet/mqlet/agent/nodestatus"
 	"github.com/mqlet/mqlet/agent/objects"
 	"github.com/mqlet/mqlet/agent/podevents"
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 	"github.com/mqlet/mqlet/hw"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/logserve"

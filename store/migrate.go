@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 	bolt "go.etcd.io/bbolt"
 	v1 "k8s.io/api/core/v1"
 )

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 	bolt "go.etcd.io/bbolt"
 	v1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"

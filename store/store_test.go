@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 	"github.com/mqlet/mqlet/store/seal"
 	bolt "go.etcd.io/bbolt"
 	v1 "k8s.io/api/core/v1"

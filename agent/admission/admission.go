@@ -13,8 +13,8 @@ import (
 	"strings"
 	"unicode"
 
-	"github.com/mqlet/mqlet/agent/source"
 	"github.com/mqlet/mqlet/agent/sysctl"
+	"github.com/mqlet/mqlet/core/source"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"

@@ -7,7 +7,7 @@ import (
 
 	"github.com/mqlet/mqlet/agent/qos"
 	"github.com/mqlet/mqlet/agent/resources"
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )

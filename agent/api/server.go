@@ -21,7 +21,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/logs"
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )

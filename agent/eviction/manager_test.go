@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/event"
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"

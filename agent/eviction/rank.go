@@ -5,7 +5,7 @@ import (
 	"slices"
 
 	"github.com/mqlet/mqlet/agent/resources"
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 	v1 "k8s.io/api/core/v1"
 )
 

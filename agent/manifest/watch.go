@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 )
 
 // coalesceWindow is how long the directory has to be quiet after an event before Watch

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 )
 
 // watcher runs Dir.Watch in the background and records the snapshots it delivers.

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/mqlet/mqlet/agent/admission"
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 	"github.com/mqlet/mqlet/sync/protocol"
 	v1 "k8s.io/api/core/v1"
 )

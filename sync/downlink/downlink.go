@@ -28,7 +28,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/event"
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/protocol"
 	v1 "k8s.io/api/core/v1"

@@ -13,7 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/downlink"
 	"github.com/mqlet/mqlet/sync/link"

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/source"
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/link"
