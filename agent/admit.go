@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/admission"
-	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/pod"
+	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/core/source"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"

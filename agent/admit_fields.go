@@ -4,7 +4,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/admission"
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/store"
 )
 

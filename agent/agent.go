@@ -21,11 +21,11 @@ import (
 
 	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/agent/ctrd"
-	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/pod"
 	"github.com/mqlet/mqlet/agent/podspec"
 	"github.com/mqlet/mqlet/agent/probe"
 	"github.com/mqlet/mqlet/agent/sysctl"
+	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/core/source"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"

@@ -8,7 +8,7 @@ import (
 
 	"github.com/mqlet/mqlet/agent/cgroup"
 	"github.com/mqlet/mqlet/agent/config"
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )

@@ -6,8 +6,8 @@ import (
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/ctrd"
-	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/imagegc"
+	"github.com/mqlet/mqlet/core/event"
 )
 
 // newImageGC makes image garbage collection for agent a with the configured thresholds. Events go

@@ -16,7 +16,7 @@ import (
 
 	"github.com/containerd/cgroups/v3/cgroup1"
 	"github.com/containerd/cgroups/v3/cgroup2"
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	v1 "k8s.io/api/core/v1"
 )

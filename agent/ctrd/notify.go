@@ -6,7 +6,7 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 )
 
 // Notifier is told what StartContainer does that kubelet reports as events about the container

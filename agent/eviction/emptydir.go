@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/admission"
-	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/resources"
+	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/hw"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/admission"
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"

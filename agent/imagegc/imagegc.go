@@ -23,9 +23,9 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/ctrd"
-	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/agent/podspec"
+	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/hw"
 	v1 "k8s.io/api/core/v1"
 )

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/ctrd"
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/hw"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
 )

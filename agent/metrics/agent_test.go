@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/pod"
+	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/core/source"
 	"github.com/mqlet/mqlet/store"
 	dto "github.com/prometheus/client_model/go"

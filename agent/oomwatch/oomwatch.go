@@ -19,7 +19,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 )
 
 // ReasonSystemOOM is kubelet's reason for the node event.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 )
 
 // Lines as Debian 12's 6.1 kernel writes them to /dev/kmsg for a kill in a systemd scope with

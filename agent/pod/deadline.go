@@ -3,7 +3,7 @@ package pod
 import (
 	"time"
 
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 	v1 "k8s.io/api/core/v1"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/ctrspec"
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )

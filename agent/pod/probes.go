@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/ctrd"
-	"github.com/mqlet/mqlet/agent/event"
 	"github.com/mqlet/mqlet/agent/probe"
+	"github.com/mqlet/mqlet/core/event"
 	v1 "k8s.io/api/core/v1"
 )
 

@@ -14,8 +14,8 @@ import (
 
 	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/ctrspec"
-	"github.com/mqlet/mqlet/agent/event"
-	"github.com/mqlet/mqlet/agent/source"
+	"github.com/mqlet/mqlet/core/event"
+	"github.com/mqlet/mqlet/core/source"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"

@@ -33,7 +33,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/protocol"
 	v1 "k8s.io/api/core/v1"

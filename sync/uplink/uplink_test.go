@@ -10,7 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/core/source"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/protocol"

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 	"golang.org/x/sys/unix"
 )
 

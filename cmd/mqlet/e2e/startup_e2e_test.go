@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mqlet/mqlet/agent/event"
+	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/store"
 )
 
