@@ -20,7 +20,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/logs"
+	"github.com/mqlet/mqlet/core/logs"
 	"github.com/mqlet/mqlet/core/source"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

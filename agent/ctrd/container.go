@@ -21,7 +21,7 @@ import (
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/distribution/reference"
 	"github.com/mqlet/mqlet/agent/ctrspec"
-	"github.com/mqlet/mqlet/agent/logs"
+	"github.com/mqlet/mqlet/core/logs"
 	v1 "k8s.io/api/core/v1"
 )
 

@@ -13,14 +13,14 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
-	"github.com/mqlet/mqlet/agent/logs"
+	"github.com/mqlet/mqlet/core/logs"
 	"golang.org/x/sys/unix"
 )
 
 // Container output reaches its log file through the agent: the shim writes the container's stdout
 // and stderr into two FIFOs below the pod dir, and the agent reads them (two goroutines per
 // container, parked in the poller while the container is quiet) into the CRI-format log with
-// rotation (agent/logs). A restarted agent attaches to the FIFOs of the containers it adopts.
+// rotation (core/logs). A restarted agent attaches to the FIFOs of the containers it adopts.
 //
 // The other way, a logging binary run by the shim for each container (containerd's binary:// IO,
 // `mqlet log-driver`), would go on copying while the agent is down, but costs a process per

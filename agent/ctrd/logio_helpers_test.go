@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 
-	"github.com/mqlet/mqlet/agent/logs"
+	"github.com/mqlet/mqlet/core/logs"
 )
 
 // readLog is a container's output as `mqlet logs` shows it (the file holds CRI records).

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/oci"
-	"github.com/mqlet/mqlet/agent/logs"
+	"github.com/mqlet/mqlet/core/logs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"

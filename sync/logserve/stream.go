@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/logs"
+	"github.com/mqlet/mqlet/core/logs"
 	"github.com/mqlet/mqlet/sync/protocol"
 )
 

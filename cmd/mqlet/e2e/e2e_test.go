@@ -21,7 +21,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/mqlet/mqlet/agent/api"
-	"github.com/mqlet/mqlet/agent/logs"
+	"github.com/mqlet/mqlet/core/logs"
 	"github.com/mqlet/mqlet/internal/testenv"
 	"golang.org/x/sys/unix"
 	v1 "k8s.io/api/core/v1"

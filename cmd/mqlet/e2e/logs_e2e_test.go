@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/logs"
+	"github.com/mqlet/mqlet/core/logs"
 	v1 "k8s.io/api/core/v1"
 )
 
