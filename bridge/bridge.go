@@ -23,9 +23,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/metrics"
 	"github.com/mqlet/mqlet/bridge/mq"
 	"github.com/mqlet/mqlet/bridge/nodes"
+	"github.com/mqlet/mqlet/core/prom"
 	"github.com/mqlet/mqlet/sync/protocol"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -106,7 +106,7 @@ type Deps struct {
 	Conn      *mq.Conn
 	Nodes     *nodes.Controller // Served(node), Online(node)
 	Topics    protocol.Topics
-	Metrics   *metrics.Registry
+	Metrics   *prom.Registry
 	Log       *slog.Logger
 }
 
@@ -133,7 +133,7 @@ type Bridge struct {
 	conn      *mq.Conn
 	nodes     *nodes.Controller
 	part      *Part
-	reg       *metrics.Registry
+	reg       *prom.Registry
 	identity  string
 	namespace string
 
@@ -172,7 +172,7 @@ func New(o Options) (*Bridge, error) {
 	if err != nil {
 		return nil, fmt.Errorf("node selector %q: %w", o.NodeSelector, err)
 	}
-	b := &Bridge{o: o, log: o.Log, reg: metrics.NewRegistry()}
+	b := &Bridge{o: o, log: o.Log, reg: prom.NewRegistry()}
 	b.leader.Store("")
 
 	if b.kube = o.Kube; b.kube == nil {
@@ -259,9 +259,9 @@ func (b *Bridge) route(m mq.Message) {
 }
 
 func (b *Bridge) registerMetrics() {
-	metrics.RegisterProcess(b.reg, "/proc")
+	prom.RegisterProcess(b.reg, "/proc")
 	b.reg.GaugeVec("bridge_build_info", "The bridge's version; always 1.", "version").With(b.o.Version).Set(1)
-	b.reg.Func("bridge_leader", "1 while this replica is the leader.", metrics.GaugeType, nil, func(emit metrics.Emit) {
+	b.reg.Func("bridge_leader", "1 while this replica is the leader.", prom.GaugeType, nil, func(emit prom.Emit) {
 		emit(b2f(b.leading.Load()))
 	})
 }
@@ -278,7 +278,7 @@ func (b *Bridge) Kube() kubernetes.Interface                 { return b.kube }
 func (b *Bridge) Informers() informers.SharedInformerFactory { return b.informers }
 func (b *Bridge) Conn() *mq.Conn                             { return b.conn }
 func (b *Bridge) Nodes() *nodes.Controller                   { return b.nodes }
-func (b *Bridge) Metrics() *metrics.Registry                 { return b.reg }
+func (b *Bridge) Metrics() *prom.Registry                    { return b.reg }
 func (b *Bridge) Identity() string                           { return b.identity }
 
 // Run serves the health endpoint and takes part in leader election until ctx ends (nil) or this
@@ -291,12 +291,12 @@ func (b *Bridge) Run(ctx context.Context) error {
 		wg.Wait()
 	}()
 	if b.o.MetricsAddr != "-" {
-		ln, err := metrics.Listen(b.o.MetricsAddr)
+		ln, err := prom.Listen(b.o.MetricsAddr)
 		if err != nil {
 			return err
 		}
 		wg.Go(func() {
-			if err := metrics.Serve(ctx, ln, metrics.Endpoints(b.reg.Handler(), http.HandlerFunc(b.health)), b.log); err != nil {
+			if err := prom.Serve(ctx, ln, prom.Endpoints(b.reg.Handler(), http.HandlerFunc(b.health)), b.log); err != nil {
 				b.log.Error("metrics endpoint failed", "err", err)
 			}
 		})

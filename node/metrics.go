@@ -15,6 +15,7 @@ import (
 	"github.com/mqlet/mqlet/agent/metrics"
 	"github.com/mqlet/mqlet/agent/usage"
 	"github.com/mqlet/mqlet/core/event"
+	"github.com/mqlet/mqlet/core/prom"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/nodesync"
 	v1 "k8s.io/api/core/v1"
@@ -23,13 +24,13 @@ import (
 // agentMetrics is the agent process's metrics registry and the hooks that feed it. It is made
 // before the runtime and the store are opened, so their hooks exist when they are.
 type agentMetrics struct {
-	reg *metrics.Registry
+	reg *prom.Registry
 	*metrics.Agent
 }
 
 func newAgentMetrics(version, commit string) *agentMetrics {
-	reg := metrics.NewRegistry()
-	metrics.RegisterProcess(reg, "/proc")
+	reg := prom.NewRegistry()
+	prom.RegisterProcess(reg, "/proc")
 	return &agentMetrics{reg: reg, Agent: metrics.NewAgent(reg, version, commit)}
 }
 
@@ -72,12 +73,12 @@ func (m *agentMetrics) serve(cfg config.Config, a *agent.Agent, ev *eviction.Man
 	if cfg.MetricsAddress == "" {
 		return func(context.Context) error { return nil }, nil
 	}
-	ln, err := metrics.Listen(cfg.MetricsListenAddress())
+	ln, err := prom.Listen(cfg.MetricsListenAddress())
 	if err != nil {
 		return nil, fmt.Errorf("%w (--metrics-address)", err)
 	}
 	return func(ctx context.Context) error {
-		if err := metrics.Serve(ctx, ln, metrics.Endpoints(m.reg.Handler(), srv.Handler()), log); err != nil {
+		if err := prom.Serve(ctx, ln, prom.Endpoints(m.reg.Handler(), srv.Handler()), log); err != nil {
 			// The agent and its pods go on; only the scrapes fail, and the log says why.
 			log.Error("metrics endpoint stopped", "err", err)
 		}

@@ -1,3 +1,6 @@
+// Package metrics is the agent's own figures (pods, containers, syncs, store writes, image pulls,
+// evictions, the MQTT link, usage and temperature) registered in a core/prom Registry, with the
+// hooks that feed them.
 package metrics
 
 import (
@@ -7,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/core/event"
+	"github.com/mqlet/mqlet/core/prom"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
 )
@@ -35,19 +39,19 @@ var podPhases = []v1.PodPhase{v1.PodPending, v1.PodRunning, v1.PodSucceeded, v1.
 // pod workers, ImagePulled for the runtime, Events around the agent's event sink, Store around the
 // state store, and Pods and MQTT for the figures read at scrape time.
 type Agent struct {
-	reg *Registry
+	reg *prom.Registry
 
-	events      *CounterVec
-	ooms        *CounterVec
-	syncs       *Histogram
-	storeWrites *HistogramVec
-	storeErrors *CounterVec
-	pulls       *CounterVec
-	pullTime    *Histogram
+	events      *prom.CounterVec
+	ooms        *prom.CounterVec
+	syncs       *prom.Histogram
+	storeWrites *prom.HistogramVec
+	storeErrors *prom.CounterVec
+	pulls       *prom.CounterVec
+	pullTime    *prom.Histogram
 }
 
 // NewAgent registers the agent's figures in reg; version and commit are the build's.
-func NewAgent(reg *Registry, version, commit string) *Agent {
+func NewAgent(reg *prom.Registry, version, commit string) *Agent {
 	reg.GaugeVec("mqlet_build_info", "The build of mqlet that is running; the value is always 1.", "version", "commit").
 		With(version, commit).Set(1)
 	a := &Agent{
@@ -110,8 +114,8 @@ func (c eventCounter) Emit(e event.Event) {
 func (a *Agent) Pods(pods func() []v1.Pod) {
 	// Each family reads the pods itself: a scrape is rare, and Pods copies a few dozen small
 	// objects, cheaper than keeping them in step between families and concurrent scrapes.
-	a.reg.Func("mqlet_pods", "Pods the agent manages, by phase.", GaugeType, []string{"phase"},
-		func(emit Emit) {
+	a.reg.Func("mqlet_pods", "Pods the agent manages, by phase.", prom.GaugeType, []string{"phase"},
+		func(emit prom.Emit) {
 			n := map[v1.PodPhase]int{}
 			for _, p := range pods() {
 				n[p.Status.Phase]++
@@ -125,8 +129,8 @@ func (a *Agent) Pods(pods func() []v1.Pod) {
 				}
 			}
 		})
-	a.reg.Func("mqlet_containers", "Containers of the agent's pods, by state (running, waiting, terminated).", GaugeType, []string{"state"},
-		func(emit Emit) {
+	a.reg.Func("mqlet_containers", "Containers of the agent's pods, by state (running, waiting, terminated).", prom.GaugeType, []string{"state"},
+		func(emit prom.Emit) {
 			n := map[string]int{"running": 0, "waiting": 0, "terminated": 0}
 			for _, p := range pods() {
 				for _, cs := range allStatuses(&p.Status) {
@@ -144,9 +148,9 @@ func (a *Agent) Pods(pods func() []v1.Pod) {
 				emit(float64(c), s)
 			}
 		})
-	a.reg.Func("mqlet_container_restarts_total", "Restarts of each container of the agent's pods, as its status counts them.", CounterType,
+	a.reg.Func("mqlet_container_restarts_total", "Restarts of each container of the agent's pods, as its status counts them.", prom.CounterType,
 		[]string{"namespace", "pod", "container"},
-		func(emit Emit) {
+		func(emit prom.Emit) {
 			for _, p := range pods() {
 				for _, cs := range allStatuses(&p.Status) {
 					emit(float64(cs.RestartCount), p.Namespace, p.Name, cs.Name)
@@ -187,9 +191,9 @@ func allStatuses(st *v1.PodStatus) []v1.ContainerStatus {
 // admission refusal under pressure is not one, although its reason is Evicted too. Each of signals
 // (those with a threshold) is listed from 0, so the first eviction is a change rate() sees.
 func (a *Agent) Evictions(signals []string, counts func() map[string]int64) {
-	a.reg.Func("mqlet_pod_evictions_total", "Pods the eviction manager evicted, by eviction signal.", CounterType,
+	a.reg.Func("mqlet_pod_evictions_total", "Pods the eviction manager evicted, by eviction signal.", prom.CounterType,
 		[]string{"eviction_signal"},
-		func(emit Emit) {
+		func(emit prom.Emit) {
 			n := counts()
 			for _, s := range signals {
 				if _, ok := n[s]; !ok {
@@ -205,28 +209,28 @@ func (a *Agent) Evictions(signals []string, counts func() map[string]int64) {
 // MQTT registers the channel's figures, read at every scrape: whether the link to the broker is up,
 // and the outbox's depth and drops (store.DB.OutboxStats). Only a node with a broker calls it.
 func (a *Agent) MQTT(connected func() bool, outbox func() (store.OutboxStats, error)) {
-	a.reg.Func("mqlet_mqtt_connected", "1 when the MQTT link to the broker is up, else 0.", GaugeType, nil,
-		func(emit Emit) {
+	a.reg.Func("mqlet_mqtt_connected", "1 when the MQTT link to the broker is up, else 0.", prom.GaugeType, nil,
+		func(emit prom.Emit) {
 			v := 0.0
 			if connected() {
 				v = 1
 			}
 			emit(v)
 		})
-	a.reg.Func("mqlet_mqtt_outbox_entries", "Messages queued in the outbox for the broker.", GaugeType, nil,
-		func(emit Emit) {
+	a.reg.Func("mqlet_mqtt_outbox_entries", "Messages queued in the outbox for the broker.", prom.GaugeType, nil,
+		func(emit prom.Emit) {
 			if st, err := outbox(); err == nil {
 				emit(float64(st.Entries))
 			}
 		})
-	a.reg.Func("mqlet_mqtt_outbox_bytes", "Bytes queued in the outbox for the broker.", GaugeType, nil,
-		func(emit Emit) {
+	a.reg.Func("mqlet_mqtt_outbox_bytes", "Bytes queued in the outbox for the broker.", prom.GaugeType, nil,
+		func(emit prom.Emit) {
 			if st, err := outbox(); err == nil {
 				emit(float64(st.Bytes))
 			}
 		})
-	a.reg.Func("mqlet_mqtt_outbox_dropped_events_total", "Events the full outbox dropped (oldest first), since the state file was created.", CounterType, nil,
-		func(emit Emit) {
+	a.reg.Func("mqlet_mqtt_outbox_dropped_events_total", "Events the full outbox dropped (oldest first), since the state file was created.", prom.CounterType, nil,
+		func(emit prom.Emit) {
 			if st, err := outbox(); err == nil {
 				emit(float64(st.DroppedEvents))
 			}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/mqlet/mqlet/agent/pod"
 	"github.com/mqlet/mqlet/core/event"
+	"github.com/mqlet/mqlet/core/prom"
 	"github.com/mqlet/mqlet/core/source"
 	"github.com/mqlet/mqlet/store"
 	dto "github.com/prometheus/client_model/go"
@@ -66,7 +67,7 @@ func TestReasonsMatchTheAgents(t *testing.T) {
 }
 
 func TestEventsCountedAndPassedOn(t *testing.T) {
-	r := NewRegistry()
+	r := prom.NewRegistry()
 	a := NewAgent(r, "v1.2.3", "abc")
 	var got []string
 	sink := a.Events(event.SinkFunc(func(e event.Event) { got = append(got, e.Reason) }))
@@ -101,7 +102,7 @@ func TestEventsCountedAndPassedOn(t *testing.T) {
 // threshold are listed at 0 before their first eviction, and a signal without one (an emptyDir
 // over its sizeLimit) appears once it has evicted.
 func TestEvictionsBySignal(t *testing.T) {
-	r := NewRegistry()
+	r := prom.NewRegistry()
 	a := NewAgent(r, "dev", "x")
 	counts := map[string]int64{}
 	a.Evictions([]string{"memory.available", "nodefs.available"}, func() map[string]int64 { return counts })
@@ -122,7 +123,7 @@ func TestEvictionsBySignal(t *testing.T) {
 }
 
 func TestSyncsAndPulls(t *testing.T) {
-	r := NewRegistry()
+	r := prom.NewRegistry()
 	a := NewAgent(r, "dev", "x")
 	fams := parseText(t, writeText(t, r))
 	// Before any pull both results exist at 0, so the first failure is a visible increase.
@@ -150,7 +151,7 @@ func TestStoreWritesTimed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := NewRegistry()
+	r := prom.NewRegistry()
 	a := NewAgent(r, "dev", "x")
 	st := a.Store(db)
 	p := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "a", UID: "u1"}}
@@ -195,7 +196,7 @@ func TestStoreWritesTimed(t *testing.T) {
 }
 
 func TestPodFigures(t *testing.T) {
-	r := NewRegistry()
+	r := prom.NewRegistry()
 	a := NewAgent(r, "dev", "x")
 	running := v1.ContainerState{Running: &v1.ContainerStateRunning{}}
 	pods := []v1.Pod{
@@ -231,7 +232,7 @@ func TestPodFigures(t *testing.T) {
 }
 
 func TestMQTTFigures(t *testing.T) {
-	r := NewRegistry()
+	r := prom.NewRegistry()
 	a := NewAgent(r, "dev", "x")
 	up := false
 	statsErr := error(nil)

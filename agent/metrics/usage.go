@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"github.com/mqlet/mqlet/agent/usage"
+	"github.com/mqlet/mqlet/core/prom"
 	"github.com/mqlet/mqlet/hw"
 )
 
@@ -24,21 +25,21 @@ func (a *Agent) Usage(read func() (usage.Snapshot, error)) {
 	}
 	labels := []string{"namespace", "pod", "container"}
 	a.reg.Func("container_cpu_usage_seconds_total", "Cumulative CPU time the container used, in seconds (its cgroup's cpuacct.usage or cpu.stat usage_usec).",
-		CounterType, labels, func(emit Emit) {
+		prom.CounterType, labels, func(emit prom.Emit) {
 			containers(func(c usage.Container) { emit(c.CPUSeconds, c.Namespace, c.Pod, c.Container) })
 		})
 	a.reg.Func("container_memory_working_set_bytes", "The container's memory working set: its cgroup's usage minus inactive file pages, in bytes.",
-		GaugeType, labels, func(emit Emit) {
+		prom.GaugeType, labels, func(emit prom.Emit) {
 			containers(func(c usage.Container) { emit(float64(c.MemoryWorkingSetBytes), c.Namespace, c.Pod, c.Container) })
 		})
 	a.reg.Func("node_cpu_usage_seconds_total", "Cumulative CPU time the node's CPUs spent busy, in seconds (/proc/stat).",
-		CounterType, nil, func(emit Emit) {
+		prom.CounterType, nil, func(emit prom.Emit) {
 			if s, err := read(); err == nil {
 				emit(s.Node.CPUSeconds)
 			}
 		})
 	a.reg.Func("node_memory_working_set_bytes", "The node's memory working set: the root cgroup's usage minus inactive file pages, in bytes, as memory.available counts it.",
-		GaugeType, nil, func(emit Emit) {
+		prom.GaugeType, nil, func(emit prom.Emit) {
 			if s, err := read(); err == nil {
 				emit(float64(s.Node.MemoryWorkingSetBytes))
 			}
@@ -50,12 +51,12 @@ func (a *Agent) Usage(read func() (usage.Snapshot, error)) {
 // has no temperature series; one that is not a Raspberry Pi has no throttling series.
 func (a *Agent) Thermal(root string) {
 	a.reg.Func("mqlet_node_temperature_celsius", "Temperature of each thermal zone of the node (/sys/class/thermal), in degrees Celsius.",
-		GaugeType, []string{"zone", "type"}, func(emit Emit) {
+		prom.GaugeType, []string{"zone", "type"}, func(emit prom.Emit) {
 			for _, t := range hw.Temperatures(root) {
 				emit(t.Celsius, t.Zone, t.Type)
 			}
 		})
-	throttling := func(emit Emit, since bool) {
+	throttling := func(emit prom.Emit, since bool) {
 		t, ok, err := hw.Throttled(root)
 		if !ok || err != nil {
 			return
@@ -85,9 +86,9 @@ func (a *Agent) Thermal(root string) {
 		}
 	}
 	a.reg.Func("mqlet_node_throttling", "1 while the Raspberry Pi firmware reports the flag (get_throttled), else 0.",
-		GaugeType, []string{"flag"}, func(emit Emit) { throttling(emit, false) })
+		prom.GaugeType, []string{"flag"}, func(emit prom.Emit) { throttling(emit, false) })
 	a.reg.Func("mqlet_node_throttling_since_boot", "1 if the Raspberry Pi firmware reported the flag at any time since boot (get_throttled), else 0.",
-		GaugeType, []string{"flag"}, func(emit Emit) { throttling(emit, true) })
+		prom.GaugeType, []string{"flag"}, func(emit prom.Emit) { throttling(emit, true) })
 }
 
 func boolValue(b bool) float64 {

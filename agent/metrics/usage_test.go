@@ -5,12 +5,13 @@ import (
 	"testing"
 
 	"github.com/mqlet/mqlet/agent/usage"
+	"github.com/mqlet/mqlet/core/prom"
 )
 
 // Per-container and node usage under kubelet's resource-metric names and labels, from one read
 // per scrape; a failed read leaves the families empty rather than stale.
 func TestUsageFamilies(t *testing.T) {
-	r := NewRegistry()
+	r := prom.NewRegistry()
 	a := NewAgent(r, "v", "c")
 	snap := usage.Snapshot{
 		Node: usage.Node{CPUSeconds: 1234.5, CPUs: 4, MemoryWorkingSetBytes: 700 << 20, MemoryCapacityBytes: 4 << 30},
@@ -44,7 +45,7 @@ func TestUsageFamilies(t *testing.T) {
 // Temperature and throttling from the Raspberry Pi 4 fixture tree (get_throttled 0x50005:
 // under-voltage and throttled now, and both since boot); none of either on a tree without them.
 func TestThermalFamilies(t *testing.T) {
-	r := NewRegistry()
+	r := prom.NewRegistry()
 	NewAgent(r, "v", "c").Thermal("../../hw/testdata/rpi4")
 	fams := parseText(t, writeText(t, r))
 	mustValue(t, fams, "mqlet_node_temperature_celsius", map[string]string{"zone": "thermal_zone0", "type": "cpu-thermal"}, 47.712)
@@ -53,7 +54,7 @@ func TestThermalFamilies(t *testing.T) {
 		mustValue(t, fams, "mqlet_node_throttling_since_boot", map[string]string{"flag": flag}, want)
 	}
 
-	r = NewRegistry()
+	r = prom.NewRegistry()
 	NewAgent(r, "v", "c").Thermal(t.TempDir())
 	fams = parseText(t, writeText(t, r))
 	for _, name := range []string{"mqlet_node_temperature_celsius", "mqlet_node_throttling"} {

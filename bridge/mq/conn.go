@@ -21,7 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/metrics"
+	"github.com/mqlet/mqlet/core/prom"
 	"github.com/mqlet/mqlet/sync/broker"
 	"github.com/mqlet/mqlet/sync/link"
 	"github.com/mqlet/mqlet/sync/protocol"
@@ -81,7 +81,7 @@ type Options struct {
 	Handler func(Message)
 	Log     *slog.Logger
 	// Metrics, when set, gets the bridge_mqtt_* metrics.
-	Metrics *metrics.Registry
+	Metrics *prom.Registry
 }
 
 // Conn is the bridge's MQTT connection. Its methods are safe for concurrent use.
@@ -102,11 +102,11 @@ type Conn struct {
 	// message to the default handler only when no subscription of its own matches).
 	stray chan link.Message
 
-	messages   *metrics.CounterVec
-	refused    *metrics.CounterVec
-	overflows  *metrics.Counter
-	resyncs    *metrics.Counter
-	publishes  *metrics.CounterVec
+	messages   *prom.CounterVec
+	refused    *prom.CounterVec
+	overflows  *prom.Counter
+	resyncs    *prom.Counter
+	publishes  *prom.CounterVec
 	shardDrops atomic.Uint64
 }
 
@@ -191,20 +191,20 @@ func New(o Options) (*Conn, error) {
 	return c, nil
 }
 
-func (c *Conn) registerMetrics(r *metrics.Registry) {
+func (c *Conn) registerMetrics(r *prom.Registry) {
 	if r == nil {
-		r = metrics.NewRegistry() // counted but not exposed
+		r = prom.NewRegistry() // counted but not exposed
 	}
 	c.messages = r.CounterVec("bridge_mqtt_messages_total", "Uplink messages received, by topic class.", "class")
 	c.refused = r.CounterVec("bridge_mqtt_topics_refused_total", "Messages refused because their topic does not parse (outside the tree, unknown class, invalid name).", "reason")
 	c.overflows = r.Counter("bridge_mqtt_queue_overflows_total", "Uplink messages dropped because a receive queue was full (each leads to a full resend of retained uplink state).")
 	c.resyncs = r.Counter("bridge_mqtt_resyncs_total", "Full resends of retained uplink state asked of the broker after an overflow.")
 	c.publishes = r.CounterVec("bridge_mqtt_publishes_total", "Publishes by result (ok: the broker's PUBACK was seen).", "result")
-	r.Func("bridge_mqtt_connected", "1 while the bridge is connected to the broker.", metrics.GaugeType, nil, func(emit metrics.Emit) {
+	r.Func("bridge_mqtt_connected", "1 while the bridge is connected to the broker.", prom.GaugeType, nil, func(emit prom.Emit) {
 		_, ok := c.Connected()
 		emit(b2f(ok))
 	})
-	r.Func("bridge_mqtt_queued_messages", "Uplink messages received and not yet handled.", metrics.GaugeType, nil, func(emit metrics.Emit) {
+	r.Func("bridge_mqtt_queued_messages", "Uplink messages received and not yet handled.", prom.GaugeType, nil, func(emit prom.Emit) {
 		n := 0
 		for _, s := range c.shards {
 			n += len(s)

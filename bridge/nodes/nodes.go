@@ -23,8 +23,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/metrics"
 	"github.com/mqlet/mqlet/bridge/mq"
+	"github.com/mqlet/mqlet/core/prom"
 	"github.com/mqlet/mqlet/sync/protocol"
 
 	coordv1 "k8s.io/api/coordination/v1"
@@ -76,7 +76,7 @@ type Options struct {
 	OnServed func(node string)
 	Now      func() time.Time
 	Log      *slog.Logger
-	Metrics  *metrics.Registry
+	Metrics  *prom.Registry
 }
 
 type kind uint8
@@ -123,12 +123,12 @@ type Controller struct {
 }
 
 type ctlMetrics struct {
-	refused       *metrics.CounterVec
-	renewals      *metrics.Counter
-	leaseErrors   *metrics.Counter
-	statusPosts   *metrics.CounterVec
-	registrations *metrics.Counter
-	apiWrite      *metrics.HistogramVec
+	refused       *prom.CounterVec
+	renewals      *prom.Counter
+	leaseErrors   *prom.Counter
+	statusPosts   *prom.CounterVec
+	registrations *prom.Counter
+	apiWrite      *prom.HistogramVec
 }
 
 // New checks o and registers the Node informer's handlers (call it before the factory starts).
@@ -198,9 +198,9 @@ func New(o Options) (*Controller, error) {
 	return c, nil
 }
 
-func (c *Controller) registerMetrics(r *metrics.Registry) {
+func (c *Controller) registerMetrics(r *prom.Registry) {
 	if r == nil {
-		r = metrics.NewRegistry()
+		r = prom.NewRegistry()
 	}
 	c.m.refused = r.CounterVec("bridge_node_messages_refused_total", "Liveness and node status messages refused, by class and reason (decode: garbled, oversized or invalid; other_node: names another node than its topic).", "class", "reason")
 	c.m.renewals = r.Counter("bridge_node_lease_renewals_total", "Node Lease renewals (and creations) written.")
@@ -209,10 +209,10 @@ func (c *Controller) registerMetrics(r *metrics.Registry) {
 	c.m.registrations = r.Counter("bridge_node_registrations_total", "Nodes registered (created) by the bridge.")
 	c.m.apiWrite = r.HistogramVec("bridge_api_write_seconds", "Latency of the bridge's Kubernetes API writes, by operation.",
 		[]float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}, "op")
-	r.Func("bridge_nodes_online", "Nodes the bridge vouches for as online (their Leases are renewed).", metrics.GaugeType, nil, func(emit metrics.Emit) {
+	r.Func("bridge_nodes_online", "Nodes the bridge vouches for as online (their Leases are renewed).", prom.GaugeType, nil, func(emit prom.Emit) {
 		emit(float64(c.OnlineCount()))
 	})
-	r.Func("bridge_nodes_known", "Nodes the bridge has a valid status for.", metrics.GaugeType, nil, func(emit metrics.Emit) {
+	r.Func("bridge_nodes_known", "Nodes the bridge has a valid status for.", prom.GaugeType, nil, func(emit prom.Emit) {
 		c.mu.Lock()
 		n := 0
 		for _, s := range c.nodes {
@@ -223,7 +223,7 @@ func (c *Controller) registerMetrics(r *metrics.Registry) {
 		c.mu.Unlock()
 		emit(float64(n))
 	})
-	r.Func("bridge_nodes_served", "Nodes in the API that match the bridge's node selector.", metrics.GaugeType, nil, func(emit metrics.Emit) {
+	r.Func("bridge_nodes_served", "Nodes in the API that match the bridge's node selector.", prom.GaugeType, nil, func(emit prom.Emit) {
 		ns, err := c.lister.List(c.o.Selector)
 		if err == nil {
 			emit(float64(len(ns)))

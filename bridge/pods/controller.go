@@ -20,7 +20,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/metrics"
+	"github.com/mqlet/mqlet/core/prom"
 	"github.com/mqlet/mqlet/sync/protocol"
 	"github.com/mqlet/mqlet/sync/sealing"
 	v1 "k8s.io/api/core/v1"
@@ -69,7 +69,7 @@ type Options struct {
 	// Served says whether the bridge serves a node (bridge/nodes.Controller.Served). Pods bound to
 	// other nodes are left alone.
 	Served  func(node string) bool
-	Metrics *metrics.Registry // nil: a private registry
+	Metrics *prom.Registry // nil: a private registry
 	Log     *slog.Logger
 	// MaxPayload is the largest payload sent or accepted; protocol.DefaultMaxPayload when 0.
 	MaxPayload int
@@ -178,7 +178,7 @@ func New(o Options) (*Controller, error) {
 		o.Log = slog.Default()
 	}
 	if o.Metrics == nil {
-		o.Metrics = metrics.NewRegistry()
+		o.Metrics = prom.NewRegistry()
 	}
 	if o.MaxPayload <= 0 {
 		o.MaxPayload = protocol.DefaultMaxPayload

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/metrics"
+	"github.com/mqlet/mqlet/core/prom"
 	"github.com/mqlet/mqlet/internal/testpki"
 	"github.com/mqlet/mqlet/sync/protocol"
 	"github.com/mqlet/mqlet/sync/sealing"
@@ -78,7 +78,7 @@ func startWith(t *testing.T, opt func(*Options), served []string, objs ...runtim
 		isServed[n] = true
 	}
 	o := Options{Kube: h.kube, Factory: factory, Broker: h.broker, Topics: topics,
-		Served: func(n string) bool { return isServed[n] }, Metrics: metrics.NewRegistry(),
+		Served: func(n string) bool { return isServed[n] }, Metrics: prom.NewRegistry(),
 		Log:      slog.New(slog.NewTextHandler(&h.logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Debounce: 5 * time.Millisecond}
 	opt(&o)

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/metrics"
 	"github.com/mqlet/mqlet/bridge/mq"
+	"github.com/mqlet/mqlet/core/prom"
 	"github.com/mqlet/mqlet/internal/mqtttest"
 	"github.com/mqlet/mqlet/sync/protocol"
 
@@ -125,7 +125,7 @@ func TestAgainstARealBroker(t *testing.T) {
 	startController := func() (*Controller, func()) {
 		factory := informers.NewSharedInformerFactory(kube, 0)
 		c, err := New(Options{Kube: kube, Factory: factory, Broker: broker, Topics: topics, Served: func(n string) bool { return served[n] },
-			Metrics: metrics.NewRegistry(), Log: quietLog(), Debounce: 20 * time.Millisecond})
+			Metrics: prom.NewRegistry(), Log: quietLog(), Debounce: 20 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}

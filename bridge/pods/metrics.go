@@ -1,24 +1,24 @@
 package pods
 
 import (
-	"github.com/mqlet/mqlet/agent/metrics"
+	"github.com/mqlet/mqlet/core/prom"
 )
 
 type ctlMetrics struct {
-	published       *metrics.CounterVec
-	indexWrites     *metrics.Counter
-	oversize        *metrics.Counter
-	statusWrites    *metrics.Counter
-	statusConflicts *metrics.Counter
-	refused         *metrics.CounterVec
-	deletions       *metrics.Counter
-	cleared         *metrics.Counter
-	shortReads      *metrics.CounterVec
-	eventsWritten   *metrics.Counter
-	eventsDropped   *metrics.Counter
+	published       *prom.CounterVec
+	indexWrites     *prom.Counter
+	oversize        *prom.Counter
+	statusWrites    *prom.Counter
+	statusConflicts *prom.Counter
+	refused         *prom.CounterVec
+	deletions       *prom.Counter
+	cleared         *prom.Counter
+	shortReads      *prom.CounterVec
+	eventsWritten   *prom.Counter
+	eventsDropped   *prom.Counter
 }
 
-func newMetrics(r *metrics.Registry, c *Controller) *ctlMetrics {
+func newMetrics(r *prom.Registry, c *Controller) *ctlMetrics {
 	m := &ctlMetrics{
 		published: r.CounterVec("mqlet_bridge_desired_published_total",
 			"Retained desired messages published, by kind (Pod, ConfigMap, Secret).", "kind"),
@@ -39,8 +39,8 @@ func newMetrics(r *metrics.Registry, c *Controller) *ctlMetrics {
 		eventsWritten: r.Counter("mqlet_bridge_events_written_total", "Events written to the API from node events."),
 		eventsDropped: r.Counter("mqlet_bridge_events_dropped_total", "Node events dropped because the event queue was full."),
 	}
-	r.Func("mqlet_bridge_queue_depth", "Work waiting in the pod controller's queues.", metrics.GaugeType,
-		[]string{"queue"}, func(emit metrics.Emit) {
+	r.Func("mqlet_bridge_queue_depth", "Work waiting in the pod controller's queues.", prom.GaugeType,
+		[]string{"queue"}, func(emit prom.Emit) {
 			c.mu.Lock()
 			nq, sq := c.nodeQ, c.statusQ
 			c.mu.Unlock()

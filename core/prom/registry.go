@@ -1,14 +1,16 @@
-// Package metrics is the agent's Prometheus exposition: a small registry of counters, gauges and
-// histograms with labels, figures read at scrape time from functions, and a writer of the text
-// format 0.0.4 that Prometheus, VictoriaMetrics and every agent that scrapes it read.
+// Package prom is a Prometheus exposition, shared by the agent and mqlet-bridge: a small registry of
+// counters, gauges and histograms with labels, figures read at scrape time from functions, a writer
+// of the text format 0.0.4 that Prometheus, VictoriaMetrics and every agent that scrapes it read,
+// the process's own figures, and the TCP endpoint that serves them. Which figures a binary exports
+// is its own business (agent/metrics for the agent).
 //
 // It is written here rather than taken from prometheus/client_golang because that library costs the
 // static binary more than the whole of this package does (see BENCHMARKS.md), and the format is
-// small. There is no global state: each agent makes its own Registry.
+// small. There is no global state: each binary makes its own Registry.
 //
 // Names are checked when a metric is registered, and a bad or duplicate name panics: names are
 // constants in the code, so that is a programming error a test finds, never something a user sees.
-package metrics
+package prom
 
 import (
 	"fmt"
