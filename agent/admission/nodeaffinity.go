@@ -3,8 +3,8 @@ package admission
 import (
 	"fmt"
 	"slices"
-	"strconv"
 
+	"github.com/mqlet/mqlet/core/nodeaffinity"
 	v1 "k8s.io/api/core/v1"
 )
 
@@ -21,79 +21,15 @@ const (
 	taintTolerationMessage = "Predicate TaintToleration failed: node(s) had untolerated taint {%s: %s}"
 )
 
-// NodeAffinityMatches says whether the node, named nodeName with labels, matches the pod's
-// nodeSelector and required node affinity: the check admission makes, for a control plane that
-// judges a pod against labels the node itself does not know (mqlet-bridge, with the API's Node).
-func NodeAffinityMatches(pod *v1.Pod, nodeName string, labels map[string]string) bool {
-	if labels == nil {
-		labels = map[string]string{}
-	}
-	return checkNodeAffinity(pod, nodeName, labels) == nil
-}
-
 // checkNodeAffinity refuses pod when the node, named nodeName with labels, does not match its
-// nodeSelector or its required node affinity. nil labels are a node not known yet (a node always
-// has its hostname, os and arch labels): nothing is refused for them.
+// nodeSelector or its required node affinity (core/nodeaffinity, the rule mqlet-bridge judges
+// nodes by too). nil labels are a node not known yet (a node always has its hostname, os and arch
+// labels): nothing is refused for them.
 func checkNodeAffinity(pod *v1.Pod, nodeName string, labels map[string]string) *Refusal {
-	if labels == nil {
+	if labels == nil || nodeaffinity.Matches(pod, nodeName, labels) {
 		return nil
-	}
-	for k, v := range pod.Spec.NodeSelector {
-		if got, ok := labels[k]; !ok || got != v {
-			return &Refusal{Reason: ReasonNodeAffinity, Message: nodeAffinityMessage}
-		}
-	}
-	a := pod.Spec.Affinity
-	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
-		return nil
-	}
-	// The terms are ORed; a term's expressions and fields are ANDed; a term with neither matches
-	// nothing.
-	for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
-		if len(term.MatchExpressions) == 0 && len(term.MatchFields) == 0 {
-			continue
-		}
-		ok := true
-		for _, r := range term.MatchExpressions {
-			v, has := labels[r.Key]
-			ok = ok && requirementMatches(r, v, has)
-		}
-		for _, r := range term.MatchFields {
-			// metadata.name is the only field a node selector may match on.
-			ok = ok && r.Key == "metadata.name" && requirementMatches(r, nodeName, true)
-		}
-		if ok {
-			return nil
-		}
 	}
 	return &Refusal{Reason: ReasonNodeAffinity, Message: nodeAffinityMessage}
-}
-
-func requirementMatches(r v1.NodeSelectorRequirement, v string, has bool) bool {
-	switch r.Operator {
-	case v1.NodeSelectorOpIn:
-		return has && slices.Contains(r.Values, v)
-	case v1.NodeSelectorOpNotIn:
-		return !has || !slices.Contains(r.Values, v)
-	case v1.NodeSelectorOpExists:
-		return has
-	case v1.NodeSelectorOpDoesNotExist:
-		return !has
-	case v1.NodeSelectorOpGt, v1.NodeSelectorOpLt:
-		if !has || len(r.Values) != 1 {
-			return false
-		}
-		got, err1 := strconv.ParseInt(v, 10, 64)
-		want, err2 := strconv.ParseInt(r.Values[0], 10, 64)
-		if err1 != nil || err2 != nil {
-			return false
-		}
-		if r.Operator == v1.NodeSelectorOpGt {
-			return got > want
-		}
-		return got < want
-	}
-	return false
 }
 
 // checkTaints refuses pod when one of the node's NoExecute taints is not tolerated by it. kubelet

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/mqlet/mqlet/agent/admission"
+	"github.com/mqlet/mqlet/core/nodeaffinity"
 	"github.com/mqlet/mqlet/sync/protocol"
 	"github.com/mqlet/mqlet/sync/sealing"
 	v1 "k8s.io/api/core/v1"
@@ -323,7 +323,7 @@ func (c *Controller) podObject(node string, st *nodeState, p *v1.Pod) (*object, 
 	case ok && sent.Hash == lean.Hash:
 		return lean, bare, nil
 	}
-	if n, err := c.nodeLister.Get(node); err == nil && admission.NodeAffinityMatches(sp, node, n.Labels) {
+	if n, err := c.nodeLister.Get(node); err == nil && nodeaffinity.Matches(sp, node, n.Labels) {
 		return lean, bare, nil
 	}
 	return full, sp, nil
