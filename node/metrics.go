@@ -12,7 +12,7 @@ import (
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/eviction"
-	"github.com/mqlet/mqlet/agent/metrics"
+	"github.com/mqlet/mqlet/agent/nodemetrics"
 	"github.com/mqlet/mqlet/agent/usage"
 	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/core/prom"
@@ -25,13 +25,13 @@ import (
 // before the runtime and the store are opened, so their hooks exist when they are.
 type agentMetrics struct {
 	reg *prom.Registry
-	*metrics.Agent
+	*nodemetrics.Agent
 }
 
 func newAgentMetrics(version, commit string) *agentMetrics {
 	reg := prom.NewRegistry()
 	prom.RegisterProcess(reg, "/proc")
-	return &agentMetrics{reg: reg, Agent: metrics.NewAgent(reg, version, commit)}
+	return &agentMetrics{reg: reg, Agent: nodemetrics.NewAgent(reg, version, commit)}
 }
 
 // reporter counts every event the agent emits (OOM kills, evictions, rejections) on its way to r;

@@ -65,9 +65,7 @@ func TestSpecTranslationImportsNoContainerdClient(t *testing.T) {
 
 // stdNameExceptions are packages named like a standard one that predate this rule, with why they
 // may stay: nothing that imports them needs the standard package beside them.
-var stdNameExceptions = map[string]string{
-	"github.com/mqlet/mqlet/agent/metrics": "runtime/metrics is not used next to it",
-}
+var stdNameExceptions = map[string]string{}
 
 // No package is named like a standard library package: a name that shadows one (agent/runtime did,
 // forcing goruntime aliases) makes every file that needs both pick an alias.

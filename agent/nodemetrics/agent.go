@@ -1,7 +1,7 @@
-// Package metrics is the agent's own figures (pods, containers, syncs, store writes, image pulls,
+// Package nodemetrics is the agent's own figures (pods, containers, syncs, store writes, image pulls,
 // evictions, the MQTT link, usage and temperature) registered in a core/prom Registry, with the
 // hooks that feed them.
-package metrics
+package nodemetrics
 
 import (
 	"maps"

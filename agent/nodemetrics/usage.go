@@ -1,4 +1,4 @@
-package metrics
+package nodemetrics
 
 import (
 	"github.com/mqlet/mqlet/agent/usage"
