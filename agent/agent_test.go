@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	goruntime "runtime"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -554,11 +554,11 @@ func TestStoreFailureActsOnNothing(t *testing.T) {
 // Every goroutine the agent starts ends when it stops (workers, event follower, relist, sources,
 // teardowns).
 func TestRunLeavesNoGoroutines(t *testing.T) {
-	before := goruntime.NumGoroutine()
+	before := runtime.NumGoroutine()
 	rt, st, src := newFakeRuntime(), store.NewMemory(), newFakeSource(source.File)
 	a := startAgent(t, rt, st, src)
 	src.ch <- resync(fileItem(testPod("a"), "a.yaml"), fileItem(testPod("b"), "b.yaml"))
 	eventually(t, "pods run", func() bool { return rt.podContainers(uidOf(a, "a")) == 1 && rt.podContainers(uidOf(a, "b")) == 1 })
 	a.stopAgent()
-	eventually(t, "goroutines end", func() bool { return goruntime.NumGoroutine() <= before })
+	eventually(t, "goroutines end", func() bool { return runtime.NumGoroutine() <= before })
 }

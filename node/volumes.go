@@ -3,7 +3,7 @@ package node
 import (
 	"context"
 	"log/slog"
-	goruntime "runtime"
+	"runtime"
 	"sync"
 
 	"github.com/mqlet/mqlet/agent/config"
@@ -34,7 +34,7 @@ func configNode(cfg config.Config) *v1.Node {
 	n := &v1.Node{}
 	nc := nodeConfig(cfg)
 	for _, set := range []nodestatus.Setter{
-		nodestatus.Labels(nc.NodeName, goruntime.GOOS, goruntime.GOARCH, nc.NodeLabels),
+		nodestatus.Labels(nc.NodeName, runtime.GOOS, runtime.GOARCH, nc.NodeLabels),
 		nodestatus.Taints(nc.Taints),
 	} {
 		set(context.Background(), n) // neither reads anything

@@ -3,7 +3,7 @@ package admission
 import (
 	"fmt"
 	"reflect"
-	goruntime "runtime"
+	"runtime"
 	"slices"
 	"strings"
 
@@ -387,8 +387,8 @@ func nonEmpty(v reflect.Value) bool {
 func checkValues(spec *v1.PodSpec) field.ErrorList {
 	var errs field.ErrorList
 	sp := field.NewPath("spec")
-	if spec.OS != nil && string(spec.OS.Name) != goruntime.GOOS {
-		errs = append(errs, field.NotSupported(sp.Child("os", "name"), spec.OS.Name, []string{goruntime.GOOS}))
+	if spec.OS != nil && string(spec.OS.Name) != runtime.GOOS {
+		errs = append(errs, field.NotSupported(sp.Child("os", "name"), spec.OS.Name, []string{runtime.GOOS}))
 	}
 	for i := range spec.Volumes {
 		errs = append(errs, checkVolume(&spec.Volumes[i], sp.Child("volumes").Index(i))...)

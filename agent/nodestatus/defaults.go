@@ -3,7 +3,7 @@ package nodestatus
 import (
 	"context"
 	"errors"
-	goruntime "runtime"
+	"runtime"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/eviction"
@@ -136,7 +136,7 @@ func (c Config) Machine() Machine {
 			if err != nil || info.Count == 0 {
 				// A cpuinfo without processor lines (some emulators): Go's count of the
 				// CPUs this process may use is the next best.
-				return goruntime.NumCPU(), nil
+				return runtime.NumCPU(), nil
 			}
 			return info.Count, nil
 		},
@@ -164,9 +164,9 @@ func (c Config) machineFacts() (info Info, hardware func() (Hardware, error), go
 	sys := hw.ReadSystem(root)
 	info = Info{OSImage: sys.OSImage, KernelVersion: sys.KernelVersion, BootID: sys.BootID, MachineID: sys.MachineID,
 		SystemUUID:      sys.SystemUUID,
-		OperatingSystem: goruntime.GOOS, Architecture: sys.Arch}
+		OperatingSystem: runtime.GOOS, Architecture: sys.Arch}
 	fixed, fixedErr := readFixedHardware(root)
-	return info, func() (Hardware, error) { return readHardwareReadings(root, fixed, fixedErr) }, goruntime.GOOS, goruntime.GOARCH
+	return info, func() (Hardware, error) { return readHardwareReadings(root, fixed, fixedErr) }, runtime.GOOS, runtime.GOARCH
 }
 
 // ReadHardware reads the Hardware facts under root with the hw readers.

@@ -8,7 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
-	goruntime "runtime"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -239,7 +239,7 @@ func (f *fleet) waitConnected(ctx context.Context, nodes []*simNode, start time.
 		}
 		if up == len(nodes) {
 			f.log.Info("all simulated nodes connected", "nodes", up, "took", time.Since(start).Round(time.Millisecond),
-				"goroutines", goruntime.NumGoroutine())
+				"goroutines", runtime.NumGoroutine())
 			return
 		}
 		select {

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	goruntime "runtime"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -257,7 +257,7 @@ func TestFleetSim(t *testing.T) {
 // control plane client's and the tests' own aside), and how many goroutines run in paho.
 func simGoroutines() (stacks []string, paho int) {
 	buf := make([]byte, 8<<20)
-	for _, g := range strings.Split(string(buf[:goruntime.Stack(buf, true)]), "\n\n") {
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
 		if strings.Contains(g, "eclipse/paho") {
 			paho++
 		}

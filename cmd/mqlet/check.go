@@ -9,7 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -111,7 +111,7 @@ func (p preflight) kernel() checkItem {
 	if err != nil {
 		return checkItem{"kernel", checkWarn, fmt.Sprintf("cannot read the kernel release: %v", err), ""}
 	}
-	return checkItem{name: "kernel", status: checkOK, found: fmt.Sprintf("Linux %s (%s)", strings.TrimSpace(string(b)), goruntime.GOARCH)}
+	return checkItem{name: "kernel", status: checkOK, found: fmt.Sprintf("Linux %s (%s)", strings.TrimSpace(string(b)), runtime.GOARCH)}
 }
 
 // cgroups reports the mode, then whether the cpu, memory and pids controllers are there, as the

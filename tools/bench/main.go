@@ -18,7 +18,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -320,7 +320,7 @@ func printResults(w io.Writer, r results) {
 		row("burst20_ms", r.Burst20Ms, "ms", fmt.Sprintf("<= %.1f x ctr burst (%.1f)", burstRatio, r.burstTarget()), r.burstMet())
 		info("ctr_burst20_ms", r.CtrBurst20Ms, "ms", "floor: 20 concurrent ctr run -d")
 		fmt.Fprintf(tw, "  CPU used in the burst\tagent %.0f ms\tcontainerd %.0f ms, shims+runc %.0f ms (%d CPUs x burst: %.0f ms)\t\n",
-			r.burstCPU.agent, r.burstCPU.containerd, r.burstCPU.shims, goruntime.NumCPU(), float64(goruntime.NumCPU())*r.Burst20Ms)
+			r.burstCPU.agent, r.burstCPU.containerd, r.burstCPU.shims, runtime.NumCPU(), float64(runtime.NumCPU())*r.Burst20Ms)
 	}
 	if ran("idle") {
 		row("idle_rss_mib", r.IdleRSSMiB, "MiB", "<= 20", r.IdleRSSMiB <= 20)

@@ -9,7 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	goruntime "runtime"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -116,7 +116,7 @@ func TestPodAndQoSCgroups(t *testing.T) {
 	allocMem -= allocMem % int64(os.Getpagesize()) // the kernel keeps whole pages
 	want := []struct{ controller, rel, file, value string }{
 		{"memory", base, "memory.limit_in_bytes", strconv.FormatInt(allocMem, 10)},
-		{"cpu", base, "cpu.shares", strconv.FormatUint(cgroup.MilliCPUToShares(int64(goruntime.NumCPU())*1000-500), 10)},
+		{"cpu", base, "cpu.shares", strconv.FormatUint(cgroup.MilliCPUToShares(int64(runtime.NumCPU())*1000-500), 10)},
 		{"pids", base, "pids.max", strconv.FormatInt(pidCap-1000, 10)},
 		// Guaranteed: directly below the top, limits the sum of its containers'.
 		{"memory", base + "/pod" + string(pods["gold"].UID), "memory.limit_in_bytes", strconv.Itoa(32 << 20)},

@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
-	goruntime "runtime"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -140,7 +140,7 @@ func TestNodeStatusStandalone(t *testing.T) {
 		t.Errorf("kubeletVersion %q, want mqlet-%s", info.KubeletVersion, version)
 	}
 	sys := hw.ReadSystem("/")
-	if info.OperatingSystem != "linux" || info.Architecture != goruntime.GOARCH || info.KernelVersion != sys.KernelVersion ||
+	if info.OperatingSystem != "linux" || info.Architecture != runtime.GOARCH || info.KernelVersion != sys.KernelVersion ||
 		info.BootID != sys.BootID || info.BootID == "" || info.MachineID != sys.MachineID || info.OSImage != sys.OSImage {
 		t.Errorf("nodeInfo %+v, want this machine's %+v", info, sys)
 	}
@@ -169,7 +169,7 @@ func TestNodeStatusStandalone(t *testing.T) {
 
 	// Labels, taints, images.
 	for k, v := range map[string]string{"kubernetes.io/hostname": "e2e-node", "kubernetes.io/os": "linux",
-		"kubernetes.io/arch": goruntime.GOARCH, "site": "e2e"} {
+		"kubernetes.io/arch": runtime.GOARCH, "site": "e2e"} {
 		if n.Labels[k] != v {
 			t.Errorf("label %s = %q, want %q (labels %v)", k, n.Labels[k], v, n.Labels)
 		}
