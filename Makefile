@@ -81,9 +81,14 @@ fuzz:
 # The cgroup v2 lane (docs/testing.md): a cached Debian 12 guest under qemu (TCG where KVM does not
 # really run) with systemd and cgroup v2 only; agent/cgroup's real-v2 tests and a pod started by the
 # shipped unit. Never touches the host's services.
-.PHONY: test-vm test-arm
+.PHONY: test-vm test-arm test-vm-arm64
 test-vm:
 	bash scripts/vm/run.sh
+
+# One pod on a full arm64 Debian 12 guest (qemu-system-aarch64 TCG, systemd, cgroup v2, Debian's
+# containerd): scripts/vm/arm64.sh. Not part of `make test` (docs/testing.md says why: its cost).
+test-vm-arm64:
+	bash scripts/vm/arm64.sh
 
 # The arm64 and armv7 release binaries (make cross) under Debian's qemu-user-static.
 test-arm:
