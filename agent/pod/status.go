@@ -65,34 +65,53 @@ func Phase(spec *v1.PodSpec, init []v1.ContainerStatus, ctrs []v1.ContainerStatu
 }
 
 // Conditions are kubelet's pod conditions; Ready and ContainersReady follow the containers' ready
-// (running, started, and passing their readiness probes).
+// (running, started, and passing their readiness probes). A condition that is False says which
+// containers hold it, in kubelet's words: "containers with incomplete status: [...]" for init
+// containers that have not succeeded, "containers with unready status: [...]" for the others.
 func Conditions(spec *v1.PodSpec, phase v1.PodPhase, init, ctrs []v1.ContainerStatus, prev []v1.PodCondition, now metav1.Time) []v1.PodCondition {
-	initialized := true
+	initDone := map[string]bool{}
 	for _, s := range init {
-		if s.State.Terminated == nil || s.State.Terminated.ExitCode != 0 {
-			initialized = false
+		initDone[s.Name] = s.State.Terminated != nil && s.State.Terminated.ExitCode == 0
+	}
+	var incomplete []string
+	for _, c := range spec.InitContainers {
+		if !initDone[c.Name] {
+			incomplete = append(incomplete, c.Name)
 		}
 	}
-	ready := len(ctrs) == len(spec.Containers)
+	readyOf := map[string]bool{}
 	for _, s := range ctrs {
-		if !s.Ready {
-			ready = false
+		readyOf[s.Name] = s.Ready
+	}
+	var unready []string
+	for _, c := range spec.Containers {
+		if !readyOf[c.Name] {
+			unready = append(unready, c.Name)
 		}
 	}
+	ready := len(unready) == 0
 	if phase == v1.PodSucceeded || phase == v1.PodFailed {
 		ready = false
 	}
 	sandbox := phase != v1.PodSucceeded && phase != v1.PodFailed
 	conds := []v1.PodCondition{
 		cond(v1.PodReadyToStartContainers, sandbox, "", prev, now),
-		cond(v1.PodInitialized, initialized, "ContainersNotInitialized", prev, now),
+		cond(v1.PodInitialized, len(incomplete) == 0, "ContainersNotInitialized", prev, now),
 		cond(v1.PodReady, ready, "ContainersNotReady", prev, now),
 		cond(v1.ContainersReady, ready, "ContainersNotReady", prev, now),
 		cond(v1.PodScheduled, true, "", prev, now),
 	}
+	if len(incomplete) > 0 {
+		conds[1].Message = fmt.Sprintf("containers with incomplete status: %v", incomplete)
+	}
+	if !ready && len(unready) > 0 {
+		conds[2].Message = fmt.Sprintf("containers with unready status: %v", unready)
+		conds[3].Message = conds[2].Message
+	}
 	if phase == v1.PodSucceeded {
 		conds[2].Reason, conds[3].Reason = "PodCompleted", "PodCompleted"
-		conds[1].Reason = "PodCompleted"
+		conds[2].Message, conds[3].Message = "", ""
+		conds[1].Reason, conds[1].Message = "PodCompleted", ""
 	}
 	return conds
 }

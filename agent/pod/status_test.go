@@ -145,8 +145,18 @@ func TestConditionsInitAndCompleted(t *testing.T) {
 	now := metav1.Now()
 	spec := specOf(v1.RestartPolicyNever, []string{"i"}, "a")
 	conds := Conditions(spec, v1.PodPending, []v1.ContainerStatus{running("i")}, []v1.ContainerStatus{waiting("a", "PodInitializing")}, nil, now)
-	if c := condition(conds, v1.PodInitialized); c.Status != v1.ConditionFalse || c.Reason != "ContainersNotInitialized" {
-		t.Errorf("Initialized with init container running = %s/%q, want False/ContainersNotInitialized", c.Status, c.Reason)
+	if c := condition(conds, v1.PodInitialized); c.Status != v1.ConditionFalse || c.Reason != "ContainersNotInitialized" ||
+		c.Message != "containers with incomplete status: [i]" {
+		t.Errorf("Initialized with init container running = %s/%q/%q, want False/ContainersNotInitialized/kubelet's message", c.Status, c.Reason, c.Message)
+	}
+	if c := condition(conds, v1.PodReady); c.Message != "containers with unready status: [a]" {
+		t.Errorf("Ready's message = %q, want kubelet's naming the unready container", c.Message)
+	}
+	// Two init containers, the first done: the second (and one with no status yet) is incomplete.
+	spec2 := specOf(v1.RestartPolicyAlways, []string{"i1", "i2", "i3"}, "a")
+	conds = Conditions(spec2, v1.PodPending, []v1.ContainerStatus{exited("i1", 0), exited("i2", 1)}, nil, nil, now)
+	if c := condition(conds, v1.PodInitialized); c.Message != "containers with incomplete status: [i2 i3]" {
+		t.Errorf("Initialized message = %q, want the init containers that have not succeeded", c.Message)
 	}
 	// A succeeded pod's containers are terminated, not ready, and kubelet says why.
 	conds = Conditions(spec, v1.PodSucceeded, []v1.ContainerStatus{exited("i", 0)}, []v1.ContainerStatus{exited("a", 0)}, nil, now)
@@ -155,6 +165,9 @@ func TestConditionsInitAndCompleted(t *testing.T) {
 	}
 	if c := condition(conds, v1.PodInitialized); c.Status != v1.ConditionTrue {
 		t.Errorf("Initialized after init exit 0 = %s, want True", c.Status)
+	}
+	if c := condition(conds, v1.PodReady); c.Message != "" {
+		t.Errorf("Ready of a succeeded pod has message %q, want none (PodCompleted says it)", c.Message)
 	}
 }
 

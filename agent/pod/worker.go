@@ -787,7 +787,13 @@ func backoffDelay(crashes int) time.Duration {
 func (w *Worker) publish(pod *v1.Pod, newest map[string]*ctrd.Container, now time.Time) {
 	init := make([]v1.ContainerStatus, 0, len(pod.Spec.InitContainers))
 	for i := range pod.Spec.InitContainers {
-		init = append(init, w.containerStatus(pod, &pod.Spec.InitContainers[i], newest[pod.Spec.InitContainers[i].Name], now))
+		cs := w.containerStatus(pod, &pod.Spec.InitContainers[i], newest[pod.Spec.InitContainers[i].Name], now)
+		// An init container that succeeded is ready, as kubelet reports it (and the conformance
+		// suite checks).
+		if t := cs.State.Terminated; t != nil && t.ExitCode == 0 {
+			cs.Ready = true
+		}
+		init = append(init, cs)
 	}
 	ctrs := make([]v1.ContainerStatus, 0, len(pod.Spec.Containers))
 	for i := range pod.Spec.Containers {
@@ -900,8 +906,10 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *ctrd.Contain
 		cs.State.Terminated = r.terminated
 		return cs
 	}
+	// kubelet's default waiting reason: PodInitializing for every container (init ones included)
+	// of a pod that has init containers, ContainerCreating otherwise.
 	reason := "ContainerCreating"
-	if len(pod.Spec.InitContainers) > 0 && !isInit(pod, c.Name) {
+	if len(pod.Spec.InitContainers) > 0 {
 		reason = "PodInitializing"
 	}
 	cs.State.Waiting = &v1.ContainerStateWaiting{Reason: reason, Message: w.sbErr}

@@ -732,6 +732,10 @@ func TestWorkerInitContainersInOrder(t *testing.T) {
 	if w := statusOf(st, "app").State.Waiting; w == nil || w.Reason != "PodInitializing" {
 		t.Errorf("app while initialising = %s, want waiting PodInitializing", describe(st))
 	}
+	// kubelet's default waiting reason for every container of a pod with init containers.
+	if w := statusOf(st, "init2").State.Waiting; w == nil || w.Reason != "PodInitializing" {
+		t.Errorf("init2 before its turn = %s, want waiting PodInitializing", describe(st))
+	}
 
 	f.exit(t, idOf("init1", 0), 0)
 	h.w.Nudge()
@@ -749,6 +753,9 @@ func TestWorkerInitContainersInOrder(t *testing.T) {
 	for _, n := range []string{"init1", "init2"} {
 		if term := statusOf(st, n).State.Terminated; term == nil || term.Reason != "Completed" {
 			t.Errorf("%s after initialisation = %s, want terminated Completed", n, describe(st))
+		}
+		if !statusOf(st, n).Ready {
+			t.Errorf("%s succeeded but is not ready: kubelet reports a completed init container ready", n)
 		}
 	}
 }
