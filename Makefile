@@ -113,6 +113,14 @@ bench:
 bench-fleet: testenv
 	bash scripts/bench-fleet.sh
 
+# Kubernetes' sig-node conformance specs against mqlet-bridge and one mqlet node (docs/testing.md,
+# "The conformance lane"); writes docs/conformance.md. Long (a clean e2e.test build is ~30 min on a
+# loaded 2-core machine, cached after); not part of `make test` or CI. CONFORMANCE_FLAGS takes
+# scripts/conformance.sh's flags, e.g. CONFORMANCE_FLAGS='-keep /tmp/conf-logs'.
+.PHONY: conformance
+conformance: testenv
+	bash scripts/conformance.sh $(CONFORMANCE_FLAGS)
+
 vet:
 	go vet ./...
 	go run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...

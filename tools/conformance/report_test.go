@@ -1,0 +1,176 @@
+//go:build conformance
+
+package conformance
+
+import (
+	"encoding/xml"
+	"fmt"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+)
+
+// spec is one testcase of ginkgo's JUnit report.
+type spec struct {
+	Name    string `xml:"name,attr"`
+	Status  string `xml:"status,attr"` // passed, failed, skipped, pending, panicked, interrupted, timedout, aborted
+	Failure *struct {
+		Message string `xml:"message,attr"`
+		Text    string `xml:",chardata"`
+	} `xml:"failure"`
+	Error *struct {
+		Message string `xml:"message,attr"`
+		Text    string `xml:",chardata"`
+	} `xml:"error"`
+}
+
+func readJUnit(path string) ([]spec, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var doc struct {
+		Suites []struct {
+			Cases []spec `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.Unmarshal(b, &doc); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", path, err)
+	}
+	var specs []spec
+	for _, s := range doc.Suites {
+		for _, c := range s.Cases {
+			// The suite's set-up and tear-down nodes ([SynchronizedBeforeSuite], ...) are not
+			// specs; a failure there shows as every spec failing.
+			if !strings.HasPrefix(c.Name, "[It] ") {
+				if c.Status != "passed" && c.Status != "skipped" {
+					c.Name = "(suite node) " + c.Name
+					specs = append(specs, c)
+				}
+				continue
+			}
+			c.Name = strings.TrimPrefix(c.Name, "[It] ")
+			specs = append(specs, c)
+		}
+	}
+	return specs, nil
+}
+
+type failed struct {
+	name, group, reason string
+}
+
+type result struct {
+	passed, total int
+	failures      []failed
+}
+
+func summarize(specs []spec) result {
+	var r result
+	for _, s := range specs {
+		if s.Status == "skipped" || s.Status == "pending" {
+			continue
+		}
+		r.total++
+		if s.Status == "passed" {
+			r.passed++
+			continue
+		}
+		msg := ""
+		if s.Failure != nil {
+			msg = s.Failure.Message
+			if msg == "" {
+				msg = s.Failure.Text
+			}
+		} else if s.Error != nil {
+			msg = s.Error.Message
+		}
+		group, reason := classify(s.Name, s.Status, msg)
+		r.failures = append(r.failures, failed{name: s.Name, group: group, reason: reason})
+	}
+	sort.Slice(r.failures, func(i, j int) bool {
+		if r.failures[i].group != r.failures[j].group {
+			return r.failures[i].group < r.failures[j].group
+		}
+		return r.failures[i].name < r.failures[j].name
+	})
+	return r
+}
+
+// groups, tried in order on the spec's name and failure message; the first that matches names
+// the failure's group. They are patterns, not a diagnosis: a reader checks a spec's reason line.
+var groups = []struct {
+	name string
+	re   *regexp.Regexp
+}{
+	{"kubelet API (logs, exec, attach, port-forward, proxy through the node)", regexp.MustCompile(`(?i)nodes/proxy|/proxy/|containerLogs|get(ting)? logs|failed to get logs|error dialing backend|no such host|:10250|unable to upgrade connection|websocket|error sending request|the server could not find the requested resource.*(log|exec)`)},
+	{"refused fields (the node refuses the pod; it stays Pending until the spec times out)", regexp.MustCompile(`(?i)NodeRefused|refused|restartPolicy: Always|ephemeral|image volume|Pending`)},
+	{"status fidelity (init containers, observedGeneration, resize)", regexp.MustCompile(`(?i)PodInitializing|incomplete status|observedGeneration|allocatedResources|resize|ContainerCreating|ready: false`)},
+	{"volumes (subPath)", regexp.MustCompile(`(?i)subpath`)},
+	{"service environment variables", regexp.MustCompile(`(?i)SERVICE_HOST|enableServiceLinks|service env`)},
+	{"images", regexp.MustCompile(`(?i)ErrImagePull|ImagePullBackOff|pull image|manifest unknown`)},
+}
+
+var spaces = regexp.MustCompile(`\s+`)
+
+func classify(name, status, msg string) (group, reason string) {
+	reason = strings.TrimSpace(spaces.ReplaceAllString(msg, " "))
+	if reason == "" {
+		reason = "ginkgo status " + status + " with no message"
+	}
+	if len(reason) > 300 {
+		reason = reason[:300] + " …"
+	}
+	for _, g := range groups {
+		if g.re.MatchString(msg) {
+			return g.name, reason
+		}
+	}
+	for _, g := range groups {
+		if g.re.MatchString(name) {
+			return g.name, reason
+		}
+	}
+	return "other", reason
+}
+
+type reportInfo struct {
+	procs       int
+	runTime     time.Duration
+	focus, skip string
+	node        string
+}
+
+func renderReport(r result, info reportInfo) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Kubernetes conformance: sig-node\n\n")
+	fmt.Fprintf(&b, "Written by `make conformance` (scripts/conformance.sh, tools/conformance): Kubernetes' e2e suite\n")
+	fmt.Fprintf(&b, "(`e2e.test` of k8s.io/kubernetes at the control plane's version) with ginkgo `--focus '%s'`\n", info.focus)
+	fmt.Fprintf(&b, "`--skip '%s'`, %d processes, against a private control plane, mosquitto, mqlet-bridge and one\n", info.skip, info.procs)
+	fmt.Fprintf(&b, "`mqlet agent` (node %s, the cluster's only node). The suite ran for %s on %s.\n\n",
+		info.node, info.runTime.Round(time.Second), time.Now().UTC().Format("2006-01-02"))
+	fmt.Fprintf(&b, "%d of %d specs passed\n\n", r.passed, r.total)
+	if len(r.failures) == 0 {
+		return b.String()
+	}
+	fmt.Fprintf(&b, "## Specs that did not pass\n\n")
+	fmt.Fprintf(&b, "Grouped by patterns in the failure message (tools/conformance/report_test.go); the reason is\n")
+	fmt.Fprintf(&b, "the suite's own failure message, shortened to one line.\n")
+	last := ""
+	for _, f := range r.failures {
+		if f.group != last {
+			n := 0
+			for _, g := range r.failures {
+				if g.group == f.group {
+					n++
+				}
+			}
+			fmt.Fprintf(&b, "\n### %s: %d\n\n", f.group, n)
+			last = f.group
+		}
+		fmt.Fprintf(&b, "- %s: %s\n", f.name, strings.ReplaceAll(f.reason, "|", `\|`))
+	}
+	return b.String()
+}
