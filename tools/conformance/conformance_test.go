@@ -208,7 +208,7 @@ func TestConformance(t *testing.T) {
 	}
 	suite.Stdout, suite.Stderr = logFile, logFile
 	runStart := time.Now()
-	t.Logf("conformance: ginkgo %s", strings.Join(ginkgoArgs, " "))
+	t.Logf("conformance: ginkgo %s (output in %s; SIGINT to ginkgo ends the run early with a report)", strings.Join(ginkgoArgs, " "), logFile.Name())
 	runErr := suite.Run() // failing specs make ginkgo exit non-zero: the report says which
 	logFile.Close()
 	runTime := time.Since(runStart)
@@ -227,7 +227,8 @@ func TestConformance(t *testing.T) {
 		t.Fatalf("suite (%v): %v; last lines of ginkgo's output:\n%s", runErr, err, tailFile(filepath.Join(dir, "ginkgo.log"), 60))
 	}
 	res := summarize(specs)
-	t.Logf("conformance: %d of %d specs passed", res.passed, res.total)
+	res.selected = selectedSpecs(filepath.Join(dir, "ginkgo.log"))
+	t.Logf("conformance: %d of %d specs passed (%d ran)", res.passed, max(res.total, res.selected), res.total)
 	if *report != "" {
 		md := renderReport(res, reportInfo{procs: *ginkgoProcs, runTime: runTime, focus: *focus, skip: *skip, node: nodeName})
 		if err := os.WriteFile(*report, []byte(md), 0o644); err != nil {

@@ -64,7 +64,27 @@ type failed struct {
 
 type result struct {
 	passed, total int
-	failures      []failed
+	// selected is how many specs ginkgo said it would run ("Will run N of M specs"); more than
+	// total when the suite was interrupted (the specs that never started are not in total).
+	selected int
+	failures []failed
+}
+
+var willRun = regexp.MustCompile(`Will run (\d+) of (\d+) specs`)
+
+// selectedSpecs reads ginkgo's "Will run N of M specs" from its output; 0 when absent.
+func selectedSpecs(ginkgoLog string) int {
+	b, err := os.ReadFile(ginkgoLog)
+	if err != nil {
+		return 0
+	}
+	m := willRun.FindSubmatch(b)
+	if m == nil {
+		return 0
+	}
+	n := 0
+	fmt.Sscan(string(m[1]), &n)
+	return n
 }
 
 func summarize(specs []spec) result {
@@ -151,7 +171,11 @@ func renderReport(r result, info reportInfo) string {
 	fmt.Fprintf(&b, "`--skip '%s'`, %d processes, against a private control plane, mosquitto, mqlet-bridge and one\n", info.skip, info.procs)
 	fmt.Fprintf(&b, "`mqlet agent` (node %s, the cluster's only node). The suite ran for %s on %s.\n\n",
 		info.node, info.runTime.Round(time.Second), time.Now().UTC().Format("2006-01-02"))
-	fmt.Fprintf(&b, "%d of %d specs passed\n\n", r.passed, r.total)
+	total := max(r.total, r.selected)
+	fmt.Fprintf(&b, "%d of %d specs passed\n\n", r.passed, total)
+	if total > r.total {
+		fmt.Fprintf(&b, "The run was interrupted: %d of the %d selected specs never ran and count as not passed.\n\n", total-r.total, total)
+	}
 	if len(r.failures) == 0 {
 		return b.String()
 	}
