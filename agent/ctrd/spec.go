@@ -125,7 +125,6 @@ func (r *Runtime) volumeMounts(pod *v1.Pod, sb *Sandbox, c *v1.Container, env []
 		}
 		var src string    // a directory the agent made and owns: mounted by its path
 		var file *os.File // or a file opened beneath its root: mounted from the open file
-		subCreate := beneath.CreateDirs
 		switch {
 		case v.EmptyDir != nil:
 			if src = sb.Volumes[v.Name]; src == "" {
@@ -142,10 +141,12 @@ func (r *Runtime) volumeMounts(pod *v1.Pod, sb *Sandbox, c *v1.Container, env []
 			} else if !handled {
 				return nil, nil, ctrspec.ConfigErrorf("volume %q: only emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes are supported", v.Name)
 			}
-			// A missing key is not made: the volume is the object's, rewritten whole on each update.
-			subCreate = beneath.CreateNothing
 		}
-		if src, err = r.stageMount(&stage, id, c, m, env, src, file, subCreate); err != nil {
+		// A missing subPath is made a directory in any kind of volume, as kubelet's makeMounts does
+		// (SafeMakeDir, before it checks the kind): in a configMap, secret, downwardAPI or projected
+		// volume too, where it stays an empty directory the writer leaves alone (it removes only its
+		// own links), mounted read-only like the rest of that volume.
+		if src, err = r.stageMount(&stage, id, c, m, env, src, file); err != nil {
 			return nil, nil, err
 		}
 		opt := "rw"
@@ -160,7 +161,7 @@ func (r *Runtime) volumeMounts(pod *v1.Pod, sb *Sandbox, c *v1.Container, env []
 // stageMount returns the source of mount m of a volume that is the directory src or the open file
 // (which it closes): the volume's subPath opened beneath it, if m has one, and anything open staged
 // in *stage (made at first use).
-func (r *Runtime) stageMount(stage **mountStage, id string, c *v1.Container, m v1.VolumeMount, env []v1.EnvVar, src string, file *os.File, subCreate beneath.Create) (string, error) {
+func (r *Runtime) stageMount(stage **mountStage, id string, c *v1.Container, m v1.VolumeMount, env []v1.EnvVar, src string, file *os.File) (string, error) {
 	if file != nil {
 		defer func() { file.Close() }()
 	}
@@ -169,7 +170,7 @@ func (r *Runtime) stageMount(stage **mountStage, id string, c *v1.Container, m v
 		return "", err
 	}
 	if subPath != "" {
-		sub, err := openSubPath(src, file, subPath, subCreate)
+		sub, err := openSubPath(src, file, subPath)
 		if err != nil {
 			return "", ctrspec.ConfigErrorf("container %q volumeMount %q: subPath %q: %v", c.Name, m.Name, subPath, err)
 		}
@@ -196,9 +197,10 @@ func (r *Runtime) stageMount(stage **mountStage, id string, c *v1.Container, m v
 // openSubPath opens subPath beneath the volume's root (the directory dir, or the open file root of a
 // hostPath volume) and returns it: a subPath that leads out of the volume, through a symlink planted
 // by a container writing to it (kubelet's CVE-2017-1002101) or one swapped in while it is opened, is
-// refused; one staying inside works. What is missing is made as create says, relative to the
-// descriptors of its parents, with the volume root's permissions, as kubelet makes subPaths.
-func openSubPath(dir string, root *os.File, subPath string, create beneath.Create) (*os.File, error) {
+// refused; one staying inside works. What is missing is made a directory (parents too), relative to
+// the descriptors of its parents, with the volume root's permissions, as kubelet makes subPaths
+// (doSafeMakeDir): never through a symlink, so nothing is made outside the volume.
+func openSubPath(dir string, root *os.File, subPath string) (*os.File, error) {
 	if filepath.IsAbs(subPath) || slices.Contains(strings.Split(filepath.ToSlash(subPath), "/"), "..") {
 		return nil, fmt.Errorf("must be a relative path without '..'")
 	}
@@ -216,7 +218,7 @@ func openSubPath(dir string, root *os.File, subPath string, create beneath.Creat
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("the volume %s is not a directory", root.Name())
 	}
-	f, err := beneath.Open(root, subPath, beneath.Options{Create: create, Perm: fi.Mode().Perm()})
+	f, err := beneath.Open(root, subPath, beneath.Options{Create: beneath.CreateDirs, Perm: fi.Mode().Perm()})
 	var esc *beneath.EscapeError
 	if errors.As(err, &esc) {
 		return nil, fmt.Errorf("leads out of the volume: %w", err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -81,5 +82,55 @@ func TestSubPathEscapeRefused(t *testing.T) {
 	os.WriteFile(filepath.Join(vol, "data", "more", "f"), []byte("x"), 0o644)
 	if b, err := os.ReadFile(filepath.Join(m[0].Source, "f")); err != nil || string(b) != "x" {
 		t.Errorf("the staged subPath does not show the volume's directory: %q %v", b, err)
+	}
+}
+
+// A missing subPath of a downwardAPI volume (any object volume) is made a directory in the
+// volume, as kubelet's makeMounts does for every kind, and mounted read-only like the volume. A
+// missing subPath through a symlink leading out of its volume is refused naming where it leads, and
+// nothing is made there.
+func TestSubPathMadeInObjectVolume(t *testing.T) {
+	needRoot(t)
+	pod := &v1.Pod{Spec: v1.PodSpec{Volumes: []v1.Volume{{Name: "info", VolumeSource: v1.VolumeSource{DownwardAPI: &v1.DownwardAPIVolumeSource{
+		Items: []v1.DownwardAPIVolumeFile{{Path: "labels", FieldRef: &v1.ObjectFieldSelector{FieldPath: "metadata.labels"}}},
+	}}}}}}
+	pod.UID, pod.Name, pod.Namespace, pod.Labels = "u1", "p", "default", map[string]string{"a": "b"}
+	podDir, outside := t.TempDir(), t.TempDir()
+	sb := &Sandbox{Dir: podDir}
+	r := &Runtime{opts: Options{StateDir: t.TempDir()}}
+	c := &v1.Container{Name: "c", VolumeMounts: []v1.VolumeMount{{Name: "info", MountPath: "/x", SubPath: "made/here"}}}
+	m, stage, err := r.volumeMounts(pod, sb, c, nil, "cid-0")
+	defer stage.Release()
+	if err != nil || len(m) != 1 || !slices.Contains(m[0].Options, "ro") {
+		t.Fatalf("subPath made/here of a downwardAPI volume: %+v %v; want one read-only mount", m, err)
+	}
+	vol := filepath.Join(podDir, "volumes", volDirDownwardAPI, "info")
+	if fi, err := os.Stat(filepath.Join(vol, "made", "here")); err != nil || !fi.IsDir() {
+		t.Fatalf("subPath made/here not made in the volume %s: %v", vol, err)
+	}
+	os.WriteFile(filepath.Join(vol, "made", "here", "f"), []byte("x"), 0o644)
+	if b, err := os.ReadFile(filepath.Join(m[0].Source, "f")); err != nil || string(b) != "x" {
+		t.Errorf("the staged subPath does not show the made directory: %q %v", b, err)
+	}
+	stage.Release()
+
+	// A link leading out of a volume a container can write (an emptyDir; the writer of object
+	// volumes removes links it did not make): following it to make "out/made" would make a
+	// directory outside the volume.
+	pod.Spec.Volumes = append(pod.Spec.Volumes, v1.Volume{Name: "scratch", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}})
+	scratch := t.TempDir()
+	sb.Volumes = map[string]string{"scratch": scratch}
+	if err := os.Symlink(outside, filepath.Join(scratch, "out")); err != nil {
+		t.Fatal(err)
+	}
+	c.VolumeMounts[0] = v1.VolumeMount{Name: "scratch", MountPath: "/x", SubPath: "out/made"}
+	_, stage, err = r.volumeMounts(pod, sb, c, nil, "cid-1")
+	defer stage.Release()
+	var ce *ctrspec.ConfigError
+	if !errors.As(err, &ce) || !strings.Contains(err.Error(), `subPath "out/made"`) || !strings.Contains(err.Error(), "outside "+scratch) {
+		t.Errorf("subPath through a link out of the volume: err = %v, want a ConfigError naming the subPath and that it leads outside %s", err, scratch)
+	}
+	if _, err := os.Lstat(filepath.Join(outside, "made")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a directory was made outside the volume through the link: %v", err)
 	}
 }
