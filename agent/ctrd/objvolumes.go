@@ -390,8 +390,10 @@ func formatMap(m map[string]string) string {
 }
 
 // mountSubPath is the mount's subPath, or its subPathExpr with $(VAR) expanded from the
-// container's env (kubelet's rule); resolveSubPath then keeps it inside the volume. A variable
-// that is not defined is an error rather than a literal "$(VAR)" directory.
+// container's env (kubelet's rule); openSubPath then keeps it inside the volume. A variable that is
+// not defined, or defined empty, is an error (kubelet's ExpandContainerVolumeMounts: "missing value
+// for"), rather than a literal "$(VAR)" directory or a path that silently names another place
+// ("$(A)/x" would be "/x", "$(A)" the whole volume).
 func mountSubPath(c *v1.Container, m v1.VolumeMount, env []v1.EnvVar) (string, error) {
 	if m.SubPathExpr == "" {
 		return m.SubPath, nil
@@ -403,9 +405,18 @@ func mountSubPath(c *v1.Container, m v1.VolumeMount, env []v1.EnvVar) (string, e
 	for _, e := range env {
 		vars[e.Name] = e.Value
 	}
-	out := ctrspec.Expand(m.SubPathExpr, vars)
-	if strings.Contains(strings.ReplaceAll(out, "$$", ""), "$(") {
-		return "", ctrspec.ConfigErrorf("container %q volumeMount %q: subPathExpr %q names a variable the container's env does not define", c.Name, m.Name, m.SubPathExpr)
+	var missing []string
+	out := ctrspec.ExpandFunc(m.SubPathExpr, func(name string) (string, bool) {
+		if v := vars[name]; v != "" {
+			return v, true
+		}
+		if !slices.Contains(missing, name) {
+			missing = append(missing, name)
+		}
+		return "", false
+	})
+	if len(missing) > 0 {
+		return "", ctrspec.ConfigErrorf("container %q volumeMount %q: subPathExpr %q: missing value for %s (not in the container's env, or empty)", c.Name, m.Name, m.SubPathExpr, strings.Join(missing, ", "))
 	}
-	return out, nil // "" (an empty variable) mounts the whole volume, as kubelet does
+	return out, nil
 }

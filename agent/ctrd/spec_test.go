@@ -134,3 +134,31 @@ func TestSubPathMadeInObjectVolume(t *testing.T) {
 		t.Errorf("a directory was made outside the volume through the link: %v", err)
 	}
 }
+
+// subPathExpr expands $(VAR) from the container's env; a variable not defined or defined empty is
+// refused naming it, as kubelet's ExpandContainerVolumeMounts does ("missing value for"), rather
+// than mounting the whole volume or an absolute path; $$ escapes.
+func TestSubPathExprExpansion(t *testing.T) {
+	env := []v1.EnvVar{{Name: "POD_NAME", Value: "web-0"}, {Name: "EMPTY", Value: ""}}
+	c := &v1.Container{Name: "c"}
+	for expr, want := range map[string]string{
+		"$(POD_NAME)":      "web-0",
+		"logs/$(POD_NAME)": "logs/web-0",
+		"a$$(POD_NAME)":    "a$(POD_NAME)",
+	} {
+		if got, err := mountSubPath(c, v1.VolumeMount{Name: "v", SubPathExpr: expr}, env); err != nil || got != want {
+			t.Errorf("subPathExpr %q = %q, %v; want %q", expr, got, err, want)
+		}
+	}
+	for expr, names := range map[string]string{
+		"$(EMPTY)":             "EMPTY",
+		"$(EMPTY)/$(POD_NAME)": "EMPTY",
+		"$(NOPE)/$(EMPTY)":     "NOPE, EMPTY",
+	} {
+		_, err := mountSubPath(c, v1.VolumeMount{Name: "v", SubPathExpr: expr}, env)
+		var ce *ctrspec.ConfigError
+		if !errors.As(err, &ce) || !strings.Contains(err.Error(), "missing value for "+names) {
+			t.Errorf("subPathExpr %q: err = %v; want a ConfigError saying missing value for %s", expr, err, names)
+		}
+	}
+}

@@ -159,6 +159,15 @@ func ExpandAll(in []string, env []v1.EnvVar) []string {
 // Expand replaces $(NAME) with its value when NAME is known and leaves it as written otherwise;
 // $$ is an escaped $. These are Kubernetes' rules for env values, command and args.
 func Expand(s string, vars map[string]string) string {
+	return ExpandFunc(s, func(name string) (string, bool) {
+		v, ok := vars[name]
+		return v, ok
+	})
+}
+
+// ExpandFunc is Expand with the values from lookup: $(NAME) stays as written where lookup says
+// NAME is not known. Callers that must refuse a missing variable (subPathExpr) note it in lookup.
+func ExpandFunc(s string, lookup func(name string) (string, bool)) string {
 	if !strings.Contains(s, "$") {
 		return s
 	}
@@ -179,7 +188,7 @@ func Expand(s string, vars map[string]string) string {
 				return b.String()
 			}
 			name := s[i+2 : i+2+end]
-			if v, ok := vars[name]; ok {
+			if v, ok := lookup(name); ok {
 				b.WriteString(v)
 			} else {
 				b.WriteString(s[i : i+3+end])
