@@ -21,14 +21,17 @@ import (
 // EvictionThresholdMet events (nil on a standalone node: they are logged only); reclaim is the
 // node-level reclaim for disk pressure (image GC; nil for none). It needs no broker. podsCgroup is
 // the pods' top cgroup, whose memory limit is node allocatable when enforced. life bounds its
-// readings of containerd: it ends when the node stops.
+// readings of containerd: it ends when the node stops. release closes the kernel memory notifier it
+// starts here, for a node that never runs (the manager's Run closes it otherwise; closing twice is
+// harmless).
 func newEviction(life context.Context, cfg config.Config, a *agent.Agent, rt *ctrd.Runtime, podsCgroup string, events event.Sink,
-	reclaim eviction.Reclaimer, onChange func(), log *slog.Logger) *eviction.Manager {
+	reclaim eviction.Reclaimer, onChange func(), log *slog.Logger) (m *eviction.Manager, release func() error) {
 	thresholds := evictionThresholds(cfg)
 	if !cfg.EnforceNodeAllocatable {
 		podsCgroup = "" // no limit on it: allocatableMemory.available is not a signal
 	}
 	var notifier eviction.MemoryNotifier
+	release = func() error { return nil }
 	for _, t := range thresholds {
 		if t.Signal != eviction.SignalMemoryAvailable {
 			continue
@@ -37,11 +40,11 @@ func newEviction(life context.Context, cfg config.Config, a *agent.Agent, rt *ct
 		if err != nil {
 			log.Warn("eviction: no kernel memory notifications; memory is polled", "every", cfg.EvictionMonitoringPeriod.Duration, "err", err)
 		} else {
-			notifier = n
+			notifier, release = n, n.Close
 		}
 		break
 	}
-	m := eviction.New(eviction.Options{
+	m = eviction.New(eviction.Options{
 		NodeName:                 cfg.NodeName,
 		Thresholds:               thresholds,
 		MonitoringPeriod:         cfg.EvictionMonitoringPeriod.Duration,
@@ -75,7 +78,7 @@ func newEviction(life context.Context, cfg config.Config, a *agent.Agent, rt *ct
 			return out, err
 		},
 	})
-	return m
+	return m, release
 }
 
 // evictionThresholds are the configured thresholds and, when node allocatable is enforced on the

@@ -2,8 +2,10 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"time"
 
@@ -61,9 +63,10 @@ func (standaloneReporter) Emit(event.Event)                         {}
 // the MQTT link and outbox when there is a channel) and adds /metrics to the local API. With
 // --metrics-address it listens on TCP now (an address that cannot be listened on is an error at
 // start, naming it) and returns the part that serves /metrics, /healthz and /readyz there until
-// its context ends; without, a part that has nothing to do.
+// its context ends; without, a part that has nothing to do. release closes the listener of a node
+// that never runs (Serve closes it otherwise).
 func (m *agentMetrics) serve(cfg config.Config, a *agent.Agent, ev *eviction.Manager, ch *nodesync.Sync, db *store.DB,
-	srv *api.Server, log *slog.Logger) (run func(ctx context.Context) error, err error) {
+	srv *api.Server, log *slog.Logger) (run func(ctx context.Context) error, release func() error, err error) {
 	m.Pods(a.Pods)
 	m.evictions(cfg, ev)
 	if ch != nil {
@@ -71,11 +74,17 @@ func (m *agentMetrics) serve(cfg config.Config, a *agent.Agent, ev *eviction.Man
 	}
 	srv.Handle("GET /metrics", m.reg.Handler())
 	if cfg.MetricsAddress == "" {
-		return func(context.Context) error { return nil }, nil
+		return func(context.Context) error { return nil }, func() error { return nil }, nil
 	}
 	ln, err := prom.Listen(cfg.MetricsListenAddress())
 	if err != nil {
-		return nil, fmt.Errorf("%w (--metrics-address)", err)
+		return nil, nil, fmt.Errorf("%w (--metrics-address)", err)
+	}
+	release = func() error {
+		if err := ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			return err
+		}
+		return nil
 	}
 	return func(ctx context.Context) error {
 		if err := prom.Serve(ctx, ln, prom.Endpoints(m.reg.Handler(), srv.Handler()), log); err != nil {
@@ -83,7 +92,7 @@ func (m *agentMetrics) serve(cfg config.Config, a *agent.Agent, ev *eviction.Man
 			log.Error("metrics endpoint stopped", "err", err)
 		}
 		return nil
-	}, nil
+	}, release, nil
 }
 
 // usageMaxAge is how long a usage reading serves the metrics: the four usage families of one

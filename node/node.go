@@ -256,7 +256,9 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 		version: d.Version, pressure: n.view, devices: devs, network: network.Ready,
 		sealing: sealKey, attestation: attestation})
 	n.add(part{name: "node status", run: n.view.status.Run})
-	n.view.evictions = newEviction(n.life, cfg, n.agent, rt, cgroups.Base(), report, gc, n.view.Trigger, log)
+	var releaseNotifier func() error
+	n.view.evictions, releaseNotifier = newEviction(n.life, cfg, n.agent, rt, cgroups.Base(), report, gc, n.view.Trigger, log)
+	n.closers = append(n.closers, releaseNotifier)
 	n.add(part{name: "eviction", run: n.view.evictions.Run})
 	n.add(part{name: "oom watcher", run: newOOMWatch(cfg, cgroups.Base(), report, log).Run})
 	// Node allocatable held above its target while pods use more (cgroups.go).
@@ -267,10 +269,11 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 	srv.OnListening(n.notify.partReady)
 	n.serveEvents(srv)
 	m.usage(n.agent, rt, srv)
-	serveMetrics, err := m.serve(cfg, n.agent, n.view.evictions, n.channel, db, srv, log)
+	serveMetrics, releaseMetrics, err := m.serve(cfg, n.agent, n.view.evictions, n.channel, db, srv, log)
 	if err != nil {
 		return err
 	}
+	n.closers = append(n.closers, releaseMetrics)
 	n.add(part{name: "metrics endpoint", run: serveMetrics})
 	n.add(part{name: "local API", ends: true, run: func(ctx context.Context) error {
 		if err := srv.Serve(ctx, cfg.APISocket); err != nil {
@@ -417,7 +420,9 @@ func (n *Node) RunOnce(ctx context.Context, timeout time.Duration) ([]v1.Pod, er
 	return n.agent.RunOnce(ctx, timeout)
 }
 
-// Close releases what New opened: the state file and the runtime's connection. Call it after Run.
+// Close releases what New opened: the state file, the runtime's connection, and for a node that
+// never ran, the kernel memory notifier and the --metrics-address listener (Run's parts release
+// them otherwise). Call it after Run.
 func (n *Node) Close() error {
 	n.endLife()
 	var errs []error
