@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -191,4 +192,29 @@ func inheritEmpty(parent, child string) error {
 func unifiedCgroups() bool {
 	var st unix.Statfs_t
 	return unix.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+}
+
+// cgroup2HostOptions returns the super options of a cgroup2 file system mounted at /sys/fs/cgroup
+// that a container in the host's cgroup namespace must repeat when it mounts cgroup2 (it shares the
+// host's superblock, and a mount without them would drop them for the host too); none on v1.
+func cgroup2HostOptions(mountinfo string) []string {
+	b, err := os.ReadFile(mountinfo)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(line)
+		i := slices.Index(fields, "-")
+		if len(fields) < 5 || fields[4] != "/sys/fs/cgroup" || i < 0 || i+3 >= len(fields) || fields[i+1] != "cgroup2" {
+			continue
+		}
+		out = nil // the last mount at the path is the one seen
+		for _, o := range strings.Split(fields[i+3], ",") {
+			if o == "nsdelegate" || o == "memory_recursiveprot" {
+				out = append(out, o)
+			}
+		}
+	}
+	return out
 }

@@ -130,7 +130,7 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 		return nil, fmt.Errorf("containerd at %s (--containerd-address) is not answering: %w", addr, err)
 	}
 	r := &Runtime{client: c, opts: o, log: o.Log, pulling: map[string]*pull{}, oomFloor: -1000,
-		cg:      ctrspec.CgroupFeatures{V2: unifiedCgroups(), Swap: swapAccounting(), OOMGroup: !o.SingleProcessOOMKill},
+		cg:      ctrspec.CgroupFeatures{V2: unifiedCgroups(), Swap: swapAccounting(), OOMGroup: !o.SingleProcessOOMKill, HostMountOptions: cgroup2HostOptions("/proc/self/mountinfo")},
 		version: ver.Version}
 	if r.memCapacity, err = hw.MemTotal("/"); err != nil {
 		o.Log.Warn("memory capacity unknown; Burstable containers get oom_score_adj 999", "err", err)

@@ -75,6 +75,8 @@ func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img contai
 		return nil, nil, err
 	}
 	opts = append(opts, nsOpts...)
+	// Before securityOpts: a privileged container's oci.WithPrivileged makes the mount read-write.
+	opts = append(opts, ctrspec.CgroupFSOpts(c, ctrspec.Privileged(pod, c), r.cg)...)
 	files, err := podFileMounts(pod, sb, c) // hosts, resolv.conf, hostname (dns.go)
 	if err != nil {
 		return nil, nil, err

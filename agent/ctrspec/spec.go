@@ -259,6 +259,9 @@ type CgroupFeatures struct {
 	V2       bool // runc manages cgroup v2 (/sys/fs/cgroup is cgroup2)
 	Swap     bool // the kernel accounts swap (see swapAccounting)
 	OOMGroup bool // memory.oom.group=1 on v2 (not singleProcessOOMKill)
+	// HostMountOptions are the super options of the host's cgroup2 /sys/fs/cgroup a container
+	// sharing the host's cgroup namespace must mount it with too (nsdelegate, memory_recursiveprot).
+	HostMountOptions []string
 }
 
 func SharesPIDNS(pod *v1.Pod) bool {
