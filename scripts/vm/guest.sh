@@ -84,6 +84,15 @@ else
 			[ "$got" = "${f#*:}" ] || fail "$pod/${f%%:*} = $got, want ${f#*:}"
 		done
 	done
+	# Inside, each container sees its own cgroup as the root of a read-only cgroup2 mount in a
+	# cgroup namespace of its own (issue 24 point 4, as containerd's CRI): memory.max there is the
+	# container's limit. ctr exec, not mqlet exec: this checks the spec, not mqlet's exec path.
+	while read -r id pid; do
+		want=$(cat /sys/fs/cgroup$(sed -n 's/^0:://p' /proc/$pid/cgroup)/memory.max)
+		got=$(ctr -n $NS tasks exec --exec-id cgview-$pid $id </dev/null sh -c 'echo $(cat /sys/fs/cgroup/memory.max) $(sed -n "s/^0:://p" /proc/self/cgroup) $( (echo max >/sys/fs/cgroup/memory.max) 2>/dev/null && echo writable || echo read-only)')
+		echo "container $id sees: $got (its limit on the host: $want)"
+		[ "$got" = "$want / read-only" ] || fail "container $id sees \"$got\" in /sys/fs/cgroup, want \"$want / read-only\""
+	done < <(ctr -n $NS tasks ls 2>/dev/null | awk '$3 == "RUNNING" {print $1, $2}')
 	# The pod's network and volume work: the poller fetches the web container's page.
 	for _ in $(seq 1 30); do
 		mqlet logs "${name:-hello}" -c poller 2>/dev/null | grep 'poller got: hello from' >/dev/null && break
