@@ -70,10 +70,12 @@ type SimulatedRuntime interface {
 type Node struct {
 	cfg     config.Config
 	version string
-	log     *slog.Logger
-	view    *view
-	agent   *agent.Agent
-	channel *nodesync.Sync // nil on a standalone node
+	// simulated is a node of the fleet simulator: its start and stop are the simulator's to log.
+	simulated bool
+	log       *slog.Logger
+	view      *view
+	agent     *agent.Agent
+	channel   *nodesync.Sync // nil on a standalone node
 	// parts run beside the agent until it stops; built in the order they are listed.
 	parts []part
 	// events is the pod event recorder's part (RunOnce runs it alone).
@@ -111,6 +113,7 @@ func New(ctx context.Context, cfg config.Config, d Deps) (n *Node, err error) {
 		}
 	}()
 	if d.Simulated != nil {
+		n.simulated = true
 		err = n.buildSimulated(cfg, d)
 	} else {
 		err = n.buildMachine(ctx, cfg, d)
@@ -360,8 +363,18 @@ func (n *Node) add(p part) { n.parts = append(n.parts, p) }
 // MQTT channel stops last, so the last statuses reach the outbox and the link says offline before
 // it disconnects. A context canceled is not an error.
 func (n *Node) Run(ctx context.Context) error {
+	if n.simulated {
+		return n.run(ctx)
+	}
 	n.log.Info("mqlet agent starting", "version", n.version, "node", n.cfg.NodeName, "containerd", n.cfg.ContainerdAddress,
 		"namespace", n.cfg.ContainerdNamespace, "manifests", n.cfg.ManifestDir, "state", n.cfg.StatePath())
+	err := n.run(ctx)
+	n.log.Info("mqlet agent stopped; pods keep running")
+	return err
+}
+
+// run runs the parts until ctx ends, the agent stops or a part fails (Run's contract).
+func (n *Node) run(ctx context.Context) error {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
 	// The pod event recorder and the MQTT channel run on a context of their own, ended only once
@@ -406,7 +419,6 @@ func (n *Node) Run(ctx context.Context) error {
 	if n.notify != nil {
 		n.notify.stopping()
 	}
-	n.log.Info("mqlet agent stopped; pods keep running")
 	return err
 }
 
