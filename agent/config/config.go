@@ -69,6 +69,10 @@ type Config struct {
 	ImageFSDir                string            `json:"imageFSDir" flag:"image-fs-dir" env:"MQLET_IMAGE_FS_DIR" placeholder:"DIR" help:"containerd's root directory, whose file system holds images: the imagefs of eviction and image GC"`
 
 	// Pod and QoS cgroups, node allocatable.
+	// CgroupDriver says who makes the top of the pods' tree: cgroupfs (mqlet, at the hierarchy's
+	// root), systemd (a transient scope delegated to mqlet, see agent/cgroup/delegate), or auto
+	// (systemd on a cgroup v2 host booted by systemd, unless pods already run in a cgroupfs tree).
+	CgroupDriver           string            `json:"cgroupDriver" flag:"cgroup-driver" env:"MQLET_CGROUP_DRIVER" placeholder:"DRIVER" help:"Who makes the top of the pods' cgroup tree: auto, systemd (a delegated scope, mqlet.slice/mqlet-pods.scope) or cgroupfs (the hierarchy's root)"`
 	CgroupRoot             string            `json:"cgroupRoot" flag:"cgroup-root" env:"MQLET_CGROUP_ROOT" placeholder:"PATH" help:"cgroup under which pods run: PATH/NAMESPACE/{burstable,besteffort}/pod<uid>"`
 	EnforceNodeAllocatable bool              `json:"enforceNodeAllocatable" flag:"enforce-node-allocatable" env:"MQLET_ENFORCE_NODE_ALLOCATABLE" help:"Limit all pods together to node allocatable on the cgroup above them"`
 	SystemReserved         map[string]string `json:"systemReserved" flag:"system-reserved" env:"MQLET_SYSTEM_RESERVED" placeholder:"RES=QTY" help:"Resources kept for the OS, e.g. cpu=200m,memory=150Mi,ephemeral-storage=1Gi,pid=1000"`
@@ -165,6 +169,7 @@ func Defaults() Config {
 		NodeStatusMaxImages:       50,
 		MaxPods:                   110,
 		ImageFSDir:                "/var/lib/containerd",
+		CgroupDriver:              "auto",
 		CgroupRoot:                "/mqlet",
 		EnforceNodeAllocatable:    true,
 		PodPidsLimit:              -1,

@@ -93,6 +93,7 @@ func TestDefaults(t *testing.T) {
 		NodeStatusMaxImages:       50,
 		MaxPods:                   110,
 		ImageFSDir:                "/var/lib/containerd",
+		CgroupDriver:              "auto",
 		CgroupRoot:                "/mqlet",
 		EnforceNodeAllocatable:    true,
 		PodPidsLimit:              -1,

@@ -45,6 +45,7 @@ type Flags struct {
 	NodeTaints                       []string       `name:"node-taint" placeholder:"KEY[=VALUE]:EFFECT" help:"Taint of the node, EFFECT one of NoSchedule, PreferNoSchedule, NoExecute; repeatable or comma-separated (default none)."`
 	MaxPods                          *int64         `name:"max-pods" placeholder:"N" help:"Most pods this node runs (default ${max_pods})."`
 	ImageFSDir                       *string        `name:"image-fs-dir" placeholder:"DIR" help:"containerd's root directory, whose file system holds images: the imagefs of eviction and image GC (default ${image_fs_dir})."`
+	CgroupDriver                     *string        `name:"cgroup-driver" placeholder:"DRIVER" help:"Who makes the top of the pods' cgroup tree: auto, systemd (a delegated scope, mqlet.slice/mqlet-pods.scope) or cgroupfs (the hierarchy's root) (default ${cgroup_driver})."`
 	CgroupRoot                       *string        `name:"cgroup-root" placeholder:"PATH" help:"cgroup under which pods run: PATH/NAMESPACE/{burstable,besteffort}/pod<uid> (default ${cgroup_root})."`
 	EnforceNodeAllocatable           *bool          `name:"enforce-node-allocatable" help:"Limit all pods together to node allocatable on the cgroup above them (default ${enforce_node_allocatable})."`
 	SystemReserved                   []string       `name:"system-reserved" placeholder:"RES=QTY" help:"Resources kept for the OS, e.g. cpu=200m,memory=150Mi,ephemeral-storage=1Gi,pid=1000 (default none)."`

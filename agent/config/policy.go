@@ -234,6 +234,11 @@ func (c Config) validatePolicy(bad func(key, value, reason string, args ...any))
 	if !filepath.IsAbs(c.ImageFSDir) {
 		bad("imageFSDir", c.ImageFSDir, "must be an absolute path")
 	}
+	switch c.CgroupDriver {
+	case CgroupDriverAuto, CgroupDriverSystemd, CgroupDriverCgroupfs:
+	default:
+		bad("cgroupDriver", c.CgroupDriver, "must be one of auto, systemd, cgroupfs")
+	}
 	if !filepath.IsAbs(c.CgroupRoot) || filepath.Clean(c.CgroupRoot) != c.CgroupRoot || c.CgroupRoot == "/" {
 		bad("cgroupRoot", c.CgroupRoot, "must be an absolute, clean cgroup path below the root, such as /mqlet")
 	}
@@ -296,3 +301,10 @@ func (c Config) validatePolicy(bad func(key, value, reason string, args ...any))
 		}
 	}
 }
+
+// The values of cgroupDriver.
+const (
+	CgroupDriverAuto     = "auto"
+	CgroupDriverSystemd  = "systemd"
+	CgroupDriverCgroupfs = "cgroupfs"
+)

@@ -71,6 +71,7 @@ func TestLoadPolicyErrors(t *testing.T) {
 		{Flags{MetricsAddress: ptr("9100")}, `a port alone: want HOST:PORT or HOST (port 10264)`},
 		{Flags{MetricsAddress: ptr("127.0.0.1:http")}, `must be a number`},
 		{Flags{CgroupRoot: ptr("mqlet")}, `cgroupRoot`},
+		{Flags{CgroupDriver: ptr("kubepods")}, `"kubepods" (from flag --cgroup-driver): must be one of auto, systemd, cgroupfs`},
 	} {
 		tc.f.NodeName = ptr("n1")
 		_, err := Load(tc.f, nil)
