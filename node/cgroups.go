@@ -4,11 +4,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/cgroup"
+	"github.com/mqlet/mqlet/agent/cgroup/delegate"
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/nodestatus"
 	"github.com/mqlet/mqlet/agent/resources"
@@ -19,15 +23,38 @@ import (
 )
 
 // newCgroupManager detects the host's cgroups, refuses a host that lacks a controller pods need
-// (the error names it and the kernel command line that enables it), and makes the QoS hierarchy
-// pods run in, with node allocatable enforced on its top.
-func newCgroupManager(cfg config.Config, log *slog.Logger) (*cgroup.Manager, error) {
+// (the error names it and the kernel command line that enables it), puts the pods' tree where
+// cgroupDriver says (asking systemd for its delegated scope), and makes the QoS hierarchy pods
+// run in, with node allocatable enforced on its top.
+func newCgroupManager(ctx context.Context, cfg config.Config, exe string, log *slog.Logger) (*cgroup.Manager, error) {
 	capacity, err := cgroupCapacity(nodeConfig(cfg).Machine(), "/")
 	if err != nil {
 		return nil, err
 	}
+	layout, err := cgroup.Detect("/proc/self/mountinfo", "/")
+	if err != nil {
+		return nil, fmt.Errorf("refusing to start: %w", err)
+	}
+	driver, why, err := cgroupDriver(cfg, layout, delegate.Booted("/"))
+	if err != nil {
+		return nil, fmt.Errorf("refusing to start: %w", err)
+	}
+	log.Info("cgroup driver", "driver", driver, "why", why)
+	root, delegated := cfg.CgroupRoot, ""
+	if driver == config.CgroupDriverSystemd {
+		holder := []string{exe, "cgroup-holder"}
+		if exe == "" {
+			holder = nil
+		}
+		scope, err := delegate.Ensure(ctx, delegate.Options{Unified: layout.Unified, Holder: holder, Log: log})
+		if err != nil {
+			return nil, fmt.Errorf("refusing to start: cgroupDriver %s: %w", cfg.CgroupDriver, err)
+		}
+		root, delegated = path.Join(scope, cfg.CgroupRoot), scope
+	}
 	m, err := cgroup.New(cgroup.Options{
-		CgroupRoot:   cfg.CgroupRoot,
+		CgroupRoot:   root,
+		Delegated:    delegated,
 		Namespace:    cfg.ContainerdNamespace,
 		Allocatable:  podsAllocatable(cfg, capacity),
 		NodeName:     cfg.NodeName,
@@ -38,6 +65,40 @@ func newCgroupManager(cfg config.Config, log *slog.Logger) (*cgroup.Manager, err
 		return nil, fmt.Errorf("refusing to start: %w", err)
 	}
 	return m, nil
+}
+
+// cgroupDriver resolves the cgroupDriver setting on a host with layout, booted by systemd or not.
+// auto is systemd on a cgroup v2 host booted by systemd, unless pods already run in a cgroupfs
+// tree at the hierarchy's root (an upgrade from a release without the scope): they stay there,
+// since moving them would restart every container, until a start finds none.
+func cgroupDriver(cfg config.Config, l cgroup.Layout, booted bool) (driver, why string, err error) {
+	switch cfg.CgroupDriver {
+	case config.CgroupDriverCgroupfs:
+		return config.CgroupDriverCgroupfs, "set in the config", nil
+	case config.CgroupDriverSystemd:
+		if !booted {
+			return "", "", fmt.Errorf("cgroupDriver systemd: systemd is not this host's init system (no /run/systemd/system); use cgroupfs or auto")
+		}
+		if l.Mode != cgroup.Unified {
+			return "", "", fmt.Errorf("cgroupDriver systemd: needs cgroup v2, this host has cgroup %s; use cgroupfs or auto", l.Mode)
+		}
+		return config.CgroupDriverSystemd, "set in the config", nil
+	}
+	switch {
+	case !booted:
+		return config.CgroupDriverCgroupfs, "auto: systemd is not the init system", nil
+	case l.Mode != cgroup.Unified:
+		return config.CgroupDriverCgroupfs, "auto: cgroup " + l.Mode.String() + ", systemd delegates only on v2", nil
+	case populated(filepath.Join(l.Unified, cfg.CgroupRoot, cfg.ContainerdNamespace)):
+		return config.CgroupDriverCgroupfs, "auto: pods run in the cgroupfs tree at " + path.Join(cfg.CgroupRoot, cfg.ContainerdNamespace) + " already", nil
+	}
+	return config.CgroupDriverSystemd, "auto: cgroup v2 host booted by systemd", nil
+}
+
+// populated reports whether a cgroup v2 directory holds a process in its subtree.
+func populated(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))
+	return err == nil && strings.Contains(string(b), "populated 1")
 }
 
 // cgroupCapacity is the machine's cpu and memory capacity as the node status reads it (m), and

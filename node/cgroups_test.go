@@ -70,3 +70,53 @@ func TestSwapWarning(t *testing.T) {
 		t.Errorf("swap on: %+v, %v, %v; want a Warning %s naming /var/swap about node n1", ev, on, err, ReasonSwapOn)
 	}
 }
+
+// cgroupDriver: auto asks systemd for its delegated scope only where systemd is init and the
+// host is cgroup v2, and leaves pods already in a cgroupfs tree there; an explicit systemd where
+// it cannot work is refused, naming why.
+func TestCgroupDriver(t *testing.T) {
+	v2 := cgroup.Layout{Mode: cgroup.Unified, Unified: t.TempDir()}
+	hybrid := cgroup.Layout{Mode: cgroup.Hybrid, Unified: t.TempDir()}
+	withPods := cgroup.Layout{Mode: cgroup.Unified, Unified: t.TempDir()}
+	base := filepath.Join(withPods.Unified, "mqlet", "mqlet")
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(base, "cgroup.events"), []byte("populated 1\nfrozen 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	emptied := cgroup.Layout{Mode: cgroup.Unified, Unified: t.TempDir()}
+	base = filepath.Join(emptied.Unified, "mqlet", "mqlet")
+	os.MkdirAll(base, 0o755)
+	os.WriteFile(filepath.Join(base, "cgroup.events"), []byte("populated 0\nfrozen 0\n"), 0o644)
+	for _, tc := range []struct {
+		setting string
+		layout  cgroup.Layout
+		booted  bool
+		want    string
+		err     string
+	}{
+		{"auto", v2, true, config.CgroupDriverSystemd, ""},
+		{"auto", v2, false, config.CgroupDriverCgroupfs, ""},
+		{"auto", hybrid, true, config.CgroupDriverCgroupfs, ""},
+		{"auto", withPods, true, config.CgroupDriverCgroupfs, ""},
+		{"auto", emptied, true, config.CgroupDriverSystemd, ""},
+		{"cgroupfs", v2, true, config.CgroupDriverCgroupfs, ""},
+		{"systemd", withPods, true, config.CgroupDriverSystemd, ""},
+		{"systemd", v2, false, "", "systemd is not this host's init system"},
+		{"systemd", hybrid, true, "", "needs cgroup v2"},
+	} {
+		cfg := config.Defaults()
+		cfg.CgroupDriver = tc.setting
+		got, why, err := cgroupDriver(cfg, tc.layout, tc.booted)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s on %s (booted %v) = %q, %v; want an error with %q", tc.setting, tc.layout.Mode, tc.booted, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want || why == "" {
+			t.Errorf("%s on %s (booted %v) = %q (%q), %v; want %q with a reason", tc.setting, tc.layout.Mode, tc.booted, got, why, err, tc.want)
+		}
+	}
+}

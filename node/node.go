@@ -126,7 +126,7 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 	log := d.Log
 	m := newAgentMetrics(d.Version, d.Commit)
 	devs := newDeviceManager(cfg, log)
-	cgroups, err := newCgroupManager(cfg, log)
+	cgroups, err := newCgroupManager(ctx, cfg, d.Executable, log)
 	if err != nil {
 		return err
 	}

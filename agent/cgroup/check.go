@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -44,7 +45,7 @@ func (l Layout) Check(cgroupRoot string) error {
 	case Legacy, Hybrid:
 		return l.checkV1()
 	case Unified:
-		_, err := l.delegateV2(cgroupRoot)
+		_, err := l.delegateV2(cgroupRoot, "")
 		return err
 	}
 	return &ControllerError{Mode: l.Mode, Missing: slices.Clone(required),
@@ -82,7 +83,7 @@ func v2Controllers(dir, file string) ([]string, error) {
 // delegateV2 checks the v2 controllers and enables them down to cgroupRoot's parent. It returns
 // the controllers mqlet enables for its own levels: the required ones plus the optional ones the
 // host has.
-func (l Layout) delegateV2(cgroupRoot string) ([]string, error) {
+func (l Layout) delegateV2(cgroupRoot, delegatedRoot string) ([]string, error) {
 	avail, err := v2Controllers(l.Unified, "cgroup.controllers")
 	if err != nil {
 		return nil, fmt.Errorf("cgroup %s: read the root's controllers: %w", l.Mode, err)
@@ -108,7 +109,11 @@ func (l Layout) delegateV2(cgroupRoot string) ([]string, error) {
 	// hierarchy's root and the levels made here are mqlet's to change; a level that existed before
 	// belongs to whoever made it.
 	dir, owned := l.Unified, true
+	rel := "/"
 	for _, elem := range splitPath(cgroupRoot) {
+		if delegatedRoot != "" && rel == delegatedRoot {
+			owned = true // what was delegated to mqlet is its to change, though it existed
+		}
 		if owned {
 			if err := enableV2(dir, want); err != nil {
 				return nil, fmt.Errorf("cgroup %s: %w", l.Mode, err)
@@ -116,7 +121,7 @@ func (l Layout) delegateV2(cgroupRoot string) ([]string, error) {
 		} else if err := delegated(dir, want); err != nil {
 			return nil, fmt.Errorf("cgroup %s: %w", l.Mode, err)
 		}
-		dir = filepath.Join(dir, elem)
+		dir, rel = filepath.Join(dir, elem), path.Join(rel, elem)
 		switch err := os.Mkdir(dir, 0o755); {
 		case err == nil:
 			owned = true

@@ -251,6 +251,37 @@ func TestCheckV2Delegation(t *testing.T) {
 	}
 }
 
+// A scope systemd delegated to mqlet existed before mqlet, yet it is mqlet's to enable
+// controllers in (systemd leaves a delegated cgroup's subtree_control to the delegatee); the
+// slice above it stays systemd's.
+func TestCheckV2DelegatedScope(t *testing.T) {
+	root := fixture(t, "rpi4")
+	slice := filepath.Join(root, "sys/fs/cgroup/mqlet.slice")
+	scope := filepath.Join(slice, "mqlet-pods.scope")
+	if err := os.MkdirAll(scope, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(slice, "cgroup.controllers"), []byte("cpu io memory pids\n"), 0o644)
+	os.WriteFile(filepath.Join(slice, "cgroup.subtree_control"), []byte("cpu io memory pids\n"), 0o644)
+	os.WriteFile(filepath.Join(scope, "cgroup.controllers"), []byte("cpu io memory pids\n"), 0o644)
+	os.WriteFile(filepath.Join(scope, "cgroup.subtree_control"), nil, 0o644)
+	l := detect(t, root)
+	if _, err := l.delegateV2("/mqlet.slice/mqlet-pods.scope/mqlet", "/mqlet.slice/mqlet-pods.scope"); err != nil {
+		t.Fatalf("delegateV2 below a delegated scope: %v", err)
+	}
+	if got := read(t, filepath.Join(scope, "cgroup.subtree_control")); got != "+cpu +memory +pids +io" {
+		t.Errorf("delegated scope's subtree_control = %q, want the controllers it has enabled", got)
+	}
+	if got := read(t, filepath.Join(slice, "cgroup.subtree_control")); got != "cpu io memory pids" {
+		t.Errorf("mqlet wrote to mqlet.slice, which systemd owns: %q", got)
+	}
+	// Not delegated: the same scope is someone else's, and it delegates nothing.
+	os.WriteFile(filepath.Join(scope, "cgroup.subtree_control"), nil, 0o644)
+	if _, err := l.delegateV2("/mqlet.slice/mqlet-pods.scope/mqlet", ""); err == nil || !strings.Contains(err.Error(), "mqlet-pods.scope") {
+		t.Errorf("delegateV2 below a scope not delegated = %v, want the scope named", err)
+	}
+}
+
 func TestCheckV1(t *testing.T) {
 	for _, board := range []string{"x86", "hybrid"} {
 		if err := detect(t, fixture(t, board)).Check("/mqlet"); err != nil {

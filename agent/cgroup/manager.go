@@ -28,7 +28,11 @@ type Options struct {
 	// CgroupRoot is the cgroup mqlet owns (cgroupRoot in the config, e.g. /mqlet); pods live in
 	// CgroupRoot/Namespace, so agents of different containerd namespaces stay apart.
 	CgroupRoot string
-	Namespace  string
+	// Delegated is a cgroup above CgroupRoot (or CgroupRoot itself) that was delegated to mqlet
+	// (systemd's scope, see package delegate): it and the levels below it are mqlet's to enable
+	// controllers in, though they existed before. "" when nothing was delegated.
+	Delegated string
+	Namespace string
 	// Allocatable is enforced on CgroupRoot/Namespace (see NodeLimits): with enforceNodeAllocatable,
 	// capacity minus the reservations; without it, just the cpu capacity, so pods together are
 	// not starved by the kernel's default weight. Holding "pid" sets pids.max.
@@ -129,7 +133,7 @@ func New(o Options) (*Manager, error) {
 	}
 	switch l.Mode {
 	case Unified:
-		if m.v2, err = l.delegateV2(o.CgroupRoot); err != nil {
+		if m.v2, err = l.delegateV2(o.CgroupRoot, o.Delegated); err != nil {
 			return nil, err
 		}
 	default:

@@ -43,6 +43,7 @@ type cli struct {
 	Complete   CompleteCmd   `cmd:"" name:"__complete" hidden:"" passthrough:"" help:"Print the completions of a command line (the completion scripts call it)."`
 
 	SandboxPause SandboxPauseCmd `cmd:"" name:"sandbox-pause" hidden:"" help:"PID 1 of a pod's shared PID namespace (started by the agent)."`
+	CgroupHolder CgroupHolderCmd `cmd:"" name:"cgroup-holder" hidden:"" help:"Keep the systemd scope of the pods' cgroups alive (started by the agent)."`
 }
 
 // SandboxPauseCmd is the holder of a pod's shared PID namespace (shareProcessNamespace): the agent

@@ -9,12 +9,14 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/cgroup/delegate"
 	"github.com/mqlet/mqlet/agent/cni"
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/ctrd"
@@ -85,7 +87,7 @@ func (u *uninstaller) plan() {
 	u.say("mqlet uninstall --purge would remove (nothing is changed without --purge):")
 	u.say("  containerd %s, namespace %s: every container (pods stopped), image and lease, then the namespace", u.cfg.ContainerdAddress, u.cfg.ContainerdNamespace)
 	u.say("  pod networks (CNI DEL), pod namespaces, volumes and logs of every pod")
-	u.say("  cgroups below %s", filepath.Join(u.cfg.CgroupRoot, u.cfg.ContainerdNamespace))
+	u.say("  cgroups below %s (and below %s's cgroup), and that systemd scope when no other agent's pods are in it", filepath.Join(u.cfg.CgroupRoot, u.cfg.ContainerdNamespace), delegate.Unit)
 	u.say("  %s (if it is mqlet's default network)", filepath.Join(u.cfg.CNIConfDir, cni.DefaultConfFile))
 	u.say("  the bridge %s and the iptables rules naming the network %q", cni.DefaultBridge, cni.DefaultNetworkName)
 	for _, p := range []string{u.cfg.SecretKeyFile, filepath.Join(shutdown.DefaultLogindConfDir, shutdown.LogindDropIn), u.cfg.StateDir, u.cfg.APISocket} {
@@ -141,20 +143,31 @@ func (u *uninstaller) purge(ctx context.Context, maxGrace time.Duration) error {
 		imgs, err := rt.DeleteNamespace(ctx)
 		u.say("removed %d image(s) and containerd namespace %s", len(imgs), u.cfg.ContainerdNamespace)
 		fail("containerd namespace "+u.cfg.ContainerdNamespace, err)
-		base := filepath.Join(u.cfg.CgroupRoot, u.cfg.ContainerdNamespace)
-		// Processes whose container is gone may still sit in the pods' cgroups (children of an
-		// init killed alone, as `ctr tasks kill` does): they are the pods' too.
-		if n, err := killCgroupTree(base); n > 0 || err != nil {
-			u.say("killed %d process(es) left in cgroups below %s", n, base)
-			fail("kill processes below "+base, err)
-		}
-		if err := ctrd.RemoveCgroupTree(base); err != nil {
-			fail("remove cgroups below "+base, err)
-		} else {
-			u.say("removed cgroups below %s", base)
-			if filepath.Clean(u.cfg.CgroupRoot) != "/" {
-				fail("remove cgroup "+u.cfg.CgroupRoot, ctrd.RemoveCgroup(u.cfg.CgroupRoot)) // only when empty
+		tops, scope := u.cgroupTops(ctx)
+		for _, top := range tops {
+			base := filepath.Join(top, u.cfg.ContainerdNamespace)
+			// Processes whose container is gone may still sit in the pods' cgroups (children of an
+			// init killed alone, as `ctr tasks kill` does): they are the pods' too.
+			if n, err := killCgroupTree(base); n > 0 || err != nil {
+				u.say("killed %d process(es) left in cgroups below %s", n, base)
+				fail("kill processes below "+base, err)
 			}
+			if err := ctrd.RemoveCgroupTree(base); err != nil {
+				fail("remove cgroups below "+base, err)
+			} else {
+				u.say("removed cgroups below %s", base)
+				if filepath.Clean(top) != "/" {
+					fail("remove cgroup "+top, ctrd.RemoveCgroup(top)) // only when empty
+				}
+			}
+		}
+		if scope != "" {
+			// The scope goes (with its holder) once no other agent's pods are in it.
+			stopped, err := delegate.Release(ctx, "/sys/fs/cgroup", nil)
+			if stopped {
+				u.say("stopped systemd unit %s", delegate.Unit)
+			}
+			fail("systemd unit "+delegate.Unit, err)
 		}
 	}
 
@@ -355,4 +368,26 @@ func killCgroupTree(rel string) (int, error) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// cgroupTops are the tops of the pods' cgroup trees, as paths below the hierarchy's root:
+// cgroupRoot itself (cgroupDriver cgroupfs) and, when systemd runs the scope delegated to mqlet,
+// cgroupRoot below it (cgroupDriver systemd), with that scope's cgroup. Both, whatever the config
+// says now: the driver may have changed since the pods were made.
+func (u *uninstaller) cgroupTops(ctx context.Context) (tops []string, scope string) {
+	tops = []string{u.cfg.CgroupRoot}
+	if !delegate.Booted("/") {
+		return tops, ""
+	}
+	sys, err := delegate.Connect(ctx)
+	if err != nil {
+		u.say("systemd runs but does not answer (%v): its scope %s is left alone", err, delegate.Unit)
+		return tops, ""
+	}
+	defer sys.Close()
+	state, cg, err := sys.State(ctx, delegate.Unit)
+	if err != nil || state != "active" || cg == "" {
+		return tops, ""
+	}
+	return append(tops, path.Join(cg, u.cfg.CgroupRoot)), cg
 }

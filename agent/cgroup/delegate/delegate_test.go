@@ -1,0 +1,179 @@
+package delegate
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	sd "github.com/coreos/go-systemd/v22/dbus"
+	"github.com/godbus/dbus/v5"
+)
+
+// fakeSystemd stands in for systemd's manager: the real one is exercised by the cgroup v2 guest
+// lane (scripts/vm/guest.sh), where mqlet runs under systemd as PID 1.
+type fakeSystemd struct {
+	state, cgroup string
+	noOOMPolicy   bool  // refuse OOMPolicy for scopes, as systemd 252 does
+	startErr      error // the start job's failure
+	started       [][]sd.Property
+	reset         int
+}
+
+func (f *fakeSystemd) State(context.Context, string) (string, string, error) {
+	return f.state, f.cgroup, nil
+}
+
+func (f *fakeSystemd) StartScope(_ context.Context, unit string, props []sd.Property) error {
+	f.started = append(f.started, props)
+	for _, p := range props {
+		if p.Name == "OOMPolicy" && f.noOOMPolicy {
+			return dbus.Error{Name: "org.freedesktop.DBus.Error.PropertyReadOnly", Body: []any{"Cannot set property OOMPolicy, or unknown property."}}
+		}
+	}
+	if f.startErr != nil {
+		return f.startErr
+	}
+	f.state, f.cgroup = "active", "/"+Slice+"/"+unit
+	return nil
+}
+
+func (f *fakeSystemd) ResetFailed(context.Context, string) error { f.reset++; f.state = "inactive"; return nil }
+func (f *fakeSystemd) Stop(context.Context, string) error        { f.state = "inactive"; return nil }
+func (f *fakeSystemd) Close()                                    {}
+
+// holderCmd starts a sleep detached from the test and prints its pid, as `mqlet cgroup-holder` does.
+var holderCmd = []string{"sh", "-c", "sleep 60 </dev/null >/dev/null 2>&1 & echo $!"}
+
+func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+func property(props []sd.Property, name string) (any, bool) {
+	for _, p := range props {
+		if p.Name == name {
+			return p.Value.Value(), true
+		}
+	}
+	return nil, false
+}
+
+func TestEnsureStartsTheScopeAroundAHolderInALeaf(t *testing.T) {
+	unified := t.TempDir()
+	os.MkdirAll(filepath.Join(unified, Slice, Unit), 0o755)
+	f := &fakeSystemd{state: "inactive", noOOMPolicy: true}
+	cg, err := Ensure(context.Background(), Options{Unified: unified, Holder: holderCmd, Systemd: f})
+	if err != nil {
+		t.Fatalf("Ensure: %v", err)
+	}
+	if cg != "/mqlet.slice/mqlet-pods.scope" {
+		t.Errorf("Ensure = %q, want the scope's cgroup", cg)
+	}
+	// Tried with OOMPolicy, then without it for a systemd that does not know it for scopes.
+	if len(f.started) != 2 {
+		t.Fatalf("%d start attempts, want 2 (with OOMPolicy, then without)", len(f.started))
+	}
+	props := f.started[1]
+	if _, ok := property(props, "OOMPolicy"); ok {
+		t.Errorf("second attempt still sets OOMPolicy")
+	}
+	if v, _ := property(f.started[0], "OOMPolicy"); v != "continue" {
+		t.Errorf("OOMPolicy = %v, want continue (an OOM kill of a container must not stop every pod)", v)
+	}
+	for name, want := range map[string]any{"Delegate": true, "Slice": Slice, "TasksMax": uint64(1<<64 - 1)} {
+		if v, _ := property(props, name); v != want {
+			t.Errorf("%s = %v, want %v", name, v, want)
+		}
+	}
+	pids, _ := property(props, "PIDs")
+	p, ok := pids.([]uint32)
+	if !ok || len(p) != 1 {
+		t.Fatalf("PIDs = %v, want the holder's", pids)
+	}
+	pid := int(p[0])
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	if !alive(pid) {
+		t.Errorf("holder pid %d is not running", pid)
+	}
+	got, err := os.ReadFile(filepath.Join(unified, cg, HolderLeaf, "cgroup.procs"))
+	if err != nil || strings.TrimSpace(string(got)) != strconv.Itoa(pid) {
+		t.Errorf("holder leaf's cgroup.procs = %q, %v; want the holder's pid %d", got, err, pid)
+	}
+}
+
+func TestEnsureUsesARunningScopeAsItIs(t *testing.T) {
+	f := &fakeSystemd{state: "active", cgroup: "/mqlet.slice/mqlet-pods.scope"}
+	cg, err := Ensure(context.Background(), Options{Unified: t.TempDir(), Holder: []string{"false"}, Systemd: f})
+	if err != nil || cg != f.cgroup || len(f.started) != 0 {
+		t.Errorf("Ensure = %q, %v after %d starts; want the running scope's cgroup and no start", cg, err, len(f.started))
+	}
+}
+
+func TestEnsureResetsAFailedScope(t *testing.T) {
+	unified := t.TempDir()
+	os.MkdirAll(filepath.Join(unified, Slice, Unit), 0o755)
+	f := &fakeSystemd{state: "failed"}
+	cg, err := Ensure(context.Background(), Options{Unified: unified, Holder: holderCmd, Systemd: f})
+	if err != nil || f.reset != 1 {
+		t.Fatalf("Ensure on a failed scope = %q, %v after %d resets; want it reset and started", cg, err, f.reset)
+	}
+	pids, _ := property(f.started[0], "PIDs")
+	t.Cleanup(func() { syscall.Kill(int(pids.([]uint32)[0]), syscall.SIGKILL) })
+}
+
+func TestEnsureRefusesAScopeBeingStopped(t *testing.T) {
+	f := &fakeSystemd{state: "deactivating"}
+	_, err := Ensure(context.Background(), Options{Unified: t.TempDir(), Holder: holderCmd, Systemd: f})
+	if err == nil || !strings.Contains(err.Error(), "deactivating") || len(f.started) != 0 {
+		t.Errorf("Ensure on a scope being stopped = %v after %d starts; want a refusal naming its state", err, len(f.started))
+	}
+}
+
+// A start that fails leaves no holder behind.
+func TestEnsureStartFailureEndsTheHolder(t *testing.T) {
+	f := &fakeSystemd{state: "inactive", startErr: errors.New("start job of mqlet-pods.scope ended \"failed\"")}
+	_, err := Ensure(context.Background(), Options{Unified: t.TempDir(), Holder: holderCmd, Systemd: f})
+	if err == nil || !strings.Contains(err.Error(), "failed") {
+		t.Fatalf("Ensure = %v, want the start job's failure", err)
+	}
+	pids, _ := property(f.started[0], "PIDs")
+	pid := int(pids.([]uint32)[0])
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(pid) && time.Now().Before(deadline) {
+		// The holder is killed, then reaped by init; until then it is a zombie, which Kill(0) sees.
+		if b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); strings.Contains(string(b), ") Z ") {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil && !strings.Contains(string(b), ") Z ") {
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Errorf("holder pid %d still runs after the failed start", pid)
+	}
+}
+
+func TestEnsureHolderThatPrintsNoPid(t *testing.T) {
+	f := &fakeSystemd{state: "inactive"}
+	_, err := Ensure(context.Background(), Options{Unified: t.TempDir(), Holder: []string{"echo", "hello"}, Systemd: f})
+	if err == nil || !strings.Contains(err.Error(), `printed "hello\n", not a pid`) || len(f.started) != 0 {
+		t.Errorf("Ensure = %v, want the holder's output refused before any start", err)
+	}
+}
+
+func TestReleaseLeavesAScopeWithOthersPods(t *testing.T) {
+	unified := t.TempDir()
+	scope := filepath.Join(unified, Slice, Unit)
+	os.MkdirAll(filepath.Join(scope, HolderLeaf), 0o755)
+	os.MkdirAll(filepath.Join(scope, "other"), 0o755)
+	f := &fakeSystemd{state: "active", cgroup: "/" + Slice + "/" + Unit}
+	if stopped, err := Release(context.Background(), unified, f); stopped || err != nil || f.state != "active" {
+		t.Errorf("Release with another tree in the scope = %v, %v; want it left running", stopped, err)
+	}
+	os.Remove(filepath.Join(scope, "other"))
+	if stopped, err := Release(context.Background(), unified, f); !stopped || err != nil || f.state != "inactive" {
+		t.Errorf("Release with only the holder left = %v, %v; want it stopped", stopped, err)
+	}
+}
