@@ -68,16 +68,28 @@ else
 	# A manifest pod's name may carry the node's name (as kubelet's static pods do).
 	name=$(mqlet pods | awk '$2 ~ /^hello/ && $3 == "2/2" && $4 == "Running" {print $2; exit}')
 	[ -n "$name" ] || fail "mqlet pods does not list the hello pod as 2/2 Running"
+	# The shipped config's cgroupDriver auto on this host (systemd, cgroup v2): the pods' tree is
+	# below a transient scope systemd delegated to mqlet, kept alive by a holder in a leaf of it.
+	systemctl show -p ControlGroup,ActiveState,Delegate,Slice,TasksMax mqlet-pods.scope
+	scope=$(systemctl show -p ControlGroup --value mqlet-pods.scope)
+	[ "$scope" = /mqlet.slice/mqlet-pods.scope ] || fail "mqlet-pods.scope's cgroup is '$scope', not /mqlet.slice/mqlet-pods.scope"
+	[ "$(systemctl show -p Delegate --value mqlet-pods.scope)" = yes ] || fail "mqlet-pods.scope is not delegated (Delegate=$(systemctl show -p Delegate --value mqlet-pods.scope))"
+	[ "$(systemctl show -p TasksMax --value mqlet-pods.scope)" = infinity ] || fail "mqlet-pods.scope has TasksMax=$(systemctl show -p TasksMax --value mqlet-pods.scope), not infinity"
+	holder=$(cat /sys/fs/cgroup$scope/holder/cgroup.procs 2>/dev/null)
+	[ -n "$holder" ] && grep -q 'cgroup-holder' /proc/$holder/cmdline 2>/dev/null || fail "no mqlet cgroup-holder in $scope/holder (cgroup.procs: '$holder')"
+	echo "holder pid $holder, VmRSS $(awk '/^VmRSS/ {print $2, $3}' /proc/$holder/status 2>/dev/null)"
+	echo "scope subtree_control: $(cat /sys/fs/cgroup$scope/cgroup.subtree_control)"
+	systemd-cgls --no-pager -u mqlet.slice 2>/dev/null | head -20
 	# Each container sits in the pod's cgroup below the Burstable tier of the base the shipped
-	# config names (cgroupRoot /mqlet, namespace mqlet), sized from the pod's limits: memory
-	# 32Mi + 16Mi; no cpu.max because the poller has no cpu limit.
+	# config names (cgroupRoot /mqlet, namespace mqlet) in that scope, sized from the pod's limits:
+	# memory 32Mi + 16Mi; no cpu.max because the poller has no cpu limit.
 	for pid in "${pids[@]}"; do
 		cg=$(sed -n 's/^0:://p' /proc/$pid/cgroup)
 		echo "container pid $pid: cgroup $cg"
 		pod=$(dirname "$cg")
 		case $pod in
-		/mqlet/mqlet/burstable/pod*) ;;
-		*) fail "container pid $pid is in $cg, not below /mqlet/mqlet/burstable/pod<uid>" ;;
+		$scope/mqlet/mqlet/burstable/pod*) ;;
+		*) fail "container pid $pid is in $cg, not below $scope/mqlet/mqlet/burstable/pod<uid>" ;;
 		esac
 		for f in memory.max:50331648 cpu.max:"max 100000"; do
 			got=$(cat /sys/fs/cgroup$pod/${f%%:*})
@@ -105,11 +117,12 @@ else
 	own=$(sed -n 's/^0:://p' /proc/$main/cgroup)
 	[ "$own" = /system.slice/mqlet.service ] || fail "mqlet (pid $main) runs in $own, not /system.slice/mqlet.service"
 	echo "mqlet oom_score_adj: $(cat /proc/$main/oom_score_adj)"
-	# The unit's KillMode=process: stopping the agent leaves the pods running.
+	# The unit's KillMode=process: stopping the agent leaves the pods running, in the scope.
 	systemctl stop mqlet || fail "systemctl stop mqlet"
 	for pid in "${pids[@]}"; do
 		[ -d /proc/$pid ] || fail "container pid $pid died when the unit stopped (KillMode=process should leave pods running)"
 	done
+	systemctl is-active --quiet mqlet-pods.scope || fail "mqlet-pods.scope is $(systemctl is-active mqlet-pods.scope) after mqlet stopped, not active"
 fi
 
 # ---- container usage on v2 (issue 22 point 8): its own section ----
@@ -204,7 +217,8 @@ YAML
 	for c in hog drop idle forker; do
 		v2a_wait "v2a: the $c container never ran" v2a_running $c
 	done
-	local base=/sys/fs/cgroup/mqlet/mqlet pid cg
+	local base=/sys/fs/cgroup$(systemctl show -p ControlGroup --value mqlet-pods.scope)/mqlet/mqlet pid cg
+	[ -d "$base" ] || fail "v2a: no pods' base $base below mqlet-pods.scope"
 
 	# No swap for a BestEffort container (kubelet's NoSwap), and memory.oom.group=1.
 	pid=$(v2a_task_pid idle)

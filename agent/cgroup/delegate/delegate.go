@@ -25,6 +25,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -235,6 +236,13 @@ func Release(ctx context.Context, unified string, sys Systemd) (bool, error) {
 	}
 	if err := sys.Stop(ctx, Unit); err != nil {
 		return false, fmt.Errorf("stop systemd unit %s: %w", Unit, err)
+	}
+	// The slice was started for the scope; with nothing left in it, it goes too (its cgroup
+	// with it), so a purge leaves the hierarchy as it found it.
+	if entries, err := os.ReadDir(filepath.Join(unified, path.Dir(cg))); err == nil && !slices.ContainsFunc(entries, os.DirEntry.IsDir) {
+		if err := sys.Stop(ctx, Slice); err != nil {
+			return true, fmt.Errorf("stop systemd unit %s: %w", Slice, err)
+		}
 	}
 	return true, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,6 +24,8 @@ type fakeSystemd struct {
 	startErr      error // the start job's failure
 	started       [][]sd.Property
 	reset         int
+	stopped       []string
+	scopeDir      string
 }
 
 func (f *fakeSystemd) State(context.Context, string) (string, string, error) {
@@ -43,9 +46,20 @@ func (f *fakeSystemd) StartScope(_ context.Context, unit string, props []sd.Prop
 	return nil
 }
 
-func (f *fakeSystemd) ResetFailed(context.Context, string) error { f.reset++; f.state = "inactive"; return nil }
-func (f *fakeSystemd) Stop(context.Context, string) error        { f.state = "inactive"; return nil }
-func (f *fakeSystemd) Close()                                    {}
+func (f *fakeSystemd) ResetFailed(context.Context, string) error {
+	f.reset++
+	f.state = "inactive"
+	return nil
+}
+func (f *fakeSystemd) Stop(_ context.Context, unit string) error {
+	f.stopped = append(f.stopped, unit)
+	if unit == Unit {
+		f.state = "inactive"
+		os.RemoveAll(f.scopeDir) // systemd removes the scope's cgroup once it stopped
+	}
+	return nil
+}
+func (f *fakeSystemd) Close() {}
 
 // holderCmd starts a sleep detached from the test and prints its pid, as `mqlet cgroup-holder` does.
 var holderCmd = []string{"sh", "-c", "sleep 60 </dev/null >/dev/null 2>&1 & echo $!"}
@@ -168,12 +182,20 @@ func TestReleaseLeavesAScopeWithOthersPods(t *testing.T) {
 	scope := filepath.Join(unified, Slice, Unit)
 	os.MkdirAll(filepath.Join(scope, HolderLeaf), 0o755)
 	os.MkdirAll(filepath.Join(scope, "other"), 0o755)
-	f := &fakeSystemd{state: "active", cgroup: "/" + Slice + "/" + Unit}
+	f := &fakeSystemd{state: "active", cgroup: "/" + Slice + "/" + Unit, scopeDir: scope}
+	os.MkdirAll(filepath.Join(unified, Slice, "another.scope"), 0o755)
 	if stopped, err := Release(context.Background(), unified, f); stopped || err != nil || f.state != "active" {
 		t.Errorf("Release with another tree in the scope = %v, %v; want it left running", stopped, err)
 	}
 	os.Remove(filepath.Join(scope, "other"))
-	if stopped, err := Release(context.Background(), unified, f); !stopped || err != nil || f.state != "inactive" {
-		t.Errorf("Release with only the holder left = %v, %v; want it stopped", stopped, err)
+	if stopped, err := Release(context.Background(), unified, f); !stopped || err != nil || f.state != "inactive" || slices.Contains(f.stopped, Slice) {
+		t.Errorf("Release with only the holder left = %v, %v (stopped %v); want the scope stopped, not the slice another unit is in", stopped, err, f.stopped)
+	}
+	// Alone in the slice: the slice goes too.
+	os.MkdirAll(filepath.Join(scope, HolderLeaf), 0o755)
+	os.Remove(filepath.Join(unified, Slice, "another.scope"))
+	f = &fakeSystemd{state: "active", cgroup: "/" + Slice + "/" + Unit, scopeDir: scope}
+	if stopped, err := Release(context.Background(), unified, f); !stopped || err != nil || !slices.Equal(f.stopped, []string{Unit, Slice}) {
+		t.Errorf("Release alone in the slice = %v, %v (stopped %v); want the scope and the slice stopped", stopped, err, f.stopped)
 	}
 }
