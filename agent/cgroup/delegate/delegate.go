@@ -117,6 +117,11 @@ func Ensure(ctx context.Context, o Options) (string, error) {
 	}
 	if err := startScope(ctx, sys, pid); err != nil {
 		syscall.Kill(pid, syscall.SIGKILL)
+		// Another agent (of another containerd namespace) may have started it meanwhile.
+		if state, cg, serr := sys.State(ctx, Unit); serr == nil && state == "active" && cg != "" {
+			o.Log.Info("pod cgroups in the systemd scope delegated to mqlet", "unit", Unit, "cgroup", cg)
+			return cg, nil
+		}
 		return "", err
 	}
 	if _, cg, err = sys.State(ctx, Unit); err != nil || cg == "" {

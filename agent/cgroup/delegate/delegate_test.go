@@ -26,6 +26,7 @@ type fakeSystemd struct {
 	reset         int
 	stopped       []string
 	scopeDir      string
+	afterStart    func() // what another agent did while the start failed
 }
 
 func (f *fakeSystemd) State(context.Context, string) (string, string, error) {
@@ -40,6 +41,9 @@ func (f *fakeSystemd) StartScope(_ context.Context, unit string, props []sd.Prop
 		}
 	}
 	if f.startErr != nil {
+		if f.afterStart != nil {
+			f.afterStart()
+		}
 		return f.startErr
 	}
 	f.state, f.cgroup = "active", "/"+Slice+"/"+unit
@@ -198,4 +202,17 @@ func TestReleaseLeavesAScopeWithOthersPods(t *testing.T) {
 	if stopped, err := Release(context.Background(), unified, f); !stopped || err != nil || !slices.Equal(f.stopped, []string{Unit, Slice}) {
 		t.Errorf("Release alone in the slice = %v, %v (stopped %v); want the scope and the slice stopped", stopped, err, f.stopped)
 	}
+}
+
+// Two agents starting at once: the one whose start fails because the other made the scope uses
+// that scope, and its own holder goes.
+func TestEnsureLosesTheRaceToAnotherAgent(t *testing.T) {
+	f := &fakeSystemd{state: "inactive", startErr: errors.New("Unit mqlet-pods.scope already exists.")}
+	f.afterStart = func() { f.state, f.cgroup = "active", "/"+Slice+"/"+Unit }
+	cg, err := Ensure(context.Background(), Options{Unified: t.TempDir(), Holder: holderCmd, Systemd: f})
+	if err != nil || cg != "/"+Slice+"/"+Unit {
+		t.Errorf("Ensure after losing the race = %q, %v; want the other agent's scope", cg, err)
+	}
+	pids, _ := property(f.started[0], "PIDs")
+	t.Cleanup(func() { syscall.Kill(int(pids.([]uint32)[0]), syscall.SIGKILL) })
 }
