@@ -42,11 +42,7 @@ func newCgroupManager(ctx context.Context, cfg config.Config, exe string, log *s
 	log.Info("cgroup driver", "driver", driver, "why", why)
 	root, delegated := cfg.CgroupRoot, ""
 	if driver == config.CgroupDriverSystemd {
-		holder := []string{exe, "cgroup-holder"}
-		if exe == "" {
-			holder = nil
-		}
-		scope, err := delegate.Ensure(ctx, delegate.Options{Unified: layout.Unified, Holder: holder, Log: log})
+		scope, err := delegate.Ensure(ctx, delegate.Options{Unified: layout.Unified, Holder: delegate.HolderCommand(exe), Log: log})
 		if err != nil {
 			return nil, fmt.Errorf("refusing to start: cgroupDriver %s: %w", cfg.CgroupDriver, err)
 		}

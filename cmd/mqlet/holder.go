@@ -33,7 +33,6 @@ func (c CgroupHolderCmd) Run(env *ctlEnv) error {
 	}
 	cmd := exec.Command(exe, "cgroup-holder", "--hold")
 	cmd.Dir = "/"
-	cmd.Env = []string{}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("cgroup-holder: start %s cgroup-holder --hold: %w", exe, err)

@@ -76,8 +76,8 @@ else
 	[ "$(systemctl show -p Delegate --value mqlet-pods.scope)" = yes ] || fail "mqlet-pods.scope is not delegated (Delegate=$(systemctl show -p Delegate --value mqlet-pods.scope))"
 	[ "$(systemctl show -p TasksMax --value mqlet-pods.scope)" = infinity ] || fail "mqlet-pods.scope has TasksMax=$(systemctl show -p TasksMax --value mqlet-pods.scope), not infinity"
 	holder=$(cat /sys/fs/cgroup$scope/holder/cgroup.procs 2>/dev/null)
-	[ -n "$holder" ] && grep -q 'cgroup-holder' /proc/$holder/cmdline 2>/dev/null || fail "no mqlet cgroup-holder in $scope/holder (cgroup.procs: '$holder')"
-	echo "holder pid $holder, VmRSS $(awk '/^VmRSS/ {print $2, $3}' /proc/$holder/status 2>/dev/null)"
+	[ -n "$holder" ] && [ "$(tr '\0' ' ' </proc/$holder/cmdline 2>/dev/null)" = "/usr/bin/sleep infinity " ] || fail "no holder (sleep infinity) in $scope/holder (cgroup.procs: '$holder')"
+	echo "holder pid $holder: $(grep -E '^(VmRSS|RssAnon)' /proc/$holder/status 2>/dev/null | tr -s ' \t\n' ' ')"
 	echo "scope subtree_control: $(cat /sys/fs/cgroup$scope/cgroup.subtree_control)"
 	systemd-cgls --no-pager -u mqlet.slice 2>/dev/null | head -20
 	# Each container sits in the pod's cgroup below the Burstable tier of the base the shipped

@@ -8,7 +8,7 @@
 // could not start the agent again (systemd 254's DelegateSubgroup= lifts that; Debian 12 and
 // Raspberry Pi OS bookworm have 252). A scope is never started again: it lives as long as a process
 // is in it, and systemd neither restarts nor reloads it. To keep it alive when no pod runs, a
-// holder process (mqlet's own binary, sleeping) sits in a leaf of it, `holder`; the leaf because
+// holder process (a sleep, see HolderCommand) sits in a leaf of it, `holder`; the leaf because
 // the kernel lets a cgroup enable controllers for its children only while it holds no process.
 //
 // systemd is reached on its private socket (/run/systemd/private, root only), which needs no D-Bus
@@ -55,8 +55,8 @@ func Booted(root string) bool {
 type Options struct {
 	// Unified is the cgroup2 mount point (/sys/fs/cgroup).
 	Unified string
-	// Holder is the command that prints the pid of a holder process it started (detached, in a
-	// session of its own) and exits: `mqlet cgroup-holder`.
+	// Holder is the command that prints the pid of a holder process it started in the background
+	// and exits (HolderCommand).
 	Holder []string
 	Log    *slog.Logger
 	// Systemd talks to systemd; nil connects to its private socket.
@@ -140,6 +140,26 @@ func Ensure(ctx context.Context, o Options) (string, error) {
 	}
 	o.Log.Info("started the systemd scope delegated to mqlet for pod cgroups", "unit", Unit, "cgroup", cg, "holder", pid)
 	return cg, nil
+}
+
+// HolderCommand is the holder the agent starts: the system's sleep (coreutils; Debian and
+// Raspberry Pi OS always have it), started in the background by sh, which prints its pid, so the
+// holder costs about 100 KB of memory of its own; without them, `<exe> cgroup-holder`, the mqlet
+// binary (about 10 MB of its own for the Go runtime and its packages' init). Either way the holder
+// is init's child, not the agent's: nothing for the agent to reap, and it does not end with the
+// agent. exe "" and no sleep: nil (Ensure refuses).
+func HolderCommand(exe string) []string {
+	sh, err1 := exec.LookPath("/bin/sh")
+	sleep, err2 := exec.LookPath("sleep")
+	if err1 == nil && err2 == nil && !strings.ContainsAny(sleep, " '\"$`") {
+		// A background command of a non-interactive shell ignores SIGINT: a ^C of an agent run by
+		// hand does not reach it.
+		return []string{sh, "-c", "'" + sleep + "' infinity </dev/null >/dev/null 2>&1 & echo $!"}
+	}
+	if exe == "" {
+		return nil
+	}
+	return []string{exe, "cgroup-holder"}
 }
 
 // ScopeProperties are the transient scope's properties: delegated to mqlet, in Slice, with no

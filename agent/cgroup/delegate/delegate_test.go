@@ -65,8 +65,8 @@ func (f *fakeSystemd) Stop(_ context.Context, unit string) error {
 }
 func (f *fakeSystemd) Close() {}
 
-// holderCmd starts a sleep detached from the test and prints its pid, as `mqlet cgroup-holder` does.
-var holderCmd = []string{"sh", "-c", "sleep 60 </dev/null >/dev/null 2>&1 & echo $!"}
+// holderCmd is the holder the agent starts on this machine: the system's sleep.
+var holderCmd = HolderCommand("")
 
 func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
 
@@ -113,8 +113,8 @@ func TestEnsureStartsTheScopeAroundAHolderInALeaf(t *testing.T) {
 	}
 	pid := int(p[0])
 	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
-	if !alive(pid) {
-		t.Errorf("holder pid %d is not running", pid)
+	if comm, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm"); err != nil || string(comm) != "sleep\n" {
+		t.Errorf("holder pid %d is %q (%v), want a running sleep", pid, comm, err)
 	}
 	got, err := os.ReadFile(filepath.Join(unified, cg, HolderLeaf, "cgroup.procs"))
 	if err != nil || strings.TrimSpace(string(got)) != strconv.Itoa(pid) {
