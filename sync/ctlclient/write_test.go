@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -384,5 +385,50 @@ func TestWriterRefusesACounterNearTheLimit(t *testing.T) {
 	}
 	if got, _ := c.Snapshot(testCtx(t), tp.Index("edge-1")); len(got) != 0 {
 		t.Fatalf("an index was published: %s", got[tp.Index("edge-1")])
+	}
+}
+
+// Compact acks name the node's index instead of listing what it runs. When the broker no longer
+// holds that index (cleared while the node was offline), a writer has nothing whole to build on:
+// it must refuse, naming the node and what to do, and publish nothing, rather than write an index
+// built from the acks' exceptions alone, which the node would obey by deleting the rest. Once the
+// node is back and reports in complete acks, the same write builds on them and nothing is lost.
+func TestCompactAcksWithoutTheirIndexRefuseTheWrite(t *testing.T) {
+	mqtttest.Require(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	dbPath := filepath.Join(t.TempDir(), "state.db")
+	n := startNode(t, b.Plain, "edge-1", dbPath)
+	c := dial(t, b)
+	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("a"), configMap("b")}); err != nil {
+		t.Fatal(err)
+	}
+	waitAcks(t, c, "edge-1", "a and b applied, compact acks", func(a *protocol.Acks) bool {
+		return a.Compact && len(a.Missing) == 0 && len(applied(t, c, "edge-1", a)) == 2
+	})
+	n.stop()
+	pub(t, rawClient(t, b.Plain), tp.Index("edge-1"), []byte{}, true) // the index cleared while the node is away
+
+	_, err := c.Apply(testCtx(t), "edge-1", []any{configMap("c")})
+	if !errors.Is(err, errAcksIncomplete) || !strings.Contains(err.Error(), "node edge-1") || !strings.Contains(err.Error(), "wait for the node to connect") {
+		t.Fatalf("Apply with compact acks and no index on the broker: %v; want it refused, naming the node and what to do", err)
+	}
+	if got, err := c.Snapshot(testCtx(t), tp.Index("edge-1"), tp.Desired("edge-1", protocol.KindConfigMap, "default", "c")); err != nil || len(got) != 0 {
+		t.Fatalf("the refused write left %d retained messages (%v): it must publish nothing", len(got), err)
+	}
+
+	// The node comes back, finds its index gone and reports what it runs in complete acks.
+	n = startNode(t, b.Plain, "edge-1", dbPath)
+	waitAcks(t, c, "edge-1", "complete acks", func(a *protocol.Acks) bool { return !a.Compact && len(a.Applied) == 2 })
+	if _, err := c.Apply(testCtx(t), "edge-1", []any{configMap("c")}); err != nil {
+		t.Fatalf("Apply once the node reported: %v", err)
+	}
+	idx := index(t, c, "edge-1")
+	waitAcks(t, c, "edge-1", "a, b and c applied", func(a *protocol.Acks) bool {
+		return a.IndexRevision == idx.Revision && len(a.Missing) == 0 && len(applied(t, c, "edge-1", a)) == 3
+	})
+	for _, name := range []string{"a", "b", "c"} {
+		if _, ok, _ := n.db.GetObject(store.KindConfigMap, "default", name); !ok {
+			t.Errorf("configmap %s is not on the node", name)
+		}
 	}
 }
