@@ -279,6 +279,12 @@ func TestCtlUnchangedReapplyLeavesNothingPending(t *testing.T) {
 // large fleet outgrows.
 func smallQueueBroker(t *testing.T) *mqtttest.Broker {
 	t.Helper()
+	return queueBroker(t, 20, 100)
+}
+
+// queueBroker is a broker with max_inflight_messages inflight and max_queued_messages queued.
+func queueBroker(t *testing.T, inflight, queued int) *mqtttest.Broker {
+	t.Helper()
 	b := mqtttest.Start(t, mqtttest.Options{})
 	// mqtttest has no option for the queue limits: its config file is rewritten, and the broker
 	// started again on it.
@@ -292,7 +298,7 @@ func smallQueueBroker(t *testing.T) *mqtttest.Broker {
 	if !strings.Contains(string(data), line) {
 		t.Fatalf("%s no longer holds %q; update the test", conf, line)
 	}
-	data = []byte(strings.Replace(string(data), line, "max_queued_messages 100\nmax_inflight_messages 20\n", 1))
+	data = []byte(strings.Replace(string(data), line, fmt.Sprintf("max_queued_messages %d\nmax_inflight_messages %d\n", queued, inflight), 1))
 	if err := os.WriteFile(conf, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -410,6 +416,40 @@ func TestCtlGetPodsNeverPassesOffAPartialRead(t *testing.T) {
 	_, errOut, err = ctlRun(t, "", "--broker", b.Plain, "describe", "node", "big")
 	if err == nil || !strings.Contains(errOut, "warning: incomplete: node big") {
 		t.Errorf("describe node big = %v, stderr %q; want it to fail, marked incomplete", err, errOut)
+	}
+}
+
+// The reproduction at its scale: 150 nodes x 10 pods read through the queue limits mqlet
+// used to ship (20 in flight, 1,000 queued) came back as 1,020 of 1,500 rows with exit 0. Every
+// node's statuses fit the queue alone, so ctl reads the short ones again and lists all 1,500.
+func TestCtlGetPodsReadsAWholeFleetOf1500Statuses(t *testing.T) {
+	b := queueBroker(t, 20, 1000)
+	fleet := map[string]int{}
+	for i := range 150 {
+		fleet[fmt.Sprintf("edge-%03d", i)] = 10
+	}
+	publishFleet(t, b.Plain, fleet)
+	// The premise: one read of every status (1,650 retained, the deleted ones included) does
+	// not fit, and nothing says so.
+	got := ctlRetained(t, b.Plain, ctlTopics.AllNodes(protocol.ClassPodStatus))
+	if len(got) >= 1650 {
+		t.Fatalf("the broker delivered all %d statuses in one read: its queue limits are not in force", len(got))
+	}
+	t.Logf("one fleet-wide read delivered %d of 1,650 retained statuses", len(got))
+	out, errOut, err := ctlRun(t, "", "--broker", b.Plain, "get", "pods", "-A")
+	if err != nil {
+		t.Fatalf("get pods of 150 nodes x 10 pods: %v\nstderr: %s", err, errOut)
+	}
+	rows := 0
+	for node, n := range fleet {
+		got := countRows(out, node)
+		rows += got
+		if got != n {
+			t.Errorf("get pods -A: %d rows of %s, want %d", got, node, n)
+		}
+	}
+	if rows != 1500 {
+		t.Errorf("get pods -A listed %d of 1,500 pods", rows)
 	}
 }
 
