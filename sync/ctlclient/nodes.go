@@ -50,11 +50,37 @@ type NodeList struct {
 }
 
 // Nodes reads the liveness, node status and acks of every node.
+//
+// A fleet-wide read larger than the broker's queue for this client loses messages without a word
+// (section 10 of docs/protocol.md), so it is checked as Pods is: the status summaries are read
+// first (one small message per node), and a node with a summary publishes its liveness, node
+// status and acks too. A node lacking any of them is read again alone, a read that fits.
 func (c *Client) Nodes(ctx context.Context) (*NodeList, error) {
-	got, err := c.Snapshot(ctx, c.topics.AllNodes(protocol.ClassLiveness), c.topics.AllNodes(protocol.ClassNodeStatus),
-		c.topics.AllNodes(protocol.ClassAcks))
+	got, err := c.snapshot(ctx, []string{c.topics.AllNodes(protocol.ClassSummary)},
+		[]string{c.topics.AllNodes(protocol.ClassLiveness), c.topics.AllNodes(protocol.ClassNodeStatus), c.topics.AllNodes(protocol.ClassAcks)})
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	var short []string
+	for topic := range got {
+		t, err := c.topics.Parse(topic)
+		if err != nil || t.Class != protocol.ClassSummary {
+			continue
+		}
+		delete(got, topic) // the summary only tells which nodes must be there
+		for _, want := range []string{c.topics.Liveness(t.Node), c.topics.NodeStatus(t.Node), c.topics.Acks(t.Node)} {
+			if _, ok := got[want]; !ok {
+				short = append(short, t.Node)
+				break
+			}
+		}
+	}
+	for _, node := range slices.Sorted(slices.Values(short)) {
+		alone, err := c.Snapshot(ctx, c.topics.Liveness(node), c.topics.NodeStatus(node), c.topics.Acks(node))
+		if err != nil {
+			return nil, fmt.Errorf("list nodes: read node %s again: %w", node, err)
+		}
+		maps.Copy(got, alone)
 	}
 	return c.nodes(got), nil
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/mqlet/mqlet/sync/protocol"
 
 	mqtt "github.com/eclipse/paho.mqtt.golang"
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // smallQueueBroker is a broker whose per-client queue holds 120 messages (20 in flight, 100
@@ -216,5 +218,52 @@ func TestRetainedUsageWarnsOfANodeFillingTheBroker(t *testing.T) {
 	r, err = c.RetainedUsage(ctx, "n1", idx, 1)
 	if err != nil || r.Messages != 303 || !strings.Contains(r.Warning, "303 retained messages") {
 		t.Fatalf("a node with 300 junk statuses: %+v, %v; want a warning naming the count", r, err)
+	}
+}
+
+// The node list is a fleet-wide read too (liveness, node status and acks of every node): through a
+// queue smaller than it, whole nodes or parts of them went missing without a word. Nodes finds
+// them by their status summaries (read first) and reads each alone.
+func TestNodesReadsShortNodesAgainAlone(t *testing.T) {
+	b := smallQueueBroker(t)
+	raw := rawClient(t, b.Plain)
+	const nodes = 60
+	var toks []mqtt.Token
+	publish := func(topic string, v any) {
+		payload, err := protocol.Encode(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks = append(toks, raw.Publish(topic, 1, true, payload))
+	}
+	for i := range nodes {
+		name := fmt.Sprintf("n%02d", i)
+		publish(tp.Liveness(name), &protocol.Liveness{Node: name, Online: true, Session: 1})
+		publish(tp.NodeStatus(name), &protocol.NodeStatus{Node: name, Object: &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}})
+		publish(tp.Acks(name), &protocol.Acks{Node: name, Session: 1})
+		publish(tp.Summary(name), &protocol.StatusSummary{Node: name, Digest: protocol.Digest(nil)})
+	}
+	for _, tok := range toks {
+		if !tok.WaitTimeout(testTimeout) || tok.Error() != nil {
+			t.Fatalf("publish: %v", tok.Error())
+		}
+	}
+	c := dial(t, b)
+	ctx := testCtx(t)
+	// The premise: one read of the 180 messages the list is made of is partial.
+	if got, err := c.Snapshot(ctx, tp.AllNodes(protocol.ClassLiveness), tp.AllNodes(protocol.ClassNodeStatus), tp.AllNodes(protocol.ClassAcks)); err != nil || len(got) >= 3*nodes {
+		t.Fatalf("one read of %d messages through a 120-message queue = %d, %v; the limits are not in force", 3*nodes, len(got), err)
+	}
+	l, err := c.Nodes(ctx)
+	if err != nil {
+		t.Fatalf("Nodes: %v", err)
+	}
+	if len(l.Items) != nodes || len(l.Skipped) != 0 {
+		t.Fatalf("Nodes: %d nodes (skipped %v), want %d", len(l.Items), l.Skipped, nodes)
+	}
+	for _, n := range l.Items {
+		if n.Liveness == nil || n.Status == nil || n.Acks == nil || n.State != StateOnline {
+			t.Errorf("node %s read in part: liveness %v, status %v, acks %v, state %s", n.Name, n.Liveness != nil, n.Status != nil, n.Acks != nil, n.State)
+		}
 	}
 }

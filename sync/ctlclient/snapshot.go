@@ -26,7 +26,7 @@ import (
 // The broker must be able to queue the whole answer for this client: mosquitto drops what is
 // over max_inflight_messages + max_queued_messages without telling anyone, and the marker still
 // comes back, so a snapshot larger than that is silently partial. Readers that can tell how much
-// to expect check it (Pods cross-checks each node's status summary); the broker settings are
+// to expect check it (Pods and Nodes cross-check each node's status summary); the broker settings are
 // sized in configs/mosquitto/mosquitto.conf.
 func (c *Client) Snapshot(ctx context.Context, filters ...string) (map[string][]byte, error) {
 	if len(filters) == 0 {
