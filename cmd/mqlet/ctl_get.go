@@ -197,6 +197,21 @@ func (c *CtlGetPodsCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 			return fmt.Errorf("ctl get pods: %w", err)
 		}
 		skipped = append(skipped, bad...)
+		// A node with a status summary keeps acks too: one whose acks did not arrive (a
+		// fleet-wide read larger than the broker's queue for this client loses messages without
+		// a word) is read again alone, so its refused pods are not left out.
+		for _, node := range slices.Sorted(maps.Keys(l.Summaries)) {
+			if acks[node] != nil {
+				continue
+			}
+			a, err := cl.Acks(ctx, node)
+			if err != nil {
+				return fmt.Errorf("ctl get pods: read the acks of node %s again: %w", node, err)
+			}
+			if a != nil {
+				acks[node] = a
+			}
+		}
 	}
 	rows := podRows(l.Items, acks, ns)
 	// Whatever is printed, a read that lacks statuses is said so after it, and fails.

@@ -282,8 +282,9 @@ func smallQueueBroker(t *testing.T) *mqtttest.Broker {
 	return queueBroker(t, 20, 100)
 }
 
-// queueBroker is a broker with max_inflight_messages inflight and max_queued_messages queued.
-func queueBroker(t *testing.T, inflight, queued int) *mqtttest.Broker {
+// queueBroker is a broker with max_inflight_messages inflight and max_queued_messages queued, and
+// the extra config lines.
+func queueBroker(t *testing.T, inflight, queued int, extra ...string) *mqtttest.Broker {
 	t.Helper()
 	b := mqtttest.Start(t, mqtttest.Options{})
 	// mqtttest has no option for the queue limits: its config file is rewritten, and the broker
@@ -298,7 +299,7 @@ func queueBroker(t *testing.T, inflight, queued int) *mqtttest.Broker {
 	if !strings.Contains(string(data), line) {
 		t.Fatalf("%s no longer holds %q; update the test", conf, line)
 	}
-	data = []byte(strings.Replace(string(data), line, fmt.Sprintf("max_queued_messages %d\nmax_inflight_messages %d\n", queued, inflight), 1))
+	data = []byte(strings.Replace(string(data), line, fmt.Sprintf("max_queued_messages %d\nmax_inflight_messages %d\n", queued, inflight)+strings.Join(append(extra, ""), "\n"), 1))
 	if err := os.WriteFile(conf, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -450,6 +451,38 @@ func TestCtlGetPodsReadsAWholeFleetOf1500Statuses(t *testing.T) {
 	}
 	if rows != 1500 {
 		t.Errorf("get pods -A listed %d of 1,500 pods", rows)
+	}
+}
+
+// The refused pods in get pods -A come from every node's acks, a fleet-wide read of its own: a
+// node whose acks did not fit the broker's queue for the reader (here its byte limit: the acks are
+// large, the summaries small) is read again alone, so its refusals are not left out.
+func TestCtlGetPodsReadsShortAcksAgainAlone(t *testing.T) {
+	b := queueBroker(t, 20, 10000, "max_queued_bytes 60000")
+	cl := ctlRaw(t, b.Plain)
+	reason := "policy: " + strings.Repeat("hostPath volumes outside allowedHostPaths are not allowed; ", 40)
+	const nodes = 60
+	for i := range nodes {
+		node := fmt.Sprintf("edge-%02d", i)
+		ctlPublish(t, cl, ctlTopics.Acks(node), &protocol.Acks{Node: node, Session: 1, IndexRevision: 1,
+			Refused: map[string]protocol.Refusal{"pods/default/bad": {Generation: 1, Digest: ctlDigest, Reason: reason}}})
+		ctlPublish(t, cl, ctlTopics.Summary(node), &protocol.StatusSummary{Node: node, Digest: ctlDigest})
+	}
+	// The premise: one read of every node's acks is partial, and nothing says so.
+	got := ctlRetained(t, b.Plain, ctlTopics.AllNodes(protocol.ClassAcks))
+	if len(got) >= nodes {
+		t.Fatalf("the broker delivered all %d acks in one read: its queue limits are not in force", len(got))
+	}
+	t.Logf("one fleet-wide read delivered %d of %d acks", len(got), nodes)
+	out, errOut, err := ctlRun(t, "", "--broker", b.Plain, "get", "pods", "-A")
+	if err != nil {
+		t.Fatalf("get pods -A: %v\nstderr: %s", err, errOut)
+	}
+	for i := range nodes {
+		node := fmt.Sprintf("edge-%02d", i)
+		if n := countRows(out, node); n != 1 {
+			t.Errorf("get pods -A: %d rows of %s, want its refused pod", n, node)
+		}
 	}
 }
 
