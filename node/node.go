@@ -42,6 +42,10 @@ type Deps struct {
 	Executable string
 	// Simulated, when set, builds a node of the fleet simulator instead of this machine's.
 	Simulated *Simulated
+	// Ready, when set, is called once the node has started: the stored pods are restored and the
+	// local API answers, the moment systemd is told READY=1 (told or not: it is called without
+	// $NOTIFY_SOCKET too). `mqlet agent` forgets its failed starts then. Not on a simulated node.
+	Ready func()
 }
 
 // Simulated is what a simulated node runs on in place of this machine: an in-memory store and
@@ -216,7 +220,7 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 	} else if err != nil {
 		log.Warn("cannot tell whether swap is on", "err", err)
 	}
-	n.notify = newServiceNotify(cfg, log)
+	n.notify = newServiceNotify(cfg, log, d.Ready)
 	n.view.interim = interimAllocatable(cfg, devs, log)
 	n.view.fallback = func() *v1.Node { return configNode(cfg) }
 	n.agent = agent.New(agent.Options{

@@ -20,6 +20,7 @@ type serviceNotify struct {
 	watchdog time.Duration // 0: no watchdog asked for
 	log      *slog.Logger
 	cfg      config.Config
+	onReady  func() // Deps.Ready; nil for none
 
 	mu      sync.Mutex
 	pending int // parts not ready yet: the agent's restore, the API socket
@@ -28,7 +29,7 @@ type serviceNotify struct {
 
 // newServiceNotify reads systemd's variables and removes them from the environment: they are for
 // this process, not for anything it starts.
-func newServiceNotify(cfg config.Config, log *slog.Logger) *serviceNotify {
+func newServiceNotify(cfg config.Config, log *slog.Logger, onReady func()) *serviceNotify {
 	n, err := sdnotify.New(os.Getenv)
 	if err != nil {
 		log.Warn("not telling systemd our state", "err", err)
@@ -43,7 +44,7 @@ func newServiceNotify(cfg config.Config, log *slog.Logger) *serviceNotify {
 	if n == nil {
 		wd = 0
 	}
-	return &serviceNotify{n: n, watchdog: wd, log: log, cfg: cfg, pending: 2}
+	return &serviceNotify{n: n, watchdog: wd, log: log, cfg: cfg, onReady: onReady, pending: 2}
 }
 
 // partReady is called by each part READY waits for; the last one sends it.
@@ -56,6 +57,9 @@ func (s *serviceNotify) partReady() {
 		s.send(fmt.Sprintf("READY=1\nSTATUS=running: pods restored, API on %s", s.cfg.APISocket))
 		if s.n != nil {
 			s.log.Info("told systemd the agent is ready", "watchdog", s.watchdog)
+		}
+		if s.onReady != nil {
+			s.onReady()
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/shutdown"
+	"github.com/mqlet/mqlet/internal/startbackoff"
 	"golang.org/x/sys/unix"
 )
 
@@ -90,7 +91,7 @@ func (u *uninstaller) plan() {
 	u.say("  cgroups below %s (and below %s's cgroup), and that systemd scope when no other agent's pods are in it", filepath.Join(u.cfg.CgroupRoot, u.cfg.ContainerdNamespace), delegate.Unit)
 	u.say("  %s (if it is mqlet's default network)", filepath.Join(u.cfg.CNIConfDir, cni.DefaultConfFile))
 	u.say("  the bridge %s and the iptables rules naming the network %q", cni.DefaultBridge, cni.DefaultNetworkName)
-	for _, p := range []string{u.cfg.SecretKeyFile, filepath.Join(shutdown.DefaultLogindConfDir, shutdown.LogindDropIn), u.cfg.StateDir, u.cfg.APISocket} {
+	for _, p := range []string{u.cfg.SecretKeyFile, filepath.Join(shutdown.DefaultLogindConfDir, shutdown.LogindDropIn), u.cfg.StateDir, u.cfg.APISocket, startbackoff.Path(os.Getenv)} {
 		if _, err := os.Lstat(p); err == nil {
 			u.say("  %s", p)
 		}
@@ -208,8 +209,11 @@ func (u *uninstaller) purge(ctx context.Context, maxGrace time.Duration) error {
 	} else {
 		u.say("removed state dir %s", u.cfg.StateDir)
 	}
-	if err := os.Remove(u.cfg.APISocket); err == nil {
-		u.say("removed %s", u.cfg.APISocket)
+	// The API socket and the count of failed starts (agent_backoff.go), both under /run.
+	for _, p := range []string{u.cfg.APISocket, startbackoff.Path(os.Getenv)} {
+		if err := os.Remove(p); err == nil {
+			u.say("removed %s", p)
+		}
 	}
 	if dir := filepath.Dir(u.cfg.APISocket); filepath.Base(dir) == "mqlet" {
 		os.Remove(dir) // only when empty
