@@ -147,6 +147,36 @@ else
 	fail "no hello pod to read the usage of"
 fi
 # ---- end of container usage ----
+
+# ---- start back-off under systemd 252 (issue 22 point 6): its own section ----
+step "a config the agent refuses: the shipped unit restarts it with a growing wait (0 s, then 5 s), which a stop ends"
+cp /etc/mqlet/mqlet.yaml /tmp/mqlet.yaml.good
+echo "startBackoffLaneBogusKey: 1" >>/etc/mqlet/mqlet.yaml
+since=$(date '+%Y-%m-%d %H:%M:%S')
+# --no-block: the start job ends with the first failed attempt; systemd's restarts follow.
+systemctl --no-block start mqlet
+# A bound, not a speed check: the 2nd attempt comes RestartSec (5 s) after the 1st.
+for _ in $(seq 1 60); do
+	journalctl -u mqlet --since "$since" --no-pager | grep -q 'attempt=2 wait=5s' && break
+	sleep 1
+done
+bo=$(journalctl -u mqlet --since "$since" --no-pager | grep 'failed to start')
+echo "$bo"
+echo "$bo" | head -1 | grep -q 'attempt=1 wait=0s .*startBackoffLaneBogusKey' || fail "the 1st failed start is not logged with attempt=1 wait=0s and the bad key"
+echo "$bo" | sed -n 2p | grep -q 'attempt=2 wait=5s .*startBackoffLaneBogusKey' || fail "the 2nd failed start (a new process started by systemd) is not logged with attempt=2 wait=5s"
+status=$(systemctl show -p StatusText --value mqlet)
+echo "state $(systemctl is-active mqlet), StatusText: $status, counter: $(cat /run/mqlet/start-failures 2>&1)"
+case $status in "start failed (attempt 2"*) ;; *) fail "StatusText during the wait is '$status', not the failed start's" ;; esac
+[ "$(cat /run/mqlet/start-failures 2>/dev/null)" = 2 ] || fail "/run/mqlet/start-failures is not 2 during the 2nd wait"
+# The stop ends the wait (timeout: a bound on a hang, far below the 5 s wait plus systemd's
+# 90 s stop timeout it would otherwise show) and forgets the count.
+timeout 60 systemctl stop mqlet || fail "systemctl stop mqlet during the back-off wait"
+journalctl -u mqlet --since "$since" --no-pager | grep -q 'back-off over' && fail "the wait ran out instead of ending with the stop"
+journalctl -u mqlet --since "$since" --no-pager | grep -q 'stopped while waiting' || fail "no log line that the stop ended the wait"
+[ -e /run/mqlet/start-failures ] && fail "/run/mqlet/start-failures ($(cat /run/mqlet/start-failures)) is left after a stop"
+cp /tmp/mqlet.yaml.good /etc/mqlet/mqlet.yaml
+systemctl reset-failed mqlet 2>/dev/null
+# ---- end of start back-off ----
 echo "--- journalctl -u mqlet"
 journalctl -u mqlet --no-pager -o short-monotonic | tail -n 60
 # The guest is thrown away, but its shutdown would wait 90s for the pod's processes (they belong
