@@ -58,7 +58,8 @@ func TestSystemdNotifyReadyAndWatchdog(t *testing.T) {
 		return ""
 	}
 	// 1 s: WATCHDOG=1 every 0.5 s.
-	h.agentEnv = []string{"NOTIFY_SOCKET=" + sockPath, "WATCHDOG_USEC=1000000"}
+	// RUNTIME_DIRECTORY: a failed start would count itself there, not in the host's /run/mqlet.
+	h.agentEnv = []string{"NOTIFY_SOCKET=" + sockPath, "WATCHDOG_USEC=1000000", "RUNTIME_DIRECTORY=" + filepath.Join(h.dir, "run")}
 	h.startAgent()
 
 	ready := next("READY=1")
