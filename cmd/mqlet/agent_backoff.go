@@ -30,7 +30,8 @@ func newStartBackoff(getenv func(string) string) *startBackoff {
 	if getenv("NOTIFY_SOCKET") == "" {
 		return nil
 	}
-	n, _ := sdnotify.New(getenv) // the node warns about a bad $NOTIFY_SOCKET
+	// A bad $NOTIFY_SOCKET only costs the STATUS line; the node warns about it once it is built.
+	n, _ := sdnotify.New(getenv)
 	return &startBackoff{counter: startbackoff.Counter{Path: startbackoff.Path(getenv)}, notify: n}
 }
 
