@@ -33,6 +33,9 @@ func (a *Agent) admitNew(put []store.DesiredPod, del []types.UID) verdicts {
 	a.mu.Lock()
 	var judge []store.DesiredPod
 	for _, d := range put {
+		if d.Pod.DeletionTimestamp != nil {
+			continue // being deleted by its control plane: it starts nothing, so it takes nothing
+		}
 		w := a.workers[d.Pod.UID]
 		if w == nil {
 			judge = append(judge, d)

@@ -383,8 +383,11 @@ func (a *Agent) onGone(last pod.Desired) {
 	delete(a.workers, p.UID)
 	delete(a.byPrefix, ctrd.ContainerIDPrefix(string(p.UID)))
 	// A pod re-added while it was terminating gets a fresh worker from its desired entry, and is
-	// not gone: reporting it gone, then running, would make a control plane's view flicker.
+	// not gone: reporting it gone, then running, would make a control plane's view flicker. A
+	// desired entry that is itself a deletion (a deletionTimestamp: the control plane waits for
+	// this very report to finish it) is not re-added.
 	d, again := a.desired[p.UID]
+	again = again && d.Pod.DeletionTimestamp == nil
 	refused := a.refusedNext[p.UID]
 	delete(a.refusedNext, p.UID)
 	if again && a.runCtx.Err() == nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/mqlet/mqlet/hw"
 	"github.com/mqlet/mqlet/store"
 	"github.com/mqlet/mqlet/sync/nodesync"
+	"github.com/mqlet/mqlet/sync/protocol"
 	"github.com/mqlet/mqlet/sync/sealing"
 	v1 "k8s.io/api/core/v1"
 )
@@ -52,6 +53,9 @@ func newNodeStatus(cfg config.Config, rt *ctrd.Runtime, db *store.DB, log *slog.
 		c.Ready = nodestatus.NetworkReady(c.Ready, in.network)
 	}
 	setters := nodestatus.DefaultSetters(c)
+	// After HardwareFacts, which resets the mqlet.io/ annotations: a control plane reads it to
+	// carry the API's deletion grace period to this node.
+	setters = append(setters, nodestatus.Annotation(protocol.AnnotationPodDeletion, protocol.PodDeletionGraceful))
 	if in.sealing != nil {
 		// After HardwareFacts, which resets the mqlet.io/ annotations.
 		setters = append(setters, nodestatus.Annotation(sealing.AnnotationKey, in.sealing.Public()))

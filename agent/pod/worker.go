@@ -117,6 +117,12 @@ type Worker struct {
 
 	active Desired // loop-owned: the version the sync under way works on, which its statuses report
 
+	// removeGrace is the grace period the removal under way stops the containers with (0 before
+	// it began), and cancelRemove ends that pass, when an update shortens the grace (kubelet
+	// cancels the kill in progress and kills again with the shorter one). Guarded by mu.
+	removeGrace  time.Duration
+	cancelRemove context.CancelFunc
+
 	exitMsgs map[string]exitMessage // loop-owned: container name -> termination message of its last exit
 	probes   *probe.Set             // the pod's probes, for the span of Run (probes.go)
 	hooks    []containerHook        // the container hooks, for the span of Run (container_hooks.go)
@@ -134,6 +140,11 @@ func NewWorker(d Desired, prev *v1.PodStatus, env Env) *Worker {
 		w.env.Prober = probe.NewProber()
 	}
 	w.env.Log = w.env.Log.With("pod", pod.Namespace+"/"+pod.Name)
+	if pod.DeletionTimestamp != nil {
+		// The control plane is deleting the pod (docs/protocol.md section 4.3): nothing of it
+		// starts, and what an earlier agent started stops with the API's grace period.
+		w.settle(input{op: opDelete})
+	}
 	if prev != nil {
 		if f := restoredFailure(prev); f != nil {
 			w.settle(input{op: opFail, failure: f}) // the first sync kills what may still run
@@ -179,11 +190,22 @@ func (r *record) startTime(cur *ctrd.Container) time.Time {
 
 // Update hands the worker a new version of its pod. A worker that is stopping the pod keeps it (its
 // grace period applies, its source and generation are what a status reports) but starts nothing of it.
+// A version with a deletionTimestamp is the control plane deleting the pod: the worker removes it
+// with the grace period that version carries (removalGrace), and a removal under way whose grace it
+// shortens is cut short and started again with the shorter one.
 func (w *Worker) Update(d Desired) {
 	w.mu.Lock()
 	if w.applyLocked(input{op: opUpdate}) {
 		w.desired = d
 		w.objects = true // downwardAPI volumes show labels and annotations, which an update may change
+		if d.Pod.DeletionTimestamp != nil {
+			if !w.life.Removing {
+				w.applyLocked(input{op: opDelete})
+			}
+			if w.cancelRemove != nil && removalGrace(d.Pod, w.removeGrace) < w.removeGrace {
+				w.cancelRemove()
+			}
+		}
 	}
 	w.mu.Unlock()
 	w.Nudge()
@@ -274,7 +296,7 @@ func (w *Worker) Pod() v1.Pod {
 	defer w.mu.Unlock()
 	p := *w.desired.Pod.DeepCopy()
 	p.Status = *w.status.DeepCopy()
-	if w.life.Removing && p.DeletionTimestamp == nil {
+	if w.life.Removing && p.DeletionTimestamp == nil { // removed by its source, not deleted in an API
 		at := w.life.RemovalAt
 		p.DeletionTimestamp = &at
 	}
@@ -356,19 +378,36 @@ func (w *Worker) synced(start time.Time) {
 // grace is the pod's termination grace period, raised to kubelet's minimum.
 func grace(pod *v1.Pod) time.Duration { return max(ctrd.PodGrace(pod), MinGrace) }
 
-// terminate tears the pod down (Teardown) with its current grace period. It reports whether the
-// pod's containers are gone; sandbox leftovers are only warned about, as a later sweep removes them.
+// terminate tears the pod down (Teardown) with the removal's grace period (removalGrace). It
+// reports whether the pod's containers are gone; sandbox leftovers are only warned about, as a
+// later sweep removes them. An update that shortens the grace cuts the pass short (Update): the
+// next pass stops what still runs with the shorter grace.
 func (w *Worker) terminate(ctx context.Context, pod *v1.Pod) bool {
 	ctrs, err := w.env.Runtime.ListContainers(ctx, string(pod.UID))
 	if err != nil {
 		w.env.Log.Error("terminate: list containers", "err", err)
 		return false
 	}
-	g := grace(pod)
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w.mu.Lock()
+	// The newest version, not the one this sync began with: a shorter grace may have come since.
+	g := removalGrace(w.desired.Pod, w.removeGrace)
+	w.removeGrace, w.cancelRemove = g, cancel
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.cancelRemove = nil
+		w.mu.Unlock()
+	}()
 	w.killing(pod, ctrs...)
 	w.probes.Sync(nil) // a pod on its way out is probed no more
-	if err := Teardown(ctx, w.withPreStop(pod, ctrs...), ctrd.RefOf(pod), ctrs, &g, w.env.Log); err != nil {
+	if err := Teardown(tctx, w.withPreStop(pod, ctrs...), ctrd.RefOf(pod), ctrs, &g, w.env.Log); err != nil {
 		if !errors.Is(err, ErrSandboxLeft) {
+			if tctx.Err() != nil && ctx.Err() == nil {
+				w.env.Log.Info("grace period shortened; stopping the pod again with the shorter one", "was", g)
+				return false
+			}
 			w.env.Log.Error("terminate", "err", err)
 			return false
 		}

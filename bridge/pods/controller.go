@@ -311,7 +311,8 @@ func (c *Controller) podChanged(oldObj, newObj any) {
 	old, cur := podOf(oldObj), podOf(newObj)
 	if old != nil && cur != nil && old.UID == cur.UID && old.Spec.NodeName == cur.Spec.NodeName &&
 		old.Generation == cur.Generation &&
-		(old.DeletionTimestamp == nil) == (cur.DeletionTimestamp == nil) &&
+		apiequality.Semantic.DeepEqual(old.DeletionTimestamp, cur.DeletionTimestamp) &&
+		apiequality.Semantic.DeepEqual(old.DeletionGracePeriodSeconds, cur.DeletionGracePeriodSeconds) &&
 		apiequality.Semantic.DeepEqual(old.Labels, cur.Labels) &&
 		apiequality.Semantic.DeepEqual(old.Annotations, cur.Annotations) &&
 		apiequality.Semantic.DeepEqual(old.Spec, cur.Spec) {
@@ -351,10 +352,15 @@ func (c *Controller) nodeChanged(oldObj, newObj any) {
 }
 
 // sealingKeyChanged queues a node whose sealing key appeared or changed: its Secrets go out (again)
-// sealed to it.
+// sealed to it. A change of how the node takes deletions (an agent upgraded or downgraded) queues
+// it too: its pods being deleted go out in the form it takes (gracefulDeletion).
 func (c *Controller) sealingKeyChanged(oldObj, newObj any) {
 	cur, ok := newObj.(*v1.Node)
 	if !ok || !c.o.Served(cur.Name) {
+		return
+	}
+	if old, ok := oldObj.(*v1.Node); ok && old.Annotations[protocol.AnnotationPodDeletion] != cur.Annotations[protocol.AnnotationPodDeletion] {
+		c.queueNode(cur.Name)
 		return
 	}
 	key := cur.Annotations[sealing.AnnotationKey]

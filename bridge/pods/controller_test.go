@@ -1095,3 +1095,72 @@ func TestIndexesSignedWithTheBridgesKey(t *testing.T) {
 		t.Fatal("an unsigned bridge's index verified")
 	}
 }
+
+// A node that says it takes the API's deletions (protocol.AnnotationPodDeletion) keeps getting a pod
+// being deleted, at a new generation carrying the API's deletionTimestamp and
+// deletionGracePeriodSeconds (and a shortened grace again), so it stops the pod with that grace;
+// the pod is deleted from the API once the node reports it gone. A node that does not say so (an
+// older agent) gets the deletion as before: an index that leaves the pod out.
+func TestDeletionGraceReachesANodeThatTakesIt(t *testing.T) {
+	const nodeOld = "edge-old"
+	p := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000021")
+	old := apiPod("default", "web-2", nodeOld, "6f1c2d3e-aaaa-4bbb-8ccc-000000000022")
+	graceful := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeA,
+		Annotations: map[string]string{protocol.AnnotationPodDeletion: protocol.PodDeletionGraceful}}}
+	older := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeOld}}
+	h := start(t, []string{nodeA, nodeOld}, p, old, graceful, older)
+	before := h.desired(nodeA, protocol.KindPod, "default", "web-1")
+	if before.Pod.DeletionTimestamp != nil || before.Pod.DeletionGracePeriodSeconds != nil {
+		t.Fatalf("a pod not being deleted sent with deletion metadata: %v %v", before.Pod.DeletionTimestamp, before.Pod.DeletionGracePeriodSeconds)
+	}
+	h.desired(nodeOld, protocol.KindPod, "default", "web-2")
+
+	ctx := context.Background()
+	deleteWith := func(grace int64) {
+		t.Helper()
+		cur, err := h.kube.CoreV1().Pods("default").Get(ctx, "web-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := metav1.Now()
+		cur.DeletionTimestamp, cur.DeletionGracePeriodSeconds = &now, ptr(grace)
+		if _, err := h.kube.CoreV1().Pods("default").Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sentGrace := func(above int64) *protocol.DesiredObject {
+		t.Helper()
+		var d *protocol.DesiredObject
+		waitFor(t, "a new generation of web-1", func() bool {
+			d = h.desired(nodeA, protocol.KindPod, "default", "web-1")
+			return d.Generation > above
+		})
+		if e, listed := h.index(nodeA).Objects["pods/default/web-1"]; !listed || e.Generation != d.Generation {
+			t.Fatalf("the index lists web-1 as %+v (listed %v), want generation %d", e, listed, d.Generation)
+		}
+		return d
+	}
+	deleteWith(30)
+	d := sentGrace(before.Generation)
+	if d.Pod.DeletionTimestamp == nil || d.Pod.DeletionGracePeriodSeconds == nil || *d.Pod.DeletionGracePeriodSeconds != 30 {
+		t.Fatalf("web-1 sent with deletionTimestamp %v, deletionGracePeriodSeconds %v; want the API's 30", d.Pod.DeletionTimestamp, d.Pod.DeletionGracePeriodSeconds)
+	}
+	// A second delete shortens the grace: the node gets that too.
+	deleteWith(3)
+	d = sentGrace(d.Generation)
+	if g := d.Pod.DeletionGracePeriodSeconds; g == nil || *g != 3 {
+		t.Fatalf("after a shorter delete web-1 sent with deletionGracePeriodSeconds %v, want 3", g)
+	}
+	if n := len(h.deletes()); n != 0 {
+		t.Fatalf("%d deletes before the node reported the pod gone", n)
+	}
+	h.c.Handle(statusTopic(nodeA, p), statusPayload(t, nodeA, p, v1.PodStatus{}, true))
+	waitFor(t, "web-1 deleted from the API", func() bool { return len(h.deletes()) == 1 })
+	if del := h.deletes()[0]; del.GetName() != "web-1" || *del.DeleteOptions.GracePeriodSeconds != 0 || *del.DeleteOptions.Preconditions.UID != p.UID {
+		t.Errorf("delete %+v, want web-1 with grace 0 and its uid", del)
+	}
+
+	// The older node: the index leaves its pod out.
+	markDeleted(t, h, old)
+	h.dropped(nodeOld, "pods/default/web-2")
+}

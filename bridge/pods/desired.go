@@ -175,9 +175,13 @@ func (c *Controller) nodeAcks(node string) *protocol.Acks {
 	return a
 }
 
-// wanted is the node's desired set from the informers' caches: every pod bound to it that is not
-// being deleted, and the configMaps and secrets those pods reference. Pods being deleted are
-// returned apart: the index leaves them out, and their deletion waits for the node to confirm it.
+// wanted is the node's desired set from the informers' caches: every pod bound to it, and the
+// configMaps and secrets those pods reference. Pods being deleted are also returned apart, since
+// their deletion waits for the node to confirm it. A node that takes a listed pod with a
+// deletionTimestamp as its deletion (gracefulDeletion) keeps getting them, with the API's
+// deletionTimestamp and deletionGracePeriodSeconds, so it stops them with the API's grace period
+// (and a shortened one when a later delete shortens it); for an older node the index leaves
+// them out, and it stops them with their spec's.
 // A referenced object that does not exist is not sent (the node waits for it, as kubelet does); so
 // secrets reach only nodes whose pods reference them.
 func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*v1.Pod, error) {
@@ -187,6 +191,7 @@ func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*
 	}
 	want := map[string]*object{}
 	var terminating []*v1.Pod
+	graceful := c.gracefulDeletion(node)
 	stuck := map[string]bool{}
 	// logStuck logs why an object cannot be sent, once per reason: the node is synced again at
 	// every change and resync, and the reason (a Secret waiting for the node's sealing key) may
@@ -232,7 +237,9 @@ func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*
 		}
 		if p.DeletionTimestamp != nil {
 			terminating = append(terminating, p)
-			continue
+			if !graceful {
+				continue
+			}
 		}
 		o, sp, err := c.podObject(node, st, p)
 		add(o, err)
@@ -307,6 +314,7 @@ func (c *Controller) secretObject(node string, s *v1.Secret) (*object, error) {
 // (IgnoredDuringExecution).
 func (c *Controller) podObject(node string, st *nodeState, p *v1.Pod) (*object, *v1.Pod, error) {
 	sp := SanitizePod(p)
+	WithDeletion(sp, p)
 	full, err := encodeObject(protocol.KindPod, p.Namespace, p.Name, sp)
 	if err != nil || !HasNodeSelection(sp) {
 		return full, sp, err
@@ -327,6 +335,15 @@ func (c *Controller) podObject(node string, st *nodeState, p *v1.Pod) (*object, 
 		return lean, bare, nil
 	}
 	return full, sp, nil
+}
+
+// gracefulDeletion says whether the node takes a listed pod with a deletionTimestamp as its
+// deletion, with the API's grace period: its API Node carries protocol.AnnotationPodDeletion,
+// which the agent publishes in its status. A node not (yet) known says no: it gets the deletion
+// the way every node version takes it, an index that leaves the pod out.
+func (c *Controller) gracefulDeletion(node string) bool {
+	n, err := c.nodeLister.Get(node)
+	return err == nil && n.Annotations[protocol.AnnotationPodDeletion] == protocol.PodDeletionGraceful
 }
 
 // publish sends a plan: every object (at most PublishBurst waiting for their PUBACK at once), and
@@ -471,7 +488,9 @@ func (c *Controller) finishDeletions(ctx context.Context, node string, st *nodeS
 	)
 	for _, p := range terminating {
 		key := protocol.ObjectKey(protocol.KindPod, p.Namespace, p.Name)
-		acked := goneFromNode(acks, key, st.dropRevision(key), st.current())
+		// A node that refused the generation that carries the deletion (gracefulDeletion) holds
+		// nothing of it either: as for a dropped pod, only a status can say an older one runs.
+		acked := goneFromNode(acks, key, st.dropRevision(key), st.current()) || refusedCurrent(acks, st, key)
 		topic := c.o.Topics.PodStatus(node, p.Namespace, p.Name)
 		c.mu.Lock()
 		s, reported := c.summary[topic]
@@ -505,6 +524,16 @@ func (c *Controller) finishDeletions(ctx context.Context, node string, st *nodeS
 		}
 	}
 	return short
+}
+
+// refusedCurrent says whether the node's acks refuse the generation of key this bridge has retained.
+func refusedCurrent(acks *protocol.Acks, st *nodeState, key string) bool {
+	if acks == nil {
+		return false
+	}
+	r, refused := acks.Refused[key]
+	e, ok := st.entries[key]
+	return refused && ok && e.Gen == r.Generation && (r.Digest == "" || r.Digest == e.Digest)
 }
 
 // statusIn is what a pod's retained status in a read of the node's statuses says: ok is false when

@@ -98,6 +98,20 @@ func isInjectedTokenVolume(v *v1.Volume) bool {
 	return false
 }
 
+// WithDeletion copies the API's deletion of a pod being deleted (its deletionTimestamp and
+// deletionGracePeriodSeconds) onto sp, the pod as its node gets it: the node stops the pod with
+// that grace period (docs/protocol.md section 4.3). A pod not being deleted is left as it is.
+func WithDeletion(sp, apiPod *v1.Pod) {
+	if apiPod.DeletionTimestamp == nil {
+		return
+	}
+	sp.DeletionTimestamp = apiPod.DeletionTimestamp.DeepCopy()
+	if g := apiPod.DeletionGracePeriodSeconds; g != nil {
+		v := *g
+		sp.DeletionGracePeriodSeconds = &v
+	}
+}
+
 func dropMounts(c *v1.Container, drop map[string]bool) {
 	ms := c.VolumeMounts[:0]
 	for _, m := range c.VolumeMounts {

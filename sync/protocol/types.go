@@ -408,3 +408,15 @@ func validDigest(s string) bool {
 	}
 	return true
 }
+
+// AnnotationPodDeletion is the node status annotation by which a node says how it takes a pod that
+// its control plane is deleting (docs/protocol.md section 4.3). With the value
+// PodDeletionGraceful, a desired pod listed with metadata.deletionTimestamp is a deletion: the node
+// stops it with metadata.deletionGracePeriodSeconds (the shorter, if a later version shortens it)
+// and reports it deleted, and a writer keeps it listed until then. A node without it (an older
+// agent) would keep running such a pod: a writer deletes from it by an index that leaves the pod
+// out, which stops the pod with its spec's grace period.
+const AnnotationPodDeletion = "mqlet.io/pod-deletion"
+
+// PodDeletionGraceful is AnnotationPodDeletion's value for the graceful deletion it describes.
+const PodDeletionGraceful = "graceful"
