@@ -35,7 +35,7 @@ func newCgroupManager(ctx context.Context, cfg config.Config, exe string, log *s
 	if err != nil {
 		return nil, fmt.Errorf("refusing to start: %w", err)
 	}
-	driver, why, err := cgroupDriver(cfg, layout, delegate.Booted("/"))
+	driver, why, err := CgroupDriver(cfg, layout, delegate.Booted("/"))
 	if err != nil {
 		return nil, fmt.Errorf("refusing to start: %w", err)
 	}
@@ -63,11 +63,12 @@ func newCgroupManager(ctx context.Context, cfg config.Config, exe string, log *s
 	return m, nil
 }
 
-// cgroupDriver resolves the cgroupDriver setting on a host with layout, booted by systemd or not.
+// CgroupDriver resolves the cgroupDriver setting on a host with layout, booted by systemd or not
+// (`mqlet check` reports it as the agent's start would choose).
 // auto is systemd on a cgroup v2 host booted by systemd, unless pods already run in a cgroupfs
 // tree at the hierarchy's root (an upgrade from a release without the scope): they stay there,
 // since moving them would restart every container, until a start finds none.
-func cgroupDriver(cfg config.Config, l cgroup.Layout, booted bool) (driver, why string, err error) {
+func CgroupDriver(cfg config.Config, l cgroup.Layout, booted bool) (driver, why string, err error) {
 	switch cfg.CgroupDriver {
 	case config.CgroupDriverCgroupfs:
 		return config.CgroupDriverCgroupfs, "set in the config", nil

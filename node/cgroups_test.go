@@ -108,7 +108,7 @@ func TestCgroupDriver(t *testing.T) {
 	} {
 		cfg := config.Defaults()
 		cfg.CgroupDriver = tc.setting
-		got, why, err := cgroupDriver(cfg, tc.layout, tc.booted)
+		got, why, err := CgroupDriver(cfg, tc.layout, tc.booted)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("%s on %s (booted %v) = %q, %v; want an error with %q", tc.setting, tc.layout.Mode, tc.booted, got, err, tc.err)

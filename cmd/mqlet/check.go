@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -17,10 +18,12 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/cgroup"
+	"github.com/mqlet/mqlet/agent/cgroup/delegate"
 	"github.com/mqlet/mqlet/agent/cni"
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/hw"
+	"github.com/mqlet/mqlet/node"
 
 	"golang.org/x/sys/unix"
 )
@@ -101,7 +104,7 @@ func (p preflight) run(ctx context.Context, flags config.Flags) []checkItem {
 		items = append(items, checkItem{name: "config", status: checkOK, found: "valid (" + from + ")"})
 	}
 	items = append(items, p.kernel())
-	items = append(items, p.cgroups()...)
+	items = append(items, p.cgroups(cfg)...)
 	items = append(items, p.containerdItem(ctx, cfg), p.runc(ctx), p.cni(cfg), p.iptables(), p.stateDir(cfg), p.clock(), p.swap())
 	return items
 }
@@ -114,9 +117,9 @@ func (p preflight) kernel() checkItem {
 	return checkItem{name: "kernel", status: checkOK, found: fmt.Sprintf("Linux %s (%s)", strings.TrimSpace(string(b)), runtime.GOARCH)}
 }
 
-// cgroups reports the mode, then whether the cpu, memory and pids controllers are there, as the
-// agent's start judges them (cgroup.Layout.Preflight).
-func (p preflight) cgroups() []checkItem {
+// cgroups reports the mode, whether the cpu, memory and pids controllers are there, as the
+// agent's start judges them (cgroup.Layout.Preflight), and which cgroup driver the agent would use.
+func (p preflight) cgroups(cfg config.Config) []checkItem {
 	l, err := cgroup.Detect(filepath.Join(p.root, "proc/self/mountinfo"), p.root)
 	if err != nil {
 		return []checkItem{{"cgroups", checkFail, err.Error(), "mount /proc (the agent reads /proc/self/mountinfo)"}}
@@ -135,7 +138,17 @@ func (p preflight) cgroups() []checkItem {
 			ctl.fix = "see above: the kernel command line or the cgroup mounts"
 		}
 	}
-	return []checkItem{mode, ctl}
+	driver := checkItem{name: "cgroup driver", status: checkOK}
+	d, why, err := node.CgroupDriver(cfg, l, delegate.Booted(p.root))
+	switch {
+	case err != nil:
+		driver.status, driver.found, driver.fix = checkFail, err.Error(), "set cgroupDriver to auto or cgroupfs"
+	case d == config.CgroupDriverSystemd:
+		driver.found = fmt.Sprintf("systemd (%s): pods below the scope systemd delegates to mqlet, /%s/%s%s", why, delegate.Slice, delegate.Unit, path.Join(cfg.CgroupRoot, cfg.ContainerdNamespace))
+	default:
+		driver.found = fmt.Sprintf("cgroupfs (%s): pods below %s at the hierarchy's root", why, path.Join(cfg.CgroupRoot, cfg.ContainerdNamespace))
+	}
+	return []checkItem{mode, ctl, driver}
 }
 
 func (p preflight) containerdItem(ctx context.Context, cfg config.Config) checkItem {

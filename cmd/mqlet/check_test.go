@@ -91,9 +91,13 @@ func itemsByName(items []checkItem) map[string]checkItem {
 
 // A Raspberry Pi 5 with everything in place passes every item; the report says so and exits 0.
 func TestCheckHealthyPi(t *testing.T) {
-	p := fakePreflight(checkRoot(t, "rpi5", ""))
+	root := checkRoot(t, "rpi5", "")
+	if err := os.MkdirAll(filepath.Join(root, "run/systemd/system"), 0o755); err != nil { // booted by systemd
+		t.Fatal(err)
+	}
+	p := fakePreflight(root)
 	items := p.run(context.Background(), checkFlags(t.TempDir(), t.TempDir(), cniBin(t, "bridge", "host-local", "portmap", "loopback")))
-	want := []string{"config", "kernel", "cgroup mode", "cgroup controllers", "containerd", "runc", "CNI", "iptables", "state dir", "clock", "swap"}
+	want := []string{"config", "kernel", "cgroup mode", "cgroup controllers", "cgroup driver", "containerd", "runc", "CNI", "iptables", "state dir", "clock", "swap"}
 	if len(items) != len(want) {
 		t.Fatalf("items %+v, want %v", items, want)
 	}
@@ -104,7 +108,8 @@ func TestCheckHealthyPi(t *testing.T) {
 	}
 	got := itemsByName(items)
 	for name, want := range map[string]string{"kernel": "Linux 6.6.51+rpt-rpi-v8", "cgroup mode": "v2 (unified)", "containerd": "1.7.24",
-		"runc": "runc version 1.1.12", "CNI": "the agent writes its default (bridge mqlet0", "swap": "off"} {
+		"runc": "runc version 1.1.12", "CNI": "the agent writes its default (bridge mqlet0", "swap": "off",
+		"cgroup driver": "systemd (auto: cgroup v2 host booted by systemd): pods below the scope systemd delegates to mqlet, /mqlet.slice/mqlet-pods.scope/mqlet/mqlet"} {
 		if !strings.Contains(got[name].found, want) {
 			t.Errorf("%s: %q lacks %q", name, got[name].found, want)
 		}
@@ -152,7 +157,7 @@ func TestCheckBrokenPi(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if fails := printCheck(&out, items); fails != 4 || !strings.Contains(out.String(), "4 of 11 items failed: this node cannot run pods") ||
+	if fails := printCheck(&out, items); fails != 4 || !strings.Contains(out.String(), "4 of 12 items failed: this node cannot run pods") ||
 		!strings.Contains(out.String(), "fix: apt install runc") {
 		t.Errorf("report (%d failed):\n%s", fails, out.String())
 	}
@@ -172,8 +177,8 @@ func TestCheckBadConfig(t *testing.T) {
 	if it := items[0]; it.name != "config" || it.status != checkFail || !strings.Contains(it.found, "relistPeriod") || !strings.Contains(it.fix, "defaults") {
 		t.Errorf("config item = %+v", it)
 	}
-	if len(items) != 11 {
-		t.Errorf("%d items after a bad config, want all 11", len(items))
+	if len(items) != 12 {
+		t.Errorf("%d items after a bad config, want all 12", len(items))
 	}
 }
 
@@ -193,7 +198,7 @@ func TestCheckCommand(t *testing.T) {
 	}
 	args[2] = filepath.Join(t.TempDir(), "nobody.sock")
 	status, out, errOut = mqletProcess(t, append(args, "--containerd-timeout", "1s")...)
-	if status != 1 || !strings.Contains(out, "FAIL") || !strings.Contains(out, "nobody.sock") || errOut != "mqlet: check: 1 of 11 items failed\n" {
+	if status != 1 || !strings.Contains(out, "FAIL") || !strings.Contains(out, "nobody.sock") || errOut != "mqlet: check: 1 of 12 items failed\n" {
 		t.Errorf("mqlet check without containerd = %d:\n%s%s", status, out, errOut)
 	}
 }
