@@ -320,6 +320,13 @@ func (w *edgeWorld) mqletCLI(args ...string) (string, error) {
 // test's CNI network.
 func (w *edgeWorld) startAgent(t *testing.T) {
 	t.Helper()
+	w.startAgentWith(t, "--node-label", "site=e2e-lab", "--node-taint", "mqlet.io/edge=true:PreferNoSchedule")
+}
+
+// startAgentWith is startAgent with the node's labels and taints given as flags (--node-label,
+// --node-taint) in place of the default ones.
+func (w *edgeWorld) startAgentWith(t *testing.T, meta ...string) {
+	t.Helper()
 	cert, key := w.broker.ClientCert(edgeNode)
 	args := []string{"agent",
 		"--node-name", edgeNode, "--state-dir", filepath.Join(w.dir, "state"),
@@ -335,9 +342,8 @@ func (w *edgeWorld) startAgent(t *testing.T) {
 		"--mqtt-cert-file", cert, "--mqtt-key-file", key,
 		"--mqtt-keepalive", "5s", "--mqtt-reconnect-max", "2s",
 		"--node-status-update-frequency", "2s",
-		"--node-label", "site=e2e-lab",
-		"--node-taint", "mqlet.io/edge=true:PreferNoSchedule",
 	}
+	args = append(args, meta...)
 	os.MkdirAll(filepath.Join(w.dir, "manifests"), 0o755)
 	p := startProc(t, w.dir, "agent", w.mqletBin, nil, args...)
 	w.mu.Lock()
