@@ -104,7 +104,7 @@ func FieldRules() []FieldRule {
 		{Path: "dnsConfig", Class: Implemented},
 		{Path: "readinessGates", Class: Refused, Note: "their conditions are set by controllers through the API; on this node the pod would never be Ready"},
 		{Path: "runtimeClassName", Class: Refused, Note: "RuntimeClass objects are cluster objects; the node runs one runtime (runc)"},
-		{Path: "enableServiceLinks", Class: Warned, Note: "no Services exist on the node, so no service variables are injected; warned when true", used: isTrue},
+		{Path: "enableServiceLinks", Class: Implemented, Note: "the service variables of the pod's namespace's Services with a cluster IP and of default/kubernetes (always), as kubelet injects them; the bridge computes them from the API's Services and sends them with the pod (annotation mqlet.io/service-env). A pod from mqlet ctl or the manifest dir has no Services to take them from, so true adds nothing there, as with a kubelet without an API server"},
 		{Path: "preemptionPolicy", Class: Warned, Note: schedOnly + "; warned when Never", used: stringNot(string(v1.PreemptLowerPriority))},
 		{Path: "overhead", Class: Implemented, Note: "added to the pod's requests, as kubelet does"},
 		{Path: "topologySpreadConstraints", Class: Warned, Note: schedOnly},

@@ -351,7 +351,7 @@ func TestFieldWarningsAndDefaults(t *testing.T) {
 	}
 
 	p.Spec.SchedulerName = "my-scheduler"
-	p.Spec.EnableServiceLinks = &yes
+	p.Spec.EnableServiceLinks = &yes // implemented (the bridge supplies the variables): no warning
 	p.Spec.Affinity = &v1.Affinity{PodAntiAffinity: &v1.PodAntiAffinity{}}
 	p.Spec.TopologySpreadConstraints = []v1.TopologySpreadConstraint{{MaxSkew: 1}, {MaxSkew: 2}}
 	got, err = admitPod(p, source.File)
@@ -361,7 +361,6 @@ func TestFieldWarningsAndDefaults(t *testing.T) {
 	want := []string{
 		"spec.schedulerName is ignored: used by a scheduler to pick a node; this node runs what it is given; warned when not default-scheduler",
 		"spec.affinity.podAntiAffinity is ignored: used by a scheduler to pick a node; this node runs what it is given",
-		"spec.enableServiceLinks is ignored: no Services exist on the node, so no service variables are injected; warned when true",
 		"spec.topologySpreadConstraints is ignored: used by a scheduler to pick a node; this node runs what it is given",
 	}
 	ws := FieldWarnings(got)

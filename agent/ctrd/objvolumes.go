@@ -368,7 +368,9 @@ func volumePodField(pod *v1.Pod, path string) (string, error) {
 	case "metadata.labels":
 		return formatMap(pod.Labels), nil
 	case "metadata.annotations":
-		return formatMap(pod.Annotations), nil
+		// The service variables the bridge sends with the pod are its transport, not an
+		// annotation of the API's pod: hidden, as kubelet's pods have no such annotation.
+		return formatMap(ctrspec.VisibleAnnotations(pod)), nil
 	case "metadata.name", "metadata.namespace", "metadata.uid":
 		return ctrspec.PodField(pod, path)
 	}

@@ -2,8 +2,12 @@ package ctrspec
 
 import (
 	"fmt"
-	"github.com/mqlet/mqlet/agent/podspec"
+	"maps"
+	"slices"
 	"strings"
+
+	"github.com/mqlet/mqlet/agent/podspec"
+	"github.com/mqlet/mqlet/core/svcenv"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -21,9 +25,24 @@ func containerEnv(pod *v1.Pod, c *v1.Container) ([]v1.EnvVar, error) {
 // ContainerEnvWith is containerEnv reading ConfigMaps and Secrets from objs. skipped lists envFrom
 // keys that are not valid variable names (kubelet leaves them out with a warning). A missing
 // object or key that is not optional is a *ConfigError naming them (never a value).
+//
+// The pod's service variables (svcenv.Annotation, which the bridge fills for enableServiceLinks)
+// come as kubelet's do: $(NAME) in env values falls back to them where the container defines no
+// NAME before, and those the container does not define (by envFrom or env) follow its own.
 func ContainerEnvWith(pod *v1.Pod, c *v1.Container, objs Objects) (env []v1.EnvVar, skipped []string, err error) {
-	out := make([]v1.EnvVar, 0, len(c.Env))
+	services, err := svcenv.FromPod(pod)
+	if err != nil {
+		return nil, nil, ConfigErrorf("container %q: %v", c.Name, err)
+	}
+	out := make([]v1.EnvVar, 0, len(c.Env)+len(services))
 	seen := map[string]string{}
+	lookup := func(name string) (string, bool) {
+		if v, ok := seen[name]; ok {
+			return v, true
+		}
+		v, ok := services[name]
+		return v, ok
+	}
 	// A name defined twice is listed twice; the later one wins (oci.WithEnv replaces).
 	set := func(name, val string) {
 		seen[name] = val
@@ -56,9 +75,19 @@ func ContainerEnvWith(pod *v1.Pod, c *v1.Container, objs Objects) (env []v1.EnvV
 				return nil, nil, ConfigErrorf("container %q env %s: %v", c.Name, e.Name, err)
 			}
 		} else {
-			val = Expand(val, seen)
+			val = ExpandFunc(val, lookup)
 		}
 		set(e.Name, val)
+	}
+	names := make([]string, 0, len(services))
+	for n := range services {
+		if _, ok := seen[n]; !ok {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		out = append(out, v1.EnvVar{Name: n, Value: services[n]})
 	}
 	return out, skipped, nil
 }
@@ -136,12 +165,24 @@ func PodField(pod *v1.Pod, path string) (string, error) {
 	for _, m := range []struct {
 		prefix string
 		from   map[string]string
-	}{{"metadata.labels['", pod.Labels}, {"metadata.annotations['", pod.Annotations}} {
+	}{{"metadata.labels['", pod.Labels}, {"metadata.annotations['", VisibleAnnotations(pod)}} {
 		if strings.HasPrefix(path, m.prefix) && strings.HasSuffix(path, "']") {
 			return m.from[strings.TrimSuffix(strings.TrimPrefix(path, m.prefix), "']")], nil
 		}
 	}
 	return "", fmt.Errorf("fieldRef %q is not supported", path)
+}
+
+// VisibleAnnotations are the pod's annotations as the downward API shows them: without
+// svcenv.Annotation, the bridge's transport of the service variables (kubelet's pods have no
+// such annotation, and a changed Service must not change what a container reads).
+func VisibleAnnotations(pod *v1.Pod) map[string]string {
+	if _, ok := pod.Annotations[svcenv.Annotation]; !ok {
+		return pod.Annotations
+	}
+	out := maps.Clone(pod.Annotations)
+	delete(out, svcenv.Annotation)
+	return out
 }
 
 func ExpandAll(in []string, env []v1.EnvVar) []string {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mqlet/mqlet/core/svcenv"
+
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -233,5 +235,66 @@ func TestExpandAll(t *testing.T) {
 	want := []string{"serve", "--addr=0.0.0.0:8080", "$(NOPE)", "$(PORT)"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("ExpandAll = %q, want %q", got, want)
+	}
+}
+
+// The service variables the bridge sends (svcenv.Annotation) come as kubelet's: the container's
+// own variables (envFrom and env) win, $(NAME) falls back to a service variable where the
+// container has not defined NAME before, and the rest follow the container's own, sorted.
+func TestContainerEnvServiceLinks(t *testing.T) {
+	pod := envPod()
+	pod.Annotations[svcenv.Annotation] = svcenv.Encode(map[string]string{
+		"FOO_SERVICE_HOST": "10.96.0.5",
+		"FOO_SERVICE_PORT": "8080",
+		"PORT":             "from-service", // envFrom's PORT wins
+		"BAR_PORT":         "tcp://10.96.0.6:80",
+		"A_SERVICE_HOST":   "10.96.0.7", // env's wins, and later references see env's
+	})
+	c := &v1.Container{Name: "app",
+		EnvFrom: []v1.EnvFromSource{{ConfigMapRef: &v1.ConfigMapEnvSource{LocalObjectReference: v1.LocalObjectReference{Name: "settings"}}}},
+		Env: []v1.EnvVar{
+			{Name: "URL", Value: "http://$(FOO_SERVICE_HOST):$(FOO_SERVICE_PORT)/$(A_SERVICE_HOST)"},
+			{Name: "A_SERVICE_HOST", Value: "mine"},
+			{Name: "B", Value: "$(A_SERVICE_HOST)"},
+		}}
+	env, _, err := ContainerEnvWith(pod, c, testObjects())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range env {
+		if e.Name == "level" || e.Name == "1st" || e.Name == "bad-key!" {
+			continue
+		}
+		got = append(got, e.Name+"="+e.Value)
+	}
+	want := []string{"PORT=8080", "URL=http://10.96.0.5:8080/10.96.0.7", "A_SERVICE_HOST=mine", "B=mine",
+		"BAR_PORT=tcp://10.96.0.6:80", "FOO_SERVICE_HOST=10.96.0.5", "FOO_SERVICE_PORT=8080"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("env =\n%v\nwant\n%v", got, want)
+	}
+	// command and args see them too
+	if got := ExpandAll([]string{"$(FOO_SERVICE_HOST)"}, env); got[0] != "10.96.0.5" {
+		t.Errorf("args expand to %q", got[0])
+	}
+
+	pod.Annotations[svcenv.Annotation] = `{"FOO": 1}`
+	var ce *ConfigError
+	if _, _, err := ContainerEnvWith(pod, c, testObjects()); !errors.As(err, &ce) || !strings.Contains(err.Error(), svcenv.Annotation) {
+		t.Errorf("bad annotation: err %v, want a ConfigError naming %s", err, svcenv.Annotation)
+	}
+}
+
+func TestServiceEnvAnnotationHidden(t *testing.T) {
+	pod := envPod()
+	pod.Annotations[svcenv.Annotation] = `{"A":"b"}`
+	if v, _ := PodField(pod, "metadata.annotations['"+svcenv.Annotation+"']"); v != "" {
+		t.Errorf("the downward API shows %s: %q", svcenv.Annotation, v)
+	}
+	if _, ok := VisibleAnnotations(pod)[svcenv.Annotation]; ok || VisibleAnnotations(pod)["note"] != "hello" {
+		t.Errorf("VisibleAnnotations = %v", VisibleAnnotations(pod))
+	}
+	if _, ok := pod.Annotations[svcenv.Annotation]; !ok {
+		t.Error("VisibleAnnotations changed the pod")
 	}
 }
