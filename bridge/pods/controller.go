@@ -112,6 +112,7 @@ type Controller struct {
 	cmLister   corelisters.ConfigMapLister
 	nodeLister corelisters.NodeLister // the API's Nodes: labels the node itself does not know
 	secLister  corelisters.SecretLister
+	svcLister  corelisters.ServiceLister // the pods' service environment variables
 	hasSynced  []cache.InformerSynced
 	eventLimit flowcontrol.RateLimiter
 	events     chan rawEvent
@@ -245,7 +246,19 @@ func New(o Options) (*Controller, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("pods controller: node handler: %w", err)
 	}
-	c.hasSynced = []cache.InformerSynced{c.pods.HasSynced, cms.Informer().HasSynced, secs.Informer().HasSynced, nodes.Informer().HasSynced}
+	// kubelet waits for its Services to be listed before it starts a container of an API pod, so
+	// that KUBERNETES_SERVICE_HOST is never missing; the bridge sends no pod before it has them.
+	svcs := o.Factory.Core().V1().Services()
+	c.svcLister = svcs.Lister()
+	if _, err := svcs.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { c.serviceChanged(nil, obj) },
+		UpdateFunc: c.serviceChanged,
+		DeleteFunc: func(obj any) { c.serviceChanged(nil, obj) },
+	}); err != nil {
+		return nil, fmt.Errorf("pods controller: service handler: %w", err)
+	}
+	c.hasSynced = []cache.InformerSynced{c.pods.HasSynced, cms.Informer().HasSynced, secs.Informer().HasSynced,
+		nodes.Informer().HasSynced, svcs.Informer().HasSynced}
 
 	if _, err := c.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { c.podChanged(nil, obj) },

@@ -315,6 +315,7 @@ func (c *Controller) secretObject(node string, s *v1.Secret) (*object, error) {
 func (c *Controller) podObject(node string, st *nodeState, p *v1.Pod) (*object, *v1.Pod, error) {
 	sp := SanitizePod(p)
 	WithDeletion(sp, p)
+	c.withServiceEnv(sp, p)
 	full, err := encodeObject(protocol.KindPod, p.Namespace, p.Name, sp)
 	if err != nil || !HasNodeSelection(sp) {
 		return full, sp, err

@@ -21,9 +21,11 @@ const tokenVolumePrefix = "kube-api-access-"
 //     node has no API server to renew it against, and a token on a device is a credential
 //     outside the cluster). A projected serviceAccountToken volume the user wrote is kept, so
 //     the node refuses the pod with a message naming the field instead of running it without.
-//   - spec.serviceAccount (the deprecated alias the API copies from serviceAccountName) and
-//     enableServiceLinks (the API defaults it to true): the node warns about both on every pod,
-//     and neither has an effect there (no Services exist on a node).
+//   - spec.serviceAccount (the deprecated alias the API copies from serviceAccountName): the node
+//     warns about it on every pod, and it has no effect there.
+//   - enableServiceLinks (the API defaults it to true): the bridge has applied it already, as the
+//     service variables it sends with the pod (Controller.withServiceEnv); an agent of an earlier
+//     version would warn about it on every pod.
 //   - status: desired state only; the node reports its own.
 //
 // metadata.uid and metadata.generation stay: the node keeps the uid (its status is matched to the
