@@ -123,6 +123,11 @@ else
 		[ -d /proc/$pid ] || fail "container pid $pid died when the unit stopped (KillMode=process should leave pods running)"
 	done
 	systemctl is-active --quiet mqlet-pods.scope || fail "mqlet-pods.scope is $(systemctl is-active mqlet-pods.scope) after mqlet stopped, not active"
+	# The holder killed (kill -9) while pods run, then systemd re-executed: the pods keep the
+	# scope; the next start of the agent (the top step below) puts a new holder in its leaf.
+	kill -9 "$holder" 2>/dev/null
+	systemctl daemon-reexec
+	systemctl is-active --quiet mqlet-pods.scope || fail "mqlet-pods.scope is $(systemctl is-active mqlet-pods.scope) after its holder was killed with pods running and a daemon-reexec"
 fi
 
 # ---- container usage on v2 (issue 22 point 8): its own section ----
@@ -143,6 +148,8 @@ if [ ${#pids[@]} -ge 2 ]; then
 	done
 	echo "$top" | awk '$1 != "NODE" && $2 ~ /^[0-9]+m$/ {found=1} END {exit !found}' || fail "mqlet top shows no node line"
 	systemctl stop mqlet || fail "systemctl stop mqlet (after mqlet top)"
+	h=$(cat /sys/fs/cgroup$scope/holder/cgroup.procs 2>/dev/null | tr '\n' ' ')
+	[ "$(echo $h | wc -w)" = 1 ] || fail "the agent's start after its holder was killed left '$h' in $scope/holder, not one new holder"
 else
 	fail "no hello pod to read the usage of"
 fi
@@ -281,6 +288,7 @@ YAML
 	v2a_wait "v2a: the oomer container (two processes, one past its limit) was not reported OOMKilled and restarted" oomed
 	mqlet describe pod "$(v2a_pod_name oomer)" | grep -E 'State|Reason|Exit Code|Restart Count' | head -8
 	# Its next OOM kills would show in the base's counters the restart below checks.
+	systemctl is-active --quiet mqlet-pods.scope || fail "mqlet-pods.scope is $(systemctl is-active mqlet-pods.scope) after an OOM kill in a pod, not active"
 	rm /etc/mqlet/pods/oomer.yaml
 	v2a_wait "v2a: the oomer pod was not removed" eval '[ -z "$(v2a_pod_name oomer)" ]'
 
@@ -465,6 +473,14 @@ package_lifecycle() {
 	esac
 	[ "$(systemctl show -p WatchdogUSec --value mqlet)" = 2min ] || fail "WatchdogUSec is $(systemctl show -p WatchdogUSec --value mqlet), not 2min"
 	is_version v0.0.1-lane || fail "after the install, mqlet version says: $(mqlet version)"
+
+	echo "--- the holder killed while no pod runs, under the running agent: a pod still starts"
+	kill -9 "$(cat /sys/fs/cgroup/mqlet.slice/mqlet-pods.scope/holder/cgroup.procs 2>/dev/null)"
+	for _ in $(seq 1 20); do # a bound, not a speed check
+		systemctl is-active --quiet mqlet-pods.scope || break
+		sleep 1
+	done
+	echo "the scope without a holder: $(systemctl is-active mqlet-pods.scope); $(ls /sys/fs/cgroup/mqlet.slice 2>&1 | tr '\n' ' ')"
 
 	echo "--- a pod dropped into /etc/mqlet/pods"
 	ctr -n $NS images import /mqlet/out/images/busybox.tar >/dev/null || fail "ctr -n $NS images import busybox.tar"
