@@ -26,29 +26,40 @@ import (
 // (the error names it and the kernel command line that enables it), puts the pods' tree where
 // cgroupDriver says (asking systemd for its delegated scope), and makes the QoS hierarchy pods
 // run in, with node allocatable enforced on its top.
-func newCgroupManager(ctx context.Context, cfg config.Config, exe string, log *slog.Logger) (*cgroup.Manager, error) {
+// keep, nil for the cgroupfs driver, keeps systemd's scope and its holder (see cgroupConverge).
+func newCgroupManager(ctx context.Context, cfg config.Config, exe string, log *slog.Logger) (m *cgroup.Manager, keep func(context.Context), err error) {
 	capacity, err := cgroupCapacity(nodeConfig(cfg).Machine(), "/")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	layout, err := cgroup.Detect("/proc/self/mountinfo", "/")
 	if err != nil {
-		return nil, fmt.Errorf("refusing to start: %w", err)
+		return nil, nil, fmt.Errorf("refusing to start: %w", err)
 	}
 	driver, why, err := CgroupDriver(cfg, layout, delegate.Booted("/"))
 	if err != nil {
-		return nil, fmt.Errorf("refusing to start: %w", err)
+		return nil, nil, fmt.Errorf("refusing to start: %w", err)
 	}
 	log.Info("cgroup driver", "driver", driver, "why", why)
 	root, delegated := cfg.CgroupRoot, ""
 	if driver == config.CgroupDriverSystemd {
-		scope, err := delegate.Ensure(ctx, delegate.Options{Unified: layout.Unified, Holder: delegate.HolderCommand(exe), Log: log})
+		o := delegate.Options{Unified: layout.Unified, Holder: delegate.HolderCommand(exe), Log: log}
+		scope, err := delegate.Ensure(ctx, o)
 		if err != nil {
-			return nil, fmt.Errorf("refusing to start: cgroupDriver %s: %w", cfg.CgroupDriver, err)
+			return nil, nil, fmt.Errorf("refusing to start: cgroupDriver %s: %w", cfg.CgroupDriver, err)
 		}
 		root, delegated = path.Join(scope, cfg.CgroupRoot), scope
+		keep = func(ctx context.Context) {
+			restarted, err := delegate.Keep(ctx, o, scope)
+			if err == nil && restarted {
+				err = m.Restore()
+			}
+			if err != nil {
+				log.Error("pod cgroups: keep systemd's scope (retried)", "unit", delegate.Unit, "err", err)
+			}
+		}
 	}
-	m, err := cgroup.New(cgroup.Options{
+	m, err = cgroup.New(cgroup.Options{
 		CgroupRoot:   root,
 		Delegated:    delegated,
 		Namespace:    cfg.ContainerdNamespace,
@@ -58,9 +69,9 @@ func newCgroupManager(ctx context.Context, cfg config.Config, exe string, log *s
 		Log:          log,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("refusing to start: %w", err)
+		return nil, nil, fmt.Errorf("refusing to start: %w", err)
 	}
-	return m, nil
+	return m, keep, nil
 }
 
 // CgroupDriver resolves the cgroupDriver setting on a host with layout, booted by systemd or not
@@ -142,8 +153,11 @@ func podsAllocatable(cfg config.Config, capacity v1.ResourceList) v1.ResourceLis
 const cgroupConvergePeriod = 10 * time.Second
 
 // cgroupConverge sends the cgroup manager's node events to report and is the part that retries
-// its held limits every cgroupConvergePeriod until ctx ends.
-func cgroupConverge(m *cgroup.Manager, report agent.Reporter) func(ctx context.Context) error {
+// its held limits every cgroupConvergePeriod until ctx ends. With keep (the systemd driver) it
+// also puts a new holder in systemd's scope when its holder is gone, and starts the scope and makes
+// the tree again when the scope went (its holder killed while no pod ran): a pod start in between
+// fails and is retried.
+func cgroupConverge(m *cgroup.Manager, report agent.Reporter, keep func(context.Context)) func(ctx context.Context) error {
 	m.SetEvents(report.Emit)
 	return func(ctx context.Context) error {
 		t := time.NewTicker(cgroupConvergePeriod)
@@ -153,6 +167,9 @@ func cgroupConverge(m *cgroup.Manager, report agent.Reporter) func(ctx context.C
 			case <-ctx.Done():
 				return nil
 			case <-t.C:
+				if keep != nil {
+					keep(ctx)
+				}
 				m.Converge()
 			}
 		}

@@ -130,7 +130,7 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 	log := d.Log
 	m := newAgentMetrics(d.Version, d.Commit)
 	devs := newDeviceManager(cfg, log)
-	cgroups, err := newCgroupManager(ctx, cfg, d.Executable, log)
+	cgroups, keepScope, err := newCgroupManager(ctx, cfg, d.Executable, log)
 	if err != nil {
 		return err
 	}
@@ -269,7 +269,7 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 	n.add(part{name: "eviction", run: n.view.evictions.Run})
 	n.add(part{name: "oom watcher", run: newOOMWatch(cfg, cgroups.Base(), report, log).Run})
 	// Node allocatable held above its target while pods use more (cgroups.go).
-	n.add(part{name: "cgroup limits", run: cgroupConverge(cgroups, report)})
+	n.add(part{name: "cgroup limits", run: cgroupConverge(cgroups, report, keepScope)})
 	n.add(part{name: "node shutdown", run: newNodeShutdown(cfg, n.agent, log).Run})
 
 	srv := api.NewServer(nodeAPI{Agent: n.agent, m: n.view.status}, log)

@@ -66,6 +66,8 @@ type Manager struct {
 	v2     []string // controllers enabled for mqlet's own levels on cgroup v2
 	node   Limits
 	log    *slog.Logger
+	// delegated is Options.Delegated, for Restore.
+	delegated string
 
 	// mu guards pods and serialises writes of the Burstable tier's shares, so that the last
 	// write is always computed from the latest set of pods. Nothing the agent's event routing or
@@ -127,7 +129,7 @@ func New(o Options) (*Manager, error) {
 		return nil, err
 	}
 	m := &Manager{layout: l, top: o.CgroupRoot, base: filepath.Join(o.CgroupRoot, o.Namespace), node: node, log: o.Log,
-		pods: map[string]podCgroup{}, nodeName: o.NodeName}
+		pods: map[string]podCgroup{}, nodeName: o.NodeName, delegated: o.Delegated}
 	if o.PodPidsLimit > 0 {
 		m.podPids = &o.PodPidsLimit
 	}
@@ -141,22 +143,45 @@ func New(o Options) (*Manager, error) {
 			return nil, err
 		}
 	}
-	// CgroupRoot itself only gets a weight, so mqlet's pods as a whole are not starved by the
-	// kernel's default next to system services; the limits go one level down.
-	if err := m.apply(m.top, Limits{CPUShares: node.CPUShares}); err != nil {
-		return nil, err
-	}
-	if err := m.applyNode(); err != nil {
-		return nil, err
-	}
-	if err := m.apply(filepath.Join(m.base, "besteffort"), Limits{CPUShares: MinShares}); err != nil {
-		return nil, err
-	}
-	if err := m.apply(filepath.Join(m.base, "burstable"), Limits{CPUShares: MinShares}); err != nil {
+	if err := m.makeTop(); err != nil {
 		return nil, err
 	}
 	m.log.Info("pod cgroups", "mode", l.Mode.String(), "base", m.base, "allocatable", allocatableString(o.Allocatable))
 	return m, nil
+}
+
+// makeTop makes the hierarchy's top levels: CgroupRoot, the base with node allocatable, the tiers.
+func (m *Manager) makeTop() error {
+	// CgroupRoot itself only gets a weight, so mqlet's pods as a whole are not starved by the
+	// kernel's default next to system services; the limits go one level down.
+	if err := m.apply(m.top, Limits{CPUShares: m.node.CPUShares}); err != nil {
+		return err
+	}
+	if err := m.applyNode(); err != nil {
+		return err
+	}
+	if err := m.apply(filepath.Join(m.base, "besteffort"), Limits{CPUShares: MinShares}); err != nil {
+		return err
+	}
+	return m.apply(filepath.Join(m.base, "burstable"), Limits{CPUShares: MinShares})
+}
+
+// Restore makes the top levels again on cgroup v2 after the delegated cgroup was made anew (the
+// systemd scope ended when its last process did, and systemd removed its cgroup with mqlet's tree
+// below it): controllers enabled down to CgroupRoot, node allocatable, the tiers. Pods' cgroups
+// are made again as their containers start.
+func (m *Manager) Restore() error {
+	if m.layout.Mode != Unified {
+		return nil
+	}
+	if _, err := m.layout.delegateV2(m.top, m.delegated); err != nil {
+		return err
+	}
+	if err := m.makeTop(); err != nil {
+		return err
+	}
+	m.log.Warn("pod cgroups made again: the delegated cgroup had gone", "delegated", m.delegated, "base", m.base)
+	return nil
 }
 
 // applyNode sets node allocatable on the base. When the base exists and pods already use more

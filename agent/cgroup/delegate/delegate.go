@@ -78,8 +78,35 @@ type Systemd interface {
 
 // Ensure returns the cgroup of the delegated scope (as a path below the hierarchy's root, e.g.
 // /mqlet.slice/mqlet-pods.scope), starting the scope and its holder when it is not running. A scope
-// already running (an agent restart, an upgrade) is used as it is, with the pods in it.
+// already running (an agent restart, an upgrade) is used as it is, with the pods in it; when its
+// holder is gone (killed), a new one is put in its leaf, or the scope would end with its last pod.
 func Ensure(ctx context.Context, o Options) (string, error) {
+	cg, _, err := ensure(ctx, o)
+	return cg, err
+}
+
+// Keep is Ensure for a running agent whose scope is cg: nothing when its holder is there (no call
+// to systemd); a new holder when it is gone while the scope runs; the scope started anew when it
+// went (its holder killed while no pod ran: systemd stops an empty scope and removes its cgroup,
+// mqlet's tree below it with it). restarted says the tree has to be made again.
+func Keep(ctx context.Context, o Options, cg string) (restarted bool, err error) {
+	if Holding(o.Unified, cg) {
+		return false, nil
+	}
+	got, started, err := ensure(ctx, o)
+	if err == nil && got != cg {
+		err = fmt.Errorf("systemd unit %s came back with cgroup %s, not %s: restart mqlet", Unit, got, cg)
+	}
+	return started, err
+}
+
+// Holding reports whether the holder leaf of the scope's cgroup cg has a process.
+func Holding(unified, cg string) bool {
+	b, err := os.ReadFile(filepath.Join(unified, cg, HolderLeaf, "cgroup.procs"))
+	return err == nil && strings.TrimSpace(string(b)) != ""
+}
+
+func ensure(ctx context.Context, o Options) (cg string, started bool, err error) {
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
@@ -87,59 +114,77 @@ func Ensure(ctx context.Context, o Options) (string, error) {
 	if sys == nil {
 		var err error
 		if sys, err = Connect(ctx); err != nil {
-			return "", err
+			return "", false, err
 		}
 	}
 	defer sys.Close()
 	state, cg, err := sys.State(ctx, Unit)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	switch state {
 	case "active":
 		if cg == "" {
-			return "", fmt.Errorf("systemd unit %s is active but has no cgroup", Unit)
+			return "", false, fmt.Errorf("systemd unit %s is active but has no cgroup", Unit)
+		}
+		if !Holding(o.Unified, cg) {
+			pid, err := startHolder(ctx, o.Holder)
+			if err != nil {
+				return "", false, err
+			}
+			if err := placeHolder(o.Unified, cg, pid); err != nil {
+				return "", false, err
+			}
+			o.Log.Warn("the systemd scope delegated to mqlet had no holder (killed?): started a new one", "unit", Unit, "cgroup", cg, "holder", pid)
 		}
 		o.Log.Info("pod cgroups in the systemd scope delegated to mqlet", "unit", Unit, "cgroup", cg)
-		return cg, nil
+		return cg, false, nil
 	case "failed":
 		// A scope that failed (its stop timed out, say) keeps its name until reset.
 		if err := sys.ResetFailed(ctx, Unit); err != nil {
-			return "", fmt.Errorf("reset failed systemd unit %s: %w", Unit, err)
+			return "", false, fmt.Errorf("reset failed systemd unit %s: %w", Unit, err)
 		}
 	case "inactive", "":
 	default:
-		return "", fmt.Errorf("systemd unit %s is %s: wait until it has stopped, or stop it (systemctl stop %s), then start mqlet again", Unit, state, Unit)
+		return "", false, fmt.Errorf("systemd unit %s is %s: wait until it has stopped, or stop it (systemctl stop %s), then start mqlet again", Unit, state, Unit)
 	}
 	pid, err := startHolder(ctx, o.Holder)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	if err := startScope(ctx, sys, pid); err != nil {
 		syscall.Kill(pid, syscall.SIGKILL)
 		// Another agent (of another containerd namespace) may have started it meanwhile.
 		if state, cg, serr := sys.State(ctx, Unit); serr == nil && state == "active" && cg != "" {
 			o.Log.Info("pod cgroups in the systemd scope delegated to mqlet", "unit", Unit, "cgroup", cg)
-			return cg, nil
+			return cg, true, nil
 		}
-		return "", err
+		return "", false, err
 	}
 	if _, cg, err = sys.State(ctx, Unit); err != nil || cg == "" {
 		syscall.Kill(pid, syscall.SIGKILL)
-		return "", fmt.Errorf("systemd unit %s: read its cgroup: %v", Unit, err)
+		return "", false, fmt.Errorf("systemd unit %s: read its cgroup: %v", Unit, err)
 	}
-	// The holder leaves the scope's own cgroup for a leaf, so mqlet can enable controllers there.
-	leaf := filepath.Join(o.Unified, cg, HolderLeaf)
+	if err := placeHolder(o.Unified, cg, pid); err != nil {
+		return "", false, err
+	}
+	o.Log.Info("started the systemd scope delegated to mqlet for pod cgroups", "unit", Unit, "cgroup", cg, "holder", pid)
+	return cg, true, nil
+}
+
+// placeHolder moves the holder pid to the leaf of the scope's cgroup cg, so mqlet can enable
+// controllers in the scope's own cgroup; on failure the holder is killed.
+func placeHolder(unified, cg string, pid int) error {
+	leaf := filepath.Join(unified, cg, HolderLeaf)
 	if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		syscall.Kill(pid, syscall.SIGKILL)
-		return "", fmt.Errorf("make the holder's cgroup %s: %w", leaf, err)
+		return fmt.Errorf("make the holder's cgroup %s: %w", leaf, err)
 	}
 	if err := os.WriteFile(filepath.Join(leaf, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
 		syscall.Kill(pid, syscall.SIGKILL)
-		return "", fmt.Errorf("move the holder (pid %d) to %s: %w", pid, leaf, err)
+		return fmt.Errorf("move the holder (pid %d) to %s: %w", pid, leaf, err)
 	}
-	o.Log.Info("started the systemd scope delegated to mqlet for pod cgroups", "unit", Unit, "cgroup", cg, "holder", pid)
-	return cg, nil
+	return nil
 }
 
 // HolderCommand is the holder the agent starts: the system's sleep (coreutils; Debian and

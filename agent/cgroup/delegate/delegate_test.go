@@ -123,10 +123,60 @@ func TestEnsureStartsTheScopeAroundAHolderInALeaf(t *testing.T) {
 }
 
 func TestEnsureUsesARunningScopeAsItIs(t *testing.T) {
+	unified := t.TempDir()
 	f := &fakeSystemd{state: "active", cgroup: "/mqlet.slice/mqlet-pods.scope"}
-	cg, err := Ensure(context.Background(), Options{Unified: t.TempDir(), Holder: []string{"false"}, Systemd: f})
+	os.MkdirAll(filepath.Join(unified, f.cgroup, HolderLeaf), 0o755)
+	os.WriteFile(filepath.Join(unified, f.cgroup, HolderLeaf, "cgroup.procs"), []byte("4242\n"), 0o644)
+	cg, err := Ensure(context.Background(), Options{Unified: unified, Holder: []string{"false"}, Systemd: f})
 	if err != nil || cg != f.cgroup || len(f.started) != 0 {
 		t.Errorf("Ensure = %q, %v after %d starts; want the running scope's cgroup and no start", cg, err, len(f.started))
+	}
+}
+
+// A scope whose holder was killed while pods kept it running: an agent's start puts a new holder
+// in its leaf, or the scope (and mqlet's tree in it) would end with the last pod.
+func TestEnsureGivesARunningScopeANewHolder(t *testing.T) {
+	unified := t.TempDir()
+	f := &fakeSystemd{state: "active", cgroup: "/mqlet.slice/mqlet-pods.scope"}
+	procs := filepath.Join(unified, f.cgroup, HolderLeaf, "cgroup.procs")
+	os.MkdirAll(filepath.Dir(procs), 0o755)
+	os.WriteFile(procs, nil, 0o644) // the killed holder's leaf: empty
+	cg, err := Ensure(context.Background(), Options{Unified: unified, Holder: holderCmd, Systemd: f})
+	if err != nil || cg != f.cgroup || len(f.started) != 0 {
+		t.Fatalf("Ensure = %q, %v after %d starts; want the running scope's cgroup and no start", cg, err, len(f.started))
+	}
+	b, _ := os.ReadFile(procs)
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || !alive(pid) {
+		t.Fatalf("holder leaf's cgroup.procs = %q after Ensure, want a new holder's pid", b)
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// Keep under a running agent: nothing while the holder is there; a scope that went (its holder
+// killed while no pod ran) is started again and said so, for the tree to be made again.
+func TestKeep(t *testing.T) {
+	unified := t.TempDir()
+	cg := "/" + Slice + "/" + Unit
+	procs := filepath.Join(unified, cg, HolderLeaf, "cgroup.procs")
+	os.MkdirAll(filepath.Dir(procs), 0o755)
+	os.WriteFile(procs, []byte("4242\n"), 0o644)
+	f := &fakeSystemd{state: "failed"} // not asked while the holder is there
+	if restarted, err := Keep(context.Background(), Options{Unified: unified, Holder: holderCmd, Systemd: f}, cg); restarted || err != nil || f.reset != 0 {
+		t.Fatalf("Keep with a holder = %v, %v (%d resets); want nothing done", restarted, err, f.reset)
+	}
+	os.RemoveAll(filepath.Join(unified, Slice)) // systemd stopped the empty scope
+	os.MkdirAll(filepath.Join(unified, cg), 0o755)
+	f = &fakeSystemd{state: "inactive"}
+	restarted, err := Keep(context.Background(), Options{Unified: unified, Holder: holderCmd, Systemd: f}, cg)
+	if !restarted || err != nil || len(f.started) == 0 {
+		t.Fatalf("Keep with the scope gone = %v, %v after %d starts; want it started again and restarted true", restarted, err, len(f.started))
+	}
+	b, _ := os.ReadFile(procs)
+	if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+		syscall.Kill(pid, syscall.SIGKILL)
+	} else {
+		t.Errorf("holder leaf's cgroup.procs = %q after Keep, want the new holder's pid", b)
 	}
 }
 
