@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mqlet/mqlet/core/event"
 	"github.com/mqlet/mqlet/store"
@@ -145,13 +146,40 @@ spec:
 	if err != nil {
 		t.Fatalf("--once failed: %v\n%s", err, out)
 	}
-	for _, w := range []string{"ok", "Succeeded", "long", "Running"} {
-		if !strings.Contains(out, w) {
-			t.Errorf("--once output lacks %q:\n%s", w, out)
+	// The ok pod's container may be seen running before it exits, which --once counts as settled
+	// (kubelet's --runonce waits for pods to run, not to end): Running or Succeeded, result ok.
+	onceRow := func(out, name string) []string {
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) == 4 && f[0] == "default" && f[1] == name {
+				return f
+			}
 		}
+		return nil
+	}
+	if r := onceRow(out, "ok"); r == nil || (r[2] != "Running" && r[2] != "Succeeded") || r[3] != "ok" {
+		t.Errorf("--once row of the ok pod = %q, want Running or Succeeded, result ok:\n%s", r, out)
+	}
+	if r := onceRow(out, "long"); r == nil || r[2] != "Running" || r[3] != "ok" {
+		t.Errorf("--once row of the long pod = %q, want Running, result ok:\n%s", r, out)
+	}
+	// Once the ok pod's container has exited, a second --once restores both pods and reports the
+	// finished one Succeeded (restartPolicy Never: not run again).
+	deadline := time.Now().Add(30 * time.Second)
+	for len(h.tasks()) != 1 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
 	}
 	if len(h.tasks()) != 1 {
-		t.Errorf("after --once, want the long pod still running, tasks: %v", h.tasks())
+		t.Fatalf("after --once, want the long pod alone running, tasks: %v", h.tasks())
+	}
+	out, err = h.runAgent("--once", "--once-timeout", "60s")
+	if err != nil {
+		t.Fatalf("second --once failed: %v\n%s", err, out)
+	}
+	if r := onceRow(out, "ok"); r == nil || r[2] != "Succeeded" || r[3] != "ok" {
+		t.Errorf("second --once row of the ok pod = %q, want Succeeded, result ok:\n%s", r, out)
+	}
+	if len(h.tasks()) != 1 {
+		t.Errorf("after the second --once, want the long pod still running, tasks: %v", h.tasks())
 	}
 	h.writeManifest("bad.yaml", `apiVersion: v1
 kind: Pod
