@@ -88,9 +88,19 @@ func TestExecRunsInTheContainer(t *testing.T) {
 	})
 
 	t.Run("output is bounded", func(t *testing.T) {
-		res, err := rt.Exec(ctx, id, []string{"sh", "-c", "i=0; while [ $i -lt 3000 ]; do echo 0123456789abcdef; i=$((i+1)); done"}, 20*time.Second)
-		if err != nil {
-			t.Fatal(err)
+		var res ctrd.ExecResult
+		for attempt := 1; attempt <= 3; attempt++ {
+			var err error
+			res, err = rt.Exec(ctx, id, []string{"sh", "-c", "i=0; while [ $i -lt 3000 ]; do echo 0123456789abcdef; i=$((i+1)); done"}, 20*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Output) > 0 {
+				break
+			}
+			// containerd 1.6 can end an exec before its IO is drained (as in "runs in the
+			// container" above): nothing kept at all is that, not the bound.
+			t.Logf("attempt %d: no output kept (containerd 1.6 exec IO drain)", attempt)
 		}
 		if len(res.Output) != ctrd.ExecOutputLimit || !res.Truncated {
 			t.Errorf("kept %d bytes (truncated %v) of 51000, want %d and truncated", len(res.Output), res.Truncated, ctrd.ExecOutputLimit)

@@ -159,11 +159,20 @@ func TestServiceLinksEnv(t *testing.T) {
 	}
 
 	// A Service created later reaches the node with the pod and restarts nothing.
-	running, err := core.Pods(ns).Get(ctx, withLinks, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctrID := running.Status.ContainerStatuses[0].ContainerID
+	// The container's id from the node itself: the API's copy of the status may lag behind the
+	// logs read above (the CI run that found this had no container status in the API yet).
+	var ctrID string
+	within(t, runBound, "the node reports pod "+withLinks+"'s running container", func() (bool, string) {
+		p, err := w.agentAPI.GetPod(ctx, ns, withLinks)
+		if err != nil {
+			return false, err.Error()
+		}
+		if len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].ContainerID == "" {
+			return false, "no container status yet"
+		}
+		ctrID = p.Status.ContainerStatuses[0].ContainerID
+		return true, ""
+	})
 	mkSvc(ns, "late", false, v1.ServicePort{Port: 9000})
 	within(t, runBound, "the node's pod "+withLinks+" carries the late Service's variables", func() (bool, string) {
 		p, err := w.agentAPI.GetPod(ctx, ns, withLinks)
