@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/cgroup"
 	"github.com/mqlet/mqlet/agent/cgroup/delegate"
 	"github.com/mqlet/mqlet/agent/cni"
 	"github.com/mqlet/mqlet/agent/config"
@@ -329,18 +330,14 @@ func unescapeOctal(s string) string {
 // mounted hierarchy, until none is left; it waits at most 10 s for them to go (a bound, as a
 // process in uninterruptible sleep takes its time). It returns how many it signalled.
 func killCgroupTree(rel string) (int, error) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	// Every cgroup and cgroup2 mount, as the agent finds them: runc puts a container in each.
+	l, err := cgroup.Detect("/proc/self/mountinfo", "/")
 	if err != nil {
 		return 0, err
 	}
 	var roots []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		for i, x := range f {
-			if x == "-" && i+1 < len(f) && (f[i+1] == "cgroup" || f[i+1] == "cgroup2") && len(f) > 4 {
-				roots = append(roots, filepath.Join(unescapeOctal(f[4]), rel))
-			}
-		}
+	for _, m := range l.Mounts {
+		roots = append(roots, filepath.Join(m, rel))
 	}
 	signalled := map[int]bool{}
 	deadline := time.Now().Add(10 * time.Second)
