@@ -287,16 +287,7 @@ func (s *edgeSuite) deletePodRemovesContainerThenObject(t *testing.T) {
 	}
 	// The object stays (Terminating) until the node confirmed; once it is gone, the container
 	// must already be stopped.
-	within(t, runBound, "pod "+p.Name+" gone from the API", func() (bool, string) {
-		cur, err := w.kube.CoreV1().Pods(testNS).Get(ctx, p.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) || (err == nil && cur.UID != p.UID) {
-			return true, ""
-		}
-		if err != nil {
-			return false, err.Error()
-		}
-		return false, podSummary(cur)
-	})
+	w.waitPodGone(t, p)
 	if pid, ok := w.tasks(t)[id]; ok {
 		t.Errorf("the API object of pod %s is gone but its container %s still runs (pid %d): the bridge did not wait for the node", p.Name, id, pid)
 	}

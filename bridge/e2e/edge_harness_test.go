@@ -414,6 +414,21 @@ func (w *edgeWorld) startBridge(t *testing.T, identity string) *bridgeProc {
 
 // leader waits until one running bridge holds the leader Lease and says so on /readyz, and
 // returns it.
+// waitPodGone waits (runBound) until pod p of testNS, this very object (its UID), is gone from the API.
+func (w *edgeWorld) waitPodGone(t *testing.T, p *v1.Pod) {
+	t.Helper()
+	within(t, runBound, "pod "+p.Name+" gone from the API", func() (bool, string) {
+		cur, err := w.kube.CoreV1().Pods(testNS).Get(context.Background(), p.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && cur.UID != p.UID) {
+			return true, ""
+		}
+		if err != nil {
+			return false, err.Error()
+		}
+		return false, podSummary(cur)
+	})
+}
+
 func (w *edgeWorld) leader(t *testing.T) *bridgeProc {
 	t.Helper()
 	var found *bridgeProc

@@ -10,7 +10,6 @@ import (
 
 	"github.com/mqlet/mqlet/sync/protocol"
 	v1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -71,16 +70,7 @@ func TestDeleteGracePeriodFromAPI(t *testing.T) {
 	del(shortened, 3)
 
 	for _, p := range []*v1.Pod{pd, ps} {
-		within(t, runBound, "pod "+p.Name+" gone from the API", func() (bool, string) {
-			cur, err := w.kube.CoreV1().Pods(testNS).Get(ctx, p.Name, metav1.GetOptions{})
-			if apierrors.IsNotFound(err) || (err == nil && cur.UID != p.UID) {
-				return true, ""
-			}
-			if err != nil {
-				return false, err.Error()
-			}
-			return false, podSummary(cur)
-		})
+		w.waitPodGone(t, p)
 		t.Logf("pod %s gone from the API %s after its first delete (spec grace %ds)", p.Name, time.Since(deleted).Round(100*time.Millisecond), hour)
 	}
 	for _, id := range []string{idDirect, idShort} {
