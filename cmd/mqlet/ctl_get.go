@@ -259,6 +259,24 @@ func (c *CtlGetPodsCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 			return fmt.Errorf("ctl get pods: %w", err)
 		}
 		skipped = append(skipped, bad...)
+		// A node whose acks name an index has one retained: one that did not arrive in the
+		// fleet-wide read (the broker's queue for this client loses messages without a word) is
+		// read again alone, so its "(desired N)" is not left out as if it had caught up.
+		for _, node := range slices.Sorted(maps.Keys(acks)) {
+			if a := acks[node]; a == nil || a.IndexRevision == 0 || indexes[node] != nil {
+				continue
+			}
+			idx, err := cl.Index(ctx, node)
+			if err != nil {
+				return fmt.Errorf("ctl get pods: read the index of node %s again: %w", node, err)
+			}
+			if idx != nil {
+				if indexes == nil {
+					indexes = map[string]*protocol.Index{}
+				}
+				indexes[node] = idx
+			}
+		}
 	}
 	if err := printPodRows(env.out, rows, indexes, c.Output == outputWide, env.now()); err != nil {
 		return err

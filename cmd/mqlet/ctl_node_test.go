@@ -486,6 +486,45 @@ func TestCtlGetPodsReadsShortAcksAgainAlone(t *testing.T) {
 	}
 }
 
+// The same for the indexes behind "(desired N)": a node whose index did not arrive in the fleet-wide
+// read is read again alone, so its pending generation is not left out as if it had caught up.
+func TestCtlGetPodsReadsShortIndexesAgainAlone(t *testing.T) {
+	b := queueBroker(t, 20, 10000, "max_queued_bytes 60000")
+	cl := ctlRaw(t, b.Plain)
+	const nodes = 60
+	for i := range nodes {
+		node := fmt.Sprintf("edge-%02d", i)
+		objects := map[string]protocol.IndexEntry{"pods/default/bad": {Generation: 2, Digest: ctlDigest}}
+		for j := range 40 { // other objects, so the indexes overflow the reader's queue
+			objects[fmt.Sprintf("configmaps/default/filler-%02d", j)] = protocol.IndexEntry{Generation: 1, Digest: ctlDigest}
+		}
+		ctlPublish(t, cl, ctlTopics.Index(node), &protocol.Index{APIVersion: protocol.APIVersion, Node: node, Revision: 2, Objects: objects})
+		ctlPublish(t, cl, ctlTopics.Acks(node), &protocol.Acks{Node: node, Session: 1, IndexRevision: 1,
+			Refused: map[string]protocol.Refusal{"pods/default/bad": {Generation: 1, Digest: ctlDigest, Reason: "policy: no"}}})
+		ctlPublish(t, cl, ctlTopics.Summary(node), &protocol.StatusSummary{Node: node, Digest: ctlDigest})
+	}
+	// The premise: one read of every node's index is partial, and nothing says so.
+	got := ctlRetained(t, b.Plain, ctlTopics.AllNodes(protocol.ClassIndex))
+	if len(got) >= nodes {
+		t.Fatalf("the broker delivered all %d indexes in one read: its queue limits are not in force", len(got))
+	}
+	t.Logf("one fleet-wide read delivered %d of %d indexes", len(got), nodes)
+	out, errOut, err := ctlRun(t, "", "--broker", b.Plain, "get", "pods", "-A")
+	if err != nil {
+		t.Fatalf("get pods -A: %v\nstderr: %s", err, errOut)
+	}
+	for i := range nodes {
+		if node := fmt.Sprintf("edge-%02d", i); countRows(out, node) != 1 {
+			t.Errorf("get pods -A: %d rows of %s, want its refused pod", countRows(out, node), node)
+		}
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "edge-") && !strings.Contains(line, "desired 2") {
+			t.Errorf("get pods -A row without the pending generation: %q", line)
+		}
+	}
+}
+
 // A node without a summary (an agent from before summaries) is listed, and -o wide says it was not
 // checked.
 func TestCtlGetPodsNodeWithoutSummary(t *testing.T) {
