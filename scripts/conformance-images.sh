@@ -42,7 +42,11 @@ AGNHOST_PREV_TAG=$(tag_of AgnhostPrev)
 BUSYBOX_TAG=$(tag_of BusyBox)
 PAUSE_TAG=$(tag_of Pause)
 NONROOT_TAG=$(tag_of NonRoot)
-for v in AGNHOST_TAG AGNHOST_PREV_TAG BUSYBOX_TAG PAUSE_TAG NONROOT_TAG; do
+KITTEN_TAG=$(tag_of Kitten)
+NAUTILUS_TAG=$(tag_of Nautilus)
+NGINX_TAG=$(tag_of Nginx)
+NGINX_NEW_TAG=$(tag_of NginxNew)
+for v in AGNHOST_TAG AGNHOST_PREV_TAG BUSYBOX_TAG PAUSE_TAG NONROOT_TAG KITTEN_TAG NAUTILUS_TAG NGINX_TAG NGINX_NEW_TAG; do
 	[ -n "${!v}" ] || die "no $v in $MANIFEST"
 done
 
@@ -88,7 +92,8 @@ fi
 ARCHIVES=$OUT/images
 (cd "$REPO_ROOT" && go run ./tools/conformance/mkimages -busybox "$BUSYBOX" -agnhost "$AGN_DIR/agnhost" \
 	-porter-dir "$KSRC/test/images/agnhost/porter" -agnhost-tags "$AGNHOST_TAG,$AGNHOST_PREV_TAG" \
-	-busybox-tag "$BUSYBOX_TAG" -pause-tag "$PAUSE_TAG" -nonroot-tag "$NONROOT_TAG" -out "$ARCHIVES") >/dev/null ||
+	-busybox-tag "$BUSYBOX_TAG" -pause-tag "$PAUSE_TAG" -nonroot-tag "$NONROOT_TAG" -images-src "$KSRC/test/images" \
+	-kitten-tag "$KITTEN_TAG" -nautilus-tag "$NAUTILUS_TAG" -nginx-tags "$NGINX_TAG,$NGINX_NEW_TAG" -out "$ARCHIVES") >/dev/null ||
 	die "tools/conformance/mkimages failed"
 
 # The e2e images under <registry>/e2e-test-images (promoterE2eRegistry), pause under
@@ -107,6 +112,10 @@ push "agnhost_$AGNHOST_PREV_TAG.tar" "e2e-test-images/agnhost:$AGNHOST_PREV_TAG"
 push "busybox_$BUSYBOX_TAG.tar" "e2e-test-images/busybox:$BUSYBOX_TAG"
 push "nonroot_$NONROOT_TAG.tar" "e2e-test-images/nonroot:$NONROOT_TAG"
 push "pause_$PAUSE_TAG.tar" "k8s/pause:$PAUSE_TAG"
+push "kitten_$KITTEN_TAG.tar" "e2e-test-images/kitten:$KITTEN_TAG"
+push "nautilus_$NAUTILUS_TAG.tar" "e2e-test-images/nautilus:$NAUTILUS_TAG"
+push "nginx_$NGINX_TAG.tar" "e2e-test-images/nginx:$NGINX_TAG"
+push "nginx_$NGINX_NEW_TAG.tar" "e2e-test-images/nginx:$NGINX_NEW_TAG"
 
 # Registries the suite names but nothing here serves keep pointing at nothing reachable: a spec
 # using one fails on its image pull, which docs/conformance.md then says.

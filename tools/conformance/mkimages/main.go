@@ -12,7 +12,13 @@
 // Usage:
 //
 //	go run ./tools/conformance/mkimages -busybox /bin/busybox -agnhost AGNHOST -porter-dir DIR \
-//	    -agnhost-tags 2.66.1,2.55 -busybox-tag 1.37.0-2 -pause-tag 3.10.2 -nonroot-tag 1.5 -out DIR
+//	    -agnhost-tags 2.66.1,2.55 -busybox-tag 1.37.0-2 -pause-tag 3.10.2 -nonroot-tag 1.5 \
+//	    -images-src K8S/test/images -kitten-tag 1.8 -nautilus-tag 1.8 -nginx-tags 1.27.0-2,1.28.0-2 -out DIR
+//
+// kitten and nautilus are agnhost serving its test-webserver with their html files in / (as
+// upstream's Dockerfiles build them on agnhost). nginx is not nginx: it is busybox httpd serving
+// /usr/share/nginx/html on port 80 in the foreground, which is all the specs that name it use it
+// for (a long-running pod that answers HTTP on 80; a changed image tag for the update specs).
 package main
 
 import (
@@ -74,16 +80,28 @@ func main() {
 	busyboxTag := flag.String("busybox-tag", "", "tag of the busybox image")
 	pauseTag := flag.String("pause-tag", "", "tag of the pause image")
 	nonrootTag := flag.String("nonroot-tag", "", "tag of the nonroot image (busybox as uid 1234)")
+	imagesSrc := flag.String("images-src", "", "k8s.io/kubernetes/test/images (kitten/html and nautilus/html come from it)")
+	kittenTag := flag.String("kitten-tag", "", "tag of the kitten image")
+	nautilusTag := flag.String("nautilus-tag", "", "tag of the nautilus image")
+	nginxTags := flag.String("nginx-tags", "", "comma-separated tags of the nginx image (busybox httpd on port 80)")
 	out := flag.String("out", "", "directory for the archives")
 	flag.Parse()
-	if err := run(*busybox, *agnhost, *porterDir, *agnhostTags, *busyboxTag, *pauseTag, *nonrootTag, *out); err != nil {
+	web := webImages{src: *imagesSrc, kittenTag: *kittenTag, nautilusTag: *nautilusTag, nginxTags: *nginxTags}
+	if err := run(*busybox, *agnhost, *porterDir, *agnhostTags, *busyboxTag, *pauseTag, *nonrootTag, web, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimages:", err)
 		os.Exit(1)
 	}
 }
 
-func run(busyboxPath, agnhostPath, porterDir, agnhostTags, busyboxTag, pauseTag, nonrootTag, out string) error {
-	if out == "" || agnhostPath == "" || porterDir == "" || agnhostTags == "" || busyboxTag == "" || pauseTag == "" || nonrootTag == "" {
+// webImages are the images that serve HTTP: kitten and nautilus (agnhost's test-webserver with
+// upstream's html files) and nginx (busybox httpd).
+type webImages struct {
+	src, kittenTag, nautilusTag, nginxTags string
+}
+
+func run(busyboxPath, agnhostPath, porterDir, agnhostTags, busyboxTag, pauseTag, nonrootTag string, web webImages, out string) error {
+	if out == "" || agnhostPath == "" || porterDir == "" || agnhostTags == "" || busyboxTag == "" || pauseTag == "" || nonrootTag == "" ||
+		web.src == "" || web.kittenTag == "" || web.nautilusTag == "" || web.nginxTags == "" {
 		return fmt.Errorf("every flag is required (see -h)")
 	}
 	base, err := busyboxBase(busyboxPath)
@@ -115,6 +133,24 @@ func run(busyboxPath, agnhostPath, porterDir, agnhostTags, busyboxTag, pauseTag,
 		image{name: "pause", tag: pauseTag, extra: []entry{file("pause", 0o755, agn)},
 			config: config{Env: []string{defaultPath}, Entrypoint: []string{"/pause", "pause"}}},
 	)
+	for _, w := range []struct{ name, tag string }{{"kitten", web.kittenTag}, {"nautilus", web.nautilusTag}} {
+		extra := []entry{file("agnhost", 0o755, agn)}
+		for _, f := range []string{w.name + ".jpg", "data.json"} {
+			b, err := os.ReadFile(filepath.Join(web.src, w.name, "html", f))
+			if err != nil {
+				return fmt.Errorf("the %s image's files: %w", w.name, err)
+			}
+			extra = append(extra, file(f, 0o644, b))
+		}
+		images = append(images, image{name: w.name, tag: w.tag, extra: extra,
+			config: config{Env: []string{defaultPath}, Entrypoint: []string{"/agnhost"}, Cmd: []string{"test-webserver"}}})
+	}
+	for _, tag := range strings.Split(web.nginxTags, ",") {
+		extra := []entry{dir("usr/share", 0o755), dir("usr/share/nginx", 0o755), dir("usr/share/nginx/html", 0o755),
+			file("usr/share/nginx/html/index.html", 0o644, []byte("<html><body>mqlet conformance nginx stand-in "+tag+"</body></html>\n"))}
+		images = append(images, image{name: "nginx", tag: tag, extra: extra,
+			config: config{Env: []string{defaultPath}, Cmd: []string{"httpd", "-f", "-v", "-p", "80", "-h", "/usr/share/nginx/html"}}})
+	}
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
