@@ -381,14 +381,19 @@ func (w *edgeWorld) stopAgent(t *testing.T) {
 // ServiceAccount's token, POD_NAMESPACE for the Lease's namespace, the admin MQTT identity.
 func (w *edgeWorld) startBridge(t *testing.T, identity string) *bridgeProc {
 	t.Helper()
+	return w.startBridgeWith(t, identity)
+}
+
+// startBridgeWith is startBridge with more flags.
+func (w *edgeWorld) startBridgeWith(t *testing.T, identity string, extra ...string) *bridgeProc {
+	t.Helper()
 	ports, err := loopback.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
 	cert, key := w.broker.ClientCert(mqtttest.Admin)
-	p := startProc(t, w.dir, "bridge-"+identity, w.bridgeBin, []string{"POD_NAMESPACE=" + bridgeNamespace},
-		"--kubeconfig", w.bridgeKubeconfig,
+	args := append([]string{"--kubeconfig", w.bridgeKubeconfig,
 		"--mqtt-broker", w.broker.TLS, "--mqtt-ca-file", w.broker.CAFile,
 		"--mqtt-cert-file", cert, "--mqtt-key-file", key,
 		"--node-selector", edgeRoleLabel,
@@ -396,7 +401,8 @@ func (w *edgeWorld) startBridge(t *testing.T, identity string) *bridgeProc {
 		"--leader-elect-lease-duration", leaderLease.String(),
 		"--leader-elect-renew-deadline", leaderRenew.String(),
 		"--leader-elect-retry-period", leaderRetry.String(),
-		"--metrics-addr", addr, "--log-level", "debug")
+		"--metrics-addr", addr, "--log-level", "debug"}, extra...)
+	p := startProc(t, w.dir, "bridge-"+identity, w.bridgeBin, []string{"POD_NAMESPACE=" + bridgeNamespace}, args...)
 	b := &bridgeProc{proc: p, identity: identity, metrics: addr}
 	w.mu.Lock()
 	w.bridges[identity] = b
@@ -414,11 +420,16 @@ func (w *edgeWorld) startBridge(t *testing.T, identity string) *bridgeProc {
 
 // leader waits until one running bridge holds the leader Lease and says so on /readyz, and
 // returns it.
-// waitPodGone waits (runBound) until pod p of testNS, this very object (its UID), is gone from the API.
+// waitPodGone waits (runBound) until pod p (of testNS when its namespace is unset), this very
+// object (its UID), is gone from the API.
 func (w *edgeWorld) waitPodGone(t *testing.T, p *v1.Pod) {
 	t.Helper()
+	ns := p.Namespace
+	if ns == "" {
+		ns = testNS
+	}
 	within(t, runBound, "pod "+p.Name+" gone from the API", func() (bool, string) {
-		cur, err := w.kube.CoreV1().Pods(testNS).Get(context.Background(), p.Name, metav1.GetOptions{})
+		cur, err := w.kube.CoreV1().Pods(ns).Get(context.Background(), p.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) || (err == nil && cur.UID != p.UID) {
 			return true, ""
 		}

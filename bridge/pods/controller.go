@@ -92,6 +92,15 @@ type Options struct {
 	EventQPS   float32
 	EventBurst int
 	EventQueue int
+
+	// NoServiceAccountTokens leaves pods without API tokens: the kube-api-access-* volume is
+	// stripped and a serviceAccountToken projection a user wrote is refused by the node. Without
+	// it the bridge asks the TokenRequest API for every projection and sends the token sealed
+	// (tokens.go).
+	NoServiceAccountTokens bool
+	// TokenMaxAge renews a token older than this even before 80 % of its lifetime; default
+	// DefaultTokenMaxAge.
+	TokenMaxAge time.Duration
 }
 
 // Indexer names on the pod informer.
@@ -134,6 +143,8 @@ type Controller struct {
 	// is known to be no older than what arrived meanwhile. Guarded by mu.
 	restatus  map[string]bool
 	statusSeq map[string]uint64
+
+	tokens *tokens // nil with NoServiceAccountTokens
 
 	// synced, when set (tests), is called after each sync of a queue's key with its outcome.
 	synced func(queue, key string, err error)
@@ -219,6 +230,9 @@ func New(o Options) (*Controller, error) {
 		known:      map[string]bool{},
 		restatus:   map[string]bool{},
 		statusSeq:  map[string]uint64{},
+	}
+	if !o.NoServiceAccountTokens {
+		c.tokens = newTokens(o.Kube, o.TokenMaxAge)
 	}
 	// Only pods bound to a node matter; the field selector keeps the scheduler's backlog of
 	// pending pods out of the bridge's memory.
@@ -651,6 +665,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		wg.Go(func() { c.work(ctx, statusQ, c.syncStatus, "status") })
 	}
 	wg.Go(func() { c.runEvents(ctx) })
+	if c.tokens != nil {
+		wg.Go(func() { c.renewTokens(ctx) })
+	}
 	<-ctx.Done()
 	nodeQ.ShutDown()
 	statusQ.ShutDown()
@@ -659,6 +676,22 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.nodeQ, c.statusQ = nil, nil
 	c.mu.Unlock()
 	return nil
+}
+
+// renewTokens syncs again every node holding a token due for renewal, until ctx ends.
+func (c *Controller) renewTokens(ctx context.Context) {
+	t := time.NewTicker(c.tokens.checkEvery())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			for _, node := range c.tokens.due(now) {
+				c.queueNode(node)
+			}
+		}
+	}
 }
 
 // work takes keys from q until it shuts down; a failed key is retried with back-off.

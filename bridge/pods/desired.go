@@ -29,6 +29,9 @@ func (c *Controller) syncNode(ctx context.Context, node string) error {
 		c.mu.Lock()
 		delete(c.nodes, node)
 		c.mu.Unlock()
+		if c.tokens != nil {
+			c.tokens.forget(node)
+		}
 		return nil
 	}
 	c.mu.Lock()
@@ -53,7 +56,7 @@ func (c *Controller) syncNode(ctx context.Context, node string) error {
 	if acks != nil {
 		st.raise(acks.Top())
 	}
-	want, terminating, err := c.wanted(node, st)
+	want, terminating, err := c.wanted(ctx, node, st)
 	if err != nil {
 		return err
 	}
@@ -184,7 +187,7 @@ func (c *Controller) nodeAcks(node string) *protocol.Acks {
 // them out, and it stops them with their spec's.
 // A referenced object that does not exist is not sent (the node waits for it, as kubelet does); so
 // secrets reach only nodes whose pods reference them.
-func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*v1.Pod, error) {
+func (c *Controller) wanted(ctx context.Context, node string, st *nodeState) (map[string]*object, []*v1.Pod, error) {
 	objs, err := c.pods.GetIndexer().ByIndex(byNode, node)
 	if err != nil {
 		return nil, nil, fmt.Errorf("node %s: list pods: %w", node, err)
@@ -230,6 +233,10 @@ func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*
 			}
 		}
 	}()
+	uids := map[types.UID]bool{}
+	if c.tokens != nil {
+		defer c.tokens.retain(node, uids)
+	}
 	for _, x := range objs {
 		p := podOf(x)
 		if p == nil || p.Spec.NodeName != node {
@@ -241,10 +248,18 @@ func (c *Controller) wanted(node string, st *nodeState) (map[string]*object, []*
 				continue
 			}
 		}
-		o, sp, err := c.podObject(node, st, p)
+		uids[p.UID] = true
+		o, sp, toks, tokErrs, err := c.podObject(ctx, node, st, p)
 		add(o, err)
 		if err != nil {
 			continue
+		}
+		for _, s := range toks {
+			add(c.secretObject(node, s))
+		}
+		for name, err := range tokErrs {
+			logStuck(protocol.ObjectKey(protocol.KindSecret, p.Namespace, name),
+				"no service account token for a pod; its node waits for it: "+err.Error(), "pod", p.Namespace+"/"+p.Name)
 		}
 		for _, r := range References(&sp.Spec) {
 			switch r.Kind {
@@ -312,30 +327,37 @@ func (c *Controller) secretObject(node string, s *v1.Secret) (*object, error) {
 // the node refuses it with kubelet's NodeAffinity reason. Whichever form the node already holds
 // stays: a later change of the Node's labels must not hand the node a changed pod
 // (IgnoredDuringExecution).
-func (c *Controller) podObject(node string, st *nodeState, p *v1.Pod) (*object, *v1.Pod, error) {
-	sp := SanitizePod(p)
+//
+// With service account tokens on, the pod's serviceAccountToken projections name Secrets made for
+// them (withTokens), returned as toks; a token the API did not give is in tokErrs, by Secret name,
+// and the node waits for it.
+func (c *Controller) podObject(ctx context.Context, node string, st *nodeState, p *v1.Pod) (o *object, spec *v1.Pod, toks []*v1.Secret, tokErrs map[string]error, err error) {
+	sp := sanitizePod(p, c.tokens != nil)
 	WithDeletion(sp, p)
 	c.withServiceEnv(sp, p)
+	if c.tokens != nil {
+		toks, tokErrs = c.withTokens(ctx, node, sp, p)
+	}
 	full, err := encodeObject(protocol.KindPod, p.Namespace, p.Name, sp)
 	if err != nil || !HasNodeSelection(sp) {
-		return full, sp, err
+		return full, sp, toks, tokErrs, err
 	}
 	bare := sp.DeepCopy()
 	DropNodeSelection(bare)
 	lean, err := encodeObject(protocol.KindPod, p.Namespace, p.Name, bare)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	switch sent, ok := st.entries[protocol.ObjectKey(protocol.KindPod, p.Namespace, p.Name)]; {
 	case ok && sent.Hash == full.Hash:
-		return full, sp, nil
+		return full, sp, toks, tokErrs, nil
 	case ok && sent.Hash == lean.Hash:
-		return lean, bare, nil
+		return lean, bare, toks, tokErrs, nil
 	}
 	if n, err := c.nodeLister.Get(node); err == nil && nodeaffinity.Matches(sp, node, n.Labels) {
-		return lean, bare, nil
+		return lean, bare, toks, tokErrs, nil
 	}
-	return full, sp, nil
+	return full, sp, toks, tokErrs, nil
 }
 
 // gracefulDeletion says whether the node takes a listed pod with a deletionTimestamp as its

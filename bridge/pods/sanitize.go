@@ -17,10 +17,12 @@ const tokenVolumePrefix = "kube-api-access-"
 //   - metadata.managedFields, resourceVersion and the deletion fields: bookkeeping of the API
 //     server. resourceVersion changes with every status write, so keeping it would make each
 //     status write look like a new desired pod and republish it.
-//   - the injected kube-api-access-* volume and its mounts: an edge node gets no API token (the
-//     node has no API server to renew it against, and a token on a device is a credential
-//     outside the cluster). A projected serviceAccountToken volume the user wrote is kept, so
-//     the node refuses the pod with a message naming the field instead of running it without.
+//   - the injected kube-api-access-* volume and its mounts, when the bridge does not hand out
+//     service account tokens (--no-service-account-tokens: a token on a device is a credential
+//     outside the cluster, which an operator may not want). A projected serviceAccountToken
+//     volume the user wrote is kept, so the node refuses the pod with a message naming the
+//     field instead of running it without. When the bridge does hand them out, the volume stays
+//     and Controller.withTokens fills it.
 //   - spec.serviceAccount (the deprecated alias the API copies from serviceAccountName): the node
 //     warns about it on every pod, and it has no effect there.
 //   - enableServiceLinks (the API defaults it to true): the bridge has applied it already, as the
@@ -30,7 +32,11 @@ const tokenVolumePrefix = "kube-api-access-"
 //
 // metadata.uid and metadata.generation stay: the node keeps the uid (its status is matched to the
 // API pod by it) and reports the generation it runs back as status.observedGeneration.
-func SanitizePod(in *v1.Pod) *v1.Pod {
+func SanitizePod(in *v1.Pod) *v1.Pod { return sanitizePod(in, false) }
+
+// sanitizePod is SanitizePod; with keepTokens the kube-api-access-* volume stays, for the bridge
+// to fill with a token of its own asking (Controller.withTokens).
+func sanitizePod(in *v1.Pod, keepTokens bool) *v1.Pod {
 	p := in.DeepCopy()
 	p.TypeMeta = metav1.TypeMeta{}
 	stripMeta(&p.ObjectMeta)
@@ -41,7 +47,7 @@ func SanitizePod(in *v1.Pod) *v1.Pod {
 	drop := map[string]bool{}
 	vols := p.Spec.Volumes[:0]
 	for _, v := range p.Spec.Volumes {
-		if isInjectedTokenVolume(&v) {
+		if !keepTokens && isInjectedTokenVolume(&v) {
 			drop[v.Name] = true
 			continue
 		}

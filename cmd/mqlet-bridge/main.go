@@ -18,6 +18,7 @@ import (
 	"github.com/mqlet/mqlet/bridge"
 	"github.com/mqlet/mqlet/bridge/mq"
 	"github.com/mqlet/mqlet/bridge/nodes"
+	"github.com/mqlet/mqlet/bridge/pods"
 	"github.com/mqlet/mqlet/internal/buildversion"
 	"github.com/mqlet/mqlet/sync/sealing"
 	"github.com/mqlet/mqlet/sync/signing"
@@ -72,6 +73,9 @@ type RunCmd struct {
 	NodeCA           string        `name:"node-ca" placeholder:"FILE|none" help:"CA certificate (PEM) that issues the nodes' client certificates: Secrets are sealed only to a key the node's certificate vouches for. Default with --mqtt-cert-file: the CA in --mqtt-ca-file that issued the bridge's own certificate; none: take the key as the broker hands it over."`
 	NodeCRL          string        `name:"node-crl" placeholder:"FILE" help:"The fleet CA's CRL (PEM, the broker's crlfile), read again when it changes: a revoked node certificate vouches for no sealing key."`
 
+	NoServiceAccountTokens    bool          `name:"no-service-account-tokens" help:"Give pods no API token: strip the kube-api-access-* volume the API injects (a serviceAccountToken volume a user wrote is refused by the node). By default the bridge asks the TokenRequest API for each and sends the token sealed to the node."`
+	ServiceAccountTokenMaxAge time.Duration `name:"service-account-token-max-age" default:"24h" hidden:"" help:"Renew a pod's token once this old even before 80% of its lifetime (kubelet: 24h); tests shorten it."`
+
 	MetricsAddr string `default:"127.0.0.1:10360" help:"Address of /metrics, /healthz and /readyz (in a pod use :10360 so the kubelet's probes reach it); \"-\" serves nothing."`
 	LogLevel    string `default:"info" enum:"debug,info,warn,error" help:"Log level: debug, info, warn or error."`
 }
@@ -121,7 +125,8 @@ func (r *RunCmd) options(log *slog.Logger, key ed25519.PrivateKey, nodes *sealin
 		MetricsAddr:               r.MetricsAddr,
 		Version:                   version,
 		Log:                       log,
-		Pods:                      podsPart(key, nodes), // see pods.go
+		Pods: podsPart(pods.Options{SigningKey: key, NodeTrust: nodes, // see pods.go
+			NoServiceAccountTokens: r.NoServiceAccountTokens, TokenMaxAge: r.ServiceAccountTokenMaxAge}),
 	}
 }
 

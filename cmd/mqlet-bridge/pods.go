@@ -2,33 +2,23 @@ package main
 
 import (
 	"context"
-	"crypto/ed25519"
 
 	"github.com/mqlet/mqlet/bridge"
 	"github.com/mqlet/mqlet/bridge/mq"
 	"github.com/mqlet/mqlet/bridge/pods"
-	"github.com/mqlet/mqlet/sync/sealing"
 )
 
 // podsPart builds the pods part of the bridge (bridge/pods): desired pods, configMaps and secrets
-// per node, pod status and events; indexes signed with key when it is set, Secrets sealed only to
-// keys nodes vouches for when it is set.
-func podsPart(key ed25519.PrivateKey, nodes *sealing.NodeTrust) func(d bridge.Deps) (*bridge.Part, error) {
-	return func(d bridge.Deps) (*bridge.Part, error) { return buildPods(d, key, nodes) }
+// per node, pod status and events. o holds what the flags set (the signing key, the nodes' CA,
+// service account tokens); the clients and the connection come from the bridge's Deps.
+func podsPart(o pods.Options) func(d bridge.Deps) (*bridge.Part, error) {
+	return func(d bridge.Deps) (*bridge.Part, error) { return buildPods(d, o) }
 }
 
-func buildPods(d bridge.Deps, key ed25519.PrivateKey, nodes *sealing.NodeTrust) (*bridge.Part, error) {
-	c, err := pods.New(pods.Options{
-		Kube:       d.Kube,
-		Factory:    d.Informers,
-		Broker:     d.Conn,
-		Topics:     d.Topics,
-		Served:     d.Nodes.Served,
-		Metrics:    d.Metrics,
-		Log:        d.Log,
-		SigningKey: key,
-		NodeTrust:  nodes,
-	})
+func buildPods(d bridge.Deps, o pods.Options) (*bridge.Part, error) {
+	o.Kube, o.Factory, o.Broker, o.Topics = d.Kube, d.Informers, d.Conn, d.Topics
+	o.Served, o.Metrics, o.Log = d.Nodes.Served, d.Metrics, d.Log
+	c, err := pods.New(o)
 	if err != nil {
 		return nil, err
 	}
