@@ -332,6 +332,18 @@ func (c *Controller) secretObject(node string, s *v1.Secret) (*object, error) {
 // them (withTokens), returned as toks; a token the API did not give is in tokErrs, by Secret name,
 // and the node waits for it.
 func (c *Controller) podObject(ctx context.Context, node string, st *nodeState, p *v1.Pod) (o *object, spec *v1.Pod, toks []*v1.Secret, tokErrs map[string]error, err error) {
+	sent, held := st.entries[protocol.ObjectKey(protocol.KindPod, p.Namespace, p.Name)]
+	if c.tokens != nil && held && hasInjectedTokenVolume(p) {
+		// A pod the node took without its token volume (from a bridge before service account
+		// tokens, or one run with --no-service-account-tokens) keeps that form: the volume added
+		// would restart its containers, and a pod runs the spec it started with.
+		old := SanitizePod(p)
+		WithDeletion(old, p)
+		c.withServiceEnv(old, p)
+		if o, sp, ok := heldForm(p, old, sent.Hash); ok {
+			return o, sp, nil, nil, nil
+		}
+	}
 	sp := sanitizePod(p, c.tokens != nil)
 	WithDeletion(sp, p)
 	c.withServiceEnv(sp, p)
@@ -348,16 +360,38 @@ func (c *Controller) podObject(ctx context.Context, node string, st *nodeState, 
 	if err != nil {
 		return nil, nil, nil, nil, err
 	}
-	switch sent, ok := st.entries[protocol.ObjectKey(protocol.KindPod, p.Namespace, p.Name)]; {
-	case ok && sent.Hash == full.Hash:
+	switch {
+	case held && sent.Hash == full.Hash:
 		return full, sp, toks, tokErrs, nil
-	case ok && sent.Hash == lean.Hash:
+	case held && sent.Hash == lean.Hash:
 		return lean, bare, toks, tokErrs, nil
 	}
 	if n, err := c.nodeLister.Get(node); err == nil && nodeaffinity.Matches(sp, node, n.Labels) {
 		return lean, bare, toks, tokErrs, nil
 	}
 	return full, sp, toks, tokErrs, nil
+}
+
+// heldForm returns sp encoded as the node holds it (hash), with or without its node selection,
+// and false when the node holds neither form.
+func heldForm(p, sp *v1.Pod, hash string) (*object, *v1.Pod, bool) {
+	full, err := encodeObject(protocol.KindPod, p.Namespace, p.Name, sp)
+	if err != nil {
+		return nil, nil, false
+	}
+	if full.Hash == hash {
+		return full, sp, true
+	}
+	if !HasNodeSelection(sp) {
+		return nil, nil, false
+	}
+	bare := sp.DeepCopy()
+	DropNodeSelection(bare)
+	lean, err := encodeObject(protocol.KindPod, p.Namespace, p.Name, bare)
+	if err != nil || lean.Hash != hash {
+		return nil, nil, false
+	}
+	return lean, bare, true
 }
 
 // gracefulDeletion says whether the node takes a listed pod with a deletionTimestamp as its

@@ -92,6 +92,16 @@ func DropNodeSelection(p *v1.Pod) {
 	}
 }
 
+// hasInjectedTokenVolume says whether p has the ServiceAccount admission plugin's volume.
+func hasInjectedTokenVolume(p *v1.Pod) bool {
+	for i := range p.Spec.Volumes {
+		if isInjectedTokenVolume(&p.Spec.Volumes[i]) {
+			return true
+		}
+	}
+	return false
+}
+
 // isInjectedTokenVolume: the ServiceAccount admission plugin's volume, recognised by both its
 // name and its token source, so that a user's own volume of that name is left alone.
 func isInjectedTokenVolume(v *v1.Volume) bool {

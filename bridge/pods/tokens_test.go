@@ -262,3 +262,40 @@ func TestTokenCacheRenewsAtEightyPercentAndRetriesFailures(t *testing.T) {
 		t.Errorf("tokens of a gone pod kept: %v", tk.byNode)
 	}
 }
+
+// A pod a node took from a bridge that stripped the token volume (an older bridge, or one with
+// --no-service-account-tokens) keeps that form when a bridge with tokens takes over: adding the
+// volume would restart its containers. A pod made afterwards gets its token.
+func TestPodHeldWithoutTokenVolumeKeepsItsForm(t *testing.T) {
+	old := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
+	node, _ := sealedNode(t, nodeA)
+	objs := []runtime.Object{old, node, configMap("default", "web-config", map[string]string{"a": "1"}),
+		configMap("default", "kube-root-ca.crt", map[string]string{"ca.crt": "PEM"})}
+	before := startWith(t, func(o *Options) { o.NoServiceAccountTokens = true }, []string{nodeA}, objs...)
+	stripped := before.desired(nodeA, protocol.KindPod, "default", "web-1")
+	if len(stripped.Pod.Spec.Volumes) != 1 {
+		t.Fatalf("volumes %+v: want the token volume stripped", stripped.Pod.Spec.Volumes)
+	}
+	idx := before.index(nodeA)
+
+	api := &tokenAPI{}
+	h := startWith(t, func(o *Options) {
+		api.install(o.Kube.(*fake.Clientset))
+		o.Broker = before.broker
+	}, []string{nodeA}, append(objs, apiPod("default", "web-2", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000002"))...)
+	h.broker = before.broker
+	waitFor(t, "web-2 with its token", func() bool {
+		i := h.index(nodeA)
+		_, ok := i.Objects[protocol.ObjectKey(protocol.KindSecret, "default", tokenSecretName("6f1c2d3e-aaaa-4bbb-8ccc-000000000002", 1, 0))]
+		return ok
+	})
+	key := protocol.ObjectKey(protocol.KindPod, "default", "web-1")
+	if got := h.index(nodeA).Objects[key]; got != idx.Objects[key] {
+		t.Errorf("web-1 sent again (%v, was %v): a running pod's spec changed under it", got, idx.Objects[key])
+	}
+	for _, c := range api.calls() {
+		if c.spec.BoundObjectRef.Name == "web-1" {
+			t.Errorf("a token was asked for web-1, which runs without its volume")
+		}
+	}
+}
