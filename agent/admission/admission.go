@@ -277,6 +277,7 @@ func validatePod(pod *v1.Pod) field.ErrorList {
 		errs = append(errs, validateContainer(&pod.Spec.Containers[i], spec.Child("containers").Index(i), names)...)
 	}
 	errs = append(errs, validateObjectVolumes(&pod.Spec, spec)...) // objvolumes.go
+	errs = append(errs, validateImageVolumes(&pod.Spec, spec)...)  // imagevolumes.go
 	return append(errs, checkFields(&pod.Spec, errs)...)           // fields.go: no field silently ignored
 }
 

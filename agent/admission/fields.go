@@ -172,7 +172,7 @@ func FieldRules() []FieldRule {
 		{Path: "stdinOnce", Class: Refused, Note: "no attach (see stdin)"},
 		{Path: "tty", Class: Refused, Note: "no attach: containers get no terminal"},
 	}
-	const otherSources = "mqlet runs emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes"
+	const otherSources = "mqlet runs emptyDir, hostPath, configMap, secret, downwardAPI, projected and image volumes"
 	refusedSource := func(name, why string) FieldRule {
 		if why == "" {
 			why = otherSources
@@ -214,10 +214,12 @@ func FieldRules() []FieldRule {
 		{Path: "volumes[*].projected.sources[*].podCertificate", Class: Refused, Note: "pod certificates are issued through the API server"},
 		{Path: "volumes[*].projected.defaultMode", Class: Implemented},
 		{Path: "volumes[*].projected.defaultUser", Class: Refused, Note: "alpha; not supported"},
+		{Path: "volumes[*].image", Class: Implemented, Note: "the image's files, mounted read-only, nosuid, nodev, noexec, as the CRI mounts them; kept as first mounted for the pod's life"},
+		{Path: "volumes[*].image.reference", Class: Implemented, Note: "pulled with the pod's imagePullSecrets; an unreachable registry falls back to a local copy, as for containers"},
+		{Path: "volumes[*].image.pullPolicy", Class: Implemented, Note: "defaulted as the API does: Always for :latest or no tag, else IfNotPresent"},
 		refusedSource("persistentVolumeClaim", "PersistentVolumeClaims "+notOnNode+"; use hostPath"),
 		refusedSource("ephemeral", "generic ephemeral volumes are PersistentVolumeClaims, which "+notOnNode),
 		refusedSource("csi", "CSI drivers are not supported"),
-		refusedSource("image", "image volumes are not supported yet"),
 		refusedSource("gitRepo", "deprecated; clone in an init container into an emptyDir"),
 		refusedSource("nfs", ""),
 		refusedSource("iscsi", ""),
@@ -447,8 +449,12 @@ func setSources(s *v1.VolumeSource) []string {
 // defaultVolumeSource is the API server's default: a volume that names no source is an emptyDir.
 func defaultVolumeSource(spec *v1.PodSpec) {
 	for i := range spec.Volumes {
-		if len(setSources(&spec.Volumes[i].VolumeSource)) == 0 {
-			spec.Volumes[i].EmptyDir = &v1.EmptyDirVolumeSource{}
+		v := &spec.Volumes[i]
+		if len(setSources(&v.VolumeSource)) == 0 {
+			v.EmptyDir = &v1.EmptyDirVolumeSource{}
+		}
+		if v.Image != nil && v.Image.PullPolicy == "" {
+			v.Image.PullPolicy = DefaultPullPolicy(v.Image.Reference)
 		}
 	}
 }

@@ -289,7 +289,7 @@ func TestRefusedFieldMessages(t *testing.T) {
 	p.Spec.InitContainers = []v1.Container{{Name: "i", Image: "busybox:1", TTY: true}}
 	_, err := admitPod(p, source.File)
 	for _, want := range []string{
-		"spec.volumes[1].nfs: Forbidden: not supported by mqlet: mqlet runs emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes",
+		"spec.volumes[1].nfs: Forbidden: not supported by mqlet: mqlet runs emptyDir, hostPath, configMap, secret, downwardAPI, projected and image volumes",
 		"spec.initContainers[0].tty: Forbidden: not supported by mqlet: no attach",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {

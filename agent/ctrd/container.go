@@ -101,6 +101,9 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		}
 		return Container{}, &StartError{reason, err}
 	}
+	if err := r.setUpImageVolumes(ctx, pod, sb, c); err != nil { // imagevolume.go
+		return Container{}, err
+	}
 	id := ContainerID(string(pod.UID), c.Name, restarts)
 	opts, stage, err := r.specOpts(pod, sb, c, img, id)
 	if err != nil {

@@ -26,7 +26,8 @@ type ImageUse struct {
 }
 
 // ContainerImages lists the image of every container in the namespace, mqlet's or anyone else's,
-// running or not: image garbage collection keeps every image a container was made from.
+// running or not, and of every pod's image volume: image garbage collection keeps every image a
+// container was made from or a pod mounts.
 func (r *Runtime) ContainerImages(ctx context.Context) ([]ImageUse, error) {
 	ctrs, err := r.client.ContainerService().List(r.ctx(ctx))
 	if err != nil {
@@ -39,6 +40,16 @@ func (r *Runtime) ContainerImages(ctx context.Context) ([]ImageUse, error) {
 			u.Digest = d
 		}
 		out = append(out, u)
+	}
+	// An image a pod mounts as a volume is in use as much as a container's (imagevolume.go).
+	err = r.client.SnapshotService(r.opts.Snapshotter).Walk(r.ctx(ctx), func(_ context.Context, info snapshots.Info) error {
+		if img := info.Labels[LabelImageVolumeImage]; img != "" && strings.HasPrefix(info.Name, imageVolumeSnapshotPrefix) {
+			out = append(out, ImageUse{Container: info.Name, Name: img})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list image volume snapshots: %w", err)
 	}
 	return out, nil
 }

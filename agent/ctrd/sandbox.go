@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/devices"
 	v1 "k8s.io/api/core/v1"
@@ -103,6 +104,7 @@ func (r *Runtime) sandboxHooks() []sandboxHook {
 		r.emptyDirHook(),
 		fsGroupHook{r.log},          // after the volumes it gives to the pod's fsGroup
 		objectVolumesHook{r.dirs()}, // after the pod dir: its tmpfs mounts go before the dir is removed
+		imageVolumesHook{r.dirs(), func() snapshots.Snapshotter { return r.client.SnapshotService(r.opts.Snapshotter) }, r.ctx}, // likewise
 		hostsHook{r.opts.DNS},
 		r.devicesHook(),  // after the pod dir, where it records the allocation
 		bootMarkerHook{}, // last: only a complete set-up is recorded as done in this boot

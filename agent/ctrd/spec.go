@@ -136,12 +136,16 @@ func (r *Runtime) volumeMounts(pod *v1.Pod, sb *Sandbox, c *v1.Container, env []
 			if file, err = openHostPath(pod, v); err != nil { // hostpath.go
 				return nil, nil, err
 			}
+		case v.Image != nil:
+			if src = sb.Volumes[v.Name]; src == "" { // imagevolume.go
+				return nil, nil, fmt.Errorf("image volume %q: not set up for container %q", v.Name, c.Name)
+			}
 		default:
 			var handled bool
 			if src, handled, err = r.setUpObjectVolume(pod, sb.Dir, &v); err != nil {
 				return nil, nil, err
 			} else if !handled {
-				return nil, nil, ctrspec.ConfigErrorf("volume %q: only emptyDir, hostPath, configMap, secret, downwardAPI and projected volumes are supported", v.Name)
+				return nil, nil, ctrspec.ConfigErrorf("volume %q: only emptyDir, hostPath, configMap, secret, downwardAPI, projected and image volumes are supported", v.Name)
 			}
 		}
 		// A missing subPath is made a directory in any kind of volume, as kubelet's makeMounts does
@@ -151,11 +155,15 @@ func (r *Runtime) volumeMounts(pod *v1.Pod, sb *Sandbox, c *v1.Container, env []
 		if src, err = r.stageMount(&stage, id, c, m, env, src, file); err != nil {
 			return nil, nil, err
 		}
-		opt := "rw"
-		if m.ReadOnly || objectVolumeReadOnly(&v) {
-			opt = "ro"
+		opts := []string{"rbind", "rw"}
+		switch {
+		case v.Image != nil:
+			// As the CRI mounts them: nothing in an image volume runs or gains privileges.
+			opts = []string{"rbind", "ro", "nosuid", "nodev", "noexec"}
+		case m.ReadOnly || objectVolumeReadOnly(&v):
+			opts[1] = "ro"
 		}
-		out = append(out, specs.Mount{Destination: m.MountPath, Type: "bind", Source: src, Options: []string{"rbind", opt}})
+		out = append(out, specs.Mount{Destination: m.MountPath, Type: "bind", Source: src, Options: opts})
 	}
 	return out, stage, nil
 }
