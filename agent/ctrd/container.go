@@ -92,14 +92,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 	}
 	img, err := r.EnsureImage(r.withPullSecrets(ctx, pod), c.Image, c.ImagePullPolicy)
 	if err != nil {
-		reason := "ErrImagePull"
-		switch {
-		case errors.Is(err, ErrImageNeverPull):
-			reason = "ErrImageNeverPull"
-		case errors.Is(err, ErrInvalidImage):
-			reason = "InvalidImageName"
-		}
-		return Container{}, &StartError{reason, err}
+		return Container{}, pullFailure(err)
 	}
 	if err := r.setUpImageVolumes(ctx, pod, sb, c); err != nil { // imagevolume.go
 		return Container{}, err
@@ -231,6 +224,18 @@ func (r *Runtime) logPath(pod *v1.Pod, name string, restarts int) (string, error
 
 // DefaultGrace is kubelet's termination grace period when a pod sets none.
 const DefaultGrace = 30 * time.Second
+
+// pullFailure is a failed EnsureImage as the container's waiting reason, kubelet's words.
+func pullFailure(err error) *StartError {
+	reason := "ErrImagePull"
+	switch {
+	case errors.Is(err, ErrImageNeverPull):
+		reason = "ErrImageNeverPull"
+	case errors.Is(err, ErrInvalidImage):
+		reason = "InvalidImageName"
+	}
+	return &StartError{reason, err}
+}
 
 // PodGrace is the pod's terminationGracePeriodSeconds, or kubelet's default.
 func PodGrace(pod *v1.Pod) time.Duration {

@@ -80,14 +80,7 @@ func (r *Runtime) setUpImageVolume(ctx context.Context, pod *v1.Pod, podDir stri
 	// Admission defaulted the pull policy as the API does.
 	img, err := r.EnsureImage(r.withPullSecrets(ctx, pod), v.Image.Reference, v.Image.PullPolicy)
 	if err != nil {
-		reason := "ErrImagePull"
-		switch {
-		case errors.Is(err, ErrImageNeverPull):
-			reason = "ErrImageNeverPull"
-		case errors.Is(err, ErrInvalidImage):
-			reason = "InvalidImageName"
-		}
-		return "", &StartError{reason, fmt.Errorf("image volume %q: %w", v.Name, err)}
+		return "", pullFailure(fmt.Errorf("image volume %q: %w", v.Name, err))
 	}
 	ctx = r.ctx(ctx)
 	diffIDs, err := img.RootFS(ctx)
