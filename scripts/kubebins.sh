@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real Kubernetes control plane the bridge's end-to-end tests and `make bench-fleet` run
-# against: kube-apiserver, kube-controller-manager and kube-scheduler, from the Go module proxy
+# against: kube-apiserver, kube-controller-manager and kube-scheduler, and the kubectl the tests
+# drive it with (of the same version: a machine's own kubectl may be any), from the Go module proxy
 # (k8s.io/kubernetes cannot be required directly: its go.mod points each staging module at
 # ./staging, so a throwaway module requires it and replaces every staging module with its v0.Y.Z
 # release). The binaries are cached under $KUBE_DIR keyed by version (and rebuilt when this
@@ -24,7 +25,7 @@ VERSION=${1:-v1.${API#v0.}}
 MINOR=v0.${VERSION#v1.}
 KUBE_DIR=${KUBE_DIR:-/var/lib/mqlet-test/kube}
 BIN=$KUBE_DIR/$VERSION/bin
-CMDS="kube-apiserver kube-controller-manager kube-scheduler"
+CMDS="kube-apiserver kube-controller-manager kube-scheduler kubectl"
 # The release's own version in the binaries, as Kubernetes' release build stamps it
 # (hack/lib/version.sh): without it they call themselves v0.0.0-master and /version says so.
 VERSION_LDFLAGS=
@@ -112,7 +113,7 @@ if ! go mod tidy >tidy.log 2>&1; then
 	fi
 fi
 log "modules resolved ($((SECONDS - START))s)"
-# One go build for the three commands: their shared packages are compiled once and the three links
+# One go build for the four commands: their shared packages are compiled once and the links
 # run side by side. No debug information is made at all (-dwarf=false saves compile time; -s -w
 # only strips it at link time), since nobody debugs these binaries here. -v names each package as
 # it is compiled; the count is the progress shown, since a clean build takes minutes.

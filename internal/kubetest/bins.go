@@ -11,8 +11,8 @@ import (
 )
 
 const (
-	// VarKubeBin names the directory holding kube-apiserver, kube-controller-manager and
-	// kube-scheduler; scripts/testenv.sh writes it to EnvFile (from scripts/kubebins.sh).
+	// VarKubeBin names the directory holding kube-apiserver, kube-controller-manager,
+	// kube-scheduler and kubectl; scripts/testenv.sh writes it to EnvFile (from scripts/kubebins.sh).
 	VarKubeBin = "MQLET_TEST_KUBE_BIN"
 	// VarRequire set to "1" makes a missing binary fail the test instead of skipping it (the
 	// same variable internal/testenv reads).
@@ -23,11 +23,12 @@ const (
 	KubeCacheDir = "/var/lib/mqlet-test/kube"
 )
 
-var kubeCommands = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+var kubeCommands = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl"}
 
-// binaries are the resolved paths of the four programs a cluster runs.
+// binaries are the resolved paths of the four programs a cluster runs, and of the kubectl of
+// its version that tests drive it with.
 type binaries struct {
-	etcd, apiserver, controllerManager, scheduler string
+	etcd, apiserver, controllerManager, scheduler, kubectl string
 }
 
 // findBinaries resolves the kube bin dir (opts, then $MQLET_TEST_KUBE_BIN, then EnvFile, then the
@@ -63,6 +64,8 @@ func findBinaries(opts Options) (binaries, error) {
 			b.controllerManager = p
 		case 2:
 			b.scheduler = p
+		case 3:
+			b.kubectl = p
 		}
 	}
 	b.etcd = opts.EtcdPath

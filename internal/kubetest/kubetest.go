@@ -104,6 +104,7 @@ type Cluster struct {
 	ca         *authority
 	admin      *rest.Config
 	kubeconfig string
+	kubectl    string
 	host       string
 	etcdURL    string
 
@@ -180,7 +181,7 @@ func StartCluster(ctx context.Context, opts Options) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, opts.StartTimeout)
 	defer cancel()
 
-	c := &Cluster{opts: opts, dir: opts.Dir, spawn: newSpawner()}
+	c := &Cluster{opts: opts, dir: opts.Dir, spawn: newSpawner(), kubectl: bins.kubectl}
 	if c.dir == "" {
 		if c.dir, err = os.MkdirTemp("", "kubetest-"); err != nil {
 			c.spawn.close()
@@ -563,6 +564,10 @@ func (c *Cluster) RESTConfig() *rest.Config { return rest.CopyConfig(c.admin) }
 
 // Kubeconfig returns the path of the admin's kubeconfig file.
 func (c *Cluster) Kubeconfig() string { return c.kubeconfig }
+
+// Kubectl returns the path of the kubectl of the cluster's version (scripts/kubebins.sh builds
+// it): tests use it, not whatever kubectl the machine has.
+func (c *Cluster) Kubectl() string { return c.kubectl }
 
 // Host returns the apiserver's URL (https://127.0.0.1:port).
 func (c *Cluster) Host() string { return c.host }
