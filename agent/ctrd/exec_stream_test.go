@@ -1,0 +1,128 @@
+package ctrd_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mqlet/mqlet/agent/ctrd"
+)
+
+// syncBuffer is a bytes.Buffer for output copied in from containerd's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// waitFor waits (bounded) until buf holds want.
+func waitFor(t *testing.T, buf *syncBuffer, want string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(buf.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("output never showed %q; it has %q", want, buf.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestExecStream(t *testing.T) {
+	rt, env, ns := newRuntime(t)
+	logPath := filepath.Join(t.TempDir(), "log")
+	const id = "exec-stream-target"
+	runBusybox(t, env, ns, id, logPath, "echo inside > /tmp/marker; echo ready; exec sleep 3600")
+	waitLog(t, logPath, "ready")
+	ctx := context.Background()
+
+	t.Run("stdin, stdout, stderr and exit code", func(t *testing.T) {
+		var out, errOut syncBuffer
+		// cat ends only if the stdin EOF reaches the command: without CloseIO it would hang.
+		code, err := rt.ExecStream(ctx, id, []string{"sh", "-c", "cat; cat /tmp/marker; echo to-stderr >&2; exit 3"},
+			ctrd.ExecStreams{Stdin: strings.NewReader("from-stdin\n"), Stdout: &out, Stderr: &errOut})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code != 3 {
+			t.Errorf("exit code %d, want 3", code)
+		}
+		if got := out.String(); got != "from-stdin\ninside\n" {
+			t.Errorf("stdout %q, want stdin echoed and the container's file", got)
+		}
+		if got := errOut.String(); got != "to-stderr\n" {
+			t.Errorf("stderr %q, want to-stderr", got)
+		}
+	})
+
+	t.Run("tty with size and resize", func(t *testing.T) {
+		var out syncBuffer
+		resize := make(chan ctrd.TermSize, 1)
+		type result struct {
+			code int
+			err  error
+		}
+		res := make(chan result, 1)
+		go func() {
+			code, err := rt.ExecStream(ctx, id, []string{"sh", "-c", "tty; stty size; echo go; while [ \"$(stty size)\" = '30 100' ]; do sleep 0.05; done; stty size; exit 5"},
+				ctrd.ExecStreams{Stdout: &out, TTY: true, Size: ctrd.TermSize{Width: 100, Height: 30}, Resize: resize})
+			res <- result{code, err}
+		}()
+		waitFor(t, &out, "go")
+		resize <- ctrd.TermSize{Width: 120, Height: 40}
+		r := <-res
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r.code != 5 {
+			t.Errorf("exit code %d, want 5", r.code)
+		}
+		got := out.String()
+		if !strings.Contains(got, "/dev/pts/") || !strings.Contains(got, "30 100") || !strings.Contains(got, "40 120") {
+			t.Errorf("output %q lacks a pts, the initial size 30 100 or the resized 40 120", got)
+		}
+	})
+
+	t.Run("context end kills the command", func(t *testing.T) {
+		cctx, cancel := context.WithCancel(ctx)
+		var out syncBuffer
+		inR, inW := io.Pipe() // a stdin that never ends: its Read must not hold ExecStream
+		defer inW.Close()
+		errc := make(chan error, 1)
+		go func() {
+			_, err := rt.ExecStream(cctx, id, []string{"sh", "-c", "echo started; exec sleep 3600"},
+				ctrd.ExecStreams{Stdin: inR, Stdout: &out})
+			errc <- err
+		}()
+		waitFor(t, &out, "started")
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("err %v, want context.Canceled", err)
+		}
+		if n := processes(t, env.ContainerdAddress, ns, id); n != 1 {
+			t.Errorf("%d processes in the container after the cancel, want 1", n)
+		}
+	})
+
+	t.Run("container not running", func(t *testing.T) {
+		if _, err := rt.ExecStream(ctx, "no-such-container", []string{"true"}, ctrd.ExecStreams{}); err == nil || !strings.Contains(err.Error(), "no-such-container") {
+			t.Errorf("err %v, want one naming the container", err)
+		}
+	})
+}
