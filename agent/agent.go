@@ -26,6 +26,7 @@ import (
 	"github.com/mqlet/mqlet/agent/probe"
 	"github.com/mqlet/mqlet/agent/sysctl"
 	"github.com/mqlet/mqlet/core/event"
+	"github.com/mqlet/mqlet/core/execio"
 	"github.com/mqlet/mqlet/core/source"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
@@ -1145,4 +1146,59 @@ func (a *Agent) LogPath(namespace, name, container string, previous bool) (strin
 		return "", fmt.Errorf("container %q in pod %q has not started yet", container, name)
 	}
 	return "", fmt.Errorf("container %s is not valid for pod %s, choose one of: %v", container, name, names)
+}
+
+// execRuntime is the part of the runtime an interactive exec needs; *ctrd.Runtime has it (an
+// optional interface, so the unit tests' fake runtimes need not).
+type execRuntime interface {
+	ExecStream(ctx context.Context, id string, cmd []string, s execio.Streams) (int, error)
+}
+
+// ExecTarget finds the containerd id of a running container of a pod, for an exec (api.ExecProvider),
+// with kubectl's rules: an omitted container is the pod's first.
+func (a *Agent) ExecTarget(namespace, name, container string) (string, error) {
+	var p *v1.Pod
+	for _, q := range a.Pods() {
+		if q.Namespace == namespace && q.Name == name {
+			p = &q
+			break
+		}
+	}
+	if p == nil {
+		return "", fmt.Errorf("pod %s/%s not found", namespace, name)
+	}
+	if container == "" {
+		if len(p.Spec.Containers) == 0 {
+			return "", fmt.Errorf("pod %s/%s has no containers", namespace, name)
+		}
+		container = p.Spec.Containers[0].Name
+	}
+	var names []string
+	for _, c := range podspec.AllContainers(&p.Spec) {
+		names = append(names, c.Name)
+	}
+	if !slices.Contains(names, container) {
+		return "", fmt.Errorf("container %s is not valid for pod %s/%s, choose one of: %v", container, namespace, name, names)
+	}
+	for _, cs := range podspec.AllStatuses(&p.Status) {
+		if cs.Name != container {
+			continue
+		}
+		id, ok := strings.CutPrefix(cs.ContainerID, "containerd://")
+		if cs.State.Running == nil || !ok || id == "" {
+			return "", fmt.Errorf("container %q in pod %s/%s is not running", container, namespace, name)
+		}
+		return id, nil
+	}
+	return "", fmt.Errorf("container %q in pod %s/%s has not started yet", container, namespace, name)
+}
+
+// ExecStream runs cmd in the container with id (from ExecTarget) with its stdio on s, until it
+// ends or ctx does (api.ExecProvider).
+func (a *Agent) ExecStream(ctx context.Context, id string, cmd []string, s execio.Streams) (int, error) {
+	rt, ok := a.rt.(execRuntime)
+	if !ok {
+		return -1, errors.New("this agent's runtime cannot exec")
+	}
+	return rt.ExecStream(ctx, id, cmd, s)
 }

@@ -98,6 +98,7 @@ func NewServer(p Provider, log *slog.Logger) *Server {
 	s.mux.HandleFunc("GET /api/v1/namespaces/{ns}/pods", s.listPods)
 	s.mux.HandleFunc("GET /api/v1/namespaces/{ns}/pods/{name}", s.getPod)
 	s.mux.HandleFunc("GET /api/v1/namespaces/{ns}/pods/{name}/log", s.getLog)
+	s.mux.HandleFunc("POST /api/v1/namespaces/{ns}/pods/{name}/exec", s.exec)
 	s.mux.HandleFunc("GET /api/v1/rejected", s.listRejected)
 	s.mux.HandleFunc("GET /api/v1/nodes", s.listNodes)
 	s.mux.HandleFunc("GET /api/v1/nodes/{name}", s.getNode)
