@@ -32,6 +32,7 @@ type cli struct {
 	Describe  DescribeCmd  `cmd:"" help:"Show details of an object of the local agent."`
 	Node      NodeCmd      `cmd:"" help:"Show the local agent's node status."`
 	Logs      LogsCmd      `cmd:"" help:"Print the logs of a container of a pod."`
+	Exec      ExecCmd      `cmd:"" help:"Run a command in a container of a pod, like kubectl exec."`
 	Top       TopCmd       `cmd:"" help:"Show the CPU (millicores) and memory (working set) of the node and its pods, like kubectl top."`
 	Image     ImageCmd     `cmd:"" help:"Import and list images in containerd (works without the agent)."`
 	VersionC  VersionCmd   `cmd:"" name:"version" help:"Print the version."`
@@ -99,6 +100,10 @@ func run(args []string, env *ctlEnv) (status int) {
 		return 1
 	}
 	if err := kctx.Run(env); err != nil {
+		var es exitStatus
+		if errors.As(err, &es) {
+			return int(es)
+		}
 		fmt.Fprintln(env.errOut, "mqlet:", err)
 		return 1
 	}

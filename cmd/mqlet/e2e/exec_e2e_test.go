@@ -1,0 +1,60 @@
+package e2e
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// `mqlet exec` runs a command in a pod's container through the agent's API: stdin in, stdout and
+// stderr apart, the command's exit code as mqlet's; a pod or container that is not there is refused
+// with the agent's message.
+func TestExecThroughTheAgent(t *testing.T) {
+	h := newHarness(t)
+	h.writeManifest("web.yaml", twoContainers)
+	h.startAgent()
+	h.waitPod("web", "running", allRunning)
+
+	run := func(stdin string, args ...string) (string, string, int) {
+		cmd := exec.Command(h.bin, args...)
+		cmd.Env = append(os.Environ(), "MQLET_API_SOCKET="+h.sock)
+		cmd.Stdin = strings.NewReader(stdin)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errOut.String(), code
+	}
+
+	out, errOut, code := run("from-stdin\n", "exec", "-i", "-c", "client", "web", "--", "sh", "-c", "cat; echo on-stderr >&2; exit 3")
+	if out != "from-stdin\n" || errOut != "on-stderr\n" || code != 3 {
+		t.Errorf("stdout %q, stderr %q, exit %d; want from-stdin, on-stderr, 3", out, errOut, code)
+	}
+	// Without -i the command's stdin is closed: cat ends at once.
+	out, _, code = run("ignored\n", "exec", "default/web", "--", "sh", "-c", "cat; echo done")
+	if out != "done\n" || code != 0 {
+		t.Errorf("without -i: stdout %q, exit %d; want done, 0", out, code)
+	}
+	// -t with stdin not a terminal goes on without one, as kubectl does.
+	out, errOut, code = run("", "exec", "-t", "web", "--", "sh", "-c", "tty || true")
+	if !strings.Contains(out, "not a tty") || !strings.Contains(errOut, "Unable to use a TTY") || code != 0 {
+		t.Errorf("-t without a terminal: stdout %q, stderr %q, exit %d", out, errOut, code)
+	}
+	_, errOut, code = run("", "exec", "nope", "--", "true")
+	if code != 1 || !strings.Contains(errOut, "pod default/nope not found") {
+		t.Errorf("unknown pod: exit %d, stderr %q", code, errOut)
+	}
+	_, errOut, code = run("", "exec", "-c", "nosuch", "web", "--", "true")
+	if code != 1 || !strings.Contains(errOut, "container nosuch is not valid") {
+		t.Errorf("unknown container: exit %d, stderr %q", code, errOut)
+	}
+}
