@@ -137,7 +137,7 @@ func TestComplete(t *testing.T) {
 		words []string
 		want  string // candidates joined by spaces
 	}{
-		{[]string{""}, "agent pods describe node logs top image version ctl check uninstall completion"}, // not the hidden ones
+		{[]string{""}, "agent pods describe node logs exec top image version ctl check uninstall completion"}, // not the hidden ones
 		{[]string{"c"}, "ctl check completion"},
 		{[]string{"ctl", "get", ""}, "nodes pods"},
 		{[]string{"ctl", "--broker", "tcp://b:1883", "g"}, "get"}, // the flag's value is skipped
