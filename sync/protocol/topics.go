@@ -23,6 +23,7 @@ const (
 	ClassDesired     Class = "desired"  // <node>/desired/<kinds>/<namespace>/<name>, retained
 	ClassIndex       Class = "index"    // <node>/index, retained
 	ClassLogsRequest Class = "logs/req" // <node>/logs/req, not retained
+	ClassExecRequest Class = "exec/req" // <node>/exec/req, not retained: opens and client frames
 
 	// Uplink, written by the node.
 	ClassLiveness   Class = "online"         // <node>/online, retained (and the Last Will)
@@ -33,6 +34,7 @@ const (
 	ClassAcks       Class = "acks"           // <node>/acks, retained
 	ClassResync     Class = "resync"         // <node>/resync, not retained
 	ClassLogsReply  Class = "logs/resp"      // <node>/logs/resp/<request id>, not retained
+	ClassExecReply  Class = "exec/resp"      // <node>/exec/resp/<session id>, not retained
 	// The node's own end-of-retained marker (docs/protocol.md section 10, done by the node for its
 	// own subtree): written and read by the node only, not retained.
 	ClassNodeMarker Class = "marker" // <node>/marker
@@ -140,6 +142,12 @@ func (t Topics) PodStatusFilter(node string) string { return t.Node(node) + "/st
 // LogsReply is where the chunks answering one logs request go.
 func (t Topics) LogsReply(node, id string) string { return t.Node(node) + "/logs/resp/" + id }
 
+// ExecRequest is where exec sessions are opened and their client frames go (docs/protocol.md §11).
+func (t Topics) ExecRequest(node string) string { return t.Node(node) + "/exec/req" }
+
+// ExecReply is where the node's frames of one exec session go.
+func (t Topics) ExecReply(node, id string) string { return t.Node(node) + "/exec/resp/" + id }
+
 // Marker is a reader's private topic for the end-of-retained marker (docs/protocol.md, "Reading
 // retained state"): outside every node's subtree, so no node can write or read it.
 func (t Topics) Marker(clientID string) string { return t.prefix + "/ctl/" + clientID + "/marker" }
@@ -148,7 +156,7 @@ func (t Topics) Marker(clientID string) string { return t.prefix + "/ctl/" + cli
 // its ACL does not allow it).
 func (t Topics) AllNodes(c Class) string {
 	switch c {
-	case ClassDesired, ClassPodStatus, ClassLogsReply:
+	case ClassDesired, ClassPodStatus, ClassLogsReply, ClassExecReply:
 		return t.prefix + "/nodes/+/" + string(c) + "/#"
 	}
 	return t.prefix + "/nodes/+/" + string(c)
@@ -213,6 +221,13 @@ func (t Topics) Parse(topic string) (Topic, error) {
 		out.Class = ClassLogsRequest
 	case seg[1] == "logs" && len(seg) == 4 && seg[2] == "resp":
 		out.Class, out.ID = ClassLogsReply, seg[3]
+		if err := ValidateRequestID(out.ID); err != nil {
+			return bad(err.Error())
+		}
+	case seg[1] == "exec" && len(seg) == 3 && seg[2] == "req":
+		out.Class = ClassExecRequest
+	case seg[1] == "exec" && len(seg) == 4 && seg[2] == "resp":
+		out.Class, out.ID = ClassExecReply, seg[3]
 		if err := ValidateRequestID(out.ID); err != nil {
 			return bad(err.Error())
 		}

@@ -187,3 +187,17 @@ func Generate() (*Key, error) {
 	}
 	return FromNodeKey(nodeKey)
 }
+
+// Agree is the X25519 shared secret of the node's sealing key and peer's public key: an exec
+// session (sync/stream) derives its keys from it, so that only this node and the holder of peer's
+// private key can read the session.
+func (k *Key) Agree(peer *ecdh.PublicKey) ([]byte, error) {
+	s, err := k.priv.ECDH(peer)
+	if err != nil {
+		return nil, fmt.Errorf("sealing key: agree with %s: %w", KeyID(peer), err)
+	}
+	return s, nil
+}
+
+// PublicKey is the node's public sealing key.
+func (k *Key) PublicKey() *ecdh.PublicKey { return k.priv.PublicKey() }
