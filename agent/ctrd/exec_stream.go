@@ -105,7 +105,11 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s Exe
 	if s.TTY {
 		opts = append(opts, cio.WithTerminal)
 	}
-	proc, err := task.Exec(ctx, execID, &pspec, cio.NewCreator(opts...))
+	// Create and start on a context that ctx's end does not cut short: a start the shim carried out
+	// while our call gave up would leave a process nobody kills. ctx's end is seen after the start
+	// and kills it as usual.
+	sctx := context.WithoutCancel(ctx)
+	proc, err := task.Exec(sctx, execID, &pspec, cio.NewCreator(opts...))
 	if err != nil {
 		return -1, fmt.Errorf("exec %q in %s: %w", cmd[0], id, err)
 	}
@@ -133,7 +137,7 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s Exe
 	if err != nil {
 		return -1, fmt.Errorf("exec %q in %s: wait: %w", cmd[0], id, err)
 	}
-	if err := proc.Start(ctx); err != nil {
+	if err := proc.Start(sctx); err != nil {
 		return -1, fmt.Errorf("exec %q in %s: start: %w", cmd[0], id, err)
 	}
 	procReady <- proc
