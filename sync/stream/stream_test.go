@@ -497,4 +497,3 @@ func TestExecNodeOffline(t *testing.T) {
 		t.Errorf("err %v, want 'node gone did not answer'", err)
 	}
 }
-
