@@ -197,6 +197,7 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 			return err
 		}
 		o.Sealing = sealKey
+		o.Exec = n.view // `mqlet ctl exec`, with the sealing key
 		if n.channel, err = nodesync.New(o); err != nil {
 			return err
 		}

@@ -1,12 +1,14 @@
 package node
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/agent/nodestatus"
+	"github.com/mqlet/mqlet/core/execio"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -101,4 +103,20 @@ func (v *view) LogPath(namespace, name, container string, previous bool) (string
 		return "", fmt.Errorf("the agent is starting")
 	}
 	return v.agent.LogPath(namespace, name, container, previous)
+}
+
+// ExecTarget finds a running container for the MQTT exec server (`mqlet ctl exec`).
+func (v *view) ExecTarget(namespace, name, container string) (string, error) {
+	if v.agent == nil {
+		return "", fmt.Errorf("the agent is starting")
+	}
+	return v.agent.ExecTarget(namespace, name, container)
+}
+
+// ExecStream runs a command for the MQTT exec server.
+func (v *view) ExecStream(ctx context.Context, id string, cmd []string, s execio.Streams) (int, error) {
+	if v.agent == nil {
+		return -1, fmt.Errorf("the agent is starting")
+	}
+	return v.agent.ExecStream(ctx, id, cmd, s)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/mqlet/mqlet/sync/logserve"
 	"github.com/mqlet/mqlet/sync/protocol"
 	"github.com/mqlet/mqlet/sync/sealing"
+	"github.com/mqlet/mqlet/sync/stream"
 	"github.com/mqlet/mqlet/sync/uplink"
 	v1 "k8s.io/api/core/v1"
 )
@@ -47,7 +48,10 @@ type Options struct {
 	// refused.
 	Sealing *sealing.Key
 	// Logs, when set, finds container logs for `mqlet ctl logs` (served over MQTT).
-	Logs    logserve.LogFinder
+	Logs logserve.LogFinder
+	// Exec, when set with Sealing, runs commands in containers for `mqlet ctl exec` (sessions
+	// over MQTT, sealed with keys agreed with the sealing key).
+	Exec    stream.Execer
 	Version string
 	Log     *slog.Logger
 }
@@ -59,6 +63,7 @@ type Sync struct {
 	down *downlink.Downlink
 	up   *uplink.Uplink
 	logs *logserve.Server
+	exec *stream.Server
 
 	// ops are the downlink's fetch requests and resync requests, carried out in order by fetcher
 	// so that neither the downlink's loop nor the link's overflow handler waits on the broker.
@@ -111,6 +116,9 @@ func New(o Options) (*Sync, error) {
 	// The node's own summary and marker: the uplink reads back, on every connection, whether the
 	// broker still holds what the node reported.
 	lo.Subscriptions = []string{t.Index(o.Node), t.LogsRequest(o.Node), t.Summary(o.Node), t.NodeMarker(o.Node)}
+	if o.Exec != nil && o.Sealing != nil {
+		lo.Subscriptions = append(lo.Subscriptions, t.ExecRequest(o.Node))
+	}
 	lo.LivenessTopic = t.Liveness(o.Node)
 	lo.Online = func(session int64) []byte { return s.liveness(true, session) }
 	lo.Offline = func(session int64) []byte { return s.liveness(false, session) }
@@ -142,6 +150,10 @@ func New(o Options) (*Sync, error) {
 	if o.Logs != nil {
 		// With trust anchors, only requests signed by one of them are served.
 		s.logs = logserve.New(logserve.Options{Node: o.Node, Topics: t, Finder: o.Logs, Pub: logPublisher{l}, Log: o.Log, Trusted: o.Trusted})
+	}
+	if o.Exec != nil && o.Sealing != nil {
+		// The same anchors as logs: with them, only signed opens are served.
+		s.exec = stream.NewServer(stream.ServerOptions{Node: o.Node, Topics: t, Exec: o.Exec, Pub: logPublisher{l}, Key: o.Sealing, Trusted: o.Trusted, Log: o.Log})
 	}
 	return s, nil
 }
@@ -296,6 +308,9 @@ func (s *Sync) Run(ctx context.Context) error {
 	if s.logs != nil {
 		run("logs", s.logs.Run)
 	}
+	if s.exec != nil {
+		run("exec", s.exec.Run)
+	}
 	wg.Wait()
 	select {
 	case err := <-errc:
@@ -317,6 +332,10 @@ func (s *Sync) route(ctx context.Context) error {
 			case err == nil && t.Node == s.o.Node && t.Class == protocol.ClassLogsRequest:
 				if s.logs != nil {
 					s.logs.Handle(m.Payload)
+				}
+			case err == nil && t.Node == s.o.Node && t.Class == protocol.ClassExecRequest:
+				if s.exec != nil {
+					s.exec.Handle(m.Payload)
 				}
 			case err == nil && t.Node == s.o.Node && t.Class == protocol.ClassSummary:
 				s.up.Receive(t.Class, m.Payload, m.Retained, m.Session)
