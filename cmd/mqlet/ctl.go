@@ -42,6 +42,7 @@ type CtlCmd struct {
 	Get      CtlGetCmd      `cmd:"" help:"List nodes or pods."`
 	Describe CtlDescribeCmd `cmd:"" help:"Show a node or a pod in detail."`
 	Logs     CtlLogsCmd     `cmd:"" help:"Print the log of a container of a pod on a node."`
+	Exec     CtlExecCmd     `cmd:"" help:"Run a command in a container of a pod on a node, sealed end to end (like kubectl exec)."`
 	Keygen   CtlKeygenCmd   `cmd:"" help:"Make a key pair that signs desired state: PREFIX.key (keep it secret) and PREFIX.pub (give it to the nodes)."`
 }
 
