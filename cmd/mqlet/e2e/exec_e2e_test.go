@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/mqlet/mqlet/internal/mqtttest"
 )
 
 // `mqlet exec` runs a command in a pod's container through the agent's API: stdin in, stdout and
@@ -56,5 +58,53 @@ func TestExecThroughTheAgent(t *testing.T) {
 	_, errOut, code = run("", "exec", "-c", "nosuch", "web", "--", "true")
 	if code != 1 || !strings.Contains(errOut, "container nosuch is not valid") {
 		t.Errorf("unknown container: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// `mqlet ctl exec` runs a command in a pod's container through the broker, sealed end to end:
+// stdin in, stdout and stderr apart, the exit code as mqlet's; an offline node fails at once.
+func TestCtlExecOverMQTT(t *testing.T) {
+	mqtttest.Require(t)
+	h := newHarness(t)
+	b := mqtttest.Start(t, mqtttest.Options{Persistence: true})
+	h.writeManifest("web.yaml", twoContainers)
+	h.startMQTTAgent(b.Plain)
+	h.waitPod("web", "running", allRunning)
+	// The node's status carries its sealing key, which the session's keys are agreed with.
+	waitFor(t, "the node online with its status", func() bool {
+		out, err := h.mqletErr("ctl", "--broker", b.Plain, "get", "nodes")
+		return err == nil && strings.Contains(out, "online")
+	})
+	run := func(stdin string, args ...string) (string, string, int) {
+		cmd := exec.Command(h.bin, append([]string{"ctl", "--broker", b.Plain}, args...)...)
+		cmd.Stdin = strings.NewReader(stdin)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errOut.String(), code
+	}
+	out, errOut, code := run("from-stdin\n", "exec", "-i", "-c", "client", e2eNode+"/web", "--", "sh", "-c", "cat; echo on-stderr >&2; exit 3")
+	if out != "from-stdin\n" || errOut != "on-stderr\n" || code != 3 {
+		t.Errorf("stdout %q, stderr %q, exit %d; want from-stdin, on-stderr, 3", out, errOut, code)
+	}
+	_, errOut, code = run("", "exec", "--node", e2eNode, "nope", "--", "true")
+	if code != 1 || !strings.Contains(errOut, "pod default/nope not found") {
+		t.Errorf("unknown pod: exit %d, stderr %q", code, errOut)
+	}
+	h.stopAgent()
+	waitFor(t, "the node offline", func() bool {
+		out, err := h.mqletErr("ctl", "--broker", b.Plain, "get", "nodes")
+		return err == nil && strings.Contains(out, "offline")
+	})
+	_, errOut, code = run("", "exec", e2eNode+"/web", "--", "true")
+	if code != 1 || !strings.Contains(errOut, "the node is offline") {
+		t.Errorf("offline node: exit %d, stderr %q", code, errOut)
 	}
 }
