@@ -23,7 +23,7 @@ type TermSize struct {
 	Height uint16 `json:"height"`
 }
 
-// ExecRequest opens an exec session in a pod's container (docs/protocol.md §11). It is signed like
+// ExecRequest opens an exec session in a pod's container (docs/protocol.md §9a). It is signed like
 // a LogsRequest (SignExecRequest), including ClientKey, so nobody but the signer can take part in
 // the session: the session's keys come from ClientKey and the node's sealing key.
 type ExecRequest struct {

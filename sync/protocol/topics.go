@@ -142,7 +142,7 @@ func (t Topics) PodStatusFilter(node string) string { return t.Node(node) + "/st
 // LogsReply is where the chunks answering one logs request go.
 func (t Topics) LogsReply(node, id string) string { return t.Node(node) + "/logs/resp/" + id }
 
-// ExecRequest is where exec sessions are opened and their client frames go (docs/protocol.md §11).
+// ExecRequest is where exec sessions are opened and their client frames go (docs/protocol.md §9a).
 func (t Topics) ExecRequest(node string) string { return t.Node(node) + "/exec/req" }
 
 // ExecReply is where the node's frames of one exec session go.

@@ -1,4 +1,4 @@
-// Package stream carries interactive exec sessions over MQTT (docs/protocol.md §11): the node's
+// Package stream carries interactive exec sessions over MQTT (docs/protocol.md §9a): the node's
 // side (Server) runs the command and the client's side (Exec) is what `mqlet ctl exec` and the
 // bridge call.
 //
