@@ -70,6 +70,9 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s Exe
 	if stderr == nil {
 		stderr = io.Discard
 	}
+	outSpool, errSpool := newSpool(stdout, execSpoolLimit), newSpool(stderr, execSpoolLimit)
+	defer func() { outSpool.abort(); errSpool.abort() }() // no-ops once they are done
+	stdout, stderr = outSpool, errSpool
 	// stdin goes through a pipe we own, so the copy containerd's cio runs ends when we close it
 	// (after the command ended), whatever the caller's reader does. That copy starts before
 	// task.Exec returns; it meets the caller's EOF only after writing everything before it to the
@@ -189,9 +192,19 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s Exe
 	if err := st.Error(); err != nil {
 		return -1, fmt.Errorf("exec %q in %s: %w", cmd[0], id, err)
 	}
-	// Delete waits for the output copies, so every byte the command wrote is out when we return.
+	// Delete waits for the output copies into the spools; then the spools are written out, so
+	// every byte the command wrote is out when we return.
 	if err := del(); err != nil {
 		return -1, fmt.Errorf("exec %q in %s: %w", cmd[0], id, err)
+	}
+	outSpool.close()
+	errSpool.close()
+	for _, sp := range []*spool{outSpool, errSpool} {
+		select {
+		case <-sp.done:
+		case <-ctx.Done():
+			return -1, ctx.Err()
+		}
 	}
 	return int(st.ExitCode()), nil
 }

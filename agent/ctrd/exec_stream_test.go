@@ -71,6 +71,22 @@ func TestExecStream(t *testing.T) {
 		}
 	})
 
+	t.Run("a slow reader gets every byte", func(t *testing.T) {
+		// The output backs up behind the reader while cat runs; containerd 1.6 drops what is
+		// still in the exec's pipes when it exits (~50 KiB here, every time) unless it is
+		// taken off them at once, which the spool does.
+		in := strings.Repeat("0123456789abcdef", 40000)
+		var out syncBuffer
+		slow := writerFunc(func(p []byte) (int, error) { time.Sleep(5 * time.Millisecond); return out.Write(p) })
+		code, err := rt.ExecStream(ctx, id, []string{"sh", "-c", "cat; exit 3"}, ctrd.ExecStreams{Stdin: strings.NewReader(in), Stdout: slow})
+		if err != nil || code != 3 {
+			t.Fatalf("exit %d, err %v", code, err)
+		}
+		if got := out.String(); got != in {
+			t.Errorf("%d bytes came out, want the %d that went in", len(got), len(in))
+		}
+	})
+
 	t.Run("tty with size and resize", func(t *testing.T) {
 		var out syncBuffer
 		resize := make(chan ctrd.TermSize, 1)
@@ -126,3 +142,7 @@ func TestExecStream(t *testing.T) {
 		}
 	})
 }
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

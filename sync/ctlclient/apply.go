@@ -144,16 +144,21 @@ func (c *Client) Apply(ctx context.Context, node string, objects []any) (*ApplyR
 // hands it over, and a broker operator who replaced it before a Secret was sealed could read that
 // Secret (docs/security.md); the signed index still keeps them from changing what the node runs.
 func (c *Client) sealingKey(ctx context.Context, node string) (*ecdh.PublicKey, error) {
+	return c.nodeKey(ctx, node, "secrets are only sent sealed")
+}
+
+// nodeKey is sealingKey with why it is needed (said in its errors).
+func (c *Client) nodeKey(ctx context.Context, node, why string) (*ecdh.PublicKey, error) {
 	n, skipped, err := c.Node(ctx, node)
 	switch {
 	case err != nil && !errors.Is(err, ErrNotFound):
 		return nil, fmt.Errorf("read the node's sealing key: %w", err)
 	case err != nil || n.Status == nil:
-		why := ""
+		skippedWhy := ""
 		if len(skipped) > 0 {
-			why = fmt.Sprintf(" (its status cannot be read: %v)", skipped[0])
+			skippedWhy = fmt.Sprintf(" (its status cannot be read: %v)", skipped[0])
 		}
-		return nil, fmt.Errorf("node %s has not reported its status to this broker%s, so its sealing key is unknown: secrets are only sent sealed (start the node first)", node, why)
+		return nil, fmt.Errorf("node %s has not reported its status to this broker%s, so its sealing key is unknown: %s (start the node first)", node, skippedWhy, why)
 	}
 	var pub *ecdh.PublicKey
 	if c.o.NodeTrust != nil {
@@ -162,7 +167,7 @@ func (c *Client) sealingKey(ctx context.Context, node string) (*ecdh.PublicKey, 
 		pub, err = sealing.NodePublic(n.Status.Object)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: secrets are only sent sealed", err)
+		return nil, fmt.Errorf("%w: %s", err, why)
 	}
 	return pub, nil
 }

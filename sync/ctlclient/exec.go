@@ -39,7 +39,7 @@ func (c *Client) Exec(ctx context.Context, node string, req protocol.ExecRequest
 	if err == nil && n.State == StateOffline {
 		return -1, fmt.Errorf("exec on node %s: the node is offline (since %s)", node, n.Since.Format("2006-01-02 15:04:05Z07:00"))
 	}
-	pub, err := c.sealingKey(ctx, node)
+	pub, err := c.nodeKey(ctx, node, "exec sessions are sealed to it")
 	if err != nil {
 		return -1, fmt.Errorf("exec on node %s: %w", node, err)
 	}

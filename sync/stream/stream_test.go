@@ -497,3 +497,36 @@ func TestExecNodeOffline(t *testing.T) {
 		t.Errorf("err %v, want 'node gone did not answer'", err)
 	}
 }
+
+// A node serves at most MaxSessions at once; one more is refused with the reason, and the running
+// one is undisturbed.
+func TestExecMaxSessions(t *testing.T) {
+	r := newRig(t, ServerOptions{MaxSessions: 1})
+	var out lockedBuf
+	inR, inW := io.Pipe()
+	errc := make(chan error, 1)
+	codec := make(chan int, 1)
+	go func() {
+		code, err := r.exec(context.Background(), r.client, r.anchor, protocol.ExecRequest{Command: []string{"sh", "-c", "echo started; read x; exit 4"}}, inR, &out, nil, nil)
+		codec <- code
+		errc <- err
+	}()
+	deadline := time.Now().Add(testTimeout)
+	for !strings.Contains(out.String(), "started") {
+		if time.Now().After(deadline) {
+			t.Fatal("the first session never started")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_, err := r.exec(context.Background(), r.client, r.anchor, protocol.ExecRequest{Command: []string{"true"}}, nil, nil, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "too many exec sessions on node n1 (1 at once)") {
+		t.Errorf("second session: err %v, want too many sessions", err)
+	}
+	inW.Write([]byte("go\n"))
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if code := <-codec; code != 4 {
+		t.Errorf("the first session's exit %d, want 4", code)
+	}
+}
