@@ -317,16 +317,33 @@ func TestExecOverMQTT(t *testing.T) {
 	t.Run("tty size and resize", func(t *testing.T) {
 		var out lockedBuf
 		resize := make(chan protocol.TermSize, 1)
+		type result struct {
+			code int
+			err  error
+		}
+		res := make(chan result, 1)
+		go func() {
+			code, err := r.exec(ctx, r.client, r.anchor, protocol.ExecRequest{TTY: true, Size: &protocol.TermSize{Width: 100, Height: 30},
+				Command: []string{"sh", "-c", "tty; stty size; while [ \"$(stty size)\" = '30 100' ]; do sleep 0.05; done; stty size; exit 5"}},
+				nil, &out, nil, resize)
+			res <- result{code, err}
+		}()
+		// Resize only once the command has seen the first size.
+		deadline := time.Now().Add(testTimeout)
+		for !strings.Contains(out.String(), "30 100") {
+			if time.Now().After(deadline) {
+				t.Fatalf("the initial size never showed: %q", out.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 		resize <- protocol.TermSize{Width: 120, Height: 40}
-		code, err := r.exec(ctx, r.client, r.anchor, protocol.ExecRequest{TTY: true, Size: &protocol.TermSize{Width: 100, Height: 30},
-			Command: []string{"sh", "-c", "tty; stty size; while [ \"$(stty size)\" = '30 100' ]; do sleep 0.05; done; stty size; exit 5"}},
-			nil, &out, nil, resize)
-		if err != nil {
-			t.Fatal(err)
+		rs := <-res
+		if rs.err != nil {
+			t.Fatal(rs.err)
 		}
 		got := out.String()
-		if code != 5 || !strings.Contains(got, "/dev/pts/") || !strings.Contains(got, "30 100") || !strings.Contains(got, "40 120") {
-			t.Errorf("exit %d, output %q: want 5, a pts, 30 100 then 40 120", code, got)
+		if rs.code != 5 || !strings.Contains(got, "/dev/pts/") || !strings.Contains(got, "40 120") {
+			t.Errorf("exit %d, output %q: want 5, a pts, 30 100 then 40 120", rs.code, got)
 		}
 	})
 
