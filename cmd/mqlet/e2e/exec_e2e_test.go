@@ -70,10 +70,11 @@ func TestCtlExecOverMQTT(t *testing.T) {
 	h.writeManifest("web.yaml", twoContainers)
 	h.startMQTTAgent(b.Plain)
 	h.waitPod("web", "running", allRunning)
-	// The node's status carries its sealing key, which the session's keys are agreed with.
-	waitFor(t, "the node online with its status", func() bool {
-		out, err := h.mqletErr("ctl", "--broker", b.Plain, "get", "nodes")
-		return err == nil && strings.Contains(out, "online")
+	// The node's status carries its sealing key, which the session's keys are agreed with: wait
+	// until the broker holds it (the node publishes it once its status settled).
+	waitFor(t, "the node's status with its sealing key", func() bool {
+		out, _ := h.mqletErr("ctl", "--broker", b.Plain, "exec", e2eNode+"/web", "--", "true")
+		return !strings.Contains(out, "has not reported its status")
 	})
 	run := func(stdin string, args ...string) (string, string, int) {
 		cmd := exec.Command(h.bin, append([]string{"ctl", "--broker", b.Plain}, args...)...)
