@@ -10,10 +10,12 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1201,4 +1203,49 @@ func (a *Agent) ExecStream(ctx context.Context, id string, cmd []string, s execi
 		return -1, errors.New("this agent's runtime cannot exec")
 	}
 	return rt.ExecStream(ctx, id, cmd, s)
+}
+
+// DialPod connects to port on the pod's 127.0.0.1, from inside its network namespace (the one of
+// its running container; the host's for a hostNetwork pod), for `mqlet ctl port-forward`.
+func (a *Agent) DialPod(ctx context.Context, namespace, name string, port int) (net.Conn, error) {
+	if port < 1 || port > 65535 {
+		return nil, fmt.Errorf("port %d is not a TCP port", port)
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	var p *v1.Pod
+	for _, q := range a.Pods() {
+		if q.Namespace == namespace && q.Name == name {
+			p = &q
+			break
+		}
+	}
+	if p == nil {
+		return nil, fmt.Errorf("pod %s/%s not found", namespace, name)
+	}
+	if p.Spec.HostNetwork {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}
+	rt, ok := a.rt.(interface {
+		TaskPid(ctx context.Context, id string) (uint32, error)
+	})
+	if !ok {
+		return nil, errors.New("this agent's runtime cannot reach a pod's network")
+	}
+	for _, cs := range podspec.AllStatuses(&p.Status) {
+		id, ok := strings.CutPrefix(cs.ContainerID, "containerd://")
+		if cs.State.Running == nil || !ok {
+			continue
+		}
+		pid, err := rt.TaskPid(ctx, id)
+		if err != nil || pid == 0 {
+			continue
+		}
+		c, err := a.prober.DialInPod(ctx, fmt.Sprintf("/proc/%d/ns/net", pid), addr)
+		if err != nil {
+			return nil, fmt.Errorf("pod %s/%s: %w", namespace, name, err)
+		}
+		return c, nil
+	}
+	return nil, fmt.Errorf("pod %s/%s has no running container, so no network to forward into", namespace, name)
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"net"
 
 	"github.com/mqlet/mqlet/agent"
 	"github.com/mqlet/mqlet/agent/config"
@@ -119,4 +120,12 @@ func (v *view) ExecStream(ctx context.Context, id string, cmd []string, s execio
 		return -1, fmt.Errorf("the agent is starting")
 	}
 	return v.agent.ExecStream(ctx, id, cmd, s)
+}
+
+// DialPod connects into a pod's network for the MQTT exec server's port-forward sessions.
+func (v *view) DialPod(ctx context.Context, namespace, name string, port int) (net.Conn, error) {
+	if v.agent == nil {
+		return nil, fmt.Errorf("the agent is starting")
+	}
+	return v.agent.DialPod(ctx, namespace, name, port)
 }

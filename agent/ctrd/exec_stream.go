@@ -242,3 +242,17 @@ func (e *eofReader) Read(p []byte) (int, error) {
 	}
 	return n, err
 }
+
+// TaskPid is the pid of container id's running task (its network namespace is the pod's).
+func (r *Runtime) TaskPid(ctx context.Context, id string) (uint32, error) {
+	ctx = r.ctx(ctx)
+	ctr, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return 0, fmt.Errorf("container %s: %w", id, err)
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("container %s has no running task: %w", id, err)
+	}
+	return task.Pid(), nil
+}

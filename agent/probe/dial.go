@@ -213,3 +213,9 @@ func withDeadline(ctx context.Context, at time.Time) context.Context {
 }
 
 func (d deadlineCtx) Deadline() (time.Time, bool) { return d.at, true }
+
+// DialInPod connects to addr (an IP literal and port) from inside the network namespace at netns,
+// as probes do: `mqlet ctl port-forward` reaches a pod's 127.0.0.1 this way.
+func (p *Prober) DialInPod(ctx context.Context, netns, addr string) (net.Conn, error) {
+	return dialInNetNS(ctx, route{netns: netns, home: p.home}, addr)
+}

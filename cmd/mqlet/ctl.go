@@ -37,13 +37,14 @@ type CtlCmd struct {
 	NodeCA       string        `name:"node-ca" placeholder:"FILE|none" help:"CA certificate (PEM) that issues the nodes' client certificates: Secrets are sealed only to a key the node's certificate vouches for. Default with --cert-file: the CA in --ca-file that issued ctl's own certificate; none: take the key as the broker hands it over."`
 	NodeCRL      string        `name:"node-crl" placeholder:"FILE" help:"The fleet CA's CRL (PEM, the broker's crlfile): a revoked node certificate vouches for no sealing key."`
 
-	Apply    CtlApplyCmd    `cmd:"" help:"Apply Pods, ConfigMaps and Secrets from a file to a node."`
-	Delete   CtlDeleteCmd   `cmd:"" help:"Delete a pod, configmap or secret of a node."`
-	Get      CtlGetCmd      `cmd:"" help:"List nodes or pods."`
-	Describe CtlDescribeCmd `cmd:"" help:"Show a node or a pod in detail."`
-	Logs     CtlLogsCmd     `cmd:"" help:"Print the log of a container of a pod on a node."`
-	Exec     CtlExecCmd     `cmd:"" help:"Run a command in a container of a pod on a node, sealed end to end (like kubectl exec)."`
-	Keygen   CtlKeygenCmd   `cmd:"" help:"Make a key pair that signs desired state: PREFIX.key (keep it secret) and PREFIX.pub (give it to the nodes)."`
+	Apply       CtlApplyCmd       `cmd:"" help:"Apply Pods, ConfigMaps and Secrets from a file to a node."`
+	Delete      CtlDeleteCmd      `cmd:"" help:"Delete a pod, configmap or secret of a node."`
+	Get         CtlGetCmd         `cmd:"" help:"List nodes or pods."`
+	Describe    CtlDescribeCmd    `cmd:"" help:"Show a node or a pod in detail."`
+	Logs        CtlLogsCmd        `cmd:"" help:"Print the log of a container of a pod on a node."`
+	Exec        CtlExecCmd        `cmd:"" help:"Run a command in a container of a pod on a node, sealed end to end (like kubectl exec)."`
+	PortForward CtlPortForwardCmd `cmd:"" name:"port-forward" help:"Forward a local port to a port of a pod on a node, sealed end to end (like kubectl port-forward)."`
+	Keygen      CtlKeygenCmd      `cmd:"" help:"Make a key pair that signs desired state: PREFIX.key (keep it secret) and PREFIX.pub (give it to the nodes)."`
 }
 
 // CtlKeygenCmd is `mqlet ctl keygen`.

@@ -33,7 +33,10 @@ type ExecRequest struct {
 	Namespace  string    `json:"namespace"`
 	Pod        string    `json:"pod"`
 	Container  string    `json:"container,omitempty"`
-	Command    []string  `json:"command"`
+	Command    []string  `json:"command,omitempty"`
+	// Port, instead of Command, makes the session a port-forward: the node connects to this
+	// port on the pod's 127.0.0.1 and the session's stdin and stdout are the connection's bytes.
+	Port int32 `json:"port,omitempty"`
 	Stdin      bool      `json:"stdin,omitempty"`
 	TTY        bool      `json:"tty,omitempty"`
 	Size       *TermSize `json:"size,omitempty"`
@@ -102,7 +105,12 @@ func DecodeExecRequest(payload []byte, max int) (*ExecRequest, error) {
 			return nil, fmt.Errorf("exec request %s: container name %q is invalid: %s", x.ID, x.Container, strings.Join(errs, "; "))
 		}
 	}
-	if len(x.Command) == 0 || x.Command[0] == "" {
+	switch {
+	case x.Port != 0 && len(x.Command) > 0:
+		return nil, fmt.Errorf("exec request %s: both a command and a port; a session is one or the other", x.ID)
+	case x.Port != 0 && (x.Port < 1 || x.Port > 65535):
+		return nil, fmt.Errorf("exec request %s: port %d is not a TCP port", x.ID, x.Port)
+	case x.Port == 0 && (len(x.Command) == 0 || x.Command[0] == ""):
 		return nil, fmt.Errorf("exec request %s: no command", x.ID)
 	}
 	if k, err := base64.StdEncoding.DecodeString(x.ClientKey); err != nil || len(k) != 32 {

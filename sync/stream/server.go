@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
@@ -22,6 +23,12 @@ import (
 type Execer interface {
 	ExecTarget(namespace, name, container string) (string, error)
 	ExecStream(ctx context.Context, id string, cmd []string, s execio.Streams) (int, error)
+}
+
+// PodDialer is implemented by Execers that can connect into a pod's network (port-forward
+// sessions); the agent does.
+type PodDialer interface {
+	DialPod(ctx context.Context, namespace, name string, port int) (net.Conn, error)
 }
 
 // Publisher publishes one message at QoS 1, not retained, and returns once the broker has
@@ -323,17 +330,37 @@ func (se *session) run(ctx context.Context) {
 	se.seal = &sealer{aead: aeadOut, id: req.ID, dir: dirToClient}
 	open := &opener{aead: aeadIn, id: req.ID, dir: dirToNode}
 
-	id, err := o.Exec.ExecTarget(req.Namespace, req.Pod, req.Container)
-	if err != nil {
-		// Sealed: the client learns it from the node itself, not from whoever can publish.
-		se.final(ctx, kindError, []byte(err.Error()), log)
-		return
+	// run is what the session carries: a command, or a connection into the pod (port-forward).
+	var run func(ctx context.Context, s execio.Streams) (int, error)
+	if req.Port != 0 {
+		d, ok := o.Exec.(PodDialer)
+		if !ok {
+			se.final(ctx, kindError, []byte("this node cannot port-forward"), log)
+			return
+		}
+		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		conn, err := d.DialPod(dctx, req.Namespace, req.Pod, int(req.Port))
+		cancel()
+		if err != nil {
+			se.final(ctx, kindError, []byte(err.Error()), log)
+			return
+		}
+		defer conn.Close()
+		run = func(ctx context.Context, s execio.Streams) (int, error) { return forward(ctx, conn, s) }
+	} else {
+		id, err := o.Exec.ExecTarget(req.Namespace, req.Pod, req.Container)
+		if err != nil {
+			// Sealed: the client learns it from the node itself, not from whoever can publish.
+			se.final(ctx, kindError, []byte(err.Error()), log)
+			return
+		}
+		run = func(ctx context.Context, s execio.Streams) (int, error) { return o.Exec.ExecStream(ctx, id, req.Command, s) }
 	}
 	if err := se.send(ctx, kindAccepted, u32(int(o.Window))); err != nil {
 		log.Warn("exec session: accept not sent", "err", err)
 		return
 	}
-	log.Info("exec session started", "container", req.Container, "command", req.Command[0])
+	log.Info("exec session started", "container", req.Container, "command", req.Command, "port", req.Port)
 
 	var (
 		actMu    sync.Mutex
@@ -355,7 +382,7 @@ func (se *session) run(ctx context.Context) {
 	resize := make(chan execio.TermSize, 1)
 	streams.Resize = resize
 	var stdin *window
-	if req.Stdin {
+	if req.Stdin || req.Port != 0 {
 		stdin = newWindow(int(o.Window))
 		streams.Stdin = stdin
 	}
@@ -454,7 +481,7 @@ func (se *session) run(ctx context.Context) {
 		}
 	}()
 
-	code, err := o.Exec.ExecStream(ectx, id, req.Command, streams)
+	code, err := run(ectx, streams)
 	if stdin != nil {
 		stdin.close()
 	}
@@ -570,4 +597,29 @@ func (w *window) consumed(done <-chan struct{}, batch int) (int, error) {
 			return 0, errSessionEnded
 		}
 	}
+}
+
+// forward copies the session's stdin into conn and conn into its stdout until conn's end (both
+// ways), or ctx's. The client's stdin EOF half-closes conn, as a TCP client's would.
+func forward(ctx context.Context, conn net.Conn, s execio.Streams) (int, error) {
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	up := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(conn, s.Stdin)
+		if cw, ok := conn.(interface{ CloseWrite() error }); ok && err == nil {
+			cw.CloseWrite()
+		}
+		up <- err
+	}()
+	_, err := io.Copy(s.Stdout, conn)
+	if ctx.Err() != nil {
+		return -1, ctx.Err()
+	}
+	if err != nil {
+		return -1, fmt.Errorf("port-forward: %w", err)
+	}
+	// The pod closed its side: the session is over whatever the client still sends.
+	conn.Close()
+	return 0, nil
 }

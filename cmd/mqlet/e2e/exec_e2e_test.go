@@ -3,6 +3,8 @@ package e2e
 import (
 	"bytes"
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -99,6 +101,34 @@ func TestCtlExecOverMQTT(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "pod default/nope not found") {
 		t.Errorf("unknown pod: exit %d, stderr %q", code, errOut)
 	}
+
+	// port-forward: an HTTP request through the local port reaches the server container, which
+	// listens on the pod's 127.0.0.1 only.
+	pf := exec.Command(h.bin, "ctl", "--broker", b.Plain, "port-forward", e2eNode+"/web", "0:8080")
+	pfOut := &syncBuffer{}
+	pf.Stdout, pf.Stderr = pfOut, pfOut
+	if err := pf.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { pf.Process.Kill(); pf.Wait() }()
+	var local string
+	waitFor(t, "port-forward listening", func() bool {
+		_, after, ok := strings.Cut(pfOut.String(), "Forwarding from ")
+		local, _, _ = strings.Cut(after, " ")
+		return ok && strings.Contains(after, " -> 8080")
+	})
+	for i := 0; i < 2; i++ { // two connections: each is a session of its own
+		resp, err := http.Get("http://" + local + "/hosts")
+		if err != nil {
+			t.Fatalf("GET through port-forward: %v (port-forward said %q)", err, pfOut.String())
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), "localhost") {
+			t.Errorf("GET /hosts through port-forward: %s %q", resp.Status, body)
+		}
+	}
+
 	h.stopAgent()
 	waitFor(t, "the node offline", func() bool {
 		out, err := h.mqletErr("ctl", "--broker", b.Plain, "get", "nodes")
