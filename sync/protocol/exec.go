@@ -27,19 +27,19 @@ type TermSize struct {
 // a LogsRequest (SignExecRequest), including ClientKey, so nobody but the signer can take part in
 // the session: the session's keys come from ClientKey and the node's sealing key.
 type ExecRequest struct {
-	APIVersion string    `json:"apiVersion"`
-	ID         string    `json:"id"`
-	Op         string    `json:"op"`
-	Namespace  string    `json:"namespace"`
-	Pod        string    `json:"pod"`
-	Container  string    `json:"container,omitempty"`
-	Command    []string  `json:"command,omitempty"`
+	APIVersion string   `json:"apiVersion"`
+	ID         string   `json:"id"`
+	Op         string   `json:"op"`
+	Namespace  string   `json:"namespace"`
+	Pod        string   `json:"pod"`
+	Container  string   `json:"container,omitempty"`
+	Command    []string `json:"command,omitempty"`
 	// Port, instead of Command, makes the session a port-forward: the node connects to this
 	// port on the pod's 127.0.0.1 and the session's stdin and stdout are the connection's bytes.
-	Port int32 `json:"port,omitempty"`
-	Stdin      bool      `json:"stdin,omitempty"`
-	TTY        bool      `json:"tty,omitempty"`
-	Size       *TermSize `json:"size,omitempty"`
+	Port  int32     `json:"port,omitempty"`
+	Stdin bool      `json:"stdin,omitempty"`
+	TTY   bool      `json:"tty,omitempty"`
+	Size  *TermSize `json:"size,omitempty"`
 	// ClientKey is the client's ephemeral X25519 public key (base64); NodeKeyID the id
 	// (sealing.KeyID) of the node sealing key the client agreed with.
 	ClientKey string `json:"clientKey"`

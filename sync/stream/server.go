@@ -354,7 +354,9 @@ func (se *session) run(ctx context.Context) {
 			se.final(ctx, kindError, []byte(err.Error()), log)
 			return
 		}
-		run = func(ctx context.Context, s execio.Streams) (int, error) { return o.Exec.ExecStream(ctx, id, req.Command, s) }
+		run = func(ctx context.Context, s execio.Streams) (int, error) {
+			return o.Exec.ExecStream(ctx, id, req.Command, s)
+		}
 	}
 	if err := se.send(ctx, kindAccepted, u32(int(o.Window))); err != nil {
 		log.Warn("exec session: accept not sent", "err", err)
