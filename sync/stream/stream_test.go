@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -102,6 +103,7 @@ type execer struct {
 	rt       *ctrd.Runtime
 	id       string
 	accepted atomic.Int64 // output bytes the node's writers took
+	echo     string       // the address DialPod connects to
 }
 
 func (e *execer) ExecTarget(ns, name, container string) (string, error) {
@@ -545,5 +547,52 @@ func TestExecMaxSessions(t *testing.T) {
 	}
 	if code := <-codec; code != 4 {
 		t.Errorf("the first session's exit %d, want 4", code)
+	}
+}
+
+// DialPod makes the test's execer a PodDialer: "the pod's port" is a local echo server.
+func (e *execer) DialPod(ctx context.Context, ns, name string, port int) (net.Conn, error) {
+	if name != "web" || e.echo == "" {
+		return nil, errors.New("pod " + ns + "/" + name + " not found")
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", e.echo)
+}
+
+// A port-forward session carries a TCP connection's bytes both ways; the client's EOF half-closes
+// it, and the pod's close ends the session with 0.
+func TestPortForwardSession(t *testing.T) {
+	r := newRig(t, ServerOptions{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { // echo upper-cased until EOF, then close
+				b, _ := io.ReadAll(c)
+				c.Write(bytes.ToUpper(b))
+				c.Close()
+			}()
+		}
+	}()
+	r.ex.echo = ln.Addr().String()
+	in := strings.Repeat("through the broker ", 10000)
+	var out lockedBuf
+	code, err := r.exec(context.Background(), r.client, r.anchor, protocol.ExecRequest{Port: 8080}, strings.NewReader(in), &out, nil, nil)
+	if err != nil || code != 0 {
+		t.Fatalf("exit %d, err %v", code, err)
+	}
+	if out.String() != strings.ToUpper(in) {
+		t.Errorf("%d bytes back, want the %d sent, upper-cased", len(out.String()), len(in))
+	}
+	_, err = r.exec(context.Background(), r.client, r.anchor, protocol.ExecRequest{Pod: "nope", Port: 8080}, strings.NewReader(""), nil, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "pod default/nope not found") {
+		t.Errorf("unknown pod: err %v", err)
 	}
 }
