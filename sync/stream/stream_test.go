@@ -596,3 +596,13 @@ func TestPortForwardSession(t *testing.T) {
 		t.Errorf("unknown pod: err %v", err)
 	}
 }
+
+// A session with no data either way for Idle ends, and its command with it; the client is told why.
+func TestExecIdleTimeout(t *testing.T) {
+	r := newRig(t, ServerOptions{Idle: time.Second})
+	_, err := r.exec(context.Background(), r.client, r.anchor, protocol.ExecRequest{Command: []string{"sleep", "3600"}}, nil, nil, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "no data either way for 1s") {
+		t.Errorf("err %v, want the idle timeout", err)
+	}
+	r.waitProcesses(t, 1, "after the idle timeout")
+}
