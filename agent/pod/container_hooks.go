@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/ctrd"
+	"github.com/mqlet/mqlet/agent/podspec"
 	"github.com/mqlet/mqlet/agent/probe"
 	"github.com/mqlet/mqlet/core/event"
 	v1 "k8s.io/api/core/v1"
@@ -111,7 +112,7 @@ func (h probeKillHook) Unhealthy(a attempt) (string, *time.Duration, bool) {
 		return "", nil, false
 	}
 	msg := fmt.Sprintf("Container %s failed %s probe", a.spec.Name, strings.ToLower(k.String()))
-	if a.pod.Spec.RestartPolicy != v1.RestartPolicyNever {
+	if a.pod.Spec.RestartPolicy != v1.RestartPolicyNever || podspec.IsSidecar(a.spec) {
 		msg += ", will be restarted"
 	}
 	var g *time.Duration

@@ -81,6 +81,13 @@ func (w *Worker) syncFailed(ctx context.Context, pod *v1.Pod, f *Failure, kill b
 	var mu sync.Mutex
 	var stopped []*ctrd.Container
 	failed := false
+	var running []ctrd.Container
+	for _, c := range observed {
+		if c.State != ctrd.StateExited && kill {
+			running = append(running, c)
+		}
+	}
+	rt := w.withOrderedStop(pod, running...) // sidecars after the app containers
 	for i := range observed {
 		c := &observed[i]
 		if c.State == ctrd.StateExited || !kill {
@@ -90,7 +97,7 @@ func (w *Worker) syncFailed(ctx context.Context, pod *v1.Pod, f *Failure, kill b
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := w.withPreStop(pod, *c).StopContainer(ctx, c.ID, g)
+			err := rt.StopContainer(ctx, c.ID, g)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/ctrd"
+	"github.com/mqlet/mqlet/agent/podspec"
 	"github.com/mqlet/mqlet/agent/probe"
 	"github.com/mqlet/mqlet/core/event"
 	v1 "k8s.io/api/core/v1"
@@ -60,14 +61,14 @@ func (w *Worker) target(pod *v1.Pod, sb *ctrd.Sandbox, c *v1.Container, cur *ctr
 	return t
 }
 
-// syncProbes runs the probes of the pod's running app containers and stops the others.
+// syncProbes runs the probes of the pod's running app containers and sidecars and stops the
+// others.
 func (w *Worker) syncProbes(pod *v1.Pod, newest map[string]*ctrd.Container) {
 	if w.probes == nil {
 		return
 	}
 	var running []probe.Running
-	for i := range pod.Spec.Containers {
-		c := &pod.Spec.Containers[i]
+	for _, c := range probed(pod) {
 		cur := newest[c.Name]
 		if cur == nil || cur.State != ctrd.StateRunning || (c.LivenessProbe == nil && c.ReadinessProbe == nil && c.StartupProbe == nil) {
 			continue
@@ -75,6 +76,21 @@ func (w *Worker) syncProbes(pod *v1.Pod, newest map[string]*ctrd.Container) {
 		running = append(running, probe.Running{Target: w.target(pod, w.sb, c, cur), StartedAt: w.rec(c.Name).startTime(cur)})
 	}
 	w.probes.Sync(running)
+}
+
+// probed lists the containers probes apply to: the sidecars and the app containers (a regular init
+// container has none: the API refuses them).
+func probed(pod *v1.Pod) []*v1.Container {
+	var out []*v1.Container
+	for i := range pod.Spec.InitContainers {
+		if c := &pod.Spec.InitContainers[i]; podspec.IsSidecar(c) {
+			out = append(out, c)
+		}
+	}
+	for i := range pod.Spec.Containers {
+		out = append(out, &pod.Spec.Containers[i])
+	}
+	return out
 }
 
 // probeStatus is containerStatus' started and ready for a running attempt.
@@ -155,6 +171,9 @@ type preStopRuntime struct {
 	pod  *v1.Pod
 	sb   *ctrd.Sandbox
 	ctrs map[string]ctrd.Container // the attempts it may stop, by id
+	// order, when set, holds each stop signal until the containers that stop before it are
+	// stopped (sidecars after the app containers: withOrderedStop).
+	order *stopOrder
 }
 
 // withPreStop wraps the runtime for stopping ctrs of pod.
@@ -167,12 +186,21 @@ func (w *Worker) withPreStop(pod *v1.Pod, ctrs ...ctrd.Container) preStopRuntime
 }
 
 func (h preStopRuntime) StopContainer(ctx context.Context, id string, grace time.Duration) error {
-	return h.Runtime.StopContainer(ctx, id, h.preStop(ctx, id, grace))
+	left := h.preStop(ctx, id, grace)
+	if h.order != nil {
+		defer h.order.stopped(id)
+		left = h.order.wait(ctx, id, left)
+	}
+	return h.Runtime.StopContainer(ctx, id, left)
 }
 
 // kill is StopContainer that keeps the exit visible (see killer).
 func (h preStopRuntime) kill(ctx context.Context, id string, grace time.Duration) error {
 	left := h.preStop(ctx, id, grace)
+	if h.order != nil {
+		defer h.order.stopped(id)
+		left = h.order.wait(ctx, id, left)
+	}
 	if k, ok := h.Runtime.(killer); ok {
 		return k.KillContainer(ctx, id, left)
 	}

@@ -6,14 +6,20 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/podspec"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Phase follows kubelet's getPhase: which containers are waiting, running, or terminated, and
-// whether the restart policy will start the terminated ones again.
+// whether the restart policy will start the terminated ones again. Sidecars decide nothing: the
+// app containers waiting for them keep the pod Pending, and a pod whose app containers finished
+// is Succeeded or Failed whatever its sidecars do.
 func Phase(spec *v1.PodSpec, init []v1.ContainerStatus, ctrs []v1.ContainerStatus) v1.PodPhase {
 	for _, s := range init {
+		if podspec.Sidecar(spec, s.Name) != nil {
+			continue
+		}
 		switch {
 		case s.State.Terminated != nil && s.State.Terminated.ExitCode == 0:
 			continue
@@ -64,26 +70,44 @@ func Phase(spec *v1.PodSpec, init []v1.ContainerStatus, ctrs []v1.ContainerStatu
 	return v1.PodPending
 }
 
-// Conditions are kubelet's pod conditions; Ready and ContainersReady follow the containers' ready
-// (running, started, and passing their readiness probes). A condition that is False says which
-// containers hold it, in kubelet's words: "containers with incomplete status: [...]" for init
-// containers that have not succeeded, "containers with unready status: [...]" for the others.
+// Conditions are kubelet's pod conditions; Ready and ContainersReady follow the ready of the app
+// containers and the sidecars (running, started, and passing their readiness probes). A condition
+// that is False says which containers hold it, in kubelet's words: "containers with incomplete
+// status: [...]" for init containers that have not succeeded and sidecars not started, "containers
+// with unready status: [...]" for the others. Once an app container ran the pod stays initialized,
+// whatever its sidecars do since (kubelet's HasAnyRegularContainerStarted).
 func Conditions(spec *v1.PodSpec, phase v1.PodPhase, init, ctrs []v1.ContainerStatus, prev []v1.PodCondition, now metav1.Time) []v1.PodCondition {
 	initDone := map[string]bool{}
 	for _, s := range init {
+		if podspec.Sidecar(spec, s.Name) != nil {
+			initDone[s.Name] = s.State.Running != nil && s.Started != nil && *s.Started
+			continue
+		}
 		initDone[s.Name] = s.State.Terminated != nil && s.State.Terminated.ExitCode == 0
+	}
+	appsRan := false
+	for _, s := range ctrs {
+		appsRan = appsRan || s.State.Running != nil || s.State.Terminated != nil
 	}
 	var incomplete []string
 	for _, c := range spec.InitContainers {
-		if !initDone[c.Name] {
+		if !initDone[c.Name] && !appsRan {
 			incomplete = append(incomplete, c.Name)
 		}
 	}
 	readyOf := map[string]bool{}
+	for _, s := range init {
+		readyOf[s.Name] = s.Ready
+	}
 	for _, s := range ctrs {
 		readyOf[s.Name] = s.Ready
 	}
 	var unready []string
+	for i := range spec.InitContainers {
+		if c := &spec.InitContainers[i]; podspec.IsSidecar(c) && !readyOf[c.Name] {
+			unready = append(unready, c.Name)
+		}
+	}
 	for _, c := range spec.Containers {
 		if !readyOf[c.Name] {
 			unready = append(unready, c.Name)

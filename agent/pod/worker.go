@@ -123,6 +123,10 @@ type Worker struct {
 	removeGrace  time.Duration
 	cancelRemove context.CancelFunc
 
+	// done is loop-owned: the pod ran to its end (finished, sidecars.go), so its sidecars stop and
+	// are not restarted. Set at the start of each sync.
+	done bool
+
 	exitMsgs map[string]exitMessage // loop-owned: container name -> termination message of its last exit
 	probes   *probe.Set             // the pod's probes, for the span of Run (probes.go)
 	hooks    []containerHook        // the container hooks, for the span of Run (container_hooks.go)
@@ -402,7 +406,7 @@ func (w *Worker) terminate(ctx context.Context, pod *v1.Pod) bool {
 	}()
 	w.killing(pod, ctrs...)
 	w.probes.Sync(nil) // a pod on its way out is probed no more
-	if err := Teardown(tctx, w.withPreStop(pod, ctrs...), ctrd.RefOf(pod), ctrs, &g, w.env.Log); err != nil {
+	if err := Teardown(tctx, w.withOrderedStop(pod, ctrs...), ctrd.RefOf(pod), ctrs, &g, w.env.Log); err != nil {
 		if !errors.Is(err, ErrSandboxLeft) {
 			if tctx.Err() != nil && ctx.Err() == nil {
 				w.env.Log.Info("grace period shortened; stopping the pod again with the shorter one", "was", g)
@@ -540,11 +544,32 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 		}
 		return w.reconcile(ctx, pod, c, cur, now)
 	}
+	w.done = w.finished(pod)
+	stoppedSidecars := w.done && w.stopSidecars(ctx, pod, newest) // sidecars.go
+	initialized := w.appsRan(pod, newest)
 	initDone := true
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		cur := newest[c.Name]
 		r := w.rec(c.Name)
+		if podspec.IsSidecar(c) {
+			if w.done {
+				// Stopped for good: record its exit (seen stale as running when it was stopped
+				// in this sync) and start nothing.
+				if !stoppedSidecars && cur != nil && cur.State == ctrd.StateExited {
+					want(reconcile(c, cur))
+				}
+				continue
+			}
+			want(reconcile(c, cur))
+			// The next init container waits until this one is started; once the app containers
+			// have run, a sidecar that restarts holds nothing up.
+			if initialized || w.sidecarStarted(c, cur) {
+				continue
+			}
+			initDone = false
+			break
+		}
 		finished := cur != nil && r.terminatedAt(cur) && r.terminated.ExitCode == 0 // after a reboot
 		if cur != nil && (cur.State == ctrd.StateExited && cur.ExitCode == 0 || finished) {
 			continue
@@ -557,6 +582,9 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 		for i := range pod.Spec.Containers {
 			c := &pod.Spec.Containers[i]
 			want(reconcile(c, newest[c.Name]))
+		}
+		if !w.done && w.finished(pod) {
+			w.Nudge() // the app containers finished for good: the next sync stops the sidecars
 		}
 	}
 	// Observe again after acting, so the published status is what containerd now has.
@@ -680,7 +708,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 			w.checkOOM(ctx, c.Name, cur)
 			w.reportOOM(pod, c, cur)
 			t := w.noteExit(c.Name, cur)
-			if !shouldRestart(pod.Spec.RestartPolicy, cur.ExitCode) {
+			if !shouldRestart(w.policyFor(pod, c), cur.ExitCode) {
 				r.terminated = t
 				return 0
 			}
@@ -705,10 +733,10 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 			}
 		default: // created but never started, or its task vanished (containerd restart, reboot)
 			if r.startedID == cur.ID {
-				if r.terminatedAt(cur) && !shouldRestart(pod.Spec.RestartPolicy, r.terminated.ExitCode) {
+				if r.terminatedAt(cur) && !shouldRestart(w.policyFor(pod, c), r.terminated.ExitCode) {
 					return 0 // it had finished for good before the restart
 				}
-				if pod.Spec.RestartPolicy == v1.RestartPolicyNever {
+				if w.policyFor(pod, c) == v1.RestartPolicyNever {
 					// It ran, and its end went unseen: kubelet reports such a container as
 					// terminated with an unknown status rather than running it again.
 					r.terminated = &v1.ContainerStateTerminated{ExitCode: 137, Reason: "ContainerStatusUnknown",
@@ -724,7 +752,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 	} else if r.failure != nil && now.Before(r.retryAt) {
 		w.waitingToRetry(pod, c, r)
 		return r.retryAt.Sub(now)
-	} else if r.terminated != nil && !shouldRestart(pod.Spec.RestartPolicy, r.terminated.ExitCode) {
+	} else if r.terminated != nil && !shouldRestart(w.policyFor(pod, c), r.terminated.ExitCode) {
 		return 0 // finished for good, and its container record is gone: nothing to run again
 	}
 
@@ -757,6 +785,9 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 	r.startedID, r.startedAt = started.ID, started.CreatedAt
 	w.env.Log.Info("container started", "container", c.Name, "id", started.ID, "restarts", attempt)
 	w.postStart(ctx, pod, c, started)
+	if podspec.IsSidecar(c) {
+		w.Nudge() // the next sync sees it running: started, or waiting for its startup probe
+	}
 	return 0
 }
 
@@ -828,8 +859,8 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*ctrd.Container, now tim
 	for i := range pod.Spec.InitContainers {
 		cs := w.containerStatus(pod, &pod.Spec.InitContainers[i], newest[pod.Spec.InitContainers[i].Name], now)
 		// An init container that succeeded is ready, as kubelet reports it (and the conformance
-		// suite checks).
-		if t := cs.State.Terminated; t != nil && t.ExitCode == 0 {
+		// suite checks). A sidecar is ready by its readiness probe, like an app container.
+		if t := cs.State.Terminated; t != nil && t.ExitCode == 0 && !podspec.IsSidecar(&pod.Spec.InitContainers[i]) {
 			cs.Ready = true
 		}
 		init = append(init, cs)
@@ -922,7 +953,7 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *ctrd.Contain
 			return cs
 		case ctrd.StateExited:
 			t := w.noteExit(c.Name, cur)
-			if shouldRestart(pod.Spec.RestartPolicy, cur.ExitCode) && now.Before(r.retryAt) {
+			if shouldRestart(w.policyFor(pod, c), cur.ExitCode) && now.Before(r.retryAt) {
 				cs.LastTerminationState.Terminated = t
 				cs.State.Waiting = &v1.ContainerStateWaiting{Reason: "CrashLoopBackOff",
 					Message: backoffMessage(r.retryAt.Sub(cur.ExitedAt).Round(time.Second), pod, c.Name)}

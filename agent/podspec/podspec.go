@@ -14,3 +14,20 @@ func AllContainers(spec *v1.PodSpec) []v1.Container {
 func AllStatuses(st *v1.PodStatus) []v1.ContainerStatus {
 	return append(append(make([]v1.ContainerStatus, 0, len(st.InitContainerStatuses)+len(st.ContainerStatuses)), st.InitContainerStatuses...), st.ContainerStatuses...)
 }
+
+// IsSidecar reports whether c is a sidecar: an init container with restartPolicy Always, which
+// starts in the init containers' order and then runs beside the app containers for the pod's life
+// (kubelet's restartable init container).
+func IsSidecar(c *v1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == v1.ContainerRestartPolicyAlways
+}
+
+// Sidecar returns the pod's sidecar named name, or nil when name is no sidecar.
+func Sidecar(spec *v1.PodSpec, name string) *v1.Container {
+	for i := range spec.InitContainers {
+		if c := &spec.InitContainers[i]; c.Name == name && IsSidecar(c) {
+			return c
+		}
+	}
+	return nil
+}
