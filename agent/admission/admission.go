@@ -266,14 +266,21 @@ func validatePod(pod *v1.Pod) field.ErrorList {
 	names := map[string]*field.Path{}
 	for i := range pod.Spec.InitContainers {
 		ic := &pod.Spec.InitContainers[i]
-		if ic.RestartPolicy != nil {
-			// Sidecars (init containers that keep running) come later; run as plain init
-			// containers they would never finish and the pod would hang in Pending.
-			errs = append(errs, field.NotSupported(spec.Child("initContainers").Index(i).Child("restartPolicy"), *ic.RestartPolicy, []string{}))
+		if ic.RestartPolicy != nil && *ic.RestartPolicy != v1.ContainerRestartPolicyAlways {
+			// Always makes a sidecar (agent/pod/sidecars.go); the API allows no other value on an
+			// init container.
+			errs = append(errs, field.NotSupported(spec.Child("initContainers").Index(i).Child("restartPolicy"), *ic.RestartPolicy,
+				[]string{string(v1.ContainerRestartPolicyAlways)}))
 		}
 		errs = append(errs, validateContainer(ic, spec.Child("initContainers").Index(i), names)...)
 	}
 	for i := range pod.Spec.Containers {
+		if c := &pod.Spec.Containers[i]; c.RestartPolicy != nil {
+			// Per-container restart policies of app containers are alpha (ContainerRestartRules);
+			// the pod's restartPolicy is what this node applies to them.
+			errs = append(errs, field.Forbidden(spec.Child("containers").Index(i).Child("restartPolicy"),
+				"not supported by mqlet on an app container (the pod's restartPolicy applies); only an init container may set it, to Always (a sidecar)"))
+		}
 		errs = append(errs, validateContainer(&pod.Spec.Containers[i], spec.Child("containers").Index(i), names)...)
 	}
 	errs = append(errs, validateObjectVolumes(&pod.Spec, spec)...) // objvolumes.go

@@ -194,8 +194,10 @@ func TestUIDStableAcrossEdits(t *testing.T) {
 	}
 }
 
-func TestSidecarInitContainerRefused(t *testing.T) {
-	p := parseProblem(t, `apiVersion: v1
+// restartPolicy Always on an init container is a sidecar and is admitted; any other value on an
+// init container, and any value on an app container, is refused naming the field.
+func TestSidecarRestartPolicy(t *testing.T) {
+	p := parseOne(t, "/m/side.yaml", `apiVersion: v1
 kind: Pod
 metadata: {name: side}
 spec:
@@ -204,7 +206,25 @@ spec:
   containers:
   - {name: main, image: busybox:1}
 `)
-	if !strings.Contains(p.Error(), "spec.initContainers[0].restartPolicy") {
-		t.Errorf("problem does not name the field: %v", p)
+	if rp := p.Spec.InitContainers[0].RestartPolicy; rp == nil || *rp != v1.ContainerRestartPolicyAlways {
+		t.Errorf("sidecar's restartPolicy = %v after admission, want Always", rp)
+	}
+	for _, tc := range []struct{ name, spec, want string }{
+		{"init container OnFailure", `  initContainers:
+  - {name: proxy, image: busybox:1, restartPolicy: OnFailure}
+  containers:
+  - {name: main, image: busybox:1}
+`, `spec.initContainers[0].restartPolicy: Unsupported value: "OnFailure": supported values: "Always"`},
+		{"app container Always", `  containers:
+  - {name: main, image: busybox:1, restartPolicy: Always}
+`, "spec.containers[0].restartPolicy: Forbidden: not supported by mqlet on an app container"},
+	} {
+		err := parseProblem(t, "apiVersion: v1\nkind: Pod\nmetadata: {name: side}\nspec:\n"+tc.spec)
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: problem %q does not contain %q", tc.name, err, tc.want)
+		}
+		if strings.Count(err.Error(), "].restartPolicy:") != 1 {
+			t.Errorf("%s: restartPolicy reported more or less than once: %v", tc.name, err)
+		}
 	}
 }

@@ -70,7 +70,7 @@ func FieldRules() []FieldRule {
 	)
 	podRules := []FieldRule{
 		{Path: "volumes", Class: Implemented, Note: "the sources below"},
-		{Path: "initContainers", Class: Implemented, Note: "in order, before the app containers; restartPolicy (sidecars) is refused"},
+		{Path: "initContainers", Class: Implemented, Note: "in order, before the app containers; a sidecar (restartPolicy Always) starts in that order and runs beside them"},
 		{Path: "containers", Class: Implemented},
 		{Path: "ephemeralContainers", Class: Refused, Note: "added through the API's ephemeralcontainers subresource (kubectl debug), which the node does not serve; every field of an ephemeral container goes with it"},
 		{Path: "restartPolicy", Class: Implemented},
@@ -145,7 +145,7 @@ func FieldRules() []FieldRule {
 		{Path: "resources.requests", Class: Implemented},
 		{Path: "resources.claims", Class: Refused, Note: "dynamic resource allocation " + notOnNode},
 		{Path: "resizePolicy", Class: Warned, Note: "a change of resources restarts the container: no in-place resize"},
-		{Path: "restartPolicy", Class: Refused, Note: "sidecar init containers and per-container restart policies are not supported yet"},
+		{Path: "restartPolicy", Class: Implemented, Note: "Always on an init container makes it a sidecar, as kubelet's; any other value, and any value on an app container (per-container restart policies, alpha), is refused"},
 		{Path: "restartPolicyRules", Class: Refused, Note: "per-container restart rules (alpha) are not supported"},
 		{Path: "volumeMounts", Class: Implemented},
 		{Path: "volumeMounts[*].name", Class: Implemented},
@@ -259,7 +259,7 @@ func FieldRules() []FieldRule {
 
 // checkFields returns an error for each Refused field pod uses and each value of an Implemented
 // field that mqlet cannot honour, each naming the field's path. Fields that found already have an
-// error for (a sidecar's restartPolicy) get no second one.
+// error for (an app container's restartPolicy) get no second one.
 func checkFields(spec *v1.PodSpec, found field.ErrorList) field.ErrorList {
 	reported := map[string]bool{}
 	for _, e := range found {
