@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -82,18 +83,25 @@ spec:
 `)
 	h.startAgent()
 	sawUnstarted := false
-	p := h.waitPod("order", "running with both sidecars", func(p *v1.Pod) bool {
+	var early []string
+	p := h.waitPod("order", "running with both sidecars (or failed)", func(p *v1.Pod) bool {
 		if cs := initStatus(p, "probed"); cs.State.Running != nil && !isStarted(cs) {
 			sawUnstarted = true
 			if s := initStatus(p, "after"); s.State.Running != nil || s.State.Terminated != nil {
-				t.Errorf("init container after ran while the sidecar before it was not started: %+v", s.State)
+				early = append(early, fmt.Sprintf("init container after ran while the sidecar before it was not started: %+v", s.State))
 			}
 			if msg := podConditionMessage(p, v1.PodInitialized); !strings.Contains(msg, "probed") || podCondition(p, v1.PodInitialized) != v1.ConditionFalse {
-				t.Errorf("Initialized while probed was not started: %s %q", podCondition(p, v1.PodInitialized), msg)
+				early = append(early, fmt.Sprintf("Initialized while probed was not started: %s %q", podCondition(p, v1.PodInitialized), msg))
 			}
 		}
-		return p.Status.Phase == v1.PodRunning && containerStatus(p, "app").State.Running != nil
+		return p.Status.Phase == v1.PodFailed || p.Status.Phase == v1.PodRunning && containerStatus(p, "app").State.Running != nil
 	})
+	if len(early) > 0 {
+		t.Errorf("%s", early[0])
+	}
+	if p.Status.Phase != v1.PodRunning {
+		t.Fatalf("pod %s; want Running: %s", p.Status.Phase, podSummaryForTest(p))
+	}
 	if !sawUnstarted {
 		t.Errorf("never saw sidecar probed running and not started while its startup probe failed")
 	}
