@@ -105,6 +105,7 @@ func (w *Worker) stopSidecars(ctx context.Context, pod *v1.Pod, newest map[strin
 		}()
 	}
 	wg.Wait()
+	w.Nudge() // the next sync records their exits, whether or not containerd's exit events come first
 	return true
 }
 

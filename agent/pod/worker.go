@@ -583,9 +583,11 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 			c := &pod.Spec.Containers[i]
 			want(reconcile(c, newest[c.Name]))
 		}
-		if !w.done && w.finished(pod) {
-			w.Nudge() // the app containers finished for good: the next sync stops the sidecars
-		}
+	}
+	if !w.done && w.finished(pod) {
+		// The app containers finished for good, or a regular init container failed for good:
+		// the next sync stops the sidecars.
+		w.Nudge()
 	}
 	// Observe again after acting, so the published status is what containerd now has.
 	if w.mutations != mutationsBefore {

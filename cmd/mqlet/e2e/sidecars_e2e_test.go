@@ -190,9 +190,29 @@ spec:
 }
 
 // A Never pod whose app container finished is Succeeded while its sidecar still runs, and the
-// sidecar is then stopped (and not restarted).
+// sidecar is then stopped (and not restarted). One whose regular init container fails after a
+// sidecar started is Failed, and that sidecar is stopped too.
 func TestSidecarStoppedWhenPodSucceeds(t *testing.T) {
 	h := newHarness(t)
+	h.writeManifest("initfail.yaml", `apiVersion: v1
+kind: Pod
+metadata: {name: initfail}
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 1
+  initContainers:
+  - name: side
+    image: mqlet.test/busybox:1
+    restartPolicy: Always
+    command: ["sleep", "3600"]
+  - name: fails
+    image: mqlet.test/busybox:1
+    command: ["sh", "-c", "exit 4"]
+  containers:
+  - name: app
+    image: mqlet.test/busybox:1
+    command: ["true"]
+`)
 	h.writeManifest("job.yaml", `apiVersion: v1
 kind: Pod
 metadata: {name: job}
@@ -226,6 +246,19 @@ spec:
 	}
 	if !h.logLine("pod=default/job", "pod done; stopping its sidecars") {
 		t.Errorf("the agent did not say it stopped the sidecars of the finished pod")
+	}
+
+	p = h.waitPod("initfail", "failed with its sidecar stopped", func(p *v1.Pod) bool {
+		return p.Status.Phase == v1.PodFailed && initStatus(p, "side").State.Terminated != nil
+	})
+	if t4 := initStatus(p, "fails").State.Terminated; t4 == nil || t4.ExitCode != 4 {
+		t.Errorf("init container fails: %+v; want terminated with 4", initStatus(p, "fails").State)
+	}
+	if id := strings.TrimPrefix(initStatus(p, "side").ContainerID, "containerd://"); h.tasks()[id] != 0 {
+		t.Errorf("sidecar %s of the failed pod still runs", id)
+	}
+	if cs := containerStatus(p, "app"); cs.State.Running != nil || cs.State.Terminated != nil {
+		t.Errorf("app container of a pod whose init container failed ran: %+v", cs.State)
 	}
 }
 
