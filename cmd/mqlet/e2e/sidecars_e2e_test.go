@@ -277,6 +277,12 @@ func TestSidecarTerminationOrder(t *testing.T) {
     volumeMounts: [{name: out, mountPath: /out}]
 `
 	}
+	// Sidecars' lifecycle hooks run too: first's preStop (at the start of the stop, as every
+	// container's), second's postStart (before the pod goes on).
+	sidecar := func(name, hook string) string {
+		return strings.Replace(ctr(name, map[string]string{"first": "", "second": "sleep 1; "}[name]), "  - name: "+name+"\n",
+			"  - name: "+name+"\n    restartPolicy: Always\n    lifecycle:\n"+hook, 1)
+	}
 	h.writeManifest("term.yaml", `apiVersion: v1
 kind: Pod
 metadata: {name: term}
@@ -285,8 +291,8 @@ spec:
   volumes:
   - {name: out, hostPath: {path: "`+out+`"}}
   initContainers:
-`+strings.ReplaceAll(ctr("first", ""), "  - name: first\n", "  - name: first\n    restartPolicy: Always\n")+
-		strings.ReplaceAll(ctr("second", "sleep 1; "), "  - name: second\n", "  - name: second\n    restartPolicy: Always\n")+`  containers:
+`+sidecar("first", "      preStop: {exec: {command: [sh, -c, 'echo first-prestop >> /out/order']}}\n")+
+		sidecar("second", "      postStart: {exec: {command: [sh, -c, 'echo poststarted > /out/poststart']}}\n")+`  containers:
 `+ctr("app", "sleep 1; "))
 	h.startAgent()
 	h.waitPod("term", "running", func(p *v1.Pod) bool {
@@ -301,6 +307,9 @@ spec:
 		}
 		return true
 	})
+	if b, err := os.ReadFile(filepath.Join(out, "poststart")); err != nil || string(b) != "poststarted\n" {
+		t.Errorf("sidecar second's postStart hook: %q %v", b, err)
+	}
 	if err := os.Remove(filepath.Join(h.manifests, "term.yaml")); err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +318,7 @@ spec:
 		return len(h.containerIDs()) == 0 && err != nil
 	})
 	b, _ := os.ReadFile(filepath.Join(out, "order"))
-	if got := strings.Join(strings.Fields(string(b)), " "); got != "app second first" {
-		t.Errorf("containers stopped in the order %q; want app second first", got)
+	if got := strings.Join(strings.Fields(string(b)), " "); got != "first-prestop app second first" {
+		t.Errorf("containers stopped in the order %q; want first-prestop app second first", got)
 	}
 }
