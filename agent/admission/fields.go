@@ -144,7 +144,7 @@ func FieldRules() []FieldRule {
 		{Path: "resources.limits", Class: Implemented},
 		{Path: "resources.requests", Class: Implemented},
 		{Path: "resources.claims", Class: Refused, Note: "dynamic resource allocation " + notOnNode},
-		{Path: "resizePolicy", Class: Warned, Note: "a change of resources restarts the container: no in-place resize"},
+		{Path: "resizePolicy", Class: Warned, Note: "no in-place resize: a change of resources (the API's resize subresource) replaces the container, whatever the policy; its status.resources then shows the new values"},
 		{Path: "restartPolicy", Class: Implemented, Note: "Always on an init container makes it a sidecar, as kubelet's; any other value, and any value on an app container (per-container restart policies, alpha), is refused"},
 		{Path: "restartPolicyRules", Class: Refused, Note: "per-container restart rules (alpha) are not supported"},
 		{Path: "volumeMounts", Class: Implemented},

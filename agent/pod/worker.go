@@ -947,6 +947,7 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *ctrd.Contain
 		cs.ContainerID = ctrd.StatusContainerID(cur.ID)
 		cs.RestartCount = int32(cur.RestartCount)
 		cs.ImageID = cur.ImageID
+		cs.Resources, cs.AllocatedResources = appliedResources(c)
 		switch cur.State {
 		case ctrd.StateRunning:
 			started := r.startTime(cur)
@@ -986,6 +987,27 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *ctrd.Contain
 	}
 	cs.State.Waiting = &v1.ContainerStateWaiting{Reason: reason, Message: w.sbErr}
 	return cs
+}
+
+// appliedResources is a container's status.resources and allocatedResources, as kubelet reports
+// them: the requests and limits the container runs with, and the requests the node set aside for
+// it. They are the spec's: the spec hash (ctrspec.SpecHash) covers the resources, so a container in
+// containerd was made with exactly the resources of the spec it is matched to, and a change of
+// them (a resize) replaces the container rather than updating it in place.
+func appliedResources(c *v1.Container) (*v1.ResourceRequirements, v1.ResourceList) {
+	if len(c.Resources.Requests) == 0 && len(c.Resources.Limits) == 0 {
+		return nil, nil
+	}
+	r := &v1.ResourceRequirements{}
+	if len(c.Resources.Limits) > 0 {
+		r.Limits = c.Resources.Limits.DeepCopy()
+	}
+	var alloc v1.ResourceList
+	if len(c.Resources.Requests) > 0 {
+		r.Requests = c.Resources.Requests.DeepCopy()
+		alloc = c.Resources.Requests.DeepCopy()
+	}
+	return r, alloc
 }
 
 // withoutWaiting drops the statuses of containers that are waiting and never ran.
