@@ -263,9 +263,10 @@ spec:
 }
 
 // A pod's deletion stops the app container first, then the sidecars in reverse spec order. Each
-// container appends its name to a file on SIGTERM; the app and the last sidecar wait a second
+// container appends its name to a file on SIGTERM; the app (2 s) and the last sidecar (1 s) wait
 // before they do, so stopping them all at once (or the sidecars in spec order) writes another
-// order.
+// order; the app's wait also leaves time for the first sidecar's preStop exec, which runs at the
+// start of the stop.
 func TestSidecarTerminationOrder(t *testing.T) {
 	h := newHarness(t)
 	out := filepath.Join(h.dir, "out")
@@ -293,7 +294,7 @@ spec:
   initContainers:
 `+sidecar("first", "      preStop: {exec: {command: [sh, -c, 'echo first-prestop >> /out/order']}}\n")+
 		sidecar("second", "      postStart: {exec: {command: [sh, -c, 'echo poststarted > /out/poststart']}}\n")+`  containers:
-`+ctr("app", "sleep 1; "))
+`+ctr("app", "sleep 2; "))
 	h.startAgent()
 	h.waitPod("term", "running", func(p *v1.Pod) bool {
 		return allRunning(p) && initStatus(p, "first").State.Running != nil && initStatus(p, "second").State.Running != nil
