@@ -145,3 +145,51 @@ func TestOrderedStop(t *testing.T) {
 		t.Errorf("stop order %q; want a, b and i (in any order), then s2, then s1", got)
 	}
 }
+
+// The worker's sidecar life against the fake runtime: the init container after a sidecar starts
+// once the sidecar runs, not when it exits; a sidecar that exits is restarted under restartPolicy
+// Never without failing the pod; once the app container finished, the pod is Succeeded and the
+// sidecar is stopped and not started again.
+func TestWorkerSidecarLife(t *testing.T) {
+	pod := testPod(v1.RestartPolicyNever, "app")
+	always := v1.ContainerRestartPolicyAlways
+	pod.Spec.InitContainers = []v1.Container{
+		{Name: "side", Image: "busybox:1.36", Command: []string{"sleep", "3600"}, RestartPolicy: &always},
+		{Name: "init", Image: "busybox:1.36", Command: []string{"true"}},
+	}
+	f := newFakeRuntime()
+	h := startWorker(t, pod, nil, f)
+	h.waitFor("init running beside the sidecar", func(st *v1.PodStatus) bool {
+		return isRunning(st, "side", 0) && isRunning(st, "init", 0)
+	})
+	f.exit(t, idOf("init", 0), 0)
+	h.w.Nudge()
+	h.waitFor("app running", func(st *v1.PodStatus) bool { return isRunning(st, "app", 0) && st.Phase == v1.PodRunning })
+
+	f.exit(t, idOf("side", 0), 2)
+	h.w.Nudge()
+	st := h.waitFor("sidecar restarted", func(st *v1.PodStatus) bool { return isRunning(st, "side", 1) })
+	if st.Phase != v1.PodRunning {
+		t.Errorf("phase %s after the sidecar exited with 2; want Running", st.Phase)
+	}
+	if last := statusOf(st, "side").LastTerminationState.Terminated; last == nil || last.ExitCode != 2 {
+		t.Errorf("sidecar's last state %s; want terminated with 2", describe(st))
+	}
+
+	f.exit(t, idOf("app", 0), 0)
+	h.w.Nudge()
+	st = h.waitFor("Succeeded with the sidecar stopped", func(st *v1.PodStatus) bool {
+		return st.Phase == v1.PodSucceeded && statusOf(st, "side").State.Terminated != nil
+	})
+	h.resync()
+	h.resync()
+	if got := startedNames(f); got != "side,init,app,side" {
+		t.Errorf("started %s; want side,init,app,side (the sidecar not started again once the pod is done)", got)
+	}
+	if n := len(f.callsOf("stop")); n == 0 {
+		t.Errorf("the sidecar was never stopped")
+	}
+	if r := f.running(); len(r) != 0 {
+		t.Errorf("running after the pod succeeded: %v", r)
+	}
+}

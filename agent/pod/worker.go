@@ -556,7 +556,7 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 			if w.done {
 				// Stopped for good: record its exit (seen stale as running when it was stopped
 				// in this sync) and start nothing.
-				if !stoppedSidecars && cur != nil && cur.State == ctrd.StateExited {
+				if !stoppedSidecars && cur != nil && cur.State != ctrd.StateRunning {
 					want(reconcile(c, cur))
 				}
 				continue
