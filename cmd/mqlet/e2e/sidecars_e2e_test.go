@@ -177,15 +177,22 @@ spec:
 		t.Errorf("phase %s, sidecar restarts %d; want Running, 1", p.Status.Phase, initStatus(p, "side").RestartCount)
 	}
 
-	// An agent restart adopts the running sidecar: same container, no restart.
+	// An agent restart adopts the running sidecar: same container and process, no restart. The
+	// readiness that turns false comes from the new agent's own probe, so its worker has synced
+	// (and would have replaced the sidecar by then).
 	id := initStatus(p, "side").ContainerID
+	pid := h.tasks()[strings.TrimPrefix(id, "containerd://")]
 	h.stopAgent()
 	h.startAgent()
-	p = h.waitPod("restart", "ready after the agent's restart", func(p *v1.Pod) bool {
-		return podCondition(p, v1.PodReady) == v1.ConditionTrue && initStatus(p, "side").Ready
+	os.Remove(filepath.Join(flag, "ready"))
+	p = h.waitPod("restart", "unready by the new agent's probe", func(p *v1.Pod) bool {
+		return podCondition(p, v1.PodReady) == v1.ConditionFalse && !initStatus(p, "side").Ready
 	})
-	if cs := initStatus(p, "side"); cs.ContainerID != id || cs.RestartCount != 1 {
-		t.Errorf("after the agent's restart the sidecar is %s with %d restarts; want %s adopted with 1", cs.ContainerID, cs.RestartCount, id)
+	if cs := initStatus(p, "side"); cs.ContainerID != id || cs.RestartCount != 1 || cs.State.Running == nil {
+		t.Errorf("after the agent's restart the sidecar is %s with %d restarts (%+v); want %s adopted, running, with 1", cs.ContainerID, cs.RestartCount, cs.State, id)
+	}
+	if now := h.tasks()[strings.TrimPrefix(id, "containerd://")]; pid == 0 || now != pid {
+		t.Errorf("sidecar's process %d before the agent's restart, %d after", pid, now)
 	}
 }
 
