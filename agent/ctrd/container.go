@@ -52,6 +52,9 @@ type Container struct {
 	ExitCode     int32
 	ExitedAt     time.Time
 	Grace        time.Duration // the pod's terminationGracePeriodSeconds when it was created (LabelGracePeriod)
+	// ResizeBase, Resources and QOSClass are what an in-place resize needs to know (resize.go);
+	// empty for a container made before mqlet resized in place.
+	ResizeBase, Resources, QOSClass string
 }
 
 // ContainerID names the containerd container for attempt n of a pod container. It is derived, not
@@ -133,6 +136,9 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		LabelLogPath:       logPath,
 		LabelImageID:       imageID(img),
 		LabelGracePeriod:   strconv.FormatInt(int64(PodGrace(pod)/time.Second), 10),
+	}
+	for k, v := range resizeLabels(pod, c) { // resize.go
+		labels[k] = v
 	}
 	create := func() (containerd.Container, error) {
 		return r.client.NewContainer(ctx, id,
@@ -277,6 +283,7 @@ func (r *Runtime) ListContainers(ctx context.Context, podUID string) ([]Containe
 			ID: c.ID, PodUID: l[LabelPodUID], PodName: l[LabelPodName], PodNamespace: l[LabelPodNamespace],
 			Name: l[LabelContainerName], Hash: l[LabelSpecHash], RestartCount: rc, Image: c.Image, ImageID: l[LabelImageID],
 			LogPath: l[LabelLogPath], CreatedAt: c.CreatedAt, State: StateCreated, Grace: parseGrace(l[LabelGracePeriod]),
+			ResizeBase: l[LabelResizeBase], Resources: l[LabelResources], QOSClass: l[LabelQOSClass],
 		}
 		if t, ok := byID[c.ID]; ok {
 			r.attachLogs(&ct) // logio.go: after an agent restart, resume copying its output

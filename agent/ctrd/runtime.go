@@ -30,6 +30,11 @@ const (
 	LabelLogPath       = "io.mqlet.container.log"
 	LabelImageID       = "io.mqlet.container.image-id"
 	LabelGracePeriod   = "io.mqlet.pod.grace-period" // seconds: an orphan is stopped with its own pod's grace
+	// What an in-place resize checks and updates (resize.go): the spec hash without the
+	// resources, the resources the container's cgroup has (JSON) and the pod's QoS class.
+	LabelResizeBase = "io.mqlet.container.resize-base"
+	LabelResources  = "io.mqlet.container.resources"
+	LabelQOSClass   = "io.mqlet.pod.qos-class"
 )
 
 // Options configures a Runtime.

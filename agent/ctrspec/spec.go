@@ -37,6 +37,14 @@ func SpecHash(pod *v1.Pod, c *v1.Container) string {
 	return specHash(pod, &cc, vols)
 }
 
+// ResizeBase is SpecHash without the container's resources: two specs with the same ResizeBase
+// differ at most in resources, which a running container may take in place (an in-place resize).
+func ResizeBase(pod *v1.Pod, c *v1.Container) string {
+	cc := *c
+	cc.Resources = v1.ResourceRequirements{}
+	return SpecHash(pod, &cc)
+}
+
 // SpecHashMatches reports whether a container labelled with hash was made from c's current spec:
 // by SpecHash, or by the hash an older mqlet wrote (the whole container and every pod volume), so
 // an upgrade restarts nothing.

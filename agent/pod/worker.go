@@ -690,6 +690,8 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 	if cur != nil {
 		attempt = cur.RestartCount + 1
 		switch {
+		case !ctrspec.SpecHashMatches(cur.Hash, pod, c) && w.resizeInPlace(ctx, pod, c, cur): // resize.go
+			return 0
 		case !ctrspec.SpecHashMatches(cur.Hash, pod, c):
 			w.env.Log.Info("container spec changed; recreating", "container", c.Name)
 			if !w.stopAndRemove(ctx, pod, cur) {

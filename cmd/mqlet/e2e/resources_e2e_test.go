@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 )
 
-func resizePod(memory string) string {
+func resizePod(memory, policy string) string {
 	return `apiVersion: v1
 kind: Pod
 metadata: {name: sized}
@@ -19,6 +19,7 @@ spec:
   - name: app
     image: mqlet.test/busybox:1
     command: ["sleep", "3600"]
+    resizePolicy: [{resourceName: memory, restartPolicy: ` + policy + `}]
     resources:
       requests: {cpu: 100m}
       limits: {cpu: 250m, memory: ` + memory + `}
@@ -26,12 +27,13 @@ spec:
 }
 
 // A container's status reports the requests and limits it runs with (status.resources) and the
-// requests the node set aside for it (allocatedResources), as kubelet does. A change of resources
-// (what the API's resize subresource makes) is applied by replacing the container, not in place:
-// the new container runs with, and reports, the new limits.
-func TestContainerStatusResourcesAndResizeByRestart(t *testing.T) {
+// requests the node set aside for it (allocatedResources), as kubelet does. A change of its memory
+// limit (what the API's resize subresource makes) is applied in place with resizePolicy
+// NotRequired: same process, new cgroup limit, new status; with RestartContainer the container is
+// replaced and the new one runs with the new limit.
+func TestContainerStatusResourcesAndResize(t *testing.T) {
 	h := newHarness(t)
-	h.writeManifest("sized.yaml", resizePod("32Mi"))
+	h.writeManifest("sized.yaml", resizePod("32Mi", "NotRequired"))
 	h.startAgent()
 	p := h.waitPod("sized", "running", allRunning)
 	check := func(p *v1.Pod, memory string) {
@@ -55,15 +57,47 @@ func TestContainerStatusResourcesAndResizeByRestart(t *testing.T) {
 		if lim := cgroupValue(t, pid, "memory", "memory.limit_in_bytes", "memory.max"); lim != strconv.FormatInt(q.Value(), 10) {
 			t.Errorf("app's cgroup memory limit %s; want %d", lim, q.Value())
 		}
+		// The pod's cgroup (the container's parent) follows: its limit is the sum of its one
+		// container's, or the container's would be capped by the old one.
+		if lim := cgroupValue(t, pid, "memory", "../memory.limit_in_bytes", "../memory.max"); lim != strconv.FormatInt(q.Value(), 10) {
+			t.Errorf("pod's cgroup memory limit %s; want %d", lim, q.Value())
+		}
 	}
 	check(p, "32Mi")
+	id := containerStatus(p, "app").ContainerID
+	pid := h.tasks()[strings.TrimPrefix(id, "containerd://")]
 
-	h.writeManifest("sized.yaml", resizePod("48Mi"))
-	p = h.waitPod("sized", "running with the new limit", func(p *v1.Pod) bool {
+	h.writeManifest("sized.yaml", resizePod("48Mi", "NotRequired"))
+	p = h.waitPod("sized", "resized in place", func(p *v1.Pod) bool {
 		cs := containerStatus(p, "app")
-		return allRunning(p) && cs.RestartCount == 1 && cs.Resources != nil && cs.Resources.Limits.Memory().String() == "48Mi"
+		return allRunning(p) && cs.Resources != nil && cs.Resources.Limits.Memory().String() == "48Mi"
 	})
 	check(p, "48Mi")
+	if cs := containerStatus(p, "app"); cs.ContainerID != id || cs.RestartCount != 0 || h.tasks()[strings.TrimPrefix(id, "containerd://")] != pid {
+		t.Errorf("resize with NotRequired: container %s restarts %d pid %d; want %s, 0, %d (in place)", cs.ContainerID, cs.RestartCount, h.tasks()[strings.TrimPrefix(id, "containerd://")], id, pid)
+	}
+	if !h.logLine("pod=default/sized", "reason=ResizeCompleted") {
+		t.Errorf("no ResizeCompleted event")
+	}
+
+	// An agent restart keeps the resized container: its labels say what it runs with.
+	h.stopAgent()
+	h.startAgent()
+
+	// RestartContainer (and a resizePolicy change alone, which replaces the container) first.
+	h.writeManifest("sized.yaml", resizePod("48Mi", "RestartContainer"))
+	h.waitPod("sized", "replaced for its new resizePolicy", func(p *v1.Pod) bool {
+		return allRunning(p) && containerStatus(p, "app").RestartCount == 1
+	})
+	h.writeManifest("sized.yaml", resizePod("40Mi", "RestartContainer"))
+	p = h.waitPod("sized", "replaced with the new limit", func(p *v1.Pod) bool {
+		cs := containerStatus(p, "app")
+		return allRunning(p) && cs.RestartCount == 2 && cs.Resources != nil && cs.Resources.Limits.Memory().String() == "40Mi"
+	})
+	check(p, "40Mi")
+	if !h.logLine("pod=default/sized", "reason=ResizeByRestart", "memory resizePolicy is RestartContainer") {
+		t.Errorf("no ResizeByRestart event saying why")
+	}
 }
 
 func resourceListsEqual(a, b v1.ResourceList) bool {
