@@ -45,7 +45,10 @@ func TestCanResizeInPlace(t *testing.T) {
 			c.ResizePolicy = []v1.ContainerResizePolicy{{ResourceName: "memory", RestartPolicy: v1.RestartContainer}}
 			c.Resources.Limits["memory"] = resource.MustParse("96Mi")
 		}, "more than its resources"}, // the policy is part of the spec: its change alone replaces
-		{"image too", func(c *v1.Container) { c.Image = "busybox:2"; c.Resources.Limits["memory"] = resource.MustParse("96Mi") }, "more than its resources"},
+		{"image too", func(c *v1.Container) {
+			c.Image = "busybox:2"
+			c.Resources.Limits["memory"] = resource.MustParse("96Mi")
+		}, "more than its resources"},
 		{"cpu limit removed", func(c *v1.Container) { delete(c.Resources.Limits, "cpu") }, "cpu limit was added or removed"},
 		{"ephemeral storage", func(c *v1.Container) { c.Resources.Limits["ephemeral-storage"] = resource.MustParse("1Gi") }, "ephemeral-storage changed"},
 		{"QoS class changes", func(c *v1.Container) {
