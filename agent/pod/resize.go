@@ -22,7 +22,7 @@ type resizer interface {
 // CanResizeInPlace reports whether the running attempt cur can take container c's new spec in place,
 // as kubelet's in-place resize: the spec changed in nothing but the cpu and memory requests and
 // limits, no limit was added or removed, each changed resource's resizePolicy is NotRequired (the
-// default), and the pod's QoS class stays. Otherwise it says why not, and the container is
+// default), the memory limit does not decrease, and the pod's QoS class stays. Otherwise it says why not, and the container is
 // replaced. A container made before mqlet resized in place (no labels for it) is replaced too.
 func CanResizeInPlace(pod *v1.Pod, c *v1.Container, cur *ctrd.Container) (bool, string) {
 	if cur.ResizeBase == "" || cur.Resources == "" {
@@ -58,6 +58,11 @@ func CanResizeInPlace(pod *v1.Pod, c *v1.Container, cur *ctrd.Container) (bool, 
 		}
 		if p := policy(c, name); p != v1.NotRequired {
 			return false, fmt.Sprintf("its %s resizePolicy is %s", name, p)
+		}
+		if name == v1.ResourceMemory && inNewLim && limNew.Cmp(limOld) < 0 {
+			// Below what the container uses, cgroup v2 would reclaim and then OOM-kill it, and v1
+			// refuse; a new container starts under the lower limit instead.
+			return false, "its memory limit decreases"
 		}
 	}
 	return true, ""

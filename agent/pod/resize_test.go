@@ -49,6 +49,8 @@ func TestCanResizeInPlace(t *testing.T) {
 			c.Image = "busybox:2"
 			c.Resources.Limits["memory"] = resource.MustParse("96Mi")
 		}, "more than its resources"},
+		{"memory limit down", func(c *v1.Container) { c.Resources.Limits["memory"] = resource.MustParse("48Mi") }, "memory limit decreases"},
+		{"memory request down", func(c *v1.Container) { c.Resources.Requests["memory"] = resource.MustParse("16Mi") }, ""},
 		{"cpu limit removed", func(c *v1.Container) { delete(c.Resources.Limits, "cpu") }, "cpu limit was added or removed"},
 		{"ephemeral storage", func(c *v1.Container) { c.Resources.Limits["ephemeral-storage"] = resource.MustParse("1Gi") }, "ephemeral-storage changed"},
 		{"QoS class changes", func(c *v1.Container) {

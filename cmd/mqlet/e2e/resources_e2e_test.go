@@ -80,9 +80,21 @@ func TestContainerStatusResourcesAndResize(t *testing.T) {
 		t.Errorf("no ResizeCompleted event")
 	}
 
-	// An agent restart keeps the resized container: its labels say what it runs with.
+	// After an agent restart the resized container is adopted (its labels say what it runs with)
+	// and resized in place again: the new agent's ResizeCompleted shows it synced.
 	h.stopAgent()
 	h.startAgent()
+	h.writeManifest("sized.yaml", strings.Replace(resizePod("48Mi", "NotRequired"), "cpu: 250m", "cpu: 300m", 1))
+	p = h.waitPod("sized", "cpu resized in place by the new agent", func(p *v1.Pod) bool {
+		cs := containerStatus(p, "app")
+		return h.logLine("pod=default/sized", "reason=ResizeCompleted") && cs.Resources != nil && cs.Resources.Limits.Cpu().String() == "300m"
+	})
+	if cs := containerStatus(p, "app"); cs.ContainerID != id || cs.RestartCount != 0 || h.tasks()[strings.TrimPrefix(id, "containerd://")] != pid {
+		t.Errorf("after the agent's restart: container %s restarts %d; want %s with pid %d kept", cs.ContainerID, cs.RestartCount, id, pid)
+	}
+	if quota := cgroupValue(t, pid, "cpu", "cpu.cfs_quota_us", "cpu.max"); quota != "30000" {
+		t.Errorf("cpu quota %s after the cpu resize; want 30000", quota)
+	}
 
 	// RestartContainer (and a resizePolicy change alone, which replaces the container) first.
 	h.writeManifest("sized.yaml", resizePod("48Mi", "RestartContainer"))
