@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -146,7 +148,8 @@ func newExecID() (string, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", fmt.Errorf("exec id: %w", err)
 	}
-	return "exec-" + hex.EncodeToString(b[:]), nil
+	// The agent's pid, so that the execs of an agent killed meanwhile are found (exec_sweep.go).
+	return execIDPrefix + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:]), nil
 }
 
 // boundedBuffer keeps the first limit bytes written to it and drops the rest, while still
