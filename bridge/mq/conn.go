@@ -528,3 +528,36 @@ func randomHex(n int) string {
 	rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// Requests is the connection seen as a request/reply channel for non-retained messages (logs,
+// exec): exactly Publish and Subscribe, the method set that sync/logsclient and the exec client
+// are written against, so they run over this connection and over mqlet ctl's alike.
+type Requests struct{ c *Conn }
+
+// Requests returns the connection's request/reply view.
+func (c *Conn) Requests() Requests { return Requests{c} }
+
+// Publish sends payload to topic, not retained, with QoS 1, and returns once the broker's PUBACK
+// was seen (see Conn.Publish).
+func (r Requests) Publish(ctx context.Context, topic string, payload []byte) error {
+	return r.c.Publish(ctx, topic, payload, false)
+}
+
+// Subscribe subscribes to topic (a filter that must not overlap the uplink subscriptions: a
+// reply topic, say) and calls h with the payload of each message, on paho's goroutine: h must
+// not block. It returns once the broker granted the subscription; unsubscribe ends it (best
+// effort: the connection's end ends it too).
+func (r Requests) Subscribe(ctx context.Context, topic string, h func(payload []byte)) (unsubscribe func(), err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("subscribe %s: %w", topic, err)
+	}
+	unsub, _, err := r.c.link.Subscribe([]string{topic}, func(m link.Message) { h(m.Payload) })
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		if err := unsub(); err != nil {
+			r.c.o.Log.Debug("unsubscribe failed", "topic", topic, "err", err)
+		}
+	}, nil
+}
