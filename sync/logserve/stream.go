@@ -65,6 +65,9 @@ func (s *Server) serve(ctx context.Context, st *stream) {
 	if req.SinceSeconds > 0 {
 		o.Since = time.Now().Add(-time.Duration(req.SinceSeconds) * time.Second)
 	}
+	if !req.SinceTime.IsZero() {
+		o.Since = req.SinceTime
+	}
 	polls := 0
 	o.Idle = func() error {
 		if time.Now().UnixNano() > st.deadline.Load() {

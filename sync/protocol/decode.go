@@ -285,6 +285,9 @@ func DecodeLogsRequest(payload []byte, max int) (*LogsRequest, error) {
 		if x.SinceSeconds < 0 {
 			return nil, fmt.Errorf("logs request %s: sinceSeconds %d must not be negative", x.ID, x.SinceSeconds)
 		}
+		if x.SinceSeconds > 0 && !x.SinceTime.IsZero() {
+			return nil, fmt.Errorf("logs request %s: at most one of sinceSeconds and sinceTime may be set", x.ID)
+		}
 	case LogsRenew, LogsCancel:
 	default:
 		return nil, fmt.Errorf("logs request %s: unknown op %q (want open, renew or cancel)", x.ID, x.Op)

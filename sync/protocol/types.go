@@ -343,6 +343,9 @@ type LogsRequest struct {
 	SinceSeconds int64 `json:"sinceSeconds,omitempty"`
 	// Timestamps puts each line's RFC 3339 timestamp (nanoseconds) first.
 	Timestamps bool `json:"timestamps,omitempty"`
+	// SinceTime keeps only the lines logged at or after it (RFC 3339, UTC); zero keeps all. At most
+	// one of SinceSeconds and SinceTime is set.
+	SinceTime time.Time `json:"sinceTime,omitzero"`
 	// Expires and Signature: a node with trust anchors serves only requests signed by one of
 	// them (SignLogsRequest), before they expire, each ID once.
 	Expires   time.Time  `json:"expires,omitzero"`
