@@ -11,10 +11,12 @@ package bridge
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -23,11 +25,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mqlet/mqlet/bridge/kubeletapi"
 	"github.com/mqlet/mqlet/bridge/mq"
 	"github.com/mqlet/mqlet/bridge/nodes"
 	"github.com/mqlet/mqlet/core/prom"
+	"github.com/mqlet/mqlet/sync/logsclient"
 	"github.com/mqlet/mqlet/sync/protocol"
 
+	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -93,9 +98,27 @@ type Options struct {
 	Version     string
 	Log         *slog.Logger
 
+	// Kubelet, when set, serves the kubelet API of every served node (bridge/kubeletapi).
+	Kubelet *KubeletOptions
+
 	// Pods, when set, builds the pods part (bridge/pods) from the bridge's clients. It is called
 	// once by New, before any informer starts, so the part can register informer handlers.
 	Pods func(Deps) (*Part, error)
+}
+
+// KubeletOptions configure the kubelet API the bridge serves for its nodes.
+type KubeletOptions struct {
+	// Address is the IP the API server reaches the bridge on; Ports the per-node port pool
+	// (kubeletapi.ParsePorts).
+	Address string
+	Ports   []int32
+	// CertFile/KeyFile: the serving certificate (empty: self-signed); ClientCAFile: the CA of the
+	// client certificates to accept (the API server's kubelet client certificate).
+	CertFile, KeyFile, ClientCAFile string
+	// SigningKey signs the logs requests sent to the nodes (nil: unsigned).
+	SigningKey ed25519.PrivateKey
+	// Streamer serves exec, attach and portForward (nil: 501 Not Implemented).
+	Streamer kubeletapi.Streamer
 }
 
 // Deps is what the pods part gets to work with. Nothing in it is running yet when Options.Pods is
@@ -119,6 +142,8 @@ type Part struct {
 	// OnServed is called when a node becomes served (see nodes.Options.OnServed), on the Node
 	// informer's goroutine: it must be quick.
 	OnServed func(node string)
+	// NodePods, when set, returns the pods bound to a node (the kubelet API's /pods).
+	NodePods func(node string) []*v1.Pod
 	// Run runs the part until ctx ends (after the informers synced and while the MQTT connection
 	// runs). An error stops the bridge.
 	Run func(ctx context.Context) error
@@ -133,6 +158,7 @@ type Bridge struct {
 	conn      *mq.Conn
 	nodes     *nodes.Controller
 	part      *Part
+	kubelet   *kubeletapi.Server
 	reg       *prom.Registry
 	identity  string
 	namespace string
@@ -203,6 +229,18 @@ func New(o Options) (*Bridge, error) {
 	}
 
 	var served func(string) // set once the part exists, before anything runs
+	var ports *kubeletapi.Ports
+	if o.Kubelet != nil {
+		// Built before the nodes controller, which writes each node's endpoint; it reads the
+		// served Nodes from the informer cache only (the durable record of the ports).
+		lister := b.informers.Core().V1().Nodes().Lister()
+		if ports, err = kubeletapi.NewPorts(o.Kubelet.Address, o.Kubelet.Ports, func() []*v1.Node {
+			ns, _ := lister.List(sel)
+			return ns
+		}); err != nil {
+			return nil, err
+		}
+	}
 	mo := o.MQTT
 	mo.Log = o.Log.With("component", "mqtt")
 	mo.Metrics = b.reg
@@ -210,7 +248,7 @@ func New(o Options) (*Bridge, error) {
 	if b.conn, err = mq.New(mo); err != nil {
 		return nil, err
 	}
-	b.nodes, err = nodes.New(nodes.Options{
+	no := nodes.Options{
 		Kube:                  b.kube,
 		Informers:             b.informers,
 		Selector:              sel,
@@ -227,7 +265,11 @@ func New(o Options) (*Bridge, error) {
 		},
 		Log:     o.Log.With("component", "nodes"),
 		Metrics: b.reg,
-	})
+	}
+	if ports != nil {
+		no.KubeletEndpoint = ports.Endpoint
+	}
+	b.nodes, err = nodes.New(no)
 	if err != nil {
 		return nil, err
 	}
@@ -239,6 +281,29 @@ func New(o Options) (*Bridge, error) {
 		}
 		if b.part != nil {
 			served = b.part.OnServed
+		}
+	}
+	if ports != nil {
+		var nodePods func(string) []*v1.Pod
+		if b.part != nil {
+			nodePods = b.part.NodePods
+		}
+		timeout := o.MQTT.Timeout
+		if timeout <= 0 {
+			timeout = mq.DefaultTimeout
+		}
+		requests, topics, key := b.conn.Requests(), b.conn.Topics(), o.Kubelet.SigningKey
+		b.kubelet, err = kubeletapi.New(kubeletapi.Options{
+			Ports: ports, CertFile: o.Kubelet.CertFile, KeyFile: o.Kubelet.KeyFile, ClientCAFile: o.Kubelet.ClientCAFile,
+			Kube: b.kube, Nodes: b.nodes, NodePods: nodePods, Streamer: o.Kubelet.Streamer,
+			Logs: func(ctx context.Context, node string, req protocol.LogsRequest, w io.Writer) error {
+				return logsclient.Stream(ctx, requests, logsclient.Options{Topics: topics, Timeout: timeout,
+					SigningKey: key, IDPrefix: "bridge-"}, node, req, w)
+			},
+			Log: o.Log.With("component", "kubelet-api"),
+		})
+		if err != nil {
+			return nil, err
 		}
 	}
 	b.registerMetrics()
@@ -405,6 +470,9 @@ func (b *Bridge) lead(ctx context.Context) error {
 		run("pods", b.part.Run)
 	}
 	run("mqtt", b.conn.Run)
+	if b.kubelet != nil {
+		run("kubelet-api", b.kubelet.Run)
+	}
 	<-ctx.Done()
 	wg.Wait()
 	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {

@@ -2,6 +2,7 @@ package kubeletapi
 
 import (
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -61,6 +62,7 @@ func parsePort(s string) (int32, error) {
 // Nodes already name (Seed), so assignments survive restarts and leader changes, and only then
 // hands out free ones.
 type Ports struct {
+	ip      string
 	mu      sync.Mutex
 	pool    []int32
 	byNode  map[string]int32
@@ -70,10 +72,27 @@ type Ports struct {
 	changed chan struct{}     // 1-buffered: an assignment was made or released
 }
 
-// NewPorts makes an allocator over pool; list returns the served Nodes, read once on first use.
-func NewPorts(pool []int32, list func() []*v1.Node) *Ports {
-	return &Ports{pool: slices.Clone(pool), byNode: map[string]int32{}, byPort: map[int32]string{},
-		list: list, changed: make(chan struct{}, 1)}
+// NewPorts makes an allocator over pool for the kubelet API served on ip (the address the API
+// server reaches the bridge on); list returns the served Nodes, read once on first use.
+func NewPorts(ip string, pool []int32, list func() []*v1.Node) (*Ports, error) {
+	if net.ParseIP(ip) == nil {
+		return nil, fmt.Errorf("kubelet address %q is not an IP address (the API server dials the Node's InternalIP)", ip)
+	}
+	if len(pool) == 0 {
+		return nil, fmt.Errorf("kubelet ports: the pool is empty")
+	}
+	return &Ports{ip: ip, pool: slices.Clone(pool), byNode: map[string]int32{}, byPort: map[int32]string{},
+		list: list, changed: make(chan struct{}, 1)}, nil
+}
+
+// Address is the IP the kubelet API is served on.
+func (p *Ports) Address() string { return p.ip }
+
+// Endpoint returns the address and port the API server must dial for node's kubelet API, given the
+// port its Node records now (0: none): the nodes controller writes them into the Node's status.
+func (p *Ports) Endpoint(node string, recorded int32) (ip string, port int32, err error) {
+	port, err = p.Port(node, recorded)
+	return p.ip, port, err
 }
 
 // seed takes back the ports the served Nodes record. p.mu held; reads only the informer cache.

@@ -49,11 +49,9 @@ type Streamer interface {
 
 // Options configure New.
 type Options struct {
-	// Address is the IP the API server reaches the bridge on (the pod IP); it is written to each
-	// Node as its InternalIP and listened on.
-	Address string
-	// Ports is the pool of per-node ports.
-	Ports []int32
+	// Ports assigns each node its port, on the address the API server reaches the bridge on (the
+	// pod IP), which is listened on.
+	Ports *Ports
 	// CertFile and KeyFile are the serving certificate; empty: a self-signed one made at start.
 	CertFile, KeyFile string
 	// ClientCAFile verifies client certificates (the cluster's client CA, which issues the API
@@ -61,9 +59,6 @@ type Options struct {
 	ClientCAFile string
 	Kube         kubernetes.Interface
 	Nodes        Nodes
-	// ListNodes returns the served Nodes (informer cache): the ports they record are taken back
-	// before any is handed out.
-	ListNodes func() []*v1.Node
 	// Logs streams a container's log from node to w (sync/logsclient over the bridge's MQTT).
 	Logs func(ctx context.Context, node string, req protocol.LogsRequest, w io.Writer) error
 	// NodePods returns the pods bound to node (informer cache).
@@ -97,17 +92,11 @@ func New(o Options) (*Server, error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	ip := net.ParseIP(o.Address)
-	if ip == nil {
-		return nil, fmt.Errorf("kubelet address %q is not an IP address (the API server dials the Node's InternalIP)", o.Address)
+	if o.Ports == nil || o.Nodes == nil || o.Logs == nil {
+		return nil, errors.New("kubelet API: Ports, Nodes and Logs are required")
 	}
-	if len(o.Ports) == 0 {
-		return nil, errors.New("kubelet ports: the pool is empty")
-	}
-	if o.Nodes == nil || o.Logs == nil {
-		return nil, errors.New("kubelet API: Nodes and Logs are required")
-	}
-	s := &Server{o: o, ip: ip, ports: NewPorts(o.Ports, o.ListNodes), auth: &Auth{Kube: o.Kube},
+	ip := net.ParseIP(o.Ports.Address())
+	s := &Server{o: o, ip: ip, ports: o.Ports, auth: &Auth{Kube: o.Kube},
 		listeners: map[string]*listener{}}
 	var cert tls.Certificate
 	var err error
@@ -165,13 +154,6 @@ func selfSigned(ip net.IP) (tls.Certificate, error) {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
 }
 
-// Endpoint returns the address and port the API server must dial for node's kubelet API, given the
-// port its Node records now (0: none): the nodes controller writes them into the Node's status.
-func (s *Server) Endpoint(node string, recorded int32) (ip string, port int32, err error) {
-	port, err = s.ports.Port(node, recorded)
-	return s.o.Address, port, err
-}
-
 // Run keeps one listener per node with a port until ctx ends: new assignments get a listener,
 // nodes no longer served give theirs (and their port) back. It returns once every listener has
 // stopped.
@@ -224,7 +206,7 @@ func (s *Server) reconcile(ctx context.Context) {
 }
 
 func (s *Server) listen(ctx context.Context, node string, port int32) error {
-	addr := net.JoinHostPort(s.o.Address, strconv.Itoa(int(port)))
+	addr := net.JoinHostPort(s.ports.Address(), strconv.Itoa(int(port)))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s for node %s: %w", addr, node, err)

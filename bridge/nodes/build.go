@@ -154,3 +154,21 @@ func readyStatus(n *v1.Node) v1.ConditionStatus {
 	}
 	return ""
 }
+
+// withKubeletEndpoint points st at the bridge's kubelet API for the node: ip becomes the first
+// InternalIP and port the kubeletEndpoint port. The API server dials the first address of the
+// first type in its --kubelet-preferred-address-types (default Hostname, InternalDNS, InternalIP,
+// ...), so the agent's Hostname and InternalDNS addresses are dropped (a device's hostname does not
+// resolve in the cloud: "dial tcp: lookup edge-1: no such host"); its own InternalIPs and external
+// addresses follow the bridge's, for readers that want the device's addresses.
+func withKubeletEndpoint(st *v1.NodeStatus, ip string, port int32) {
+	addrs := []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: ip}}
+	for _, a := range st.Addresses {
+		if a.Type == v1.NodeHostName || a.Type == v1.NodeInternalDNS || (a.Type == v1.NodeInternalIP && a.Address == ip) {
+			continue
+		}
+		addrs = append(addrs, a)
+	}
+	st.Addresses = addrs
+	st.DaemonEndpoints.KubeletEndpoint.Port = port
+}

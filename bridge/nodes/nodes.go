@@ -74,9 +74,14 @@ type Options struct {
 	// cache matching Selector (at bridge start, after a registration) or starts matching it. It runs
 	// on the informer's goroutine: it must be quick.
 	OnServed func(node string)
-	Now      func() time.Time
-	Log      *slog.Logger
-	Metrics  *prom.Registry
+	// KubeletEndpoint, when set, gives the address and port of the node's kubelet API (served by
+	// the bridge, bridge/kubeletapi), given the port its Node records now (0: none). They are
+	// written into every status posted: the Node's first InternalIP and its
+	// daemonEndpoints.kubeletEndpoint.Port, which the API server dials for logs, exec and stats.
+	KubeletEndpoint func(node string, recorded int32) (ip string, port int32, err error)
+	Now             func() time.Time
+	Log             *slog.Logger
+	Metrics         *prom.Registry
 }
 
 type kind uint8
@@ -239,6 +244,15 @@ func (c *Controller) HasSynced() bool { return c.synced() }
 func (c *Controller) Served(node string) bool {
 	n, err := c.lister.Get(node)
 	return err == nil && c.o.Selector.Matches(labels.Set(n.Labels))
+}
+
+// List returns the served Nodes (informer cache).
+func (c *Controller) List() []*v1.Node {
+	ns, err := c.lister.List(c.o.Selector)
+	if err != nil {
+		return nil
+	}
+	return ns
 }
 
 // Online reports whether the bridge vouches for node being online now.

@@ -87,6 +87,9 @@ func (c *Controller) register(ctx context.Context, name string, agent *v1.Node, 
 	} else {
 		n.Status = offlineStatus(agent, now)
 	}
+	if err := c.kubeletEndpoint(name, nil, &n.Status); err != nil {
+		return nil, false, err
+	}
 	start := time.Now()
 	created, err := c.o.Kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
 	c.observe("node_create", start)
@@ -139,6 +142,9 @@ func (c *Controller) postStatus(ctx context.Context, existing *v1.Node, agent *v
 	for attempt := 0; ; attempt++ {
 		upd := existing.DeepCopy()
 		upd.Status = onlineStatus(existing, agent, metav1.NewTime(c.o.Now()))
+		if err := c.kubeletEndpoint(existing.Name, existing, &upd.Status); err != nil {
+			return err
+		}
 		start := time.Now()
 		_, err := nodes.UpdateStatus(ctx, upd, metav1.UpdateOptions{})
 		c.observe("node_status_update", start)
@@ -253,4 +259,22 @@ func (c *Controller) renewed(l *coordv1.Lease, n *v1.Node, now metav1.MicroTime)
 		}
 	}
 	return l
+}
+
+// kubeletEndpoint puts the bridge's kubelet API endpoint for node into st, keeping the port that
+// existing (the Node as the API has it; nil at registration) records when it can.
+func (c *Controller) kubeletEndpoint(node string, existing *v1.Node, st *v1.NodeStatus) error {
+	if c.o.KubeletEndpoint == nil {
+		return nil
+	}
+	var recorded int32
+	if existing != nil {
+		recorded = existing.Status.DaemonEndpoints.KubeletEndpoint.Port
+	}
+	ip, port, err := c.o.KubeletEndpoint(node, recorded)
+	if err != nil {
+		return fmt.Errorf("kubelet endpoint of node %s: %w", node, err)
+	}
+	withKubeletEndpoint(st, ip, port)
+	return nil
 }

@@ -506,6 +506,21 @@ func (c *Controller) queueStatus(topic string) {
 	}
 }
 
+// NodePods returns the pods bound to node, from the informer cache (the kubelet API's /pods).
+func (c *Controller) NodePods(node string) []*v1.Pod {
+	objs, err := c.pods.GetIndexer().ByIndex(byNode, node)
+	if err != nil {
+		return nil
+	}
+	out := make([]*v1.Pod, 0, len(objs))
+	for _, o := range objs {
+		if p, ok := o.(*v1.Pod); ok {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 // NodeServed tells the controller that node became served: its desired set is published (and
 // whatever retained state the API no longer wants is deleted).
 func (c *Controller) NodeServed(node string) {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/bridge"
+	"github.com/mqlet/mqlet/bridge/kubeletapi"
 	"github.com/mqlet/mqlet/bridge/mq"
 	"github.com/mqlet/mqlet/bridge/nodes"
 	"github.com/mqlet/mqlet/bridge/pods"
@@ -76,6 +78,12 @@ type RunCmd struct {
 	NoServiceAccountTokens    bool          `name:"no-service-account-tokens" help:"Give pods no API token: strip the kube-api-access-* volume the API injects (a serviceAccountToken volume a user wrote is refused by the node). By default the bridge asks the TokenRequest API for each and sends the token sealed to the node."`
 	ServiceAccountTokenMaxAge time.Duration `name:"service-account-token-max-age" default:"24h" hidden:"" help:"Renew a pod's token once this old even before 80% of its lifetime (kubelet: 24h); tests shorten it."`
 
+	KubeletAddress  string `placeholder:"IP" help:"IP the Kubernetes API server reaches the bridge on for the nodes' kubelet API (logs, exec, stats): each Node gets it as its InternalIP. Default: $POD_IP, else the first non-loopback address."`
+	KubeletPorts    string `default:"${kubeletPorts}" placeholder:"LIST" help:"Ports for the nodes' kubelet API, one per node (ranges and ports, comma-separated); none serves no kubelet API."`
+	KubeletTLSCert  string `name:"kubelet-tls-cert" type:"existingfile" placeholder:"FILE" help:"Serving certificate (PEM) of the kubelet API; default a self-signed one made at start."`
+	KubeletTLSKey   string `name:"kubelet-tls-key" type:"existingfile" placeholder:"FILE" help:"Key (PEM) of --kubelet-tls-cert."`
+	KubeletClientCA string `name:"kubelet-client-ca" type:"existingfile" placeholder:"FILE" help:"CA (PEM) whose client certificates the kubelet API accepts: the cluster's client CA, which issues the API server's --kubelet-client-certificate. Without it only bearer tokens (TokenReview) authenticate."`
+
 	MetricsAddr string `default:"127.0.0.1:10360" help:"Address of /metrics, /healthz and /readyz (in a pod use :10360 so the kubelet's probes reach it); \"-\" serves nothing."`
 	LogLevel    string `default:"info" enum:"debug,info,warn,error" help:"Log level: debug, info, warn or error."`
 }
@@ -130,6 +138,46 @@ func (r *RunCmd) options(log *slog.Logger, key ed25519.PrivateKey, nodes *sealin
 	}
 }
 
+// kubeletOptions turns the --kubelet-* flags into the bridge's kubelet API options (nil: none).
+func (r *RunCmd) kubeletOptions(key ed25519.PrivateKey) (*bridge.KubeletOptions, error) {
+	if r.KubeletPorts == "" || r.KubeletPorts == "none" {
+		return nil, nil
+	}
+	ports, err := kubeletapi.ParsePorts(r.KubeletPorts)
+	if err != nil {
+		return nil, fmt.Errorf("--kubelet-ports: %w", err)
+	}
+	addr := r.KubeletAddress
+	if addr == "" {
+		if addr, err = defaultKubeletAddress(); err != nil {
+			return nil, fmt.Errorf("--kubelet-address: %w", err)
+		}
+	}
+	if net.ParseIP(addr) == nil {
+		return nil, fmt.Errorf("--kubelet-address %q: not an IP address (the API server dials the Node's InternalIP)", addr)
+	}
+	return &bridge.KubeletOptions{Address: addr, Ports: ports, CertFile: r.KubeletTLSCert, KeyFile: r.KubeletTLSKey,
+		ClientCAFile: r.KubeletClientCA, SigningKey: key}, nil
+}
+
+// defaultKubeletAddress is $POD_IP (the Deployment sets it from status.podIP), else the first
+// non-loopback address of this host.
+func defaultKubeletAddress() (string, error) {
+	if ip := os.Getenv("POD_IP"); ip != "" {
+		return ip, nil
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return "", err
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() && n.IP.To4() != nil {
+			return n.IP.String(), nil
+		}
+	}
+	return "", fmt.Errorf("no non-loopback address on this host: give one")
+}
+
 // validate checks what kong cannot: relations between flags.
 func (r *RunCmd) validate() error {
 	switch {
@@ -150,6 +198,8 @@ func (r *RunCmd) validate() error {
 		return fmt.Errorf("--mqtt-cert-file and --mqtt-key-file go together: give both or neither")
 	case r.MQTTPasswordFile != "" && r.MQTTUsername == "":
 		return fmt.Errorf("--mqtt-password-file needs --mqtt-username")
+	case (r.KubeletTLSCert == "") != (r.KubeletTLSKey == ""):
+		return fmt.Errorf("--kubelet-tls-cert and --kubelet-tls-key go together: give both or neither")
 	}
 	return nil
 }
@@ -180,7 +230,11 @@ func (r *RunCmd) Run(env *runEnv) error {
 	if nodeTrust == nil {
 		log.Warn("no --node-ca: nodes' sealing keys are taken as the broker hands them over, so a broker that replaced one could read the Secrets sealed to it; see docs/security.md")
 	}
-	b, err := bridge.New(r.options(log, key, nodeTrust))
+	opts := r.options(log, key, nodeTrust)
+	if opts.Kubelet, err = r.kubeletOptions(key); err != nil {
+		return err
+	}
+	b, err := bridge.New(opts)
 	if err != nil {
 		return err
 	}
@@ -200,7 +254,7 @@ func parser(c *cli, opts ...kong.Option) (*kong.Kong, error) {
 	return kong.New(c, append([]kong.Option{
 		kong.Name("mqlet-bridge"),
 		kong.Description("mqlet-bridge makes mqlet edge nodes Nodes of a Kubernetes cluster, over MQTT."),
-		kong.Vars{"roleLabel": nodes.DefaultRoleLabel, "lease": bridge.LeaderLeaseName, "version": versionLine()},
+		kong.Vars{"roleLabel": nodes.DefaultRoleLabel, "lease": bridge.LeaderLeaseName, "version": versionLine(), "kubeletPorts": kubeletapi.DefaultPorts},
 	}, opts...)...)
 }
 

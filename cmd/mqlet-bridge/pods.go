@@ -41,7 +41,7 @@ func buildPods(d bridge.Deps, o pods.Options) (*bridge.Part, error) {
 		<-done
 		return err
 	}
-	return &bridge.Part{PodHandler: c.Handle, OnServed: c.NodeServed, Run: run}, nil
+	return &bridge.Part{PodHandler: c.Handle, OnServed: c.NodeServed, NodePods: c.NodePods, Run: run}, nil
 }
 
 // watchReconnects calls reconnected after every new broker connection but the first: the retained
