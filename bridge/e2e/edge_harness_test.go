@@ -238,6 +238,9 @@ type edgeWorld struct {
 	sock                string
 	agentAPI            *api.Client
 	bridgeKubeconfig    string
+	// kubeletPorts is the bridges' --kubelet-ports (both replicas get the same: only the leader
+	// listens); the kubelet API is served on 127.0.0.1.
+	kubeletPorts []int
 
 	mu      sync.Mutex
 	agent   *proc
@@ -272,6 +275,9 @@ func newEdgeWorld(t *testing.T) *edgeWorld {
 	})
 	w.broker = mqtttest.Start(t, mqtttest.Options{Identities: []string{edgeNode}, UsernameAsClientID: true})
 	w.mqletBin, w.bridgeBin = binaries(t)
+	if w.kubeletPorts, err = loopback.FreePorts(3); err != nil {
+		t.Fatal(err)
+	}
 
 	// A short path: unix socket paths stop at 108 bytes.
 	if w.dir, err = os.MkdirTemp("", "mqb"); err != nil {
@@ -401,7 +407,9 @@ func (w *edgeWorld) startBridgeWith(t *testing.T, identity string, extra ...stri
 		"--leader-elect-lease-duration", leaderLease.String(),
 		"--leader-elect-renew-deadline", leaderRenew.String(),
 		"--leader-elect-retry-period", leaderRetry.String(),
-		"--metrics-addr", addr, "--log-level", "debug"}, extra...)
+		"--metrics-addr", addr, "--log-level", "debug",
+		"--kubelet-address", "127.0.0.1", "--kubelet-ports", w.kubeletPortList(),
+		"--kubelet-client-ca", w.cluster.ClientCAFile()}, extra...)
 	p := startProc(t, w.dir, "bridge-"+identity, w.bridgeBin, []string{"POD_NAMESPACE=" + bridgeNamespace}, args...)
 	b := &bridgeProc{proc: p, identity: identity, metrics: addr}
 	w.mu.Lock()
@@ -416,6 +424,15 @@ func (w *edgeWorld) startBridgeWith(t *testing.T, identity string, extra ...stri
 		return err == nil && strings.TrimSpace(body) == "ok", fmt.Sprint(body, err)
 	})
 	return b
+}
+
+// kubeletPortList is --kubelet-ports.
+func (w *edgeWorld) kubeletPortList() string {
+	var ps []string
+	for _, p := range w.kubeletPorts {
+		ps = append(ps, fmt.Sprint(p))
+	}
+	return strings.Join(ps, ",")
 }
 
 // leader waits until one running bridge holds the leader Lease and says so on /readyz, and

@@ -355,6 +355,19 @@ func (c *Cluster) startStorageAndAPI(ctx context.Context, bins binaries) error {
 	if c.kubeconfig, err = c.writeKubeconfig("admin.kubeconfig", "kubetest-admin", admin); err != nil {
 		return err
 	}
+	// The apiserver's client certificate towards kubelets (logs, exec, node proxy), from the
+	// cluster's CA as kubeadm issues it: a kubelet, or mqlet-bridge serving the kubelet API, checks
+	// it against ClientCAFile. Kubelets' serving certificates are not verified
+	// (no --kubelet-certificate-authority), as on most clusters.
+	kubeletClient, err := c.ca.client("kube-apiserver-kubelet-client", "system:masters")
+	if err != nil {
+		return err
+	}
+	for name, data := range map[string][]byte{"apiserver-kubelet-client.crt": kubeletClient.certPEM, "apiserver-kubelet-client.key": kubeletClient.keyPEM} {
+		if err := writeSecret(c.path(name), data); err != nil {
+			return err
+		}
+	}
 	issuer := "https://kubernetes.default.svc.cluster.local"
 	api, err := c.launch(APIServer, bins.apiserver, append([]string{
 		"--etcd-servers=" + c.etcdURL,
@@ -368,6 +381,8 @@ func (c *Cluster) startStorageAndAPI(ctx context.Context, bins binaries) error {
 		"--tls-cert-file=" + c.path("apiserver.crt"),
 		"--tls-private-key-file=" + c.path("apiserver.key"),
 		"--client-ca-file=" + c.path("ca.crt"),
+		"--kubelet-client-certificate=" + c.path("apiserver-kubelet-client.crt"),
+		"--kubelet-client-key=" + c.path("apiserver-kubelet-client.key"),
 		"--authorization-mode=Node,RBAC",
 		"--service-account-issuer=" + issuer,
 		"--service-account-key-file=" + c.path("sa.key"),
@@ -574,6 +589,10 @@ func (c *Cluster) Host() string { return c.host }
 
 // EtcdURL returns etcd's client URL.
 func (c *Cluster) EtcdURL() string { return c.etcdURL }
+
+// ClientCAFile is the cluster's client CA (PEM): it issued every client certificate, the
+// apiserver's kubelet client certificate included.
+func (c *Cluster) ClientCAFile() string { return c.path("ca.crt") }
 
 // Dir returns the directory holding the cluster's certificates, kubeconfigs and logs
 // (<component>.log).
