@@ -1,6 +1,7 @@
 package nodes
 
 import (
+	"reflect"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -498,5 +499,21 @@ func TestRegistrationLabels(t *testing.T) {
 	}
 	if r := registration("n", a, ""); len(r.Labels) != 3 {
 		t.Errorf("no role label asked: %v", r.Labels)
+	}
+}
+
+// The API server dials the first address of the first type it prefers (Hostname first by default):
+// the bridge's InternalIP must be the only way in, the device's own IPs after it.
+func TestWithKubeletEndpoint(t *testing.T) {
+	st := v1.NodeStatus{Addresses: []v1.NodeAddress{
+		{Type: v1.NodeHostName, Address: "edge-1"}, {Type: v1.NodeInternalIP, Address: "192.168.1.5"},
+		{Type: v1.NodeInternalDNS, Address: "edge-1.lan"}, {Type: v1.NodeExternalIP, Address: "203.0.113.9"},
+		{Type: v1.NodeInternalIP, Address: "10.1.2.3"},
+	}}
+	withKubeletEndpoint(&st, "10.1.2.3", 10301)
+	want := []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.1.2.3"}, {Type: v1.NodeInternalIP, Address: "192.168.1.5"},
+		{Type: v1.NodeExternalIP, Address: "203.0.113.9"}}
+	if !reflect.DeepEqual(st.Addresses, want) || st.DaemonEndpoints.KubeletEndpoint.Port != 10301 {
+		t.Errorf("addresses %v port %d, want %v 10301", st.Addresses, st.DaemonEndpoints.KubeletEndpoint.Port, want)
 	}
 }

@@ -1,0 +1,135 @@
+package kubeletapi
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func TestRequestAttributes(t *testing.T) {
+	for _, c := range []struct {
+		method, path string
+		want         Attributes
+	}{
+		{"GET", "/stats/summary", Attributes{"get", "stats", "n"}},
+		{"GET", "/stats", Attributes{"get", "stats", "n"}},
+		{"GET", "/statsfoo", Attributes{"get", "proxy", "n"}},
+		{"GET", "/metrics/resource", Attributes{"get", "metrics", "n"}},
+		{"GET", "/metrics", Attributes{"get", "metrics", "n"}},
+		{"GET", "/logs/", Attributes{"get", "log", "n"}},
+		{"GET", "/spec/", Attributes{"get", "spec", "n"}},
+		{"POST", "/checkpoint/ns/p/c", Attributes{"create", "checkpoint", "n"}},
+		{"GET", "/containerLogs/ns/p/c", Attributes{"get", "proxy", "n"}},
+		{"POST", "/exec/ns/p/c", Attributes{"create", "proxy", "n"}},
+		{"GET", "/exec/ns/p/c", Attributes{"get", "proxy", "n"}}, // websocket exec
+		{"POST", "/portForward/ns/p", Attributes{"create", "proxy", "n"}},
+		{"POST", "/attach/ns/p/c", Attributes{"create", "proxy", "n"}},
+		{"POST", "/run/ns/p/c", Attributes{"create", "proxy", "n"}},
+		{"GET", "/pods", Attributes{"get", "proxy", "n"}},
+		{"GET", "/healthz", Attributes{"get", "proxy", "n"}},
+		{"PUT", "/x", Attributes{"update", "proxy", "n"}},
+		{"PATCH", "/x", Attributes{"patch", "proxy", "n"}},
+		{"DELETE", "/x", Attributes{"delete", "proxy", "n"}},
+		{"HEAD", "/x", Attributes{"get", "proxy", "n"}},
+		{"OPTIONS", "/x", Attributes{"", "proxy", "n"}},
+	} {
+		if got := RequestAttributes(c.method, c.path, "n"); got != c.want {
+			t.Errorf("%s %s: %+v, want %+v", c.method, c.path, got, c.want)
+		}
+	}
+}
+
+func TestParsePorts(t *testing.T) {
+	got, err := ParsePorts("10300-10302, 10310,10301")
+	if err != nil || !slices.Equal(got, []int32{10300, 10301, 10302, 10310}) {
+		t.Errorf("ParsePorts: %v %v", got, err)
+	}
+	for _, bad := range []string{"", "none", "0", "70000", "10-5", "1-x"} {
+		if _, err := ParsePorts(bad); err == nil {
+			t.Errorf("ParsePorts(%q) accepted", bad)
+		}
+	}
+}
+
+func nodeWithPort(name string, port int32) *v1.Node {
+	n := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	n.Status.DaemonEndpoints.KubeletEndpoint.Port = port
+	return n
+}
+
+// The ports the Nodes record come back to them (a new leader), before free ones are handed out;
+// a recorded port outside the pool or taken is replaced; the pool running out is an error.
+func TestPortsKeepRecordedAssignments(t *testing.T) {
+	existing := []*v1.Node{nodeWithPort("b", 11), nodeWithPort("a", 12), nodeWithPort("c", 12), nodeWithPort("d", 99)}
+	p, err := NewPorts("10.0.0.5", []int32{10, 11, 12, 13}, func() []*v1.Node { return existing })
+	if err != nil {
+		t.Fatal(err)
+	}
+	// "new" asks first, yet cannot take 11 or 12: they are b's and a's (a before c by name).
+	ip, port, err := p.Endpoint("new", 0)
+	if err != nil || ip != "10.0.0.5" || port != 10 {
+		t.Errorf("new node: %s %d %v, want 10.0.0.5 10", ip, port, err)
+	}
+	for node, want := range map[string]int32{"b": 11, "a": 12, "new": 10} {
+		if got, _ := p.Port(node, 0); got != want {
+			t.Errorf("node %s: port %d, want %d", node, got, want)
+		}
+	}
+	if got, _ := p.Port("c", 12); got != 13 {
+		t.Errorf("node c (12 is a's): port %d, want 13", got)
+	}
+	if _, err := p.Port("d", 99); err == nil || !strings.Contains(err.Error(), "widen --kubelet-ports") {
+		t.Errorf("pool used up: %v", err)
+	}
+	p.Release("b")
+	if got, _ := p.Port("d", 0); got != 11 {
+		t.Errorf("after b's release: port %d, want 11", got)
+	}
+	if _, err := NewPorts("edge-1", []int32{1}, nil); err == nil {
+		t.Error("a host name was accepted as the kubelet address")
+	}
+}
+
+func TestParseLogOptions(t *testing.T) {
+	q := url.Values{"follow": {"true"}, "tailLines": {"5"}, "limitBytes": {"10"}, "sinceTime": {"2026-01-02T03:04:05Z"},
+		"previous": {"1"}, "timestamps": {"false"}}
+	o, err := parseLogOptions(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := o.request("ns", "p", "c", o.sinceTime.Add(0))
+	if !r.Follow || !r.Previous || r.Timestamps || r.Tail != 5 || r.SinceTime.Format("2006-01-02T15:04:05Z07:00") != "2026-01-02T03:04:05Z" ||
+		r.Namespace != "ns" || r.Pod != "p" || r.Container != "c" {
+		t.Errorf("request %+v", r)
+	}
+	for _, bad := range []url.Values{
+		{"follow": {"yes please"}}, {"tailLines": {"-1"}}, {"limitBytes": {"0"}}, {"sinceSeconds": {"0"}},
+		{"sinceSeconds": {"5"}, "sinceTime": {"2026-01-02T03:04:05Z"}}, {"sinceTime": {"yesterday"}},
+	} {
+		if _, err := parseLogOptions(bad); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}
+
+// The byte limit cuts inside a chunk and stops the stream; the status goes out with the first
+// bytes.
+func TestLogWriterLimit(t *testing.T) {
+	rec := httptest.NewRecorder()
+	l := &logWriter{w: rec, limit: 5}
+	if _, err := l.Write([]byte("abc")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Write([]byte("defg")); err == nil {
+		t.Error("the write past the limit did not stop the stream")
+	}
+	if rec.Code != http.StatusOK || rec.Body.String() != "abcde" {
+		t.Errorf("%d %q, want 200 abcde", rec.Code, rec.Body.String())
+	}
+}
