@@ -1,10 +1,10 @@
 package nodes
 
 import (
-	"reflect"
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
