@@ -38,6 +38,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
@@ -240,6 +241,27 @@ func New(o Options) (*Bridge, error) {
 		}); err != nil {
 			return nil, err
 		}
+		// A port is given back when its Node is deleted or stops matching the selector; not
+		// when it is merely missing from the cache, as a Node just created is for a moment.
+		release := func(obj any) {
+			if n, ok := obj.(*v1.Node); ok {
+				ports.Release(n.Name)
+			} else if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				if n, ok := d.Obj.(*v1.Node); ok {
+					ports.Release(n.Name)
+				}
+			}
+		}
+		if _, err := b.informers.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+			DeleteFunc: release,
+			UpdateFunc: func(_, obj any) {
+				if n, ok := obj.(*v1.Node); ok && !sel.Matches(labels.Set(n.Labels)) {
+					release(n)
+				}
+			},
+		}); err != nil {
+			return nil, fmt.Errorf("kubelet API: node informer: %w", err)
+		}
 	}
 	mo := o.MQTT
 	mo.Log = o.Log.With("component", "mqtt")
@@ -299,6 +321,10 @@ func New(o Options) (*Bridge, error) {
 			Logs: func(ctx context.Context, node string, req protocol.LogsRequest, w io.Writer) error {
 				return logsclient.Stream(ctx, requests, logsclient.Options{Topics: topics, Timeout: timeout,
 					SigningKey: key, IDPrefix: "bridge-"}, node, req, w)
+			},
+			Usage: func(ctx context.Context, node string) (*protocol.Usage, error) {
+				return logsclient.Usage(ctx, requests, logsclient.Options{Topics: topics, Timeout: timeout,
+					SigningKey: key, IDPrefix: "bridge-"}, node)
 			},
 			Log: o.Log.With("component", "kubelet-api"),
 		})

@@ -102,7 +102,7 @@ const usageMaxAge = time.Second
 // usage registers the node's and the containers' CPU and memory use and the node's temperature
 // and throttling as metrics, and serves fresh readings to `mqlet top` on the local API
 // (/api/v1/usage), all from one usage.Reader over the containers' cgroups.
-func (m *agentMetrics) usage(a *agent.Agent, rt *ctrd.Runtime, srv *api.Server) {
+func (m *agentMetrics) usage(a *agent.Agent, rt *ctrd.Runtime, srv *api.Server, v *view) {
 	r := usage.New(usage.Options{Root: "/", Pods: a.Pods, CgroupOf: rt.ContainerCgroup})
 	m.Usage(func() (usage.Snapshot, error) {
 		// A scrape has no context of its own here; the runtime call is bounded like the API's.
@@ -110,6 +110,8 @@ func (m *agentMetrics) usage(a *agent.Agent, rt *ctrd.Runtime, srv *api.Server) 
 		defer cancel()
 		return r.Recent(ctx, usageMaxAge)
 	})
+	// Usage requests over MQTT (the bridge's kubelet stats) share the scrapes' recent reading.
+	v.usage = func(ctx context.Context) (usage.Snapshot, error) { return r.Recent(ctx, usageMaxAge) }
 	m.Thermal("/")
 	srv.HandleUsage(r.Read)
 }

@@ -198,6 +198,7 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 		}
 		o.Sealing = sealKey
 		o.Exec = n.view // `mqlet ctl exec`, with the sealing key
+		o.Usage = n.view.Usage
 		if n.channel, err = nodesync.New(o); err != nil {
 			return err
 		}
@@ -276,7 +277,7 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 	srv := api.NewServer(nodeAPI{Agent: n.agent, m: n.view.status}, log)
 	srv.OnListening(n.notify.partReady)
 	n.serveEvents(srv)
-	m.usage(n.agent, rt, srv)
+	m.usage(n.agent, rt, srv, n.view)
 	serveMetrics, releaseMetrics, err := m.serve(cfg, n.agent, n.view.evictions, n.channel, db, srv, log)
 	if err != nil {
 		return err

@@ -9,7 +9,9 @@ import (
 	"github.com/mqlet/mqlet/agent/config"
 	"github.com/mqlet/mqlet/agent/eviction"
 	"github.com/mqlet/mqlet/agent/nodestatus"
+	"github.com/mqlet/mqlet/agent/usage"
 	"github.com/mqlet/mqlet/core/execio"
+	"github.com/mqlet/mqlet/sync/protocol"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -31,6 +33,8 @@ type view struct {
 	interim func() v1.ResourceList
 	// fallback is the node's labels and taints until the node status has computed them.
 	fallback func() *v1.Node
+	// usage reads the node's and its containers' CPU and memory use (usage.Reader.Recent).
+	usage func(ctx context.Context) (usage.Snapshot, error)
 }
 
 // Allocatable is what admission checks pods against: the published allocatable once the node
@@ -128,4 +132,24 @@ func (v *view) DialPod(ctx context.Context, namespace, name string, port int) (n
 		return nil, fmt.Errorf("the agent is starting")
 	}
 	return v.agent.DialPod(ctx, namespace, name, port)
+}
+
+// Usage is the node's CPU and memory use for usage requests over MQTT (the bridge's kubelet
+// stats), in the protocol's terms.
+func (v *view) Usage(ctx context.Context) (*protocol.Usage, error) {
+	if v.usage == nil {
+		return nil, fmt.Errorf("the agent is starting")
+	}
+	s, err := v.usage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	u := &protocol.Usage{Time: s.Time, Node: protocol.NodeUsage{CPUSeconds: s.Node.CPUSeconds, CPUs: s.Node.CPUs,
+		MemoryWorkingSetBytes: s.Node.MemoryWorkingSetBytes, MemoryCapacityBytes: s.Node.MemoryCapacityBytes},
+		Containers: make([]protocol.ContainerUsage, 0, len(s.Containers))}
+	for _, c := range s.Containers {
+		u.Containers = append(u.Containers, protocol.ContainerUsage{Namespace: c.Namespace, Pod: c.Pod, Container: c.Container,
+			ID: c.ID, CPUSeconds: c.CPUSeconds, MemoryWorkingSetBytes: c.MemoryWorkingSetBytes})
+	}
+	return u, nil
 }

@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -239,8 +240,10 @@ type edgeWorld struct {
 	agentAPI            *api.Client
 	bridgeKubeconfig    string
 	// kubeletPorts is the bridges' --kubelet-ports (both replicas get the same: only the leader
-	// listens); the kubelet API is served on 127.0.0.1.
+	// listens); kubeletAddr their --kubelet-address: a non-loopback address of this host, since
+	// the API server refuses to proxy (/api/v1/nodes/<node>/proxy) to a loopback one.
 	kubeletPorts []int
+	kubeletAddr  string
 
 	mu      sync.Mutex
 	agent   *proc
@@ -278,6 +281,7 @@ func newEdgeWorld(t *testing.T) *edgeWorld {
 	if w.kubeletPorts, err = loopback.FreePorts(3); err != nil {
 		t.Fatal(err)
 	}
+	w.kubeletAddr = hostAddress(t)
 
 	// A short path: unix socket paths stop at 108 bytes.
 	if w.dir, err = os.MkdirTemp("", "mqb"); err != nil {
@@ -408,7 +412,7 @@ func (w *edgeWorld) startBridgeWith(t *testing.T, identity string, extra ...stri
 		"--leader-elect-renew-deadline", leaderRenew.String(),
 		"--leader-elect-retry-period", leaderRetry.String(),
 		"--metrics-addr", addr, "--log-level", "debug",
-		"--kubelet-address", "127.0.0.1", "--kubelet-ports", w.kubeletPortList(),
+		"--kubelet-address", w.kubeletAddr, "--kubelet-ports", w.kubeletPortList(),
 		"--kubelet-client-ca", w.cluster.ClientCAFile()}, extra...)
 	p := startProc(t, w.dir, "bridge-"+identity, w.bridgeBin, []string{"POD_NAMESPACE=" + bridgeNamespace}, args...)
 	b := &bridgeProc{proc: p, identity: identity, metrics: addr}
@@ -424,6 +428,22 @@ func (w *edgeWorld) startBridgeWith(t *testing.T, identity string, extra ...stri
 		return err == nil && strings.TrimSpace(body) == "ok", fmt.Sprint(body, err)
 	})
 	return b
+}
+
+// hostAddress is this host's first non-loopback, non-link-local IPv4 address.
+func hostAddress(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() {
+			return n.IP.String()
+		}
+	}
+	t.Fatal("this host has no non-loopback IPv4 address for the bridge's kubelet API (the API server does not proxy to loopback)")
+	return ""
 }
 
 // kubeletPortList is --kubelet-ports.

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net"
 	"net/http"
 	"os/exec"
 	"regexp"
@@ -41,7 +42,7 @@ func TestKubeletAPI(t *testing.T) {
 	s := &edgeSuite{w: w}
 	ctx := context.Background()
 
-	// The Node points the API server at the bridge: InternalIP 127.0.0.1 first, no Hostname (the
+	// The Node points the API server at the bridge: its kubelet address first, no Hostname (the
 	// API server would try it first), a port of the bridge's pool.
 	var port int32
 	within(t, readyBound, "Node "+edgeNode+" Ready with the bridge's kubelet endpoint", func() (bool, string) {
@@ -51,7 +52,7 @@ func TestKubeletAPI(t *testing.T) {
 		}
 		port = n.Status.DaemonEndpoints.KubeletEndpoint.Port
 		a := n.Status.Addresses
-		ok := nodeReady(n) == v1.ConditionTrue && len(a) > 0 && a[0].Type == v1.NodeInternalIP && a[0].Address == "127.0.0.1" &&
+		ok := nodeReady(n) == v1.ConditionTrue && len(a) > 0 && a[0].Type == v1.NodeInternalIP && a[0].Address == w.kubeletAddr &&
 			!slices.ContainsFunc(a, func(x v1.NodeAddress) bool { return x.Type == v1.NodeHostName }) &&
 			slices.Contains(w.kubeletPorts, int(port))
 		return ok, fmt.Sprintf("Ready=%s addresses=%v port=%d (pool %v)", nodeReady(n), a, port, w.kubeletPorts)
@@ -60,7 +61,7 @@ func TestKubeletAPI(t *testing.T) {
 	// A pod that logs a numbered line a second, and one whose container exits after each line
 	// (restarted: --previous has something to show).
 	counter := edgePod(uniqueName("counter"), edgeTolerations()...)
-	counter.Spec.Containers[0].Command = []string{"sh", "-c", `trap "exit 0" TERM; i=0; while true; i=$((i+1)); printf "line-%03d\n" $i; sleep 1; done`}
+	counter.Spec.Containers[0].Command = []string{"sh", "-c", `trap "exit 0" TERM; i=0; while true; do i=$((i+1)); printf "line-%03d\n" $i; sleep 1; done`}
 	s.createPod(t, counter)
 	crasher := edgePod(uniqueName("crasher"), edgeTolerations()...)
 	crasher.Spec.Containers[0].Command = []string{"sh", "-c", `echo "instance-$(cat /proc/sys/kernel/random/uuid)"; sleep 1; exit 1`}
@@ -222,6 +223,62 @@ func TestKubeletAPI(t *testing.T) {
 			t.Errorf("/pods lists %v, want %s and %s", names, counter.Name, crasher.Name)
 		}
 	})
+	t.Run("Stats", func(t *testing.T) {
+		out, err := kubectl("get", "--raw", "/api/v1/nodes/"+edgeNode+"/proxy/stats/summary")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum struct {
+			Node struct {
+				NodeName string `json:"nodeName"`
+				CPU      struct {
+					UsageCoreNanoSeconds uint64 `json:"usageCoreNanoSeconds"`
+				} `json:"cpu"`
+				Memory struct {
+					WorkingSetBytes uint64 `json:"workingSetBytes"`
+				} `json:"memory"`
+			} `json:"node"`
+			Pods []struct {
+				PodRef struct {
+					Name, Namespace, UID string
+				} `json:"podRef"`
+				Containers []struct {
+					Name   string `json:"name"`
+					Memory struct {
+						WorkingSetBytes uint64 `json:"workingSetBytes"`
+					} `json:"memory"`
+				} `json:"containers"`
+			} `json:"pods"`
+		}
+		if err := json.Unmarshal([]byte(out), &sum); err != nil {
+			t.Fatalf("/stats/summary: %v\n%s", err, out)
+		}
+		if sum.Node.NodeName != edgeNode || sum.Node.CPU.UsageCoreNanoSeconds == 0 || sum.Node.Memory.WorkingSetBytes == 0 {
+			t.Errorf("/stats/summary node: %+v, want %s with CPU and memory use", sum.Node, edgeNode)
+		}
+		found := false
+		for _, p := range sum.Pods {
+			if p.PodRef.Name == counter.Name && p.PodRef.UID != "" && len(p.Containers) == 1 && p.Containers[0].Name == "main" &&
+				p.Containers[0].Memory.WorkingSetBytes > 0 {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("/stats/summary has no pod %s with its container main and its memory use:\n%s", counter.Name, out)
+		}
+		out, err = kubectl("get", "--raw", "/api/v1/nodes/"+edgeNode+"/proxy/metrics/resource")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"node_cpu_usage_seconds_total ", "node_memory_working_set_bytes ",
+			`container_cpu_usage_seconds_total{container="main",namespace="default",pod="` + counter.Name + `"} `,
+			`container_memory_working_set_bytes{container="main",namespace="default",pod="` + counter.Name + `"} `,
+			`pod_cpu_usage_seconds_total{namespace="default",pod="` + counter.Name + `"} `} {
+			if !strings.Contains(out, want) {
+				t.Errorf("/metrics/resource lacks %q:\n%s", want, out)
+			}
+		}
+	})
 	t.Run("ExecNotImplemented", func(t *testing.T) {
 		_, err := kubectl("exec", counter.Name, "--", "true")
 		if err == nil || !strings.Contains(err.Error(), "not implemented") {
@@ -252,7 +309,7 @@ func TestKubeletAPI(t *testing.T) {
 // through TokenReview (403 without rights), a bogus token 401.
 func checkKubeletAuth(t *testing.T, w *edgeWorld, port int32) {
 	ctx := context.Background()
-	url := fmt.Sprintf("https://127.0.0.1:%d/pods", port)
+	url := fmt.Sprintf("https://%s/pods", net.JoinHostPort(w.kubeletAddr, fmt.Sprint(port)))
 	get := func(cert *tls.Certificate, token string) (int, string) {
 		t.Helper()
 		tc := &tls.Config{InsecureSkipVerify: true} // the bridge's serving certificate is self-signed

@@ -65,10 +65,19 @@ func (s *Server) handler(node string) http.Handler {
 // offline answers 503 when node is offline: the bridge cannot reach it, and waiting for a timeout
 // would tell the client nothing more.
 func (s *Server) offline(w http.ResponseWriter, node string) bool {
+	return s.offlineStatus(w, node, http.StatusServiceUnavailable)
+}
+
+// offlineStatus is offline with another status: the API server passes a kubelet's 400 on to
+// kubectl with its text ("Error from server (BadRequest): node edge-1 is offline ..."), but turns
+// a 503 into "the server is currently unable to handle the request", so the endpoints a person
+// reads through kubectl (logs, exec) answer 400, as kubelet does for a container whose log it
+// cannot serve now; machine clients of stats keep the 503.
+func (s *Server) offlineStatus(w http.ResponseWriter, node string, code int) bool {
 	if s.o.Nodes.Online(node) {
 		return false
 	}
-	http.Error(w, fmt.Sprintf("node %s is offline: the bridge has no connection to it over MQTT", node), http.StatusServiceUnavailable)
+	http.Error(w, fmt.Sprintf("node %s is offline: the bridge has no connection to it over MQTT", node), code)
 	return true
 }
 
@@ -103,7 +112,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, node string) {
 		http.Error(w, what+" over the bridge is not implemented yet", http.StatusNotImplemented)
 		return
 	}
-	if s.offline(w, node) {
+	if s.offlineStatus(w, node, http.StatusBadRequest) {
 		return
 	}
 	s.o.Streamer.ServeStream(w, r, node)
@@ -180,7 +189,7 @@ func (s *Server) containerLogs(w http.ResponseWriter, r *http.Request, node stri
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	if s.offline(w, node) {
+	if s.offlineStatus(w, node, http.StatusBadRequest) {
 		return
 	}
 	if o.tailLines != nil && *o.tailLines == 0 && !o.follow {
@@ -218,14 +227,14 @@ func (s *Server) containerLogs(w http.ResponseWriter, r *http.Request, node stri
 		s.o.Log.Warn("container log stream ended with an error", "node", node, "pod", ns+"/"+pod, "container", container, "err", err)
 		return
 	}
-	switch {
-	case errors.As(err, &ne) && strings.Contains(ne.Msg, "not found"):
-		http.Error(w, ne.Msg, http.StatusNotFound)
-	case errors.As(err, &ne):
+	// 400 and 500 keep their text through the API server (a 404 or 503 would not): the node's
+	// refusal (no such pod, no previous instance) is the client's to fix, a failure on the way
+	// (timeout, broker) is not.
+	if errors.As(err, &ne) {
 		http.Error(w, ne.Msg, http.StatusBadRequest)
-	default:
-		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return
 	}
+	http.Error(w, err.Error(), http.StatusInternalServerError)
 }
 
 // logWriter writes log bytes to the HTTP response: the 200 status goes out with the first bytes

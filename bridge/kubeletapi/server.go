@@ -63,8 +63,9 @@ type Options struct {
 	Logs func(ctx context.Context, node string, req protocol.LogsRequest, w io.Writer) error
 	// NodePods returns the pods bound to node (informer cache).
 	NodePods func(node string) []*v1.Pod
-	// NodeStatus returns the node's latest status as the agent reported it (nil: none yet).
-	NodeStatus func(node string) *v1.Node
+	// Usage reads node's CPU and memory use (sync/logsclient.Usage over the bridge's MQTT): the
+	// source of /stats/summary and /metrics/resource; nil answers them 501.
+	Usage func(ctx context.Context, node string) (*protocol.Usage, error)
 	Streamer   Streamer
 	Log        *slog.Logger
 }
@@ -76,6 +77,7 @@ type Server struct {
 	ports *Ports
 	auth  *Auth
 	tls   *tls.Config
+	usage usageCache
 
 	mu        sync.Mutex
 	listeners map[string]*listener // by node
@@ -155,8 +157,8 @@ func selfSigned(ip net.IP) (tls.Certificate, error) {
 }
 
 // Run keeps one listener per node with a port until ctx ends: new assignments get a listener,
-// nodes no longer served give theirs (and their port) back. It returns once every listener has
-// stopped.
+// released ones (Ports.Release: the Node was deleted or left the selector) lose theirs. It
+// returns once every listener has stopped.
 func (s *Server) Run(ctx context.Context) error {
 	tick := time.NewTicker(10 * time.Second)
 	defer tick.Stop()
@@ -174,11 +176,6 @@ func (s *Server) Run(ctx context.Context) error {
 
 func (s *Server) reconcile(ctx context.Context) {
 	for node, port := range s.ports.Assigned() {
-		if !s.o.Nodes.Served(node) {
-			s.ports.Release(node)
-			s.close(node)
-			continue
-		}
 		s.mu.Lock()
 		l := s.listeners[node]
 		s.mu.Unlock()

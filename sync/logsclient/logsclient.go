@@ -4,10 +4,12 @@
 package logsclient
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -78,11 +80,17 @@ func Stream(ctx context.Context, b Broker, o Options, node string, req protocol.
 	if req.ID == "" {
 		req.ID = o.IDPrefix + randomHex(8)
 	}
-	req.APIVersion, req.Op = protocol.APIVersion, protocol.LogsOpen
-	if req.Namespace == "" {
-		req.Namespace = "default"
+	var what string
+	if req.Op == protocol.LogsUsage {
+		req.APIVersion = protocol.APIVersion
+		what = "usage of node " + node
+	} else {
+		req.APIVersion, req.Op = protocol.APIVersion, protocol.LogsOpen
+		if req.Namespace == "" {
+			req.Namespace = "default"
+		}
+		what = fmt.Sprintf("logs of pod %s/%s on node %s", req.Namespace, req.Pod, node)
 	}
-	what := fmt.Sprintf("logs of pod %s/%s on node %s", req.Namespace, req.Pod, node)
 	sign(o.SigningKey, node, &req)
 	open, err := protocol.Encode(&req)
 	if err != nil {
@@ -229,6 +237,20 @@ func Stream(ctx context.Context, b Broker, o Options, node string, req protocol.
 			}
 		}
 	}
+}
+
+// Usage asks node for its CPU and memory use and its containers' (op usage on the logs channel,
+// docs/protocol.md section 9).
+func Usage(ctx context.Context, b Broker, o Options, node string) (*protocol.Usage, error) {
+	var buf bytes.Buffer
+	if err := Stream(ctx, b, o, node, protocol.LogsRequest{Op: protocol.LogsUsage}, &buf); err != nil {
+		return nil, err
+	}
+	var u protocol.Usage
+	if err := json.Unmarshal(buf.Bytes(), &u); err != nil {
+		return nil, fmt.Errorf("usage of node %s: %w", node, err)
+	}
+	return &u, nil
 }
 
 // NodeError is a request the node answered with an error (no such pod, container, previous

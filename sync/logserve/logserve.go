@@ -83,7 +83,10 @@ type Options struct {
 	// the node then serves only its control planes, not whoever can publish on its topics, and
 	// opens a request ID once. Empty serves every request (the node has no trust anchors).
 	Trusted []ed25519.PublicKey
-	Now     func() time.Time
+	// Usage, when set, answers op usage (the bridge's /stats/summary and /metrics/resource);
+	// without it such a request is refused.
+	Usage func(ctx context.Context) (*protocol.Usage, error)
+	Now   func() time.Time
 	Log     *slog.Logger
 }
 
@@ -277,7 +280,41 @@ func (s *Server) Run(ctx context.Context) error {
 				if st != nil {
 					st.cancel(errCancelled)
 				}
+			case protocol.LogsUsage:
+				if s.o.Usage == nil {
+					refuse(j.id, fmt.Sprintf("node %s does not report its usage over MQTT", s.o.Node))
+					continue
+				}
+				wg.Go(func() { s.serveUsage(ctx, j.id) })
 			}
+		}
+	}
+}
+
+// serveUsage answers a usage request: the node's Usage in JSON, in chunks of at most
+// protocol.MaxLogChunk bytes, the last one with EOF.
+func (s *Server) serveUsage(ctx context.Context, id string) {
+	ctx, cancel := context.WithTimeout(ctx, finalTimeout)
+	defer cancel()
+	u, err := s.o.Usage(ctx)
+	var data []byte
+	if err == nil {
+		data, err = json.Marshal(u)
+	}
+	if err != nil {
+		s.refuse(ctx, id, fmt.Sprintf("usage of node %s: %v", s.o.Node, err))
+		return
+	}
+	for seq := int64(0); ; seq++ {
+		n := min(len(data), protocol.MaxLogChunk)
+		ch := protocol.LogsChunk{ID: id, Seq: seq, Data: data[:n], EOF: n == len(data)}
+		data = data[n:]
+		if err := s.publish(ctx, &ch); err != nil {
+			s.o.Log.Warn("usage reply not sent", "id", id, "err", err)
+			return
+		}
+		if ch.EOF {
+			return
 		}
 	}
 }

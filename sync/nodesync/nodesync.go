@@ -51,7 +51,9 @@ type Options struct {
 	Logs logserve.LogFinder
 	// Exec, when set with Sealing, runs commands in containers for `mqlet ctl exec` (sessions
 	// over MQTT, sealed with keys agreed with the sealing key).
-	Exec    stream.Execer
+	Exec stream.Execer
+	// Usage, when set, answers usage requests (the bridge's kubelet stats) on the logs channel.
+	Usage   func(ctx context.Context) (*protocol.Usage, error)
 	Version string
 	Log     *slog.Logger
 }
@@ -149,7 +151,7 @@ func New(o Options) (*Sync, error) {
 	})
 	if o.Logs != nil {
 		// With trust anchors, only requests signed by one of them are served.
-		s.logs = logserve.New(logserve.Options{Node: o.Node, Topics: t, Finder: o.Logs, Pub: logPublisher{l}, Log: o.Log, Trusted: o.Trusted})
+		s.logs = logserve.New(logserve.Options{Node: o.Node, Topics: t, Finder: o.Logs, Pub: logPublisher{l}, Log: o.Log, Trusted: o.Trusted, Usage: o.Usage})
 	}
 	if o.Exec != nil && o.Sealing != nil {
 		// The same anchors as logs: with them, only signed opens are served.

@@ -288,9 +288,9 @@ func DecodeLogsRequest(payload []byte, max int) (*LogsRequest, error) {
 		if x.SinceSeconds > 0 && !x.SinceTime.IsZero() {
 			return nil, fmt.Errorf("logs request %s: at most one of sinceSeconds and sinceTime may be set", x.ID)
 		}
-	case LogsRenew, LogsCancel:
+	case LogsRenew, LogsCancel, LogsUsage:
 	default:
-		return nil, fmt.Errorf("logs request %s: unknown op %q (want open, renew or cancel)", x.ID, x.Op)
+		return nil, fmt.Errorf("logs request %s: unknown op %q (want open, renew, cancel or usage)", x.ID, x.Op)
 	}
 	return x, nil
 }

@@ -324,7 +324,39 @@ const (
 	LogsOpen   = "open"
 	LogsRenew  = "renew"  // a following reader is still there
 	LogsCancel = "cancel" // stop a stream now
+	// LogsUsage asks for the node's CPU and memory use instead of a log: the reply's data is one
+	// Usage in JSON, split over chunks like a log (docs/protocol.md section 9).
+	LogsUsage = "usage"
 )
+
+// Usage is a node's CPU and memory use and its running containers', read from /proc and the
+// containers' cgroups with cAdvisor's definitions (the figures of kubelet's /stats/summary and
+// /metrics/resource).
+type Usage struct {
+	Time       time.Time        `json:"time"`
+	Node       NodeUsage        `json:"node"`
+	Containers []ContainerUsage `json:"containers"`
+}
+
+// NodeUsage is the node's use: CPU seconds busy since boot, and the root cgroup's memory working
+// set; with the CPU count and MemTotal.
+type NodeUsage struct {
+	CPUSeconds            float64 `json:"cpuSeconds"`
+	CPUs                  int     `json:"cpus"`
+	MemoryWorkingSetBytes int64   `json:"memoryWorkingSetBytes"`
+	MemoryCapacityBytes   int64   `json:"memoryCapacityBytes"`
+}
+
+// ContainerUsage is one running container's use: CPU seconds since it started, and its memory
+// working set (usage minus inactive file pages).
+type ContainerUsage struct {
+	Namespace             string  `json:"namespace"`
+	Pod                   string  `json:"pod"`
+	Container             string  `json:"container"`
+	ID                    string  `json:"id"`
+	CPUSeconds            float64 `json:"cpuSeconds"`
+	MemoryWorkingSetBytes int64   `json:"memoryWorkingSetBytes"`
+}
 
 // LogsRequest asks a node for a container's log. A follow stream ends on cancel, when the
 // container's log ends for good, or when the requester stops renewing (see docs/protocol.md).
