@@ -7,6 +7,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/mqlet/mqlet/sync/protocol"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -131,5 +134,59 @@ func TestLogWriterLimit(t *testing.T) {
 	}
 	if rec.Code != http.StatusOK || rec.Body.String() != "abcde" {
 		t.Errorf("%d %q, want 200 abcde", rec.Code, rec.Body.String())
+	}
+}
+
+func TestSummaryAndResourceMetrics(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	prev := &protocol.Usage{Time: t0, Node: protocol.NodeUsage{CPUSeconds: 100},
+		Containers: []protocol.ContainerUsage{{Namespace: "ns", Pod: "p", Container: "a", ID: "a1", CPUSeconds: 1}}}
+	u := &protocol.Usage{Time: t0.Add(2 * time.Second), Node: protocol.NodeUsage{CPUSeconds: 101, MemoryWorkingSetBytes: 300, MemoryCapacityBytes: 1000},
+		Containers: []protocol.ContainerUsage{
+			{Namespace: "ns", Pod: "p", Container: "a", ID: "a1", CPUSeconds: 1.5, MemoryWorkingSetBytes: 10},
+			{Namespace: "ns", Pod: "p", Container: "b", ID: "b2", CPUSeconds: 2, MemoryWorkingSetBytes: 20},
+		}}
+	started := metav1.NewTime(t0)
+	pod := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-p"},
+		Status: v1.PodStatus{StartTime: &started, ContainerStatuses: []v1.ContainerStatus{{Name: "a", State: v1.ContainerState{Running: &v1.ContainerStateRunning{StartedAt: started}}}}}}
+
+	s := buildSummary("edge-1", u, prev, []*v1.Pod{pod})
+	n := s.Node
+	if n.NodeName != "edge-1" || *n.CPU.UsageCoreNanoSeconds != 101e9 || *n.CPU.UsageNanoCores != 5e8 ||
+		*n.Memory.WorkingSetBytes != 300 || *n.Memory.AvailableBytes != 700 {
+		t.Errorf("node stats %+v cpu %+v memory %+v", n, *n.CPU, *n.Memory)
+	}
+	if len(s.Pods) != 1 {
+		t.Fatalf("pods %+v", s.Pods)
+	}
+	p := s.Pods[0]
+	if p.PodRef.UID != "uid-p" || len(p.Containers) != 2 || *p.CPU.UsageCoreNanoSeconds != 3.5e9 || *p.Memory.WorkingSetBytes != 30 ||
+		!p.Containers[0].StartTime.Equal(&started) {
+		t.Errorf("pod stats %+v", p)
+	}
+	// a's rate is known (0.5 s over 2 s); b has no earlier reading, so the pod's rate is a's only.
+	if r := p.Containers[0].CPU.UsageNanoCores; r == nil || *r != 2.5e8 {
+		t.Errorf("container a's rate %v, want 2.5e8", r)
+	}
+	if p.Containers[1].CPU.UsageNanoCores != nil {
+		t.Errorf("container b has a rate without an earlier reading")
+	}
+	if first := buildSummary("edge-1", u, nil, nil); first.Node.CPU.UsageNanoCores != nil {
+		t.Errorf("a first reading has a rate")
+	}
+
+	text := resourceMetricsText(u)
+	for _, want := range []string{
+		"node_cpu_usage_seconds_total 101 1767225602000\n",
+		"node_memory_working_set_bytes 300 1767225602000\n",
+		`container_cpu_usage_seconds_total{container="a",namespace="ns",pod="p"} 1.5 1767225602000` + "\n",
+		`container_memory_working_set_bytes{container="b",namespace="ns",pod="p"} 20 1767225602000` + "\n",
+		`pod_cpu_usage_seconds_total{namespace="ns",pod="p"} 3.5 1767225602000` + "\n",
+		`pod_memory_working_set_bytes{namespace="ns",pod="p"} 30 1767225602000` + "\n",
+		"# TYPE container_cpu_usage_seconds_total counter\n",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics/resource lacks %q:\n%s", want, text)
+		}
 	}
 }

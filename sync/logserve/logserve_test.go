@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -551,4 +553,42 @@ func TestTrustedNodeServesOnlySignedRequests(t *testing.T) {
 	}
 	r.send(t, good) // the same bytes again
 	refused("good", "already served")
+}
+
+// A usage request is answered with the node's Usage in JSON, split into chunks of at most
+// MaxLogChunk bytes when it is large; a node without a usage reader refuses it.
+func TestUsage(t *testing.T) {
+	u := &protocol.Usage{Time: time.Unix(1700000000, 0).UTC(), Node: protocol.NodeUsage{CPUSeconds: 12.5, CPUs: 4, MemoryWorkingSetBytes: 1 << 30}}
+	for i := range 300 { // ~40 KiB of JSON: three chunks
+		u.Containers = append(u.Containers, protocol.ContainerUsage{Namespace: "default", Pod: fmt.Sprintf("pod-%03d", i),
+			Container: "c", ID: fmt.Sprintf("id-%03d", i), CPUSeconds: float64(i), MemoryWorkingSetBytes: int64(i) << 20})
+	}
+	r := newRig(t, Options{Usage: func(context.Context) (*protocol.Usage, error) { return u, nil }})
+	r.send(t, &protocol.LogsRequest{ID: "u1", Op: protocol.LogsUsage})
+	data, errMsg := r.readAll(t, "u1", 0)
+	var got protocol.Usage
+	if err := json.Unmarshal([]byte(data), &got); err != nil || errMsg != "" {
+		t.Fatalf("usage reply: %v %q (%d bytes)", err, errMsg, len(data))
+	}
+	if len(data) <= protocol.MaxLogChunk || !reflect.DeepEqual(&got, u) {
+		t.Errorf("usage reply of %d bytes decodes to %+v, want %+v", len(data), got.Node, u.Node)
+	}
+
+	bare := newRig(t, Options{})
+	bare.send(t, &protocol.LogsRequest{ID: "u2", Op: protocol.LogsUsage})
+	if _, errMsg := bare.readAll(t, "u2", 0); !strings.Contains(errMsg, "does not report its usage") {
+		t.Errorf("usage request to a node without a reader: %q", errMsg)
+	}
+}
+
+// sinceTime keeps the lines logged at or after it.
+func TestSinceTime(t *testing.T) {
+	r := newRig(t, Options{})
+	writeLog(t, r, "web", "2026-01-01T00:00:00.000000000Z stdout F old\n2026-01-01T00:00:10.000000000Z stdout F new\n")
+	req := open("s1", "web", 0, false)
+	req.SinceTime = time.Date(2026, 1, 1, 0, 0, 5, 0, time.UTC)
+	r.send(t, req)
+	if data, errMsg := r.readAll(t, "s1", 0); data != "new\n" || errMsg != "" {
+		t.Errorf("sinceTime: %q %q, want only the newer line", data, errMsg)
+	}
 }
