@@ -65,9 +65,9 @@ type Options struct {
 	NodePods func(node string) []*v1.Pod
 	// Usage reads node's CPU and memory use (sync/logsclient.Usage over the bridge's MQTT): the
 	// source of /stats/summary and /metrics/resource; nil answers them 501.
-	Usage func(ctx context.Context, node string) (*protocol.Usage, error)
-	Streamer   Streamer
-	Log        *slog.Logger
+	Usage    func(ctx context.Context, node string) (*protocol.Usage, error)
+	Streamer Streamer
+	Log      *slog.Logger
 }
 
 // Server serves the kubelet API of every served node.

@@ -87,7 +87,7 @@ type Options struct {
 	// without it such a request is refused.
 	Usage func(ctx context.Context) (*protocol.Usage, error)
 	Now   func() time.Time
-	Log     *slog.Logger
+	Log   *slog.Logger
 }
 
 // Server serves logs requests. Handle takes them in; Run serves them.
