@@ -17,19 +17,22 @@ import (
 	"net"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/sync/signing"
 	v1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// TestKubeletAPI: an unmodified kube-apiserver reaches the bridge as the edge node's kubelet.
+// TestKubeletAPI: an unmodified kube-apiserver reaches the bridge as the edge node's kubelet, and
+// the bridge reaches the node with requests signed by its --signing-key (the node trusts no other).
 // kubectl is the client: logs with --tail, --since, --since-time, --timestamps, --limit-bytes,
 // --previous and -f, and node proxy reads (/pods); exec answers that it is not implemented. The
 // bridge's own authentication and authorization are checked by calling its port directly with the
@@ -37,8 +40,13 @@ import (
 // with the bridge's words.
 func TestKubeletAPI(t *testing.T) {
 	w := newEdgeWorld(t)
-	w.startBridge(t, "bridge-a")
-	w.startAgent(t)
+	// The node trusts only the bridge's key: every logs and usage request must come signed.
+	keys := filepath.Join(w.dir, "signing")
+	if _, err := signing.GenerateKeyPair(keys); err != nil {
+		t.Fatal(err)
+	}
+	w.startBridgeWith(t, "bridge-a", "--signing-key", keys+".key")
+	w.startAgentWith(t, "--mqtt-trusted-key", keys+".pub")
 	s := &edgeSuite{w: w}
 	ctx := context.Background()
 
