@@ -175,7 +175,8 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 func (s *Server) reconcile(ctx context.Context) {
-	for node, port := range s.ports.Assigned() {
+	assigned := s.ports.Assigned()
+	for node, port := range assigned {
 		s.mu.Lock()
 		l := s.listeners[node]
 		s.mu.Unlock()
@@ -192,7 +193,7 @@ func (s *Server) reconcile(ctx context.Context) {
 	s.mu.Lock()
 	var stale []string
 	for node := range s.listeners {
-		if _, ok := s.ports.Assigned()[node]; !ok {
+		if _, ok := assigned[node]; !ok {
 			stale = append(stale, node)
 		}
 	}
