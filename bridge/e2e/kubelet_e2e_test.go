@@ -370,7 +370,8 @@ func checkKubeletAuth(t *testing.T, w *edgeWorld, port int32) {
 		metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	within(t, 30*time.Second, "nobody-e2e may get nodes/proxy once bound", func() (bool, string) {
+	// The bridge remembers a denial for 30 s, as kubelet does.
+	within(t, 60*time.Second, "nobody-e2e may get nodes/proxy once bound", func() (bool, string) {
 		code, body := get(nobody, "")
 		return code == http.StatusOK, fmt.Sprint(code, " ", body)
 	})

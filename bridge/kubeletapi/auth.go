@@ -2,11 +2,15 @@ package kubeletapi
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
+	"time"
 
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
@@ -86,6 +90,69 @@ type Auth struct {
 	// Kube makes the TokenReviews and SubjectAccessReviews; nil: tokens are not accepted and
 	// every request is denied.
 	Kube kubernetes.Interface
+	// Now is the clock of the caches (default time.Now).
+	Now func() time.Time
+
+	// Answers are cached as kubelet's webhook authenticator and authorizer cache them (2 min for
+	// an authenticated token; 5 min for an allowed request, 30 s for a denied one), so that
+	// metrics-server's scrapes and a followed log's client do not cost two API calls each.
+	mu     sync.Mutex
+	tokens map[[32]byte]cached[*User]
+	allow  map[string]cached[decision]
+}
+
+// Cache lifetimes (kubelet's defaults) and the most entries a cache keeps.
+const (
+	tokenTTL      = 2 * time.Minute
+	allowedTTL    = 5 * time.Minute
+	deniedTTL     = 30 * time.Second
+	maxCacheItems = 4096
+)
+
+type cached[T any] struct {
+	v       T
+	expires time.Time
+}
+
+type decision struct {
+	allowed bool
+	reason  string
+}
+
+func (a *Auth) now() time.Time {
+	if a.Now != nil {
+		return a.Now()
+	}
+	return time.Now()
+}
+
+// lookup returns m[k] while it has not expired. a.mu held.
+func lookup[K comparable, T any](m map[K]cached[T], k K, now time.Time) (T, bool) {
+	c, ok := m[k]
+	if !ok || !now.Before(c.expires) {
+		var zero T
+		return zero, false
+	}
+	return c.v, true
+}
+
+// store puts v in *m for ttl; a full cache drops its expired entries, and all of them if none has.
+// a.mu held.
+func store[K comparable, T any](m *map[K]cached[T], k K, v T, ttl time.Duration, now time.Time) {
+	if *m == nil {
+		*m = map[K]cached[T]{}
+	}
+	if len(*m) >= maxCacheItems {
+		for key, c := range *m {
+			if !now.Before(c.expires) {
+				delete(*m, key)
+			}
+		}
+		if len(*m) >= maxCacheItems {
+			clear(*m)
+		}
+	}
+	(*m)[k] = cached[T]{v: v, expires: now.Add(ttl)}
 }
 
 // Authenticate returns the request's user: the verified client certificate's (CN the name, O the
@@ -114,8 +181,16 @@ func (a *Auth) Authenticate(ctx context.Context, r *http.Request) (*User, error)
 	if a.Kube == nil {
 		return nil, fmt.Errorf("%w: bearer tokens are not accepted", errUnauthenticated)
 	}
+	token = strings.TrimSpace(token)
+	key := sha256.Sum256([]byte(token)) // the cache holds no token
+	a.mu.Lock()
+	u, ok := lookup(a.tokens, key, a.now())
+	a.mu.Unlock()
+	if ok {
+		return u, nil
+	}
 	tr, err := a.Kube.AuthenticationV1().TokenReviews().Create(ctx,
-		&authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: strings.TrimSpace(token)}}, metav1.CreateOptions{})
+		&authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: token}}, metav1.CreateOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("token review: %w", err)
 	}
@@ -126,18 +201,32 @@ func (a *Auth) Authenticate(ctx context.Context, r *http.Request) (*User, error)
 		}
 		return nil, fmt.Errorf("%w: %s", errUnauthenticated, msg)
 	}
-	u := tr.Status.User
+	tu := tr.Status.User
 	extra := map[string][]string{}
-	for k, v := range u.Extra {
+	for k, v := range tu.Extra {
 		extra[k] = v
 	}
-	return &User{Name: u.Username, UID: u.UID, Groups: u.Groups, Extra: extra}, nil
+	u = &User{Name: tu.Username, UID: tu.UID, Groups: tu.Groups, Extra: extra}
+	a.mu.Lock()
+	store(&a.tokens, key, u, tokenTTL, a.now())
+	a.mu.Unlock()
+	return u, nil
 }
 
 // Authorize asks the API whether u may do at; the reason comes back for a denial.
 func (a *Auth) Authorize(ctx context.Context, u *User, at Attributes) (allowed bool, reason string, err error) {
 	if a.Kube == nil {
 		return false, "no Kubernetes client to authorize with", nil
+	}
+	key, err := json.Marshal([]any{u, at})
+	if err != nil {
+		return false, "", err
+	}
+	a.mu.Lock()
+	d, ok := lookup(a.allow, string(key), a.now())
+	a.mu.Unlock()
+	if ok {
+		return d.allowed, d.reason, nil
 	}
 	extra := map[string]authzv1.ExtraValue{}
 	for k, v := range u.Extra {
@@ -153,5 +242,13 @@ func (a *Auth) Authorize(ctx context.Context, u *User, at Attributes) (allowed b
 	if err != nil {
 		return false, "", fmt.Errorf("subject access review: %w", err)
 	}
-	return out.Status.Allowed && !out.Status.Denied, out.Status.Reason, nil
+	d = decision{allowed: out.Status.Allowed && !out.Status.Denied, reason: out.Status.Reason}
+	ttl := allowedTTL
+	if !d.allowed {
+		ttl = deniedTTL
+	}
+	a.mu.Lock()
+	store(&a.allow, string(key), d, ttl, a.now())
+	a.mu.Unlock()
+	return d.allowed, d.reason, nil
 }

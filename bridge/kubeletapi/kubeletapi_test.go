@@ -1,6 +1,7 @@
 package kubeletapi
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -11,8 +12,13 @@ import (
 
 	"github.com/mqlet/mqlet/sync/protocol"
 
+	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 func TestRequestAttributes(t *testing.T) {
@@ -188,5 +194,67 @@ func TestSummaryAndResourceMetrics(t *testing.T) {
 		if !strings.Contains(text, want) {
 			t.Errorf("/metrics/resource lacks %q:\n%s", want, text)
 		}
+	}
+}
+
+// Answers are cached as kubelet caches them: an allowed request for 5 min, a denied one for 30 s,
+// a token for 2 min; the cache never keys on a token's text alone being equal to another.
+func TestAuthCaches(t *testing.T) {
+	cs := fake.NewSimpleClientset()
+	var reviews, sars int
+	allowed := false
+	cs.PrependReactor("create", "tokenreviews", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		reviews++
+		tr := action.(k8stesting.CreateAction).GetObject().(*authnv1.TokenReview)
+		tr.Status = authnv1.TokenReviewStatus{Authenticated: tr.Spec.Token == "good", User: authnv1.UserInfo{Username: "sa", Groups: []string{"g"}}}
+		return true, tr, nil
+	})
+	cs.PrependReactor("create", "subjectaccessreviews", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		sars++
+		sar := action.(k8stesting.CreateAction).GetObject().(*authzv1.SubjectAccessReview)
+		sar.Status.Allowed = allowed
+		return true, sar, nil
+	})
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	a := &Auth{Kube: cs, Now: func() time.Time { return now }}
+	req := httptest.NewRequest("GET", "/pods", nil)
+	req.Header.Set("Authorization", "Bearer good")
+	for range 2 {
+		if u, err := a.Authenticate(context.Background(), req); err != nil || u.Name != "sa" {
+			t.Fatalf("Authenticate: %+v %v", u, err)
+		}
+	}
+	bad := httptest.NewRequest("GET", "/pods", nil)
+	bad.Header.Set("Authorization", "Bearer bad")
+	if _, err := a.Authenticate(context.Background(), bad); err == nil {
+		t.Error("a token the API does not authenticate was taken")
+	}
+	if reviews != 2 {
+		t.Errorf("%d TokenReviews, want 2 (the good token's second use cached)", reviews)
+	}
+
+	u := &User{Name: "sa", Groups: []string{"g"}}
+	at := RequestAttributes("GET", "/pods", "n")
+	authorize := func() bool {
+		ok, _, err := a.Authorize(context.Background(), u, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	if authorize() || authorize() || sars != 1 {
+		t.Errorf("denied twice with %d SubjectAccessReviews, want 1", sars)
+	}
+	allowed = true
+	now = now.Add(29 * time.Second)
+	if authorize() {
+		t.Error("a denial was forgotten before 30 s")
+	}
+	now = now.Add(2 * time.Second)
+	if !authorize() || !authorize() || sars != 2 {
+		t.Errorf("after the denial expired: %d SubjectAccessReviews, want 2", sars)
+	}
+	if _, _, err := a.Authorize(context.Background(), u, RequestAttributes("GET", "/stats/summary", "n")); err != nil || sars != 3 {
+		t.Errorf("other attributes share the cached answer (%d reviews)", sars)
 	}
 }
