@@ -315,9 +315,9 @@ func TestKubeletAPI(t *testing.T) {
 }
 
 // checkKubeletAuth calls the bridge's port for the edge node directly: the API server's kind of
-// client certificate passes, a certificate of the cluster CA without RBAC gets 403 until a role
-// grants nodes/proxy, one of another CA 401, no credentials 401, a ServiceAccount token goes
-// through TokenReview (403 without rights), a bogus token 401.
+// client certificate passes, a certificate of the cluster CA without RBAC gets 403 and one whose
+// user a role grants nodes/proxy 200, one of another CA 401, no credentials 401, a ServiceAccount
+// token goes through TokenReview (403 without rights), a bogus token 401.
 func checkKubeletAuth(t *testing.T, w *edgeWorld, port int32) {
 	ctx := context.Background()
 	url := fmt.Sprintf("https://%s/pods", net.JoinHostPort(w.kubeletAddr, fmt.Sprint(port)))
@@ -357,7 +357,8 @@ func checkKubeletAuth(t *testing.T, w *edgeWorld, port int32) {
 	if code, body := get(nobody, ""); code != http.StatusForbidden || !strings.Contains(body, "subresource=proxy") {
 		t.Errorf("certificate without RBAC: %d %s, want 403 naming nodes/proxy", code, body)
 	}
-	// Granted nodes/proxy get on this node only, the same user passes.
+	// A user granted nodes/proxy get on this node only passes. (Another user than nobody-e2e: the
+	// bridge remembers nobody-e2e's denial for 30 s, as kubelet does.)
 	rb := w.kube.RbacV1()
 	if _, err := rb.ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "e2e-node-proxy"},
 		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"nodes/proxy"}, Verbs: []string{"get"}, ResourceNames: []string{edgeNode}}}},
@@ -366,15 +367,18 @@ func checkKubeletAuth(t *testing.T, w *edgeWorld, port int32) {
 	}
 	if _, err := rb.ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "e2e-node-proxy"},
 		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "e2e-node-proxy"},
-		Subjects: []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "nobody-e2e"}}},
+		Subjects: []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: "granted-e2e"}}},
 		metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// The bridge remembers a denial for 30 s, as kubelet does.
-	within(t, 60*time.Second, "nobody-e2e may get nodes/proxy once bound", func() (bool, string) {
-		code, body := get(nobody, "")
+	granted := userCert("granted-e2e")
+	within(t, 30*time.Second, "granted-e2e may get nodes/proxy once bound", func() (bool, string) {
+		code, body := get(granted, "")
 		return code == http.StatusOK, fmt.Sprint(code, " ", body)
 	})
+	if code, _ := get(nobody, ""); code != http.StatusForbidden {
+		t.Errorf("nobody-e2e after another user's grant: %d, want 403", code)
+	}
 
 	foreign := foreignCert(t)
 	if code, body := get(&foreign, ""); code != http.StatusUnauthorized {
