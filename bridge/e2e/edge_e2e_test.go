@@ -541,6 +541,15 @@ func (s *edgeSuite) twoBridgesDoNotFight(t *testing.T) {
 	}
 	s.checkRetained(t)
 
+	kubeletPort := func() int32 {
+		n, err := w.kube.CoreV1().Nodes().Get(ctx, edgeNode, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.Status.DaemonEndpoints.KubeletEndpoint.Port
+	}
+	portBefore := kubeletPort()
+
 	// The leader dies without a word; the standby takes the Lease and carries on.
 	if err := lead.stop(syscall.SIGKILL, 10*time.Second); err != nil {
 		t.Fatal(err)
@@ -557,6 +566,14 @@ func (s *edgeSuite) twoBridgesDoNotFight(t *testing.T) {
 	after := s.waitRunning(t, s.createPod(t, edgePod(uniqueName("after-takeover"), edgeTolerations()...)).Name)
 	if after.Spec.NodeName != edgeNode {
 		t.Errorf("pod after takeover on node %q", after.Spec.NodeName)
+	}
+	// The new leader serves the node's kubelet API on the port the Node records (the old
+	// leader's): the API server reaches it there for the pod's log.
+	if _, err := w.kube.CoreV1().Pods(testNS).GetLogs(after.Name, &v1.PodLogOptions{}).DoRaw(ctx); err != nil {
+		t.Errorf("log of pod %s through the API after the takeover: %v", after.Name, err)
+	}
+	if got := kubeletPort(); got != portBefore || got == 0 {
+		t.Errorf("the node's kubelet port went from %d to %d with the takeover", portBefore, got)
 	}
 	// Nothing that ran was restarted by the new leader's first sync.
 	tasks := w.tasks(t)
