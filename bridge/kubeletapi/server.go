@@ -35,9 +35,9 @@ import (
 // DefaultPorts is the default --kubelet-ports.
 const DefaultPorts = "10300-10399"
 
-// Nodes is what the server needs of the nodes controller.
+// Nodes is what the server needs of the nodes controller: whether the bridge vouches for a node
+// being online now.
 type Nodes interface {
-	Served(node string) bool
 	Online(node string) bool
 }
 
