@@ -128,3 +128,23 @@ func TestVersionAndUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+func TestKubeletFlags(t *testing.T) {
+	r := RunCmd{KubeletPorts: "10300-10302,10310", KubeletAddress: "10.0.0.7"}
+	k, err := r.kubeletOptions(nil)
+	if err != nil || k == nil || k.Address != "10.0.0.7" || len(k.Ports) != 4 {
+		t.Fatalf("kubeletOptions: %+v %v", k, err)
+	}
+	if k, err := (&RunCmd{KubeletPorts: "none"}).kubeletOptions(nil); k != nil || err != nil {
+		t.Errorf("--kubelet-ports none: %+v %v, want no kubelet API", k, err)
+	}
+	t.Setenv("POD_IP", "10.1.2.3")
+	if k, err := (&RunCmd{KubeletPorts: "10300"}).kubeletOptions(nil); err != nil || k.Address != "10.1.2.3" {
+		t.Errorf("default address: %+v %v, want $POD_IP", k, err)
+	}
+	for _, bad := range []RunCmd{{KubeletPorts: "10300-10200"}, {KubeletPorts: "10300", KubeletAddress: "bridge.example"}} {
+		if _, err := bad.kubeletOptions(nil); err == nil || !strings.Contains(err.Error(), "--kubelet-") {
+			t.Errorf("%+v: %v, want an error naming the flag", bad, err)
+		}
+	}
+}
