@@ -11,6 +11,7 @@ package bridge
 
 import (
 	"context"
+	"crypto/ecdh"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
@@ -28,9 +29,11 @@ import (
 	"github.com/mqlet/mqlet/bridge/kubeletapi"
 	"github.com/mqlet/mqlet/bridge/mq"
 	"github.com/mqlet/mqlet/bridge/nodes"
+	"github.com/mqlet/mqlet/bridge/streams"
 	"github.com/mqlet/mqlet/core/prom"
 	"github.com/mqlet/mqlet/sync/logsclient"
 	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -118,7 +121,10 @@ type KubeletOptions struct {
 	CertFile, KeyFile, ClientCAFile string
 	// SigningKey signs the logs requests sent to the nodes (nil: unsigned).
 	SigningKey ed25519.PrivateKey
-	// Streamer serves exec, attach and portForward (nil: 501 Not Implemented).
+	// NodeTrust, when set, holds the fleet's CA: exec sessions agree their keys only with a node
+	// sealing key the node's certificate vouches for (as Secrets are sealed).
+	NodeTrust *sealing.NodeTrust
+	// Streamer serves exec, attach and portForward; nil: bridge/streams, sessions over MQTT.
 	Streamer kubeletapi.Streamer
 }
 
@@ -315,9 +321,22 @@ func New(o Options) (*Bridge, error) {
 			timeout = mq.DefaultTimeout
 		}
 		requests, topics, key := b.conn.Requests(), b.conn.Topics(), o.Kubelet.SigningKey
+		streamer := o.Kubelet.Streamer
+		if streamer == nil {
+			nodeLister, trust := b.informers.Core().V1().Nodes().Lister(), o.Kubelet.NodeTrust
+			streamer = streams.New(streams.Options{Transport: requests, Topics: topics, SigningKey: key,
+				NodeKey: func(node string) (*ecdh.PublicKey, error) {
+					n, err := nodeLister.Get(node)
+					if err != nil {
+						return nil, fmt.Errorf("its sealing key is unknown (no API Node: %w)", err)
+					}
+					return trust.NodeKey(n, time.Now())
+				},
+				Log: o.Log.With("component", "kubelet-api")})
+		}
 		b.kubelet, err = kubeletapi.New(kubeletapi.Options{
 			Ports: ports, CertFile: o.Kubelet.CertFile, KeyFile: o.Kubelet.KeyFile, ClientCAFile: o.Kubelet.ClientCAFile,
-			Kube: b.kube, Nodes: b.nodes, NodePods: nodePods, Streamer: o.Kubelet.Streamer,
+			Kube: b.kube, Nodes: b.nodes, NodePods: nodePods, Streamer: streamer,
 			Logs: func(ctx context.Context, node string, req protocol.LogsRequest, w io.Writer) error {
 				return logsclient.Stream(ctx, requests, logsclient.Options{Topics: topics, Timeout: timeout,
 					SigningKey: key, IDPrefix: "bridge-"}, node, req, w)

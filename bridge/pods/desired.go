@@ -2,7 +2,6 @@ package pods
 
 import (
 	"context"
-	"crypto/ecdh"
 	"crypto/ed25519"
 	"errors"
 	"fmt"
@@ -301,12 +300,7 @@ func (c *Controller) secretObject(node string, s *v1.Secret) (*object, error) {
 		o.Stuck = true
 		return o, fmt.Errorf("secret %s/%s is not sent to node %s: its sealing key is unknown (no API Node yet: %w)", s.Namespace, s.Name, node, err)
 	}
-	var pub *ecdh.PublicKey
-	if c.o.NodeTrust != nil {
-		pub, err = c.o.NodeTrust.Attested(n, time.Now())
-	} else {
-		pub, err = sealing.NodePublic(n)
-	}
+	pub, err := c.o.NodeTrust.NodeKey(n, time.Now())
 	if err != nil {
 		o.Stuck = true
 		return o, fmt.Errorf("secret %s/%s is not sent to node %s: %w", s.Namespace, s.Name, node, err)

@@ -234,6 +234,9 @@ func (r *RunCmd) Run(env *runEnv) error {
 	if opts.Kubelet, err = r.kubeletOptions(key); err != nil {
 		return err
 	}
+	if opts.Kubelet != nil {
+		opts.Kubelet.NodeTrust = nodeTrust // exec sessions agree keys only with an attested one
+	}
 	b, err := bridge.New(opts)
 	if err != nil {
 		return err

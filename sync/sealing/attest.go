@@ -194,6 +194,15 @@ func (t *NodeTrust) revoked(leaf, issuer *x509.Certificate, now time.Time) error
 	return fmt.Errorf("%s holds no CRL of %q, which issued certificate %q", t.crlFile, issuer.Subject.CommonName, leaf.Subject.CommonName)
 }
 
+// NodeKey is the key to seal to for n: the one its certificate vouches for (Attested) when t is
+// set, else the one n carries (NodePublic), for a bridge run without the fleet's CA.
+func (t *NodeTrust) NodeKey(n *v1.Node, now time.Time) (*ecdh.PublicKey, error) {
+	if t == nil {
+		return NodePublic(n)
+	}
+	return t.Attested(n, now)
+}
+
 // Attested reads a node's sealing key from its status and checks that the node's certificate
 // vouches for it: the attestation's certificate chains to the fleet's CA at now, is valid for
 // client authentication and not revoked (with a CRL), has the node's name as its one CN (its
