@@ -17,7 +17,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -281,7 +280,9 @@ func newEdgeWorld(t *testing.T) *edgeWorld {
 	if w.kubeletPorts, err = loopback.FreePorts(3); err != nil {
 		t.Fatal(err)
 	}
-	w.kubeletAddr = hostAddress(t)
+	if w.kubeletAddr, err = kubetest.HostAddress(); err != nil {
+		t.Fatal(err)
+	}
 
 	// A short path: unix socket paths stop at 108 bytes.
 	if w.dir, err = os.MkdirTemp("", "mqb"); err != nil {
@@ -430,21 +431,6 @@ func (w *edgeWorld) startBridgeWith(t *testing.T, identity string, extra ...stri
 	return b
 }
 
-// hostAddress is this host's first non-loopback, non-link-local IPv4 address.
-func hostAddress(t *testing.T) string {
-	t.Helper()
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() {
-			return n.IP.String()
-		}
-	}
-	t.Fatal("this host has no non-loopback IPv4 address for the bridge's kubelet API (the API server does not proxy to loopback)")
-	return ""
-}
 
 // kubeletPortList is --kubelet-ports.
 func (w *edgeWorld) kubeletPortList() string {

@@ -738,3 +738,19 @@ func lastLines(s string, n int) string {
 	}
 	return strings.Join(lines, " | ")
 }
+
+// HostAddress is this host's first non-loopback, non-link-local IPv4 address: where a bridge in
+// a test serves the kubelet API, since the API server refuses to proxy (/api/v1/nodes/<node>/
+// proxy) to loopback and link-local addresses. Traffic to it stays on this host.
+func HostAddress() (string, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return "", err
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() {
+			return n.IP.String(), nil
+		}
+	}
+	return "", errors.New("this host has no non-loopback IPv4 address for the kubelet API (the API server does not proxy to loopback)")
+}

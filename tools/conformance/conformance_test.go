@@ -129,7 +129,13 @@ func TestConformance(t *testing.T) {
 		}
 	})
 
-	ports, err := loopback.FreePorts(1)
+	ports, err := loopback.FreePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The bridge serves the node's kubelet API (logs, exec, stats) on a real address of this
+	// host: the API server does not proxy to loopback.
+	kubeletAddr, err := kubetest.HostAddress()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +145,9 @@ func TestConformance(t *testing.T) {
 		"--mqtt-broker", broker.TLS, "--mqtt-ca-file", broker.CAFile,
 		"--mqtt-cert-file", cert, "--mqtt-key-file", key,
 		"--node-selector", edgeRoleLabel, "--leader-elect-identity", "conformance",
-		"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", ports[0]))
+		"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", ports[0]),
+		"--kubelet-address", kubeletAddr, "--kubelet-ports", fmt.Sprint(ports[1]),
+		"--kubelet-client-ca", cluster.ClientCAFile())
 	procs = append(procs, bridge)
 
 	cert, key = broker.ClientCert(nodeName)
