@@ -159,8 +159,7 @@ func ExecRequestSigningBytes(node string, r *ExecRequest) []byte {
 // SignExecRequest signs r for node with key, valid until r.Expires (set it first).
 func SignExecRequest(node string, r *ExecRequest, key ed25519.PrivateKey) {
 	r.Signature = nil
-	sig := ed25519.Sign(key, ExecRequestSigningBytes(node, r))
-	r.Signature = &Signature{KeyID: KeyID(key.Public().(ed25519.PublicKey)), Value: base64.StdEncoding.EncodeToString(sig)}
+	r.Signature = signRequest(key, ExecRequestSigningBytes(node, r))
 }
 
 // VerifyExecRequest checks that r is for node, signed by one of anchors, and not expired at now
@@ -169,23 +168,5 @@ func VerifyExecRequest(node string, r *ExecRequest, anchors []ed25519.PublicKey,
 	if r.Signature == nil {
 		return fmt.Errorf("exec request %s: %w, and this node serves only signed ones", r.ID, errUnsignedRequest)
 	}
-	switch {
-	case r.Expires.IsZero():
-		return fmt.Errorf("exec request %s: no expiry", r.ID)
-	case !now.Before(r.Expires):
-		return fmt.Errorf("exec request %s: expired at %s", r.ID, r.Expires.UTC().Format(time.RFC3339))
-	case r.Expires.Sub(now) > MaxLogsRequestLife:
-		return fmt.Errorf("exec request %s: expires %s, more than %s ahead", r.ID, r.Expires.UTC().Format(time.RFC3339), MaxLogsRequestLife)
-	}
-	sig, err := base64.StdEncoding.DecodeString(r.Signature.Value)
-	if err != nil || len(sig) != ed25519.SignatureSize {
-		return fmt.Errorf("exec request %s: the signature is not %d bytes of base64", r.ID, ed25519.SignatureSize)
-	}
-	msg := ExecRequestSigningBytes(node, r)
-	for _, pub := range anchors {
-		if KeyID(pub) == r.Signature.KeyID && ed25519.Verify(pub, msg, sig) {
-			return nil
-		}
-	}
-	return fmt.Errorf("exec request %s: not signed by a key this node trusts (key %s)", r.ID, r.Signature.KeyID)
+	return verifyRequest("exec request "+r.ID, r.Signature, r.Expires, ExecRequestSigningBytes(node, r), anchors, now)
 }

@@ -123,8 +123,7 @@ func LogsRequestSigningBytes(node string, r *LogsRequest) []byte {
 // SignLogsRequest signs r for node with key, valid until r.Expires (set it first).
 func SignLogsRequest(node string, r *LogsRequest, key ed25519.PrivateKey) {
 	r.Signature = nil
-	sig := ed25519.Sign(key, LogsRequestSigningBytes(node, r))
-	r.Signature = &Signature{KeyID: KeyID(key.Public().(ed25519.PublicKey)), Value: base64.StdEncoding.EncodeToString(sig)}
+	r.Signature = signRequest(key, LogsRequestSigningBytes(node, r))
 }
 
 // VerifyLogsRequest checks that r is for node, signed by one of anchors, and not expired at now.
@@ -132,25 +131,35 @@ func VerifyLogsRequest(node string, r *LogsRequest, anchors []ed25519.PublicKey,
 	if r.Signature == nil {
 		return fmt.Errorf("logs request %s: %w, and this node serves only signed ones", r.ID, errUnsignedRequest)
 	}
+	return verifyRequest("logs request "+r.ID, r.Signature, r.Expires, LogsRequestSigningBytes(node, r), anchors, now)
+}
+
+// signRequest is the signature of a request's signing bytes msg (logs, exec).
+func signRequest(key ed25519.PrivateKey, msg []byte) *Signature {
+	return &Signature{KeyID: KeyID(key.Public().(ed25519.PublicKey)), Value: base64.StdEncoding.EncodeToString(ed25519.Sign(key, msg))}
+}
+
+// verifyRequest checks a signed request (what names it in errors): an expiry after now and at most
+// MaxLogsRequestLife ahead, and sig a signature of msg by one of anchors.
+func verifyRequest(what string, sig *Signature, expires time.Time, msg []byte, anchors []ed25519.PublicKey, now time.Time) error {
 	switch {
-	case r.Expires.IsZero():
-		return fmt.Errorf("logs request %s: no expiry", r.ID)
-	case !now.Before(r.Expires):
-		return fmt.Errorf("logs request %s: expired at %s", r.ID, r.Expires.UTC().Format(time.RFC3339))
-	case r.Expires.Sub(now) > MaxLogsRequestLife:
-		return fmt.Errorf("logs request %s: expires %s, more than %s ahead", r.ID, r.Expires.UTC().Format(time.RFC3339), MaxLogsRequestLife)
+	case expires.IsZero():
+		return fmt.Errorf("%s: no expiry", what)
+	case !now.Before(expires):
+		return fmt.Errorf("%s: expired at %s", what, expires.UTC().Format(time.RFC3339))
+	case expires.Sub(now) > MaxLogsRequestLife:
+		return fmt.Errorf("%s: expires %s, more than %s ahead", what, expires.UTC().Format(time.RFC3339), MaxLogsRequestLife)
 	}
-	sig, err := base64.StdEncoding.DecodeString(r.Signature.Value)
-	if err != nil || len(sig) != ed25519.SignatureSize {
-		return fmt.Errorf("logs request %s: the signature is not %d bytes of base64", r.ID, ed25519.SignatureSize)
+	raw, err := base64.StdEncoding.DecodeString(sig.Value)
+	if err != nil || len(raw) != ed25519.SignatureSize {
+		return fmt.Errorf("%s: the signature is not %d bytes of base64", what, ed25519.SignatureSize)
 	}
-	msg := LogsRequestSigningBytes(node, r)
 	for _, pub := range anchors {
-		if KeyID(pub) == r.Signature.KeyID && ed25519.Verify(pub, msg, sig) {
+		if KeyID(pub) == sig.KeyID && ed25519.Verify(pub, msg, raw) {
 			return nil
 		}
 	}
-	return fmt.Errorf("logs request %s: not signed by a key this node trusts (key %s)", r.ID, r.Signature.KeyID)
+	return fmt.Errorf("%s: not signed by a key this node trusts (key %s)", what, sig.KeyID)
 }
 
 var errUnsignedRequest = errors.New("the request is not signed")
