@@ -70,21 +70,7 @@ func (r *Runtime) Exec(ctx context.Context, id string, cmd []string, timeout tim
 	if err != nil {
 		return ExecResult{}, fmt.Errorf("exec %q in %s: %w", cmd[0], id, err)
 	}
-	// Delete on a context of its own: the exec's record and FIFOs must go even when ctx has ended.
-	// Delete also closes the FIFOs and waits for the output copies, so output is read after it.
-	deleted := false
-	del := func() error {
-		if deleted {
-			return nil
-		}
-		deleted = true
-		dctx, cancel := context.WithTimeout(r.ctx(context.Background()), 10*time.Second)
-		defer cancel()
-		if _, err := proc.Delete(dctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
-			return fmt.Errorf("delete exec %s: %w", execID, err)
-		}
-		return nil
-	}
+	del := r.execDeleter(proc, execID)
 	defer func() {
 		if err := del(); err != nil {
 			r.log.Warn("exec process left behind", "container", id, "err", err)
@@ -141,6 +127,25 @@ func (r *Runtime) killExec(proc containerd.Process, exited <-chan containerd.Exi
 	}
 	b, trunc := out.result()
 	return ExecResult{ExitCode: -1, Output: b, Truncated: trunc}, why
+}
+
+// execDeleter returns a function that deletes the exec once (killing it if it still runs), on a
+// context of its own: the exec's record and FIFOs must go even when the caller's context has ended.
+// Delete also closes the FIFOs and waits for the output copies, so the output is whole after it.
+func (r *Runtime) execDeleter(proc containerd.Process, execID string) func() error {
+	deleted := false
+	return func() error {
+		if deleted {
+			return nil
+		}
+		deleted = true
+		dctx, cancel := context.WithTimeout(r.ctx(context.Background()), 10*time.Second)
+		defer cancel()
+		if _, err := proc.Delete(dctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("delete exec %s: %w", execID, err)
+		}
+		return nil
+	}
 }
 
 func newExecID() (string, error) {

@@ -116,19 +116,7 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s Exe
 	if err != nil {
 		return -1, fmt.Errorf("exec %q in %s: %w", cmd[0], id, err)
 	}
-	deleted := false
-	del := func() error {
-		if deleted {
-			return nil
-		}
-		deleted = true
-		dctx, cancel := context.WithTimeout(r.ctx(context.Background()), 10*time.Second)
-		defer cancel()
-		if _, err := proc.Delete(dctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
-			return fmt.Errorf("delete exec %s: %w", execID, err)
-		}
-		return nil
-	}
+	del := r.execDeleter(proc, execID)
 	defer func() {
 		if err := del(); err != nil {
 			r.log.Warn("exec process left behind", "container", id, "err", err)
