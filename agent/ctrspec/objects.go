@@ -98,9 +98,10 @@ func secretStrings(s *v1.Secret) map[string]string {
 	return out
 }
 
-// envFromVars resolves one envFrom source into variables, prefixed, sorted by name. Keys that are
-// not valid variable names (after the prefix) are skipped and returned, as kubelet skips them
-// with a warning.
+// envFromVars resolves one envFrom source into variables, prefixed, sorted by name. Every key is
+// taken, as kubelet (1.34 and later, the API's relaxed variable names) takes them: data-1 and 1st
+// too. Only a name no environment can hold (empty, '=', not printable ASCII: a manifest-dir object
+// is not validated by an API server) is skipped and returned, for a warning.
 func envFromVars(pod *v1.Pod, objs Objects, src v1.EnvFromSource) (vars []v1.EnvVar, skipped []string, err error) {
 	var data map[string]string
 	switch {
@@ -132,7 +133,7 @@ func envFromVars(pod *v1.Pod, objs Objects, src v1.EnvFromSource) (vars []v1.Env
 	slices.Sort(keys)
 	for _, k := range keys {
 		name := src.Prefix + k
-		if errs := validation.IsEnvVarName(name); len(errs) > 0 {
+		if errs := validation.IsRelaxedEnvVarName(name); len(errs) > 0 {
 			skipped = append(skipped, name)
 			continue
 		}
@@ -152,7 +153,7 @@ func envFromName(src v1.EnvFromSource) string {
 	return "an empty source"
 }
 
-// SkippedMessage is kubelet's warning for envFrom keys that cannot be variable names.
+// SkippedMessage is the warning for envFrom keys that cannot be variable names.
 func SkippedMessage(c *v1.Container, skipped []string) string {
 	return fmt.Sprintf("container %q: keys [%s] from envFrom were skipped since they are not valid environment variable names",
 		c.Name, strings.Join(skipped, ", "))

@@ -33,7 +33,7 @@ func testObjects() fakeObjects {
 	return fakeObjects{
 		cms: map[string]*v1.ConfigMap{"edge/settings": {
 			ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "settings"},
-			Data:       map[string]string{"level": "debug", "PORT": "8080", "bad-key!": "x", "1st": "y"},
+			Data:       map[string]string{"level": "debug", "PORT": "8080", "bad-key!": "x", "1st": "y", "a=b": "z", "tab\tkey": "w"},
 		}},
 		secrets: map[string]*v1.Secret{"edge/creds": {
 			ObjectMeta: metav1.ObjectMeta{Namespace: "edge", Name: "creds"},
@@ -87,13 +87,14 @@ func TestContainerEnvFromObjects(t *testing.T) {
 		"PORT": "9090", "level": "debug",
 		"DB_token": "s3cr3t-value", "DB_user": "admin", "DB_extra": "from-string-data",
 		"LEVEL": "debug", "TOKEN": "s3cr3t-value", "URL": "http://admin:8080",
+		"bad-key!": "x", "1st": "y", // the API's relaxed names, as kubelet takes them
 	}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s = %q, want %q", k, got[k], v)
 		}
 	}
-	for _, k := range []string{"MAYBE", "MAYBEKEY", "bad-key!", "1st"} {
+	for _, k := range []string{"MAYBE", "MAYBEKEY", "a=b", "tab\tkey"} {
 		if _, ok := got[k]; ok {
 			t.Errorf("%s is set; optional-missing and invalid names must be left out", k)
 		}
@@ -101,8 +102,8 @@ func TestContainerEnvFromObjects(t *testing.T) {
 	if len(got) != len(want) {
 		t.Errorf("env = %v, want exactly %v", got, want)
 	}
-	if strings.Join(skipped, ",") != "1st,bad-key!" {
-		t.Errorf("skipped = %v, want [1st bad-key!]", skipped)
+	if strings.Join(skipped, ",") != "a=b,tab\tkey" {
+		t.Errorf("skipped = %q, want [a=b tab\\tkey]", skipped)
 	}
 }
 

@@ -25,6 +25,10 @@ const (
 	// LeaseEvery is how often the client renews its session; DefaultLease on the node is three
 	// times that, so two renewals in a row may be lost.
 	LeaseEvery = 10 * time.Second
+	// SilentLimit ends a session the node has sent nothing on for this long, though the node
+	// answers every lease: the node lost it (its agent killed and restarted, the frames lost with
+	// a broker that restarted), and the command is killed there when its lease runs out.
+	SilentLimit = 3 * LeaseEvery
 	// requestLife is how long a signed open stays valid (the node opens an id once anyway).
 	requestLife = 2 * time.Minute
 	// cancelTimeout bounds the publish of a cancel once the caller's context has ended.
@@ -39,6 +43,15 @@ const (
 // where the fleet CA is known). req.ID is made up when empty. When ctx ends, the session is
 // cancelled (the node kills the command) and ctx's error returned.
 func Exec(ctx context.Context, t Transport, topics protocol.Topics, signer ed25519.PrivateKey, node string, nodeKey *ecdh.PublicKey,
+	req protocol.ExecRequest, stdin io.Reader, stdout, stderr io.Writer, resize <-chan protocol.TermSize) (int, error) {
+	return execTimed(ctx, timing{lease: LeaseEvery, silent: SilentLimit}, t, topics, signer, node, nodeKey, req, stdin, stdout, stderr, resize)
+}
+
+// timing is how often a client renews its lease, and how long it hears nothing before it gives
+// the session up (tests shorten both).
+type timing struct{ lease, silent time.Duration }
+
+func execTimed(ctx context.Context, tm timing, t Transport, topics protocol.Topics, signer ed25519.PrivateKey, node string, nodeKey *ecdh.PublicKey,
 	req protocol.ExecRequest, stdin io.Reader, stdout, stderr io.Writer, resize <-chan protocol.TermSize) (int, error) {
 	if err := protocol.ValidateNodeName(node); err != nil {
 		return -1, err
@@ -87,7 +100,7 @@ func Exec(ctx context.Context, t Transport, topics protocol.Topics, signer ed255
 		return -1, fmt.Errorf("%s: %w", what, err)
 	}
 	c := &clientSession{
-		t: t, topic: topics.ExecRequest(node), what: what, window: req.Window,
+		t: t, topic: topics.ExecRequest(node), what: what, window: req.Window, timing: tm,
 		seal: &sealer{aead: aeadOut, id: req.ID, dir: dirToNode},
 		open: &opener{aead: aeadIn, id: req.ID, dir: dirToClient},
 		// The node may have Window bytes of data in flight, plus small control frames; a node
@@ -113,6 +126,7 @@ type clientSession struct {
 	what        string
 	window      int64 // output bytes the node may have in flight (ours)
 	stdinWindow int64 // stdin bytes we may have in flight (the node's)
+	timing      timing
 
 	sendMu sync.Mutex // serialises seal+publish: frames leave in Seq order
 	seal   *sealer
@@ -176,6 +190,9 @@ func (c *clientSession) run(ctx context.Context, node string, stdin io.Reader, s
 
 	answer := time.NewTimer(AnswerTimeout)
 	defer answer.Stop()
+	silence := time.NewTicker(c.timing.lease)
+	defer silence.Stop()
+	lastHeard := time.Now()
 	accepted := false
 	var inCredit *credit // stdin the node takes
 	consumed := 0        // output written and not yet granted back
@@ -200,6 +217,13 @@ func (c *clientSession) run(ctx context.Context, node string, stdin io.Reader, s
 		case err := <-sendErr:
 			cancel()
 			return -1, fmt.Errorf("%s: %w", c.what, err)
+		case <-silence.C:
+			if accepted && time.Since(lastHeard) > c.timing.silent {
+				cancel()
+				return -1, fmt.Errorf("%s: node %s sent nothing for %s, not even an answer to the lease: the session is lost (the node restarted, or its link or the broker went away)",
+					c.what, node, c.timing.silent)
+			}
+			continue
 		case <-c.ready:
 		}
 		msgs, over := c.take()
@@ -227,7 +251,9 @@ func (c *clientSession) run(ctx context.Context, node string, stdin io.Reader, s
 				cancel()
 				return -1, fmt.Errorf("%s: %w", c.what, err)
 			}
+			lastHeard = time.Now()
 			switch kind {
+			case kindAlive:
 			case kindAccepted:
 				if accepted || len(p) != 4 {
 					cancel()
@@ -316,7 +342,7 @@ func (c *clientSession) start(ctx context.Context, wg *sync.WaitGroup, done chan
 		}()
 	}
 	wg.Go(func() {
-		lease := time.NewTicker(LeaseEvery)
+		lease := time.NewTicker(c.timing.lease)
 		defer lease.Stop()
 		for {
 			select {

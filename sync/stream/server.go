@@ -282,6 +282,9 @@ func (se *session) send(ctx context.Context, kind byte, payload []byte) error {
 	return se.s.o.Pub.Publish(ctx, se.s.o.Topics.ExecReply(se.s.o.Node, se.req.ID), b)
 }
 
+// aliveTimeout bounds the publish of a lease's answer: the frames of the client wait meanwhile.
+const aliveTimeout = 5 * time.Second
+
 // output is stdout or stderr of the command: each write waits for the client's credit.
 type output struct {
 	ctx  context.Context
@@ -433,6 +436,14 @@ func (se *session) run(ctx context.Context) {
 						return
 					}
 				case kindLease:
+					// Answered, so the client can tell a node that lost the session (an agent
+					// killed and restarted, frames lost with a broker) from a quiet command.
+					actx, cancel := context.WithTimeout(ectx, aliveTimeout)
+					err := se.send(actx, kindAlive, nil)
+					cancel()
+					if err != nil && ectx.Err() == nil {
+						log.Warn("exec session: lease not answered", "err", err)
+					}
 				case kindCancel:
 					endExec(errors.New("cancelled by the client"))
 					return

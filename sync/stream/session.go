@@ -48,6 +48,7 @@ const (
 	kindAccepted = 'a' // the session runs; payload: the stdin window (uint32)
 	kindStdout   = 'o'
 	kindStderr   = 'e'
+	kindAlive    = 'k' // answers a lease: the node still holds the session; carries nothing
 	kindExit     = 'x' // last: the exit code (int32)
 	kindError    = 'E' // last: the session failed; payload is why
 	// both ways

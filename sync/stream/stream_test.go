@@ -148,9 +148,13 @@ type rig struct {
 type countingPub struct {
 	Publisher
 	data atomic.Int64
+	mute atomic.Bool // the node's frames are lost on the way (taken, never delivered)
 }
 
 func (c *countingPub) Publish(ctx context.Context, topic string, payload []byte) error {
+	if c.mute.Load() {
+		return nil
+	}
 	if f, err := protocol.DecodeExecSealed(payload, 0); err == nil && len(f.Box) > 1+4+16 {
 		c.data.Add(int64(len(f.Box) - 1 - 16))
 	}
@@ -447,6 +451,46 @@ func TestExecClientVanishes(t *testing.T) {
 	cancel()
 	<-errc
 	r.waitProcesses(t, 1, "after the client vanished (lease 2s)")
+}
+
+// A node that goes silent (its frames lost: an agent killed and restarted, a broker that lost
+// them) is given up by the client once it has heard nothing, not even answers to its leases, for
+// the silent limit: the caller gets an error instead of waiting for ever. While the node answers
+// the leases, a command that writes nothing keeps its session.
+func TestExecNodeGoesSilent(t *testing.T) {
+	r := newRig(t, ServerOptions{Lease: 2 * time.Second})
+	var out lockedBuf
+	errc := make(chan error, 1)
+	tm := timing{lease: 200 * time.Millisecond, silent: time.Second}
+	go func() {
+		_, err := execTimed(context.Background(), tm, r.client, tp, r.anchor, node, r.key.PublicKey(),
+			protocol.ExecRequest{Pod: "web", Command: []string{"sh", "-c", "echo started; exec sleep 3600"}}, nil, &out, nil, nil)
+		errc <- err
+	}()
+	deadline := time.Now().Add(testTimeout)
+	for !strings.Contains(out.String(), "started") {
+		if time.Now().After(deadline) {
+			t.Fatal("the command never started")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Quiet but answering: five silent limits pass and the session holds.
+	select {
+	case err := <-errc:
+		t.Fatalf("the session of a quiet command that answers its leases ended: %v", err)
+	case <-time.After(5 * tm.silent):
+	}
+	r.pub.mute.Store(true)
+	select {
+	case err := <-errc:
+		if err == nil || !strings.Contains(err.Error(), "sent nothing") {
+			t.Errorf("a silent node's session ended with %v, want the silence named", err)
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("the client still waits on a node that went silent")
+	}
+	// The node kills the command when the lease (2 s) the client no longer renews runs out.
+	r.waitProcesses(t, 1, "after the client gave the silent session up")
 }
 
 // A client that stops taking output holds the node to its window: the node's writers block, so
