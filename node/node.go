@@ -135,6 +135,7 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 		return err
 	}
 	network := newPodNetwork(cfg, log)
+	alloc := allocatable(cfg, log)
 	rt, err := ctrd.New(ctx, withLogRotation(cfg, ctrd.Options{
 		Network:              network,
 		Devices:              devs,
@@ -149,8 +150,10 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 		Registry:             ctrd.RegistryOptions{PlainHTTP: cfg.PlainHTTPRegistries, CAFile: cfg.RegistryCAFile},
 		Log:                  log,
 		OnPull:               m.ImagePulled,
-		// Memory-backed emptyDirs are sized from it (volumes.go).
-		NodeAllocatableMemory: allocatableMemory(cfg, log),
+		// Memory-backed emptyDirs are sized from it, the downward API's default limits are it
+		// (volumes.go).
+		NodeAllocatableMemory: func() int64 { a := alloc(); return a.Memory().Value() },
+		NodeAllocatable:       alloc,
 	}))
 	if err != nil {
 		return err

@@ -11,19 +11,19 @@ import (
 	v1 "k8s.io/api/core/v1"
 )
 
-// allocatableMemory is node allocatable memory in bytes (capacity less the reservations and the
-// hard eviction threshold, as the node status computes it), read once at first use: the size of a
-// memory-backed emptyDir that neither its pod nor its sizeLimit bounds more tightly. 0 when the
-// machine's memory cannot be read (the runtime then uses what it read itself).
-func allocatableMemory(cfg config.Config, log *slog.Logger) func() int64 {
-	return sync.OnceValue(func() int64 {
+// allocatable is node allocatable (capacity less the reservations and the hard eviction
+// threshold, as the node status computes it), read once at first use: the size of a memory-backed
+// emptyDir that neither its pod nor its sizeLimit bounds more tightly, and the downward API's
+// limits of a container without them. Memory 0 when the machine's memory cannot be read (the
+// runtime then uses what it read itself).
+func allocatable(cfg config.Config, log *slog.Logger) func() v1.ResourceList {
+	return sync.OnceValue(func() v1.ResourceList {
 		m := nodeConfig(cfg).Machine()
 		capacity, err := m.Capacity()
 		if err != nil {
 			log.Warn("node capacity partly unknown; memory-backed emptyDirs are sized from the machine's memory", "err", err)
 		}
-		alloc := m.Allocatable(capacity)
-		return alloc.Memory().Value()
+		return m.Allocatable(capacity)
 	})
 }
 

@@ -136,7 +136,7 @@ func FieldRules() []FieldRule {
 		{Path: "env[*].value", Class: Implemented, Note: "$(VAR) expanded from earlier variables"},
 		{Path: "env[*].valueFrom", Class: Implemented, Note: "the sources below"},
 		{Path: "env[*].valueFrom.fieldRef", Class: Implemented, Note: "metadata name, namespace, uid, labels, annotations; spec.nodeName, serviceAccountName; status.podIP(s), hostIP(s)"},
-		{Path: "env[*].valueFrom.resourceFieldRef", Class: Implemented},
+		{Path: "env[*].valueFrom.resourceFieldRef", Class: Implemented, Note: "an unset cpu, memory or ephemeral-storage limit reads as node allocatable, as kubelet reads it (downwardAPI volumes too)"},
 		{Path: "env[*].valueFrom.configMapKeyRef", Class: Implemented},
 		{Path: "env[*].valueFrom.secretKeyRef", Class: Implemented},
 		{Path: "env[*].valueFrom.fileKeyRef", Class: Refused, Note: "alpha (EnvFiles); variables come from configMaps, secrets and the downward API"},

@@ -197,7 +197,7 @@ func (r *Runtime) volumePayload(pod *v1.Pod, v *v1.Volume) (map[string]atomicwri
 		s := v.Secret
 		return out, secretFiles(out, objs, pod.Namespace, s.SecretName, s.Items, s.Optional, s.DefaultMode, "secret")
 	case v.DownwardAPI != nil:
-		return out, downwardFiles(out, pod, v.DownwardAPI.Items, v.DownwardAPI.DefaultMode, "downwardAPI")
+		return out, downwardFiles(out, r.downwardPod(pod), v.DownwardAPI.Items, v.DownwardAPI.DefaultMode, "downwardAPI")
 	case v.Projected != nil:
 		for i, p := range v.Projected.Sources {
 			at := fmt.Sprintf("projected.sources[%d]", i)
@@ -208,7 +208,7 @@ func (r *Runtime) volumePayload(pod *v1.Pod, v *v1.Volume) (map[string]atomicwri
 			case p.Secret != nil:
 				err = secretFiles(out, objs, pod.Namespace, p.Secret.Name, p.Secret.Items, p.Secret.Optional, v.Projected.DefaultMode, at+".secret")
 			case p.DownwardAPI != nil:
-				err = downwardFiles(out, pod, p.DownwardAPI.Items, v.Projected.DefaultMode, at+".downwardAPI")
+				err = downwardFiles(out, r.downwardPod(pod), p.DownwardAPI.Items, v.Projected.DefaultMode, at+".downwardAPI")
 			case p.ServiceAccountToken != nil:
 				err = fmt.Errorf("%s.serviceAccountToken is not supported: mqlet has no Kubernetes API server to issue tokens", at)
 			case p.ClusterTrustBundle != nil:

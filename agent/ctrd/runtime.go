@@ -17,6 +17,7 @@ import (
 	"github.com/mqlet/mqlet/agent/devices"
 	"github.com/mqlet/mqlet/agent/regauth"
 	"github.com/mqlet/mqlet/hw"
+	v1 "k8s.io/api/core/v1"
 )
 
 // Labels put on every container mqlet creates, so that a restarted agent can adopt what is running.
@@ -76,6 +77,17 @@ type Options struct {
 	// NodeAllocatableMemory is node allocatable memory in bytes, the largest a memory-backed
 	// emptyDir may be (kubelet's rule); nil or 0 means the machine's memory.
 	NodeAllocatableMemory func() int64
+	// NodeAllocatable is the node's allocatable resources: the downward API's limits of a
+	// container without them (ctrspec.WithDownwardLimits); nil gives 0, as a node with none.
+	NodeAllocatable func() v1.ResourceList
+}
+
+// downwardPod is pod as resourceFieldRef reads it: unset limits are the node's allocatable.
+func (r *Runtime) downwardPod(pod *v1.Pod) *v1.Pod {
+	if r.opts.NodeAllocatable == nil {
+		return pod
+	}
+	return ctrspec.WithDownwardLimits(pod, r.opts.NodeAllocatable())
 }
 
 // Runtime is a thin layer over the containerd client.

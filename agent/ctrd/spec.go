@@ -28,7 +28,10 @@ func (r *Runtime) specOpts(pod *v1.Pod, sb *Sandbox, c *v1.Container, img contai
 			stage.Release()
 		}
 	}()
-	env, skipped, err := ctrspec.ContainerEnvWith(pod, c, r.objectsOrNone())
+	// The env is read from the pod with the downward API's limit defaults; c stays the spec's
+	// (its hash, its cgroup limits), found again by name in the defaulted pod only for
+	// resourceFieldRef.
+	env, skipped, err := ctrspec.ContainerEnvWith(r.downwardPod(pod), c, r.objectsOrNone())
 	if err != nil {
 		return nil, nil, err
 	}

@@ -103,6 +103,42 @@ func envFrom(pod *v1.Pod, c *v1.Container, e v1.EnvVar) (string, error) {
 	return "", fmt.Errorf("valueFrom has no source")
 }
 
+// WithDownwardLimits is pod as the downward API reads it: each container without a cpu, memory
+// or ephemeral-storage limit gets the node's allocatable amount (kubelet's
+// defaultPodLimitsForDownwardAPI), so limits.cpu of an unlimited container says what it may use,
+// not 0. pod itself is not changed; with nothing to default it is returned as it is.
+func WithDownwardLimits(pod *v1.Pod, allocatable v1.ResourceList) *v1.Pod {
+	if len(allocatable) == 0 {
+		return pod
+	}
+	var out *v1.Pod
+	for _, list := range []*[]v1.Container{&pod.Spec.InitContainers, &pod.Spec.Containers} {
+		for i := range *list {
+			for _, name := range []v1.ResourceName{v1.ResourceCPU, v1.ResourceMemory, v1.ResourceEphemeralStorage} {
+				a, ok := allocatable[name]
+				if _, set := (*list)[i].Resources.Limits[name]; set || !ok {
+					continue
+				}
+				if out == nil {
+					out = pod.DeepCopy()
+				}
+				c := &out.Spec.Containers
+				if list == &pod.Spec.InitContainers {
+					c = &out.Spec.InitContainers
+				}
+				if (*c)[i].Resources.Limits == nil {
+					(*c)[i].Resources.Limits = v1.ResourceList{}
+				}
+				(*c)[i].Resources.Limits[name] = a.DeepCopy()
+			}
+		}
+	}
+	if out == nil {
+		return pod
+	}
+	return out
+}
+
 // ResourceFieldValue reads a container's request or limit for resourceFieldRef, in units of the
 // divisor, rounded up. The container is rf.ContainerName, or self when that is empty (env).
 func ResourceFieldValue(pod *v1.Pod, self string, rf *v1.ResourceFieldSelector) (string, error) {

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -138,5 +139,46 @@ func TestContainerEnvMissingObjects(t *testing.T) {
 				t.Errorf("error %q quotes a secret value", err)
 			}
 		})
+	}
+}
+
+// The downward API reads an unset limit as the node's allocatable (kubelet's
+// defaultPodLimitsForDownwardAPI): limits.cpu of an unlimited container is what it may use, not 0.
+// A limit the spec sets stays, requests are not touched, and the pod given is not changed.
+func TestWithDownwardLimits(t *testing.T) {
+	alloc := v1.ResourceList{v1.ResourceCPU: resource.MustParse("4"), v1.ResourceMemory: resource.MustParse("8Gi"),
+		v1.ResourceEphemeralStorage: resource.MustParse("100Gi")}
+	pod := &v1.Pod{Spec: v1.PodSpec{
+		InitContainers: []v1.Container{{Name: "init"}},
+		Containers: []v1.Container{{Name: "free"}, {Name: "capped", Resources: v1.ResourceRequirements{
+			Limits: v1.ResourceList{v1.ResourceCPU: resource.MustParse("500m")}}}},
+	}}
+	got := WithDownwardLimits(pod, alloc)
+	if pod.Spec.Containers[0].Resources.Limits != nil || len(pod.Spec.Containers[1].Resources.Limits) != 1 {
+		t.Fatal("WithDownwardLimits changed the pod it was given")
+	}
+	read := func(container, field string) string {
+		t.Helper()
+		v, err := ResourceFieldValue(got, container, &v1.ResourceFieldSelector{Resource: field})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, tc := range []struct{ container, field, want string }{
+		{"free", "limits.cpu", "4"},
+		{"free", "limits.memory", "8589934592"},
+		{"free", "limits.ephemeral-storage", "107374182400"},
+		{"free", "requests.cpu", "0"},
+		{"capped", "limits.cpu", "1"}, // 500m rounded up to whole cpus, the spec's own
+		{"capped", "limits.memory", "8589934592"},
+		{"init", "limits.cpu", "4"},
+	} {
+		if v := read(tc.container, tc.field); v != tc.want {
+			t.Errorf("%s %s = %s, want %s", tc.container, tc.field, v, tc.want)
+		}
+	}
+	if WithDownwardLimits(pod, nil) != pod {
+		t.Error("no allocatable: want the pod itself")
 	}
 }
