@@ -6,7 +6,7 @@
 // KUBE_TEST_REPO_LIST pointing the suite at the registry finds them.
 //
 // Every image has the busybox applets in /bin (agnhost's upstream image is alpine with a shell,
-// and specs run `sh -c` in it). Entries have a fixed mtime and owner, so the same inputs give the
+// and specs run `sh -c` in it); agnhost's have a curl stand-in too (curlStandIn). Entries have a fixed mtime and owner, so the same inputs give the
 // same digests and a rerun pushes nothing.
 //
 // Usage:
@@ -122,7 +122,8 @@ func run(busyboxPath, agnhostPath, porterDir, agnhostTags, busyboxTag, pauseTag,
 	}
 	var images []image
 	for _, tag := range strings.Split(agnhostTags, ",") {
-		extra := append([]entry{file("agnhost", 0o755, agn), symlink("agnhost-2", "agnhost"), dir("uploads", 0o755)}, porter...)
+		extra := append([]entry{file("agnhost", 0o755, agn), symlink("agnhost-2", "agnhost"), dir("uploads", 0o755),
+			file("usr/bin/curl", 0o755, []byte(curlStandIn))}, porter...)
 		images = append(images, image{name: "agnhost", tag: tag, extra: extra,
 			config: config{Env: []string{defaultPath}, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}}})
 	}
@@ -197,6 +198,15 @@ func readStatic(path string) ([]byte, error) {
 	}
 	return os.ReadFile(path)
 }
+
+// curlStandIn is agnhost's curl: upstream's image (alpine) has one, and the lifecycle hook specs'
+// exec hooks run `curl http://HOST:8080/echo?msg=...`. Debian's curl is not static, so the
+// stand-in is busybox wget, which GETs the URL and prints the body as `curl URL` does. It takes a
+// URL only: no curl options.
+const curlStandIn = `#!/bin/sh
+# mqlet's conformance images: curl URL, as busybox wget (no curl options)
+exec /bin/wget -q -O - "$@"
+`
 
 // busyboxBase is the root filesystem every image starts from: busybox in /bin with a link per
 // applet, /etc/passwd and /etc/group with the users agnhost's upstream image defines
