@@ -375,10 +375,15 @@ func (se *session) run(ctx context.Context) {
 	touch := func(p *time.Time) func() {
 		return func() { actMu.Lock(); *p = o.Now(); actMu.Unlock() }
 	}
+	// ectx ends with the session (lease, cancel, a bad frame, the timeouts): the output writers
+	// wait for credit on it, so a client that stopped granting and went away frees the command's
+	// output (and the session's slot) instead of holding it for ever.
+	ectx, endExec := context.WithCancelCause(ctx)
+	defer endExec(nil)
 	outCredit := newCredit(req.Window)
 	streams := execio.Streams{
-		Stdout: &output{ctx: ctx, se: se, kind: kindStdout, cr: outCredit, act: touch(&lastData)},
-		Stderr: &output{ctx: ctx, se: se, kind: kindStderr, cr: outCredit, act: touch(&lastData)},
+		Stdout: &output{ctx: ectx, se: se, kind: kindStdout, cr: outCredit, act: touch(&lastData)},
+		Stderr: &output{ctx: ectx, se: se, kind: kindStderr, cr: outCredit, act: touch(&lastData)},
 		TTY:    req.TTY,
 	}
 	if req.Size != nil {
@@ -394,8 +399,6 @@ func (se *session) run(ctx context.Context) {
 
 	// The client's frames: applied in order by one goroutine that never blocks on the command
 	// (stdin goes to a buffer the window bounds), so credit and lease frames always get through.
-	ectx, endExec := context.WithCancelCause(ctx)
-	defer endExec(nil)
 	go func() {
 		for {
 			select {
