@@ -187,7 +187,7 @@ func objectVolumeReadOnly(v *v1.Volume) bool {
 
 // volumePayload computes the files of a configMap, secret, downwardAPI or projected volume.
 func (r *Runtime) volumePayload(pod *v1.Pod, v *v1.Volume) (map[string]atomicwriter.File, error) {
-	objs := r.objectsOrNone()
+	objs := ctrspec.ForPod(r.objectsOrNone(), pod)
 	out := map[string]atomicwriter.File{}
 	switch {
 	case v.ConfigMap != nil:

@@ -30,6 +30,7 @@ func containerEnv(pod *v1.Pod, c *v1.Container) ([]v1.EnvVar, error) {
 // come as kubelet's do: $(NAME) in env values falls back to them where the container defines no
 // NAME before, and those the container does not define (by envFrom or env) follow its own.
 func ContainerEnvWith(pod *v1.Pod, c *v1.Container, objs Objects) (env []v1.EnvVar, skipped []string, err error) {
+	objs = ForPod(objs, pod)
 	services, err := svcenv.FromPod(pod)
 	if err != nil {
 		return nil, nil, ConfigErrorf("container %q: %v", c.Name, err)

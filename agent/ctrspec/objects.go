@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/mqlet/mqlet/core/satoken"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -17,6 +18,23 @@ import (
 type Objects interface {
 	ConfigMap(namespace, name string) (*v1.ConfigMap, error)
 	Secret(namespace, name string) (*v1.Secret, error)
+}
+
+// ForPod is objs as pod sees them: a service account token Secret made for another pod
+// (core/satoken) is refused, so a pod that names it by its predictable name gets nothing.
+func ForPod(objs Objects, pod *v1.Pod) Objects { return podObjects{objs, pod} }
+
+type podObjects struct {
+	Objects
+	pod *v1.Pod
+}
+
+func (o podObjects) Secret(namespace, name string) (*v1.Secret, error) {
+	s, err := o.Objects.Secret(namespace, name)
+	if err == nil && satoken.ForOtherPod(s, string(o.pod.UID)) {
+		return nil, fmt.Errorf("secret %s/%s holds another pod's service account token; pod %s may not read it", namespace, name, o.pod.Name)
+	}
+	return s, err
 }
 
 // NotFoundError says that no ConfigMap or Secret of that name is stored (yet). Kind is

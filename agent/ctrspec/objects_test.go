@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mqlet/mqlet/core/satoken"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -180,5 +181,28 @@ func TestWithDownwardLimits(t *testing.T) {
 	}
 	if WithDownwardLimits(pod, nil) != pod {
 		t.Error("no allocatable: want the pod itself")
+	}
+}
+
+// A service account token Secret (core/satoken) is given only to the pod it was made for: another
+// pod naming it, in env or a volume, gets an error that says why; ordinary Secrets are unaffected.
+func TestTokenSecretOnlyForItsPod(t *testing.T) {
+	tok := &v1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mqlet-sa-token-uid-a-1-0",
+		Annotations: map[string]string{satoken.AnnotationPodUID: "uid-a"}}, Data: map[string][]byte{"token": []byte("t")}}
+	objs := fakeObjects{secrets: map[string]*v1.Secret{"default/" + tok.Name: tok, "default/plain": {Data: map[string][]byte{"k": []byte("v")}}}}
+	own := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "default", UID: "uid-a"}}
+	other := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "b", Namespace: "default", UID: "uid-b"}}
+	if _, err := ForPod(objs, own).Secret("default", tok.Name); err != nil {
+		t.Errorf("the token's own pod: %v", err)
+	}
+	if _, err := ForPod(objs, other).Secret("default", tok.Name); err == nil || !strings.Contains(err.Error(), "another pod's service account token") {
+		t.Errorf("another pod: %v, want a refusal", err)
+	}
+	if _, err := ForPod(objs, other).Secret("default", "plain"); err != nil {
+		t.Errorf("an ordinary Secret: %v", err)
+	}
+	c := &v1.Container{Name: "c", Env: []v1.EnvVar{{Name: "T", ValueFrom: secretKey(tok.Name, "token", nil)}}}
+	if _, _, err := ContainerEnvWith(other, c, objs); err == nil {
+		t.Error("another pod read the token through env")
 	}
 }

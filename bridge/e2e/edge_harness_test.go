@@ -431,7 +431,6 @@ func (w *edgeWorld) startBridgeWith(t *testing.T, identity string, extra ...stri
 	return b
 }
 
-
 // kubeletPortList is --kubelet-ports.
 func (w *edgeWorld) kubeletPortList() string {
 	var ps []string

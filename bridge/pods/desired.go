@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/core/nodeaffinity"
+	"github.com/mqlet/mqlet/core/satoken"
 	"github.com/mqlet/mqlet/sync/protocol"
 	"github.com/mqlet/mqlet/sync/sealing"
 	v1 "k8s.io/api/core/v1"
@@ -274,7 +275,9 @@ func (c *Controller) wanted(ctx context.Context, node string, st *nodeState) (ma
 				add(encodeObject(protocol.KindConfigMap, cm.Namespace, cm.Name, SanitizeConfigMap(cm)))
 			case "Secret":
 				key := protocol.ObjectKey(protocol.KindSecret, p.Namespace, r.Name)
-				if want[key] != nil {
+				if want[key] != nil || satoken.Reserved(r.Name) {
+					// A token Secret is the bridge's own, made above for its pod only: one of
+					// that name in the API (a user's) is never sent in its place.
 					continue
 				}
 				s, err := c.secLister.Secrets(p.Namespace).Get(r.Name)

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mqlet/mqlet/core/satoken"
 	authnv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,7 +28,7 @@ import (
 // tokenKey names the Secret that carries the token: a constant prefix, the pod's UID (so two pods
 // never share one, and a pod made again under the same name gets its own) and the projection's
 // place in the pod.
-const tokenSecretPrefix = "mqlet-sa-token-"
+const tokenSecretPrefix = satoken.NamePrefix
 
 // tokenDataKey is the key of the token in that Secret.
 const tokenDataKey = "token"
@@ -235,7 +236,8 @@ func (c *Controller) withTokens(ctx context.Context, node string, sp, p *v1.Pod)
 			}
 			out = append(out, &v1.Secret{
 				ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: name,
-					Labels: map[string]string{"mqlet.io/service-account-token": "true"}},
+					Labels:      map[string]string{"mqlet.io/service-account-token": "true"},
+					Annotations: map[string]string{satoken.AnnotationPodUID: string(p.UID)}},
 				Type: v1.SecretTypeOpaque,
 				Data: map[string][]byte{tokenDataKey: []byte(tok)},
 			})

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mqlet/mqlet/core/satoken"
 	"github.com/mqlet/mqlet/sync/protocol"
 	authnv1 "k8s.io/api/authentication/v1"
 	v1 "k8s.io/api/core/v1"
@@ -297,5 +298,34 @@ func TestPodHeldWithoutTokenVolumeKeepsItsForm(t *testing.T) {
 		if c.spec.BoundObjectRef.Name == "web-1" {
 			t.Errorf("a token was asked for web-1, which runs without its volume")
 		}
+	}
+}
+
+// A user's Secret named like a pod's token Secret (the name is predictable) is never sent in its
+// place, even while the TokenRequest fails: the pod and the other objects go out, the reserved name
+// does not (found by review: the references loop resolved it from the API). The bridge's own token
+// Secret carries its pod's UID, so a node gives it to no other pod.
+func TestReservedTokenSecretNameIsNotTakenFromTheAPI(t *testing.T) {
+	pod := apiPod("default", "web-1", nodeA, "6f1c2d3e-aaaa-4bbb-8ccc-000000000001")
+	node, _ := sealedNode(t, nodeA)
+	api := &tokenAPI{}
+	api.setFail(errors.New("serviceaccount default not found"))
+	name := tokenSecretName(pod.UID, 1, 0)
+	h := startWith(t, func(o *Options) { api.install(o.Kube.(*fake.Clientset)) }, []string{nodeA}, pod, node,
+		configMap("default", "web-config", map[string]string{"a": "1"}),
+		configMap("default", "kube-root-ca.crt", map[string]string{"ca.crt": "PEM"}),
+		secret("default", "web-secret", map[string][]byte{"token": []byte("x")}),
+		secret("default", name, map[string][]byte{"token": []byte("FORGED-BY-A-USER")}))
+	h.desired(nodeA, protocol.KindSecret, "default", "web-secret") // everything else went out
+	if _, listed := h.index(nodeA).Objects[protocol.ObjectKey(protocol.KindSecret, "default", name)]; listed {
+		t.Fatalf("the user's Secret %s was sent as the pod's token", name)
+	}
+
+	api.setFail(nil)
+	h.c.tokens.forget(nodeA) // ask again now, not after tokenRetry
+	h.c.queueNode(nodeA)
+	s := h.desired(nodeA, protocol.KindSecret, "default", name)
+	if s.Secret.Annotations[satoken.AnnotationPodUID] != string(pod.UID) {
+		t.Errorf("token Secret annotations %v: want %s naming pod %s", s.Secret.Annotations, satoken.AnnotationPodUID, pod.UID)
 	}
 }
