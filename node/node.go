@@ -159,6 +159,11 @@ func (n *Node) buildMachine(ctx context.Context, cfg config.Config, d Deps) erro
 		return err
 	}
 	n.closers = append(n.closers, rt.Close)
+	// The commands a killed agent's execs (probes, exec sessions) left running in containers go
+	// now: nobody reads or waits for them any more.
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	rt.SweepExecs(sctx)
+	cancel()
 	if err := loadRegistryAuth(cfg, rt); err != nil {
 		return err
 	}

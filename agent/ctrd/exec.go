@@ -6,8 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -153,8 +151,9 @@ func newExecID() (string, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", fmt.Errorf("exec id: %w", err)
 	}
-	// The agent's pid, so that the execs of an agent killed meanwhile are found (exec_sweep.go).
-	return execIDPrefix + strconv.Itoa(os.Getpid()) + "-" + hex.EncodeToString(b[:]), nil
+	// The agent process's pid and start time, so that the execs of an agent killed meanwhile are
+	// found (exec_sweep.go).
+	return execIDPrefix + execOwner() + "-" + hex.EncodeToString(b[:]), nil
 }
 
 // boundedBuffer keeps the first limit bytes written to it and drops the rest, while still

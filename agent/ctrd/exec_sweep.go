@@ -1,11 +1,14 @@
 package ctrd
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	containerd "github.com/containerd/containerd/v2/client"
@@ -16,30 +19,62 @@ import (
 
 // An exec (a probe, `mqlet exec`, a session over MQTT or the bridge) is a process of the
 // container's shim, not of the agent: an agent killed while one runs leaves it running, with nobody
-// reading its output or waiting for it, until its container stops. Exec ids carry the pid of the
-// agent that started them (exec-<pid>-<random>), as mount stages do, so the next Runtime finds those
-// of agents no longer running and kills them. A second Runtime beside a running agent (a CLI
-// command) leaves that agent's execs alone.
+// reading its output or waiting for it, until its container stops. Exec ids carry the pid and the
+// start time of the agent process that started them (exec-<pid>.<start>-<random>), so the next
+// agent (SweepExecs, called at its start, never by a CLI command, which may live in another pid
+// namespace) finds those of agent processes no longer running and kills them. The start time tells
+// a reused pid (an agent in a container is pid 1 every time) from the process that made the exec.
 
 const execIDPrefix = "exec-"
 
-// ownerAlive says whether the agent that started exec id is still running (or the id is not one
-// of ours: left alone).
+// ownerAlive says whether the agent process that started exec id is still running (or the id is
+// not one of ours, or of an older mqlet without the start time: left alone).
 func ownerAlive(execID string) bool {
 	rest, ok := strings.CutPrefix(execID, execIDPrefix)
 	if !ok {
 		return true
 	}
-	pidStr, _, ok := strings.Cut(rest, "-")
+	owner, _, ok := strings.Cut(rest, "-")
+	pidStr, start, ok2 := strings.Cut(owner, ".")
 	pid, err := strconv.Atoi(pidStr)
-	if !ok || err != nil || pid <= 0 {
-		return true // an id of an older mqlet, without a pid: its owner is unknown
+	if !ok || !ok2 || err != nil || pid <= 0 {
+		return true
 	}
-	return pid == os.Getpid() || !errors.Is(unix.Kill(pid, 0), unix.ESRCH)
+	now, err := processStart(pid)
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist) // no such process: gone; unreadable: leave it
+	}
+	return now == start
 }
 
-// sweepExecs kills and deletes the execs agents no longer running left in the namespace's tasks.
-func (r *Runtime) sweepExecs(ctx context.Context) {
+// execOwner is this process's part of the exec ids it makes: pid.starttime.
+var execOwner = sync.OnceValue(func() string {
+	start, _ := processStart(os.Getpid())
+	return strconv.Itoa(os.Getpid()) + "." + start
+})
+
+// processStart is the start time of process pid (field 22 of /proc/<pid>/stat, clock ticks since
+// boot): with the pid, it names one process for the life of the machine.
+func processStart(pid int) (string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return "", err
+	}
+	// The command name (field 2) is in parentheses and may hold spaces: count after its end.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return "", fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return "", fmt.Errorf("/proc/%d/stat: %d fields after the name", pid, len(f))
+	}
+	return f[19], nil // field 22 overall: the third after the name is field 3
+}
+
+// SweepExecs kills and deletes the execs agent processes no longer running left in the
+// namespace's tasks. The agent calls it once at start.
+func (r *Runtime) SweepExecs(ctx context.Context) {
 	ctx = r.ctx(ctx)
 	ctrs, err := r.client.Containers(ctx)
 	if err != nil {

@@ -1,12 +1,14 @@
 package ctrd_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -15,9 +17,10 @@ import (
 	"github.com/mqlet/mqlet/agent/ctrd"
 )
 
-// An exec left by an agent that was killed (its pid in the exec id, no such process any more) is
-// killed by the next Runtime; one of a live agent (this process) and one whose id is not mqlet's
-// stay.
+// An exec left by an agent process that is gone (its pid and start time in the exec id: no such
+// process, or the pid now another process) is killed by the next agent's SweepExecs, not by any
+// Runtime made (a CLI command's); one of a live agent (this process), an older mqlet's id without
+// the start time, and a foreign one stay.
 func TestStrayExecsOfAKilledAgentAreKilled(t *testing.T) {
 	_, env, ns := newRuntime(t)
 	logPath := filepath.Join(t.TempDir(), "log")
@@ -59,10 +62,18 @@ func TestStrayExecsOfAKilledAgentAreKilled(t *testing.T) {
 			t.Fatalf("start %s: %v", execID, err)
 		}
 	}
-	stray := fmt.Sprintf("exec-%d-0123456789abcdef", dead.Process.Pid)
-	live := fmt.Sprintf("exec-%d-fedcba9876543210", os.Getpid())
+	start0, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(start0[bytes.LastIndexByte(start0, ')')+1:]))
+	self := fmt.Sprintf("%d.%s", os.Getpid(), f[19])
+	stray := fmt.Sprintf("exec-%d.12345-0123456789abcdef", dead.Process.Pid)
+	reused := fmt.Sprintf("exec-%d.1-00112233445566778", os.Getpid()) // this pid, another start time
+	live := "exec-" + self + "-fedcba9876543210"
+	old := fmt.Sprintf("exec-%d-aabbccddeeff0011", dead.Process.Pid) // an older mqlet's id: owner unknown
 	foreign := "someone-elses-exec"
-	for _, x := range []string{stray, live, foreign} {
+	for _, x := range []string{stray, reused, live, old, foreign} {
 		start(x)
 	}
 
@@ -72,15 +83,26 @@ func TestStrayExecsOfAKilledAgentAreKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	// Deleted, an exec is no longer known to its task (the shim killed and reaped it first).
-	loaded := func(x string) bool {
-		_, err := task.LoadProcess(ctx, x, nil)
-		return err == nil
+	if !loadedIn(ctx, task, stray) {
+		t.Fatal("a new Runtime swept by itself: only the agent's SweepExecs may")
 	}
-	if loaded(stray) {
-		t.Errorf("the exec of a dead agent (%s) survived a new Runtime", stray)
+	rt.SweepExecs(context.Background())
+	loaded := func(x string) bool { return loadedIn(ctx, task, x) }
+	for _, x := range []string{stray, reused} {
+		if loaded(x) {
+			t.Errorf("the exec of an agent process no longer running (%s) survived the sweep", x)
+		}
 	}
-	if !loaded(live) || !loaded(foreign) {
-		t.Errorf("a live agent's exec or a foreign one was killed: live %v, foreign %v", loaded(live), loaded(foreign))
+	for _, x := range []string{live, old, foreign} {
+		if !loaded(x) {
+			t.Errorf("%s was killed: a live agent's, an older mqlet's or a foreign exec must stay", x)
+		}
 	}
+}
+
+// loadedIn says whether task still knows exec id (a deleted exec is gone from it: the shim killed
+// and reaped it first).
+func loadedIn(ctx context.Context, task containerd.Task, id string) bool {
+	_, err := task.LoadProcess(ctx, id, nil)
+	return err == nil
 }

@@ -39,7 +39,9 @@ const (
 	labelGCRoot           = "containerd.io/gc.root"
 )
 
-func imageVolumeKey(uid, name string) string { return imageVolumeSnapshotPrefix + uid + "-" + name }
+// imageVolumeKey is the snapshot key of a pod's image volume. '_' cannot be in a volume name (a
+// DNS label), so the last one splits the key back unambiguously whatever the UID holds.
+func imageVolumeKey(uid, name string) string { return imageVolumeSnapshotPrefix + uid + "_" + name }
 
 // setUpImageVolumes makes sure every image volume container c mounts is mounted below the pod's
 // dir, and records each in sb.Volumes. A pull that fails is the container's ErrImagePull (or
@@ -159,7 +161,8 @@ func (h imageVolumesHook) Destroy(ctx context.Context, ref PodRef) error {
 	sn := h.sn()
 	var keys []string
 	err = sn.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
-		if strings.HasPrefix(info.Name, imageVolumeKey(string(ref.UID), "")) {
+		// By the label, not a key prefix: a UID may be another's prefix.
+		if strings.HasPrefix(info.Name, imageVolumeSnapshotPrefix) && info.Labels[LabelPodUID] == string(ref.UID) {
 			keys = append(keys, info.Name)
 		}
 		return nil

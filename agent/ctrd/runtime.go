@@ -166,9 +166,6 @@ func New(ctx context.Context, o Options) (*Runtime, error) {
 		r.restoreDevices()
 	}
 	r.sweepMountStages() // mountstage.go: what an agent killed while creating a container left mounted
-	sctx, cancelSweep := context.WithTimeout(ctx, 30*time.Second)
-	r.sweepExecs(sctx) // exec_sweep.go: the commands an agent killed meanwhile left running
-	cancelSweep()
 	return r, nil
 }
 
