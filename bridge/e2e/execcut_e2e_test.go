@@ -20,8 +20,9 @@ const cutBound = 150 * time.Second
 
 // TestKubectlExecCut: a kubectl exec through the bridge whose stream is cut — the agent killed
 // and started again, the broker killed and started again, the leading bridge killed — ends (kubectl
-// exits with an error instead of hanging), and the command it ran in the container does not
-// linger: the node kills it when its session lease runs out, or the restarted agent sweeps it.
+// exits, with an error for the first two, instead of hanging), and the command it ran in the
+// container does not linger: the node kills it when its session lease runs out, or the restarted
+// agent sweeps it.
 func TestKubectlExecCut(t *testing.T) {
 	w := newEdgeWorld(t)
 	w.startBridge(t, "bridge-a")
@@ -55,13 +56,13 @@ func TestKubectlExecCut(t *testing.T) {
 		})
 		return cmd, done
 	}
-	// cut checks that kubectl ends with an error and the command goes.
-	cut := func(what string, secs int, done chan error) {
+	// cut checks that kubectl ends (with an error when wantErr) and the command goes.
+	cut := func(what string, secs int, done chan error, wantErr bool) {
 		t.Helper()
 		select {
 		case err := <-done:
 			done <- err // for the cleanup
-			if err == nil {
+			if wantErr && err == nil {
 				t.Errorf("%s: kubectl exec ended without an error", what)
 			}
 		case <-time.After(cutBound):
@@ -84,14 +85,14 @@ func TestKubectlExecCut(t *testing.T) {
 	w.agent = nil
 	w.mu.Unlock()
 	w.startAgent(t)
-	cut("agent killed and restarted", 601, done)
+	cut("agent killed and restarted", 601, done, true)
 
 	// The broker killed and started again: every frame in flight is lost.
 	s.waitRunning(t, p.Name)
 	_, done = execSleep(602)
 	w.broker.Kill(t)
 	w.broker.Start(t)
-	cut("broker killed and restarted", 602, done)
+	cut("broker killed and restarted", 602, done, true)
 
 	// The leading bridge killed, a standby takes over: the API server's stream to it is gone.
 	w.startBridge(t, "bridge-b")
@@ -103,7 +104,9 @@ func TestKubectlExecCut(t *testing.T) {
 	w.mu.Lock()
 	delete(w.bridges, lead.identity) // its exit is wanted
 	w.mu.Unlock()
-	cut("leading bridge killed", 603, done)
+	// kubectl exits 0 here: the API server closes its stream to kubectl without a status when
+	// the upstream it proxies to (the bridge) dies. What matters is that it ends, and the command.
+	cut("leading bridge killed", 603, done, false)
 }
 
 // containerRuns says whether a process of a task in the agent's namespace has args containing
