@@ -258,3 +258,25 @@ func TestAuthCaches(t *testing.T) {
 		t.Errorf("other attributes share the cached answer (%d reviews)", sars)
 	}
 }
+
+// The stats of a node name only the pods the API binds to it: a node (or the broker, as the
+// answer is not signed) cannot report figures for other nodes' pods (found by review).
+func TestUsageOnlyOfBoundPods(t *testing.T) {
+	u := &protocol.Usage{Containers: []protocol.ContainerUsage{
+		{Namespace: "default", Pod: "mine", Container: "c"},
+		{Namespace: "default", Pod: "elsewhere", Container: "c"},
+		{Namespace: "other", Pod: "mine", Container: "c"},
+	}}
+	mine := &v1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "mine"}}
+	got := onlyBoundPods(u, []*v1.Pod{mine})
+	if len(got.Containers) != 1 || got.Containers[0].Pod != "mine" || got.Containers[0].Namespace != "default" {
+		t.Errorf("containers %+v, want only default/mine's", got.Containers)
+	}
+	if len(u.Containers) != 3 {
+		t.Error("the reading itself was changed")
+	}
+	text := resourceMetricsText(got)
+	if strings.Contains(text, "elsewhere") {
+		t.Errorf("metrics name a pod not bound to the node:\n%s", text)
+	}
+}

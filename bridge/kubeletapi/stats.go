@@ -92,7 +92,29 @@ func (s *Server) readUsage(w http.ResponseWriter, r *http.Request, node string) 
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return nil
 	}
-	return u
+	var pods []*v1.Pod
+	if s.o.NodePods != nil {
+		pods = s.o.NodePods(node)
+	}
+	return onlyBoundPods(u, pods)
+}
+
+// onlyBoundPods keeps the containers of u that belong to pods the API binds to the node: a node
+// (or whoever answers for it on the broker: the answer is not signed) must not report figures
+// for other nodes' pods to metrics-server and the autoscalers.
+func onlyBoundPods(u *protocol.Usage, pods []*v1.Pod) *protocol.Usage {
+	bound := make(map[string]bool, len(pods))
+	for _, p := range pods {
+		bound[p.Namespace+"/"+p.Name] = true
+	}
+	out := *u
+	out.Containers = nil
+	for _, c := range u.Containers {
+		if bound[c.Namespace+"/"+c.Pod] {
+			out.Containers = append(out.Containers, c)
+		}
+	}
+	return &out
 }
 
 // summary answers /stats/summary from a fresh usage reading of the node and the pods the API

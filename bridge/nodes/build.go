@@ -159,12 +159,17 @@ func readyStatus(n *v1.Node) v1.ConditionStatus {
 // InternalIP and port the kubeletEndpoint port. The API server dials the first address of the
 // first type in its --kubelet-preferred-address-types (default Hostname, InternalDNS, InternalIP,
 // ...), so the agent's Hostname and InternalDNS addresses are dropped (a device's hostname does not
-// resolve in the cloud: "dial tcp: lookup edge-1: no such host"); its own InternalIPs and external
-// addresses follow the bridge's, for readers that want the device's addresses.
+// resolve in the cloud: "dial tcp: lookup edge-1: no such host"), and its external ones (a cluster
+// may prefer them); its own InternalIPs follow the bridge's, for readers that want them.
 func withKubeletEndpoint(st *v1.NodeStatus, ip string, port int32) {
 	addrs := []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: ip}}
 	for _, a := range st.Addresses {
-		if a.Type == v1.NodeHostName || a.Type == v1.NodeInternalDNS || (a.Type == v1.NodeInternalIP && a.Address == ip) {
+		// Only the device's InternalIPs follow the bridge's: the API server dials the first address
+		// of the first type in its --kubelet-preferred-address-types that the Node has, and a
+		// Hostname, InternalDNS, ExternalIP or ExternalDNS the device (or the broker, through its
+		// status) chose could come before InternalIP there and take exec and logs off the sealed
+		// path to an address of their choosing (found by review for External*).
+		if a.Type != v1.NodeInternalIP || a.Address == ip {
 			continue
 		}
 		addrs = append(addrs, a)

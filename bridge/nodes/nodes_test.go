@@ -503,7 +503,8 @@ func TestRegistrationLabels(t *testing.T) {
 }
 
 // The API server dials the first address of the first type it prefers (Hostname first by default):
-// the bridge's InternalIP must be the only way in, the device's own IPs after it.
+// the bridge's InternalIP must be the only way in, the device's own InternalIPs after it, and no
+// address type a cluster could prefer to InternalIP (ExternalIP included).
 func TestWithKubeletEndpoint(t *testing.T) {
 	st := v1.NodeStatus{Addresses: []v1.NodeAddress{
 		{Type: v1.NodeHostName, Address: "edge-1"}, {Type: v1.NodeInternalIP, Address: "192.168.1.5"},
@@ -511,8 +512,7 @@ func TestWithKubeletEndpoint(t *testing.T) {
 		{Type: v1.NodeInternalIP, Address: "10.1.2.3"},
 	}}
 	withKubeletEndpoint(&st, "10.1.2.3", 10301)
-	want := []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.1.2.3"}, {Type: v1.NodeInternalIP, Address: "192.168.1.5"},
-		{Type: v1.NodeExternalIP, Address: "203.0.113.9"}}
+	want := []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "10.1.2.3"}, {Type: v1.NodeInternalIP, Address: "192.168.1.5"}}
 	if !reflect.DeepEqual(st.Addresses, want) || st.DaemonEndpoints.KubeletEndpoint.Port != 10301 {
 		t.Errorf("addresses %v port %d, want %v 10301", st.Addresses, st.DaemonEndpoints.KubeletEndpoint.Port, want)
 	}

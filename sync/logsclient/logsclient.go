@@ -239,18 +239,35 @@ func Stream(ctx context.Context, b Broker, o Options, node string, req protocol.
 	}
 }
 
+// MaxUsage bounds a usage answer: a node's is a few hundred bytes a container, and an answer
+// without end (a broken or hostile node, or the broker) must not fill the bridge's memory.
+const MaxUsage = 4 << 20
+
 // Usage asks node for its CPU and memory use and its containers' (op usage on the logs channel,
-// docs/protocol.md section 9).
+// docs/protocol.md section 9). An answer over MaxUsage is cut and refused.
 func Usage(ctx context.Context, b Broker, o Options, node string) (*protocol.Usage, error) {
-	var buf bytes.Buffer
-	if err := Stream(ctx, b, o, node, protocol.LogsRequest{Op: protocol.LogsUsage}, &buf); err != nil {
+	buf := &cappedBuffer{max: MaxUsage}
+	if err := Stream(ctx, b, o, node, protocol.LogsRequest{Op: protocol.LogsUsage}, buf); err != nil {
 		return nil, err
 	}
 	var u protocol.Usage
-	if err := json.Unmarshal(buf.Bytes(), &u); err != nil {
+	if err := json.Unmarshal(buf.b.Bytes(), &u); err != nil {
 		return nil, fmt.Errorf("usage of node %s: %w", node, err)
 	}
 	return &u, nil
+}
+
+// cappedBuffer refuses a write past max bytes, which ends the stream.
+type cappedBuffer struct {
+	b   bytes.Buffer
+	max int
+}
+
+func (c *cappedBuffer) Write(p []byte) (int, error) {
+	if c.b.Len()+len(p) > c.max {
+		return 0, fmt.Errorf("the answer is over %d bytes", c.max)
+	}
+	return c.b.Write(p)
 }
 
 // NodeError is a request the node answered with an error (no such pod, container, previous

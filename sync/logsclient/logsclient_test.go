@@ -148,3 +148,30 @@ func TestUsage(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (w writerFunc) Write(p []byte) (int, error) { return w(p) }
+
+// A usage answer without end (a broken or hostile node, or the broker) is cut at MaxUsage and
+// refused, instead of being held whole in the bridge's memory (found by review: 24 MiB were).
+func TestUsageAnswerIsBounded(t *testing.T) {
+	junk := bytes.Repeat([]byte("x"), 16<<10)
+	n := MaxUsage/len(junk) + 64
+	f := &fakeNode{reply: func(req *protocol.LogsRequest) []protocol.LogsChunk {
+		var out []protocol.LogsChunk
+		for i := range n {
+			out = append(out, protocol.LogsChunk{Seq: int64(i), Data: junk})
+		}
+		return append(out, protocol.LogsChunk{Seq: int64(n), EOF: true})
+	}}
+	o := opts()
+	o.Timeout = 20 * time.Second
+	_, err := Usage(context.Background(), pacedBroker{f}, o, "n1")
+	if err == nil || !strings.Contains(err.Error(), "over") {
+		t.Fatalf("usage answer of %d MiB: %v, want it refused as too large", n*len(junk)>>20, err)
+	}
+}
+
+// pacedBroker hands chunks one by one, so the client's queue bound is not what stops them.
+type pacedBroker struct{ *fakeNode }
+
+func (s pacedBroker) Subscribe(ctx context.Context, topic string, h func([]byte)) (func(), error) {
+	return s.fakeNode.Subscribe(ctx, topic, func(p []byte) { h(p); time.Sleep(100 * time.Microsecond) })
+}
