@@ -45,8 +45,11 @@ type ExecRequest struct {
 	ClientKey string `json:"clientKey"`
 	NodeKeyID string `json:"nodeKeyID"`
 	// Window is how many bytes of output the node may send before the client grants more.
-	Window    int64      `json:"window"`
-	Expires   time.Time  `json:"expires,omitzero"`
+	Window  int64     `json:"window"`
+	Expires time.Time `json:"expires,omitzero"`
+	// Issued is when a signed open was made: a node refuses one issued before it started, whose
+	// id it cannot know to be new (the served ids are kept in memory only).
+	Issued    time.Time  `json:"issued,omitzero"`
 	Signature *Signature `json:"signature,omitempty"`
 }
 
@@ -58,9 +61,16 @@ type ExecSealed struct {
 	ID         string `json:"id"`
 	Op         string `json:"op"`
 	Seq        uint64 `json:"seq"`
-	Box        []byte `json:"box,omitempty"`
-	Error      string `json:"error,omitempty"`
+	// Nonce is the node's part of the session keys (ExecNonceSize random bytes), in clear on its
+	// first frame: a replayed open gets other keys, so no keystream repeats and recorded frames
+	// never open again.
+	Nonce []byte `json:"nonce,omitempty"`
+	Box   []byte `json:"box,omitempty"`
+	Error string `json:"error,omitempty"`
 }
+
+// ExecNonceSize is the size of ExecSealed.Nonce.
+const ExecNonceSize = 32
 
 func (x *ExecRequest) apiVersion() *string { return &x.APIVersion }
 func (x *ExecSealed) apiVersion() *string  { return &x.APIVersion }
@@ -136,6 +146,9 @@ func DecodeExecSealed(payload []byte, max int) (*ExecSealed, error) {
 	}
 	if x.Op != ExecFrame {
 		return nil, fmt.Errorf("exec frame %s: op %q, want frame", x.ID, x.Op)
+	}
+	if len(x.Nonce) != 0 && len(x.Nonce) != ExecNonceSize {
+		return nil, fmt.Errorf("exec frame %s/%d: a nonce of %d bytes, want %d", x.ID, x.Seq, len(x.Nonce), ExecNonceSize)
 	}
 	if len(x.Box) > MaxExecBox {
 		return nil, fmt.Errorf("exec frame %s/%d: %d bytes sealed, more than %d", x.ID, x.Seq, len(x.Box), MaxExecBox)

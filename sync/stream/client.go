@@ -81,7 +81,8 @@ func execTimed(ctx context.Context, tm timing, t Transport, topics protocol.Topi
 	}
 	if signer != nil {
 		// Whole seconds in UTC: the node re-encodes the decoded request to check the signature.
-		req.Expires = time.Now().UTC().Add(requestLife).Truncate(time.Second)
+		now := time.Now().UTC().Truncate(time.Second)
+		req.Issued, req.Expires = now, now.Add(requestLife)
 		protocol.SignExecRequest(node, &req, signer)
 	}
 	open, err := protocol.Encode(&req)
@@ -95,14 +96,21 @@ func execTimed(ctx context.Context, tm timing, t Transport, topics protocol.Topi
 	if err != nil {
 		return -1, fmt.Errorf("%s: %w", what, err)
 	}
-	aeadOut, aeadIn, err := sessionKeys(shared, req.ID, eph.PublicKey(), nodeKey)
-	if err != nil {
-		return -1, fmt.Errorf("%s: %w", what, err)
-	}
-	c := &clientSession{
+	var c *clientSession
+	c = &clientSession{
 		t: t, topic: topics.ExecRequest(node), what: what, window: req.Window, timing: tm,
-		seal: &sealer{aead: aeadOut, id: req.ID, dir: dirToNode},
-		open: &opener{aead: aeadIn, id: req.ID, dir: dirToClient},
+		// The keys wait for the node's nonce, on its first frame; nothing is sent before it.
+		keys: func(nodeNonce []byte) error {
+			aeadOut, aeadIn, err := sessionKeys(shared, req.ID, eph.PublicKey(), nodeKey, nodeNonce)
+			if err != nil {
+				return err
+			}
+			c.sendMu.Lock()
+			c.seal = &sealer{aead: aeadOut, id: req.ID, dir: dirToNode}
+			c.sendMu.Unlock()
+			c.open = &opener{aead: aeadIn, id: req.ID, dir: dirToClient}
+			return nil
+		},
 		// The node may have Window bytes of data in flight, plus small control frames; a node
 		// that sends past this is broken or not the node.
 		maxQueued: 2*int(req.Window) + 1<<20,
@@ -131,6 +139,7 @@ type clientSession struct {
 	sendMu sync.Mutex // serialises seal+publish: frames leave in Seq order
 	seal   *sealer
 	open   *opener
+	keys   func(nodeNonce []byte) error // sets seal and open, at the node's first frame
 
 	qmu       sync.Mutex
 	queue     [][]byte
@@ -164,6 +173,9 @@ func (c *clientSession) take() ([][]byte, bool) {
 func (c *clientSession) send(ctx context.Context, kind byte, payload []byte) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
+	if c.seal == nil {
+		return errors.New("no session keys yet: the node has not answered")
+	}
 	b, err := c.seal.seal(kind, payload)
 	if err != nil {
 		return err
@@ -242,6 +254,14 @@ func (c *clientSession) run(ctx context.Context, node string, stdin io.Reader, s
 					continue // a refusal after the node accepted is not the node's: ignore it
 				}
 				return -1, fmt.Errorf("%s: the node refused: %s", c.what, f.Error)
+			}
+			if c.open == nil {
+				if f.Seq != 0 || len(f.Nonce) != protocol.ExecNonceSize {
+					return -1, fmt.Errorf("%s: the node's first frame carries no nonce", c.what)
+				}
+				if err := c.keys(f.Nonce); err != nil {
+					return -1, fmt.Errorf("%s: %w", c.what, err)
+				}
 			}
 			kind, p, err := c.open.open(f)
 			if errors.Is(err, errDuplicate) {

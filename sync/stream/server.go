@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ecdh"
 	"crypto/ed25519"
+	"crypto/rand"
 	"encoding/base64"
 	"encoding/binary"
 	"errors"
@@ -82,6 +83,7 @@ type Server struct {
 	sessions map[string]*session
 	opened   map[string]time.Time // signed opens served, by id, until they expire
 	refusals chan refusal
+	started  time.Time // a signed open issued before it may be a replay of one served before
 }
 
 type refusal struct{ id, why string }
@@ -109,7 +111,8 @@ func NewServer(o ServerOptions) *Server {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{o: o, sessions: map[string]*session{}, opened: map[string]time.Time{}, refusals: make(chan refusal, queueLen)}
+	return &Server{o: o, sessions: map[string]*session{}, opened: map[string]time.Time{}, refusals: make(chan refusal, queueLen),
+		started: o.Now().Truncate(time.Second)}
 }
 
 // Run serves until ctx ends, then ends every session (their commands are killed) and returns once
@@ -220,6 +223,12 @@ func (s *Server) authorise(req *protocol.ExecRequest) string {
 	if err := protocol.VerifyExecRequest(s.o.Node, req, s.o.Trusted, now); err != nil {
 		return err.Error()
 	}
+	// The ids served are known since this server started only: an open from before then could
+	// be one served already, replayed (after an agent restart) while it has not expired.
+	if req.Issued.IsZero() || req.Issued.Before(s.started) {
+		return fmt.Sprintf("exec request %s: issued %s, before this node's agent started (%s): it may be a replay; open a new session",
+			req.ID, req.Issued.Format(time.RFC3339), s.started.Format(time.RFC3339))
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, exp := range s.opened {
@@ -325,12 +334,17 @@ func (se *session) run(ctx context.Context) {
 		se.s.refuseLater(req.ID, err.Error())
 		return
 	}
-	aeadIn, aeadOut, err := sessionKeys(shared, req.ID, clientPub, o.Key.PublicKey())
+	nodeNonce := make([]byte, protocol.ExecNonceSize)
+	if _, err := rand.Read(nodeNonce); err != nil {
+		se.s.refuseLater(req.ID, err.Error())
+		return
+	}
+	aeadIn, aeadOut, err := sessionKeys(shared, req.ID, clientPub, o.Key.PublicKey(), nodeNonce)
 	if err != nil {
 		se.s.refuseLater(req.ID, err.Error())
 		return
 	}
-	se.seal = &sealer{aead: aeadOut, id: req.ID, dir: dirToClient}
+	se.seal = &sealer{aead: aeadOut, id: req.ID, dir: dirToClient, first: nodeNonce}
 	open := &opener{aead: aeadIn, id: req.ID, dir: dirToNode}
 
 	// run is what the session carries: a command, or a connection into the pod (port-forward).

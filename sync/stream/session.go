@@ -67,9 +67,11 @@ const (
 
 const sessionInfo = "mqlet.io/v2 exec session\n"
 
-// sessionKeys derives the two directions' AEADs of session id.
-func sessionKeys(shared []byte, id string, clientPub, nodePub *ecdh.PublicKey) (toNode, toClient cipher.AEAD, err error) {
-	info := sessionInfo + string(clientPub.Bytes()) + string(nodePub.Bytes())
+// sessionKeys derives the two directions' AEADs of session id from the agreed secret, both public
+// keys and the node's nonce (fresh for every session it opens, so the same open replayed, after an
+// agent restart forgot its id, gets other keys).
+func sessionKeys(shared []byte, id string, clientPub, nodePub *ecdh.PublicKey, nodeNonce []byte) (toNode, toClient cipher.AEAD, err error) {
+	info := sessionInfo + string(clientPub.Bytes()) + string(nodePub.Bytes()) + string(nodeNonce)
 	k, err := hkdf.Key(sha256.New, shared, []byte(id), info, 64)
 	if err != nil {
 		return nil, nil, fmt.Errorf("exec session %s: derive keys: %w", id, err)
@@ -98,17 +100,22 @@ func nonce(dir byte, seq uint64) []byte {
 }
 
 // sealer seals one direction's frames in order. Not safe for concurrent use: callers serialise.
+// first, when set, goes in clear on frame 0 (the node's nonce).
 type sealer struct {
-	aead cipher.AEAD
-	id   string
-	dir  byte
-	seq  uint64
+	aead  cipher.AEAD
+	id    string
+	dir   byte
+	seq   uint64
+	first []byte
 }
 
 func (s *sealer) seal(kind byte, payload []byte) ([]byte, error) {
 	pt := append([]byte{kind}, payload...)
 	f := protocol.ExecSealed{ID: s.id, Op: protocol.ExecFrame, Seq: s.seq,
 		Box: s.aead.Seal(nil, nonce(s.dir, s.seq), pt, []byte(s.id))}
+	if s.seq == 0 {
+		f.Nonce = s.first
+	}
 	s.seq++
 	return protocol.Encode(&f)
 }
