@@ -46,7 +46,8 @@ KITTEN_TAG=$(tag_of Kitten)
 NAUTILUS_TAG=$(tag_of Nautilus)
 NGINX_TAG=$(tag_of Nginx)
 NGINX_NEW_TAG=$(tag_of NginxNew)
-for v in AGNHOST_TAG AGNHOST_PREV_TAG BUSYBOX_TAG PAUSE_TAG NONROOT_TAG KITTEN_TAG NAUTILUS_TAG NGINX_TAG NGINX_NEW_TAG; do
+NONEWPRIVS_TAG=$(tag_of Nonewprivs)
+for v in AGNHOST_TAG AGNHOST_PREV_TAG BUSYBOX_TAG PAUSE_TAG NONROOT_TAG KITTEN_TAG NAUTILUS_TAG NGINX_TAG NGINX_NEW_TAG NONEWPRIVS_TAG; do
 	[ -n "${!v}" ] || die "no $v in $MANIFEST"
 done
 
@@ -88,12 +89,25 @@ if [ ! -x "$AGN_DIR/agnhost" ] || [ "$(cat "$AGN_DIR/.recipe" 2>/dev/null)" != "
 	fi
 fi
 
+# --- nnp (test/images/nonewprivs: one file, the standard library only), static ----------------
+NNP=$OUT/nnp/nnp
+if [ ! -x "$NNP" ]; then
+	NWORK=$(mktemp -d "$OUT/nnp-build.XXXXXX")
+	cp "$KSRC/test/images/nonewprivs/nnp.go" "$NWORK/"
+	printf 'module mqlet.local/nnp\n\ngo 1.26\n' >"$NWORK/go.mod"
+	(cd "$NWORK" && CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o nnp .) || die "building nnp failed"
+	mkdir -p "$OUT/nnp"
+	mv "$NWORK/nnp" "$NNP"
+	rm -rf "$NWORK"
+fi
+
 # --- the images --------------------------------------------------------------------------------
 ARCHIVES=$OUT/images
 (cd "$REPO_ROOT" && go run ./tools/conformance/mkimages -busybox "$BUSYBOX" -agnhost "$AGN_DIR/agnhost" \
 	-porter-dir "$KSRC/test/images/agnhost/porter" -agnhost-tags "$AGNHOST_TAG,$AGNHOST_PREV_TAG" \
 	-busybox-tag "$BUSYBOX_TAG" -pause-tag "$PAUSE_TAG" -nonroot-tag "$NONROOT_TAG" -images-src "$KSRC/test/images" \
-	-kitten-tag "$KITTEN_TAG" -nautilus-tag "$NAUTILUS_TAG" -nginx-tags "$NGINX_TAG,$NGINX_NEW_TAG" -out "$ARCHIVES") >/dev/null ||
+	-kitten-tag "$KITTEN_TAG" -nautilus-tag "$NAUTILUS_TAG" -nginx-tags "$NGINX_TAG,$NGINX_NEW_TAG" \
+	-nnp "$NNP" -nonewprivs-tag "$NONEWPRIVS_TAG" -out "$ARCHIVES") >/dev/null ||
 	die "tools/conformance/mkimages failed"
 
 # The e2e images under <registry>/e2e-test-images (promoterE2eRegistry), pause under
@@ -116,6 +130,7 @@ push "kitten_$KITTEN_TAG.tar" "e2e-test-images/kitten:$KITTEN_TAG"
 push "nautilus_$NAUTILUS_TAG.tar" "e2e-test-images/nautilus:$NAUTILUS_TAG"
 push "nginx_$NGINX_TAG.tar" "e2e-test-images/nginx:$NGINX_TAG"
 push "nginx_$NGINX_NEW_TAG.tar" "e2e-test-images/nginx:$NGINX_NEW_TAG"
+push "nonewprivs_$NONEWPRIVS_TAG.tar" "e2e-test-images/nonewprivs:$NONEWPRIVS_TAG"
 
 # Registries the suite names but nothing here serves keep pointing at nothing reachable: a spec
 # using one fails on its image pull, which docs/conformance.md then says.

@@ -84,9 +84,12 @@ func main() {
 	kittenTag := flag.String("kitten-tag", "", "tag of the kitten image")
 	nautilusTag := flag.String("nautilus-tag", "", "tag of the nautilus image")
 	nginxTags := flag.String("nginx-tags", "", "comma-separated tags of the nginx image (busybox httpd on port 80)")
+	nnp := flag.String("nnp", "", "a statically linked nnp (k8s.io/kubernetes/test/images/nonewprivs), for the nonewprivs image")
+	nonewprivsTag := flag.String("nonewprivs-tag", "", "tag of the nonewprivs image (nnp, setuid root, prints its effective uid)")
 	out := flag.String("out", "", "directory for the archives")
 	flag.Parse()
-	web := webImages{src: *imagesSrc, kittenTag: *kittenTag, nautilusTag: *nautilusTag, nginxTags: *nginxTags}
+	web := webImages{src: *imagesSrc, kittenTag: *kittenTag, nautilusTag: *nautilusTag, nginxTags: *nginxTags,
+		nnp: *nnp, nonewprivsTag: *nonewprivsTag}
 	if err := run(*busybox, *agnhost, *porterDir, *agnhostTags, *busyboxTag, *pauseTag, *nonrootTag, web, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimages:", err)
 		os.Exit(1)
@@ -97,6 +100,9 @@ func main() {
 // upstream's html files) and nginx (busybox httpd).
 type webImages struct {
 	src, kittenTag, nautilusTag, nginxTags string
+	// nnp and nonewprivsTag make the nonewprivs image (not a web one, but built from upstream's
+	// sources the same way), when both are given.
+	nnp, nonewprivsTag string
 }
 
 func run(busyboxPath, agnhostPath, porterDir, agnhostTags, busyboxTag, pauseTag, nonrootTag string, web webImages, out string) error {
@@ -130,6 +136,19 @@ func run(busyboxPath, agnhostPath, porterDir, agnhostTags, busyboxTag, pauseTag,
 	images = append(images,
 		image{name: "busybox", tag: busyboxTag, config: config{Env: []string{defaultPath}, Cmd: []string{"sh"}}},
 		image{name: "nonroot", tag: nonrootTag, config: config{Env: []string{defaultPath}, Cmd: []string{"sh"}, User: "1234"}},
+	)
+	if web.nnp != "" && web.nonewprivsTag != "" {
+		// Upstream's: nnp setuid root in /usr/local/bin, run as its CMD; a container running it as
+		// uid 1000 sees uid 0 unless allowPrivilegeEscalation false (no_new_privs) stops the setuid.
+		nnpBin, err := readStatic(web.nnp)
+		if err != nil {
+			return err
+		}
+		images = append(images, image{name: "nonewprivs", tag: web.nonewprivsTag,
+			extra:  []entry{dir("usr/local", 0o755), dir("usr/local/bin", 0o755), file("usr/local/bin/nnp", 0o4755, nnpBin)},
+			config: config{Env: []string{defaultPath}, Cmd: []string{"nnp"}}})
+	}
+	images = append(images,
 		// The pause image runs agnhost's pause (sleeps until a signal, reaps children) as /pause.
 		image{name: "pause", tag: pauseTag, extra: []entry{file("pause", 0o755, agn)},
 			config: config{Env: []string{defaultPath}, Entrypoint: []string{"/pause", "pause"}}},
