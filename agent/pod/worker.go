@@ -908,6 +908,9 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*ctrd.Container, now tim
 	if len(init) == 0 {
 		st.InitContainerStatuses = nil
 	}
+	// The generation the worker runs: a spec update that changes nothing else (tolerations, an
+	// active deadline) is news too, as kubelet's status.observedGeneration.
+	st.ObservedGeneration = pod.Generation
 	if equalStatus(&prev, &st) {
 		return
 	}
@@ -923,6 +926,7 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*ctrd.Container, now tim
 // addresses and every sync would look like a change.
 func equalStatus(a, b *v1.PodStatus) bool {
 	return a.Phase == b.Phase && a.Reason == b.Reason && a.Message == b.Message && a.PodIP == b.PodIP && a.HostIP == b.HostIP &&
+		a.ObservedGeneration == b.ObservedGeneration &&
 		condStates(a.Conditions) == condStates(b.Conditions) &&
 		equality.Semantic.DeepEqual(a.ContainerStatuses, b.ContainerStatuses) &&
 		equality.Semantic.DeepEqual(a.InitContainerStatuses, b.InitContainerStatuses)

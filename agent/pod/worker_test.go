@@ -1047,3 +1047,21 @@ func TestWorkerReportsTheVersionEachStatusWasComputedFor(t *testing.T) {
 		t.Errorf("generations reported %v, want 1 first, 12 last, never going back", gens)
 	}
 }
+
+// A spec update that changes nothing the node runs (tolerations) still bumps the generation the
+// status reports, so the API's observedGeneration follows (conformance: pod generation; the status
+// was not published again and observedGeneration stayed 1).
+func TestWorkerReportsANewGeneration(t *testing.T) {
+	f := newFakeRuntime()
+	pod := testPod(v1.RestartPolicyAlways, "a")
+	pod.Generation = 1
+	h := startWorker(t, pod, nil, f)
+	h.waitFor("phase Running at generation 1", func(st *v1.PodStatus) bool {
+		return st.Phase == v1.PodRunning && st.ObservedGeneration == 1
+	})
+	next := pod.DeepCopy()
+	next.Generation = 2
+	next.Spec.Tolerations = []v1.Toleration{{Key: "k", Operator: v1.TolerationOpExists}}
+	h.w.Update(Desired{Pod: next})
+	h.waitFor("observedGeneration 2", func(st *v1.PodStatus) bool { return st.ObservedGeneration == 2 })
+}
