@@ -133,6 +133,20 @@ var groups = []struct {
 	{"images", regexp.MustCompile(`(?i)ErrImagePull|ImagePullBackOff|pull image|manifest unknown`)},
 }
 
+// Groups of the specs whose failure is understood (known).
+const (
+	notImplemented = "not implemented yet"
+	notApplicable  = "not applicable to this lane or to an edge node"
+)
+
+// known are the specs whose failure is understood, by a part of the spec's name: the reason says
+// why, and the suite's own message follows. Checked before the patterns.
+var known = []struct{ spec, group, why string }{
+	{"Ephemeral Containers", notImplemented, "ephemeral containers are refused by the node (kubectl debug): the specs' debugger sets stdin and tty, and mqlet keeps no container stdin or terminal to attach to yet"},
+	{"ImageVolume should succeed", notApplicable, "image volumes work (agent/ctrd TestImageVolume), but the spec checks that the kitten image's /etc/os-release says Alpine Linux; the lane's kitten is agnhost on busybox, since upstream's alpine base is not reachable from the registries this project uses"},
+	{"Pod InPlace Resize", notImplemented, "in-place resize is done for cpu and memory on a running container, but not the resize status the spec checks (PodResizePending/InProgress conditions, feasibility against the node), nor every case it changes"},
+}
+
 var spaces = regexp.MustCompile(`\s+`)
 
 func classify(name, status, msg string) (group, reason string) {
@@ -142,6 +156,11 @@ func classify(name, status, msg string) (group, reason string) {
 	}
 	if len(reason) > 300 {
 		reason = reason[:300] + " …"
+	}
+	for _, k := range known {
+		if strings.Contains(name, k.spec) {
+			return k.group, k.why + ". The suite says: " + reason
+		}
 	}
 	for _, g := range groups {
 		if g.re.MatchString(msg) {
@@ -180,8 +199,9 @@ func renderReport(r result, info reportInfo) string {
 		return b.String()
 	}
 	fmt.Fprintf(&b, "## Specs that did not pass\n\n")
-	fmt.Fprintf(&b, "Grouped by patterns in the failure message (tools/conformance/report_test.go); the reason is\n")
-	fmt.Fprintf(&b, "the suite's own failure message, shortened to one line.\n")
+	fmt.Fprintf(&b, "Specs whose failure is understood are under %q or %q, with why (the table\n", notImplemented, notApplicable)
+	fmt.Fprintf(&b, "`known` in tools/conformance/report_test.go); the others are grouped by patterns in the failure\n")
+	fmt.Fprintf(&b, "message. Each line ends with the suite's own failure message, shortened.\n")
 	last := ""
 	for _, f := range r.failures {
 		if f.group != last {
