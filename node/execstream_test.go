@@ -1,4 +1,7 @@
-package stream
+package node_test
+
+// The exec-over-MQTT server and client (sync/stream) against a real mosquitto and a real
+// containerd: here, not in sync/, whose code and tests link no agent/ (internal/layering).
 
 import (
 	"bytes"
@@ -28,6 +31,7 @@ import (
 	"github.com/mqlet/mqlet/internal/testenv"
 	"github.com/mqlet/mqlet/sync/protocol"
 	"github.com/mqlet/mqlet/sync/sealing"
+	"github.com/mqlet/mqlet/sync/stream"
 )
 
 const (
@@ -37,7 +41,7 @@ const (
 
 var tp = protocol.MustTopics(protocol.DefaultPrefix)
 
-// pahoTransport is Transport on a paho client, as the ctl's and the bridge's are.
+// pahoTransport is stream.Transport on a paho client, as the ctl's and the bridge's are.
 type pahoTransport struct{ c mqtt.Client }
 
 func (p pahoTransport) Publish(ctx context.Context, topic string, payload []byte) error {
@@ -63,9 +67,9 @@ func (p pahoTransport) Subscribe(ctx context.Context, topic string, h func([]byt
 	return func() { p.c.Unsubscribe(topic).WaitTimeout(testTimeout) }, nil
 }
 
-// tap wraps a Transport: it records what is published and may alter or drop it.
+// tap wraps a stream.Transport: it records what is published and may alter or drop it.
 type tap struct {
-	Transport
+	stream.Transport
 	mu     sync.Mutex
 	sent   [][]byte
 	alter  func(n int, payload []byte) []byte // n counts publishes from 0; nil return drops
@@ -98,7 +102,7 @@ func dial(t *testing.T, b *mqtttest.Broker, id string) mqtt.Client {
 	return cl
 }
 
-// execer is the node's Execer on the real runtime: pod default/web is the test's container.
+// execer is the node's stream.Execer on the real runtime: pod default/web is the test's container.
 type execer struct {
 	rt       *ctrd.Runtime
 	id       string
@@ -135,10 +139,10 @@ type rig struct {
 	env    testenv.Env
 	ns     string
 	ex     *execer
-	srv    *Server
+	srv    *stream.Server
 	key    *sealing.Key
 	anchor ed25519.PrivateKey
-	client Transport
+	client stream.Transport
 	b      *mqtttest.Broker
 	pub    *countingPub
 }
@@ -146,7 +150,7 @@ type rig struct {
 // countingPub counts the data bytes in the node's sealed frames: a frame's box is its kind byte,
 // its data and the AEAD's 16-byte tag; control frames carry at most 4 bytes.
 type countingPub struct {
-	Publisher
+	stream.Publisher
 	data atomic.Int64
 	mute atomic.Bool // the node's frames are lost on the way (taken, never delivered)
 }
@@ -161,7 +165,7 @@ func (c *countingPub) Publish(ctx context.Context, topic string, payload []byte)
 	return c.Publisher.Publish(ctx, topic, payload)
 }
 
-func newRig(t *testing.T, o ServerOptions) *rig {
+func newRig(t *testing.T, o stream.ServerOptions) *rig {
 	t.Helper()
 	env := testenv.Require(t)
 	ns := testenv.Namespace(t, env.ContainerdAddress)
@@ -199,7 +203,7 @@ func newRig(t *testing.T, o ServerOptions) *rig {
 	if os.Getenv("STREAM_DEBUG") != "" {
 		o.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	r.srv = NewServer(o)
+	r.srv = stream.NewServer(o)
 	if tok := nodeConn.Subscribe(tp.ExecRequest(node), 1, func(_ mqtt.Client, m mqtt.Message) { r.srv.Handle(m.Payload()) }); !tok.WaitTimeout(testTimeout) || tok.Error() != nil {
 		t.Fatal(tok.Error())
 	}
@@ -278,11 +282,11 @@ func (r *rig) waitProcesses(t *testing.T, n int, why string) {
 	}
 }
 
-func (r *rig) exec(ctx context.Context, t Transport, signer ed25519.PrivateKey, req protocol.ExecRequest, stdin io.Reader, stdout, stderr io.Writer, resize <-chan protocol.TermSize) (int, error) {
+func (r *rig) exec(ctx context.Context, t stream.Transport, signer ed25519.PrivateKey, req protocol.ExecRequest, stdin io.Reader, stdout, stderr io.Writer, resize <-chan protocol.TermSize) (int, error) {
 	if req.Pod == "" {
 		req.Pod = "web"
 	}
-	return Exec(ctx, t, tp, signer, node, r.key.PublicKey(), req, stdin, stdout, stderr, resize)
+	return stream.Exec(ctx, t, tp, signer, node, r.key.PublicKey(), req, stdin, stdout, stderr, resize)
 }
 
 type lockedBuf struct {
@@ -303,7 +307,7 @@ func (l *lockedBuf) String() string {
 }
 
 func TestExecOverMQTT(t *testing.T) {
-	r := newRig(t, ServerOptions{})
+	r := newRig(t, stream.ServerOptions{})
 	ctx := context.Background()
 
 	t.Run("stdin, stdout, stderr, exit code", func(t *testing.T) {
@@ -424,7 +428,7 @@ func TestExecOverMQTT(t *testing.T) {
 }
 
 func TestExecClientVanishes(t *testing.T) {
-	r := newRig(t, ServerOptions{Lease: 2 * time.Second})
+	r := newRig(t, stream.ServerOptions{Lease: 2 * time.Second})
 	var out lockedBuf
 	tp1 := &tap{Transport: r.client}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -453,50 +457,10 @@ func TestExecClientVanishes(t *testing.T) {
 	r.waitProcesses(t, 1, "after the client vanished (lease 2s)")
 }
 
-// A node that goes silent (its frames lost: an agent killed and restarted, a broker that lost
-// them) is given up by the client once it has heard nothing, not even answers to its leases, for
-// the silent limit: the caller gets an error instead of waiting for ever. While the node answers
-// the leases, a command that writes nothing keeps its session.
-func TestExecNodeGoesSilent(t *testing.T) {
-	r := newRig(t, ServerOptions{Lease: 2 * time.Second})
-	var out lockedBuf
-	errc := make(chan error, 1)
-	tm := timing{lease: 200 * time.Millisecond, silent: time.Second}
-	go func() {
-		_, err := execTimed(context.Background(), tm, r.client, tp, r.anchor, node, r.key.PublicKey(),
-			protocol.ExecRequest{Pod: "web", Command: []string{"sh", "-c", "echo started; exec sleep 3600"}}, nil, &out, nil, nil)
-		errc <- err
-	}()
-	deadline := time.Now().Add(testTimeout)
-	for !strings.Contains(out.String(), "started") {
-		if time.Now().After(deadline) {
-			t.Fatal("the command never started")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	// Quiet but answering: five silent limits pass and the session holds.
-	select {
-	case err := <-errc:
-		t.Fatalf("the session of a quiet command that answers its leases ended: %v", err)
-	case <-time.After(5 * tm.silent):
-	}
-	r.pub.mute.Store(true)
-	select {
-	case err := <-errc:
-		if err == nil || !strings.Contains(err.Error(), "sent nothing") {
-			t.Errorf("a silent node's session ended with %v, want the silence named", err)
-		}
-	case <-time.After(testTimeout):
-		t.Fatal("the client still waits on a node that went silent")
-	}
-	// The node kills the command when the lease (2 s) the client no longer renews runs out.
-	r.waitProcesses(t, 1, "after the client gave the silent session up")
-}
-
 // A client that stops taking output holds the node to its window: the node's writers block, so
 // the node holds at most the window, and all of it arrives once the client reads again.
 func TestExecFlowControl(t *testing.T) {
-	r := newRig(t, ServerOptions{})
+	r := newRig(t, stream.ServerOptions{})
 	const window = 64 << 10
 	const total = 1 << 20
 	release := make(chan struct{})
@@ -550,12 +514,12 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
-// An exec to a node that is not there fails after AnswerTimeout with a message saying so.
+// An exec to a node that is not there fails after stream.AnswerTimeout with a message saying so.
 func TestExecNodeOffline(t *testing.T) {
 	b := mqtttest.Start(t, mqtttest.Options{})
 	c := pahoTransport{dial(t, b, "client")}
 	k, _ := sealing.Generate()
-	_, err := Exec(context.Background(), c, tp, nil, "gone", k.PublicKey(), protocol.ExecRequest{Pod: "web", Command: []string{"true"}}, nil, nil, nil, nil)
+	_, err := stream.Exec(context.Background(), c, tp, nil, "gone", k.PublicKey(), protocol.ExecRequest{Pod: "web", Command: []string{"true"}}, nil, nil, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "node gone did not answer") {
 		t.Errorf("err %v, want 'node gone did not answer'", err)
 	}
@@ -564,7 +528,7 @@ func TestExecNodeOffline(t *testing.T) {
 // A node serves at most MaxSessions at once; one more is refused with the reason, and the running
 // one is undisturbed.
 func TestExecMaxSessions(t *testing.T) {
-	r := newRig(t, ServerOptions{MaxSessions: 1})
+	r := newRig(t, stream.ServerOptions{MaxSessions: 1})
 	var out lockedBuf
 	inR, inW := io.Pipe()
 	errc := make(chan error, 1)
@@ -594,7 +558,7 @@ func TestExecMaxSessions(t *testing.T) {
 	}
 }
 
-// DialPod makes the test's execer a PodDialer: "the pod's port" is a local echo server.
+// DialPod makes the test's execer a stream.PodDialer: "the pod's port" is a local echo server.
 func (e *execer) DialPod(ctx context.Context, ns, name string, port int) (net.Conn, error) {
 	if name != "web" || e.echo == "" {
 		return nil, errors.New("pod " + ns + "/" + name + " not found")
@@ -606,7 +570,7 @@ func (e *execer) DialPod(ctx context.Context, ns, name string, port int) (net.Co
 // A port-forward session carries a TCP connection's bytes both ways; the client's EOF half-closes
 // it, and the pod's close ends the session with 0.
 func TestPortForwardSession(t *testing.T) {
-	r := newRig(t, ServerOptions{})
+	r := newRig(t, stream.ServerOptions{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -643,7 +607,7 @@ func TestPortForwardSession(t *testing.T) {
 
 // A session with no data either way for Idle ends, and its command with it; the client is told why.
 func TestExecIdleTimeout(t *testing.T) {
-	r := newRig(t, ServerOptions{Idle: time.Second})
+	r := newRig(t, stream.ServerOptions{Idle: time.Second})
 	_, err := r.exec(context.Background(), r.client, r.anchor, protocol.ExecRequest{Command: []string{"sleep", "3600"}}, nil, nil, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "no data either way for 1s") {
 		t.Errorf("err %v, want the idle timeout", err)

@@ -1,0 +1,87 @@
+package stream
+
+// The package's own tests use in-memory parts (a bus for the broker, fake pods); the tests against a
+// real mosquitto and containerd are in node/execstream_test.go (sync/ links no agent/).
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mqlet/mqlet/core/execio"
+	"github.com/mqlet/mqlet/sync/protocol"
+)
+
+const (
+	node        = "n1"
+	testTimeout = 20 * time.Second
+)
+
+var tp = protocol.MustTopics(protocol.DefaultPrefix)
+
+type lockedBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// bus is an in-memory broker: a publish reaches the handlers subscribed to its exact topic, in
+// order, unless muted for that topic's prefix.
+type bus struct {
+	mu    sync.Mutex
+	subs  map[string][]func([]byte)
+	muted atomic.Value // string prefix: publishes to topics under it are lost
+}
+
+func newBus() *bus { return &bus{subs: map[string][]func([]byte){}} }
+
+func (b *bus) Publish(ctx context.Context, topic string, payload []byte) error {
+	if m, _ := b.muted.Load().(string); m != "" && strings.HasPrefix(topic, m) {
+		return nil // taken, never delivered
+	}
+	b.mu.Lock()
+	hs := slices.Clone(b.subs[topic])
+	b.mu.Unlock()
+	for _, h := range hs {
+		h(append([]byte(nil), payload...))
+	}
+	return nil
+}
+
+func (b *bus) Subscribe(ctx context.Context, topic string, h func([]byte)) (func(), error) {
+	b.mu.Lock()
+	b.subs[topic] = append(b.subs[topic], h)
+	n := len(b.subs[topic]) - 1
+	b.mu.Unlock()
+	return func() {
+		b.mu.Lock()
+		b.subs[topic][n] = func([]byte) {}
+		b.mu.Unlock()
+	}, nil
+}
+
+// quietPod runs every command as one that says "started" and then waits, writing nothing, until
+// its session ends.
+type quietPod struct{}
+
+func (quietPod) ExecTarget(ns, name, c string) (string, error) { return "x", nil }
+func (quietPod) ExecStream(ctx context.Context, id string, cmd []string, s execio.Streams) (int, error) {
+	s.Stdout.Write([]byte("started\n"))
+	<-ctx.Done()
+	return -1, ctx.Err()
+}

@@ -1,0 +1,86 @@
+package stream
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mqlet/mqlet/sync/protocol"
+	"github.com/mqlet/mqlet/sync/sealing"
+)
+
+// A node that goes silent (its frames lost: an agent killed and restarted, a broker that lost
+// them) is given up by the client once it has heard nothing, not even answers to its leases, for
+// the silent limit: the caller gets an error instead of waiting for ever. While the node answers
+// the leases, a command that writes nothing keeps its session; given up, the session's slot on the
+// node is freed when its lease runs out.
+func TestExecNodeGoesSilent(t *testing.T) {
+	nk := make([]byte, 32)
+	rand.Read(nk)
+	key, _ := sealing.FromNodeKey(nk)
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	b := newBus()
+	srv := NewServer(ServerOptions{Node: node, Topics: tp, Exec: quietPod{}, Pub: b, Key: key,
+		Trusted: []ed25519.PublicKey{pub}, Lease: 2 * time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for {
+		srv.mu.Lock()
+		up := srv.ctx != nil
+		srv.mu.Unlock()
+		if up {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	b.Subscribe(ctx, tp.ExecRequest(node), srv.Handle)
+
+	var out lockedBuf
+	errc := make(chan error, 1)
+	tm := timing{lease: 200 * time.Millisecond, silent: time.Second}
+	go func() {
+		_, err := execTimed(context.Background(), tm, b, tp, priv, node, key.PublicKey(),
+			protocol.ExecRequest{Pod: "web", Command: []string{"sleep"}}, nil, &out, nil, nil)
+		errc <- err
+	}()
+	deadline := time.Now().Add(testTimeout)
+	for !strings.Contains(out.String(), "started") {
+		if time.Now().After(deadline) {
+			t.Fatal("the command never started")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Quiet but answering: five silent limits pass and the session holds.
+	select {
+	case err := <-errc:
+		t.Fatalf("the session of a quiet command that answers its leases ended: %v", err)
+	case <-time.After(5 * tm.silent):
+	}
+	b.muted.Store(tp.ExecReply(node, "")) // the node's frames are lost from now on
+	select {
+	case err := <-errc:
+		if err == nil || !strings.Contains(err.Error(), "sent nothing") {
+			t.Errorf("a silent node's session ended with %v, want the silence named", err)
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("the client still waits on a node that went silent")
+	}
+	// The node frees the session (its command ends) when the lease runs out or the cancel arrives.
+	for deadline := time.Now().Add(testTimeout); ; {
+		srv.mu.Lock()
+		n := len(srv.sessions)
+		srv.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the silent session still holds its slot on the node")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
