@@ -9,6 +9,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"github.com/mqlet/mqlet/internal/testbuf"
 	"io"
 	"log/slog"
 	"net"
@@ -289,29 +290,12 @@ func (r *rig) exec(ctx context.Context, t stream.Transport, signer ed25519.Priva
 	return stream.Exec(ctx, t, tp, signer, node, r.key.PublicKey(), req, stdin, stdout, stderr, resize)
 }
 
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestExecOverMQTT(t *testing.T) {
 	r := newRig(t, stream.ServerOptions{})
 	ctx := context.Background()
 
 	t.Run("stdin, stdout, stderr, exit code", func(t *testing.T) {
-		var out, errOut lockedBuf
+		var out, errOut testbuf.Buffer
 		// More than the node's stdin window and many frames: credit must flow back.
 		in := strings.Repeat("0123456789abcdef", 40000)
 		code, err := r.exec(ctx, r.client, r.anchor, protocol.ExecRequest{Command: []string{"sh", "-c", "cat; echo on-stderr >&2; exit 3"}},
@@ -325,7 +309,7 @@ func TestExecOverMQTT(t *testing.T) {
 	})
 
 	t.Run("tty size and resize", func(t *testing.T) {
-		var out lockedBuf
+		var out testbuf.Buffer
 		resize := make(chan protocol.TermSize, 1)
 		type result struct {
 			code int
@@ -429,7 +413,7 @@ func TestExecOverMQTT(t *testing.T) {
 
 func TestExecClientVanishes(t *testing.T) {
 	r := newRig(t, stream.ServerOptions{Lease: 2 * time.Second})
-	var out lockedBuf
+	var out testbuf.Buffer
 	tp1 := &tap{Transport: r.client}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -529,7 +513,7 @@ func TestExecNodeOffline(t *testing.T) {
 // one is undisturbed.
 func TestExecMaxSessions(t *testing.T) {
 	r := newRig(t, stream.ServerOptions{MaxSessions: 1})
-	var out lockedBuf
+	var out testbuf.Buffer
 	inR, inW := io.Pipe()
 	errc := make(chan error, 1)
 	codec := make(chan int, 1)
@@ -591,7 +575,7 @@ func TestPortForwardSession(t *testing.T) {
 	}()
 	r.ex.echo = ln.Addr().String()
 	in := strings.Repeat("through the broker ", 10000)
-	var out lockedBuf
+	var out testbuf.Buffer
 	code, err := r.exec(context.Background(), r.client, r.anchor, protocol.ExecRequest{Port: 8080}, strings.NewReader(in), &out, nil, nil)
 	if err != nil || code != 0 {
 		t.Fatalf("exit %d, err %v", code, err)

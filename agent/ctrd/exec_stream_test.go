@@ -1,39 +1,20 @@
 package ctrd_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
+	"github.com/mqlet/mqlet/internal/testbuf"
 	"io"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/ctrd"
 )
 
-// syncBuffer is a bytes.Buffer for output copied in from containerd's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // waitFor waits (bounded) until buf holds want.
-func waitFor(t *testing.T, buf *syncBuffer, want string) {
+func waitFor(t *testing.T, buf *testbuf.Buffer, want string) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for !strings.Contains(buf.String(), want) {
@@ -53,7 +34,7 @@ func TestExecStream(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("stdin, stdout, stderr and exit code", func(t *testing.T) {
-		var out, errOut syncBuffer
+		var out, errOut testbuf.Buffer
 		// cat ends only if the stdin EOF reaches the command: without CloseIO it would hang.
 		code, err := rt.ExecStream(ctx, id, []string{"sh", "-c", "cat; cat /tmp/marker; echo to-stderr >&2; exit 3"},
 			ctrd.ExecStreams{Stdin: strings.NewReader("from-stdin\n"), Stdout: &out, Stderr: &errOut})
@@ -76,7 +57,7 @@ func TestExecStream(t *testing.T) {
 		// still in the exec's pipes when it exits (~50 KiB here, every time) unless it is
 		// taken off them at once, which the spool does.
 		in := strings.Repeat("0123456789abcdef", 40000)
-		var out syncBuffer
+		var out testbuf.Buffer
 		slow := writerFunc(func(p []byte) (int, error) { time.Sleep(5 * time.Millisecond); return out.Write(p) })
 		code, err := rt.ExecStream(ctx, id, []string{"sh", "-c", "cat; exit 3"}, ctrd.ExecStreams{Stdin: strings.NewReader(in), Stdout: slow})
 		if err != nil || code != 3 {
@@ -88,7 +69,7 @@ func TestExecStream(t *testing.T) {
 	})
 
 	t.Run("tty with size and resize", func(t *testing.T) {
-		var out syncBuffer
+		var out testbuf.Buffer
 		resize := make(chan ctrd.TermSize, 1)
 		type result struct {
 			code int
@@ -117,7 +98,7 @@ func TestExecStream(t *testing.T) {
 
 	t.Run("context end kills the command", func(t *testing.T) {
 		cctx, cancel := context.WithCancel(ctx)
-		var out syncBuffer
+		var out testbuf.Buffer
 		inR, inW := io.Pipe() // a stdin that never ends: its Read must not hold ExecStream
 		defer inW.Close()
 		errc := make(chan error, 1)

@@ -5,34 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/mqlet/mqlet/internal/testbuf"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/mqlet/mqlet/internal/loopback"
 )
-
-// syncBuffer is a bytes.Buffer a process writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // kubectl runs the cluster's kubectl (of its own version) as the admin in testNS with stdin, and
 // returns its stdout, stderr and exit code (-1 when it did not exit on its own).
@@ -100,7 +82,7 @@ func TestKubectlExec(t *testing.T) {
 	}
 	pf := exec.Command(w.cluster.Kubectl(), "--kubeconfig", w.cluster.Kubeconfig(), "-n", testNS,
 		"port-forward", "--address", "127.0.0.1", "pod/"+web.Name, fmt.Sprintf("%d:8080", ports[0]))
-	var pfOut, pfErr syncBuffer
+	var pfOut, pfErr testbuf.Buffer
 	pf.Stdout, pf.Stderr = &pfOut, &pfErr
 	if err := pf.Start(); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"github.com/mqlet/mqlet/internal/testbuf"
 	"os"
 	"os/exec"
 	"strings"
@@ -37,7 +38,7 @@ func TestKubectlExecCut(t *testing.T) {
 		t.Helper()
 		cmd := exec.Command(w.cluster.Kubectl(), "--kubeconfig", w.cluster.Kubeconfig(), "-n", testNS,
 			"exec", p.Name, "--", "sh", "-c", fmt.Sprintf("echo started; exec sleep %d", secs))
-		var out, errb syncBuffer
+		var out, errb testbuf.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

@@ -3,6 +3,7 @@ package ctlclient
 import (
 	"bytes"
 	"context"
+	"github.com/mqlet/mqlet/internal/testbuf"
 	"strings"
 	"testing"
 	"time"
@@ -122,7 +123,7 @@ func TestLogsFollowCancelsWhenDone(t *testing.T) {
 	})
 	c := dial(t, b)
 	ctx, cancel := context.WithCancel(testCtx(t))
-	var out syncBuffer
+	var out testbuf.Buffer
 	done := make(chan error, 1)
 	go func() { done <- c.Logs(ctx, "n1", protocol.LogsRequest{Pod: "web", Follow: true}, &out) }()
 	open := f.next(t)

@@ -4,7 +4,6 @@ package stream
 // real mosquitto and containerd are in node/execstream_test.go (sync/ links no agent/).
 
 import (
-	"bytes"
 	"context"
 	"slices"
 	"strings"
@@ -22,23 +21,6 @@ const (
 )
 
 var tp = protocol.MustTopics(protocol.DefaultPrefix)
-
-type lockedBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // bus is an in-memory broker: a publish reaches the handlers subscribed to its exact topic, in
 // order, unless muted for that topic's prefix.

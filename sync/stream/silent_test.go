@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"github.com/mqlet/mqlet/internal/testbuf"
 	"strings"
 	"testing"
 	"time"
@@ -40,7 +41,7 @@ func TestExecNodeGoesSilent(t *testing.T) {
 	}
 	b.Subscribe(ctx, tp.ExecRequest(node), srv.Handle)
 
-	var out lockedBuf
+	var out testbuf.Buffer
 	errc := make(chan error, 1)
 	tm := timing{lease: 200 * time.Millisecond, silent: time.Second}
 	go func() {
