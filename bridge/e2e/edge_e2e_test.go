@@ -19,6 +19,7 @@ import (
 	"github.com/mqlet/mqlet/internal/testenv"
 	"github.com/mqlet/mqlet/sync/protocol"
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -114,11 +115,15 @@ func (s *edgeSuite) nodeRegistersAndTurnsReady(t *testing.T) {
 	}
 
 	// The node Lease is the heartbeat Kubernetes watches: held in the node's name and renewed.
+	// The Lease and the Ready status are two writes of the bridge: the Lease may follow a moment
+	// after the status (seen under load in CI).
 	leases := w.kube.CoordinationV1().Leases("kube-node-lease")
-	l, err := leases.Get(ctx, edgeNode, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("node Lease: %v", err)
-	}
+	var l *coordinationv1.Lease
+	within(t, readyBound, "the node Lease in kube-node-lease", func() (bool, string) {
+		var err error
+		l, err = leases.Get(ctx, edgeNode, metav1.GetOptions{})
+		return err == nil, errString(err)
+	})
 	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != edgeNode || l.Spec.RenewTime == nil {
 		t.Fatalf("node Lease %+v: want holder %s and a renew time", l.Spec, edgeNode)
 	}
