@@ -163,10 +163,7 @@ func TestConformance(t *testing.T) {
 		"--image-fs-dir", dir,
 		"--cni-conf-dir", net.ConfDir, "--cni-bin-dir", net.BinDir,
 		"--mqtt-broker", broker.TLS, "--mqtt-ca-file", broker.CAFile,
-		"--mqtt-cert-file", cert, "--mqtt-key-file", key,
-		// KubeletManagedEtcHosts mounts the host's /etc/hosts (hostPath): a node refuses hostPath
-		// from MQTT unless its operator allows the path.
-		"--mqtt-allowed-host-path", "/etc/hosts")
+		"--mqtt-cert-file", cert, "--mqtt-key-file", key)
 	procs = append(procs, agent)
 	agentAPI := api.NewClient(sock)
 	waitFor(t, 60*time.Second, "the agent's local API answers", func() (bool, string) {
