@@ -124,6 +124,22 @@ func openHostPath(pod *v1.Pod, v v1.Volume) (*os.File, error) {
 	if !pathBelow(clean, scope.root) {
 		return nil, fail("hostPath %s (type %q) is not beneath %s", path, typ, scope.what)
 	}
+	if !scope.trusted && clean == scope.root && clean != "/" {
+		// The path is the allowed host path itself, which may be a file the operator allows
+		// (/etc/hosts): opened as named, its last element not followed if it is a link (the
+		// operator's own path, above anything a pod may write).
+		if fd, err := unix.Open(clean, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0); err == nil {
+			f := os.NewFile(uintptr(fd), clean)
+			if fi, err := f.Stat(); err == nil && !fi.IsDir() {
+				if fi.Mode()&fs.ModeSymlink != 0 {
+					f.Close()
+					return nil, fail("hostPath %s (type %q): the allowed host path is a symlink; allow what it leads to", path, typ)
+				}
+				return checkHostPathKind(f, fi, kind, what, path, typ, fail)
+			}
+			f.Close() // a directory: opened beneath itself, as below
+		}
+	}
 	create := beneath.CreateNothing
 	switch typ {
 	case v1.HostPathUnset, v1.HostPathDirectoryOrCreate:
@@ -184,6 +200,15 @@ func openHostPath(pod *v1.Pod, v v1.Volume) (*os.File, error) {
 	if err != nil {
 		f.Close()
 		return nil, fail("hostPath %s (type %q): %v", path, typ, err)
+	}
+	return checkHostPathKind(f, fi, kind, what, path, typ, fail)
+}
+
+// checkHostPathKind returns f if it is the kind of file the hostPath type asks for ("" any), and
+// closes it with the type check's error otherwise.
+func checkHostPathKind(f *os.File, fi fs.FileInfo, kind, what, path string, typ v1.HostPathType, fail func(string, ...any) error) (*os.File, error) {
+	if kind == "" {
+		return f, nil
 	}
 	if got := fileKind(fi.Mode()); got != kind {
 		f.Close()

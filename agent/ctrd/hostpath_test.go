@@ -293,3 +293,38 @@ func TestHostPathMountedFromTheOpenFile(t *testing.T) {
 		os.Rename(filepath.Join(allowed, "sub.old"), filepath.Join(allowed, "sub"))
 	}
 }
+
+// An allowed host path may be a file (an operator allowing /etc/hosts): the pod's hostPath of
+// exactly that file opens it, with its type checked; nothing beneath a file exists, and an allowed
+// path that is a symlink is refused rather than followed.
+func TestHostPathAllowedFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "hosts")
+	if err := os.WriteFile(file, []byte("127.0.0.1 localhost\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "hosts-link")
+	if err := os.Symlink(file, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, typ := range []v1.HostPathType{v1.HostPathUnset, v1.HostPathFile, v1.HostPathFileOrCreate} {
+		f, err := openHostPath(mqttPod(file), hostPathVol(file, typ))
+		if err != nil {
+			t.Errorf("the allowed file itself (%q): %v", typ, err)
+			continue
+		}
+		if b, err := os.ReadFile("/proc/self/fd/" + strconv.Itoa(int(f.Fd()))); err != nil || string(b) != "127.0.0.1 localhost\n" {
+			t.Errorf("opened %q, %v", b, err)
+		}
+		f.Close()
+	}
+	if _, err := openHostPath(mqttPod(file), hostPathVol(file, v1.HostPathDirectory)); err == nil || !strings.Contains(err.Error(), "is not a directory") {
+		t.Errorf("the allowed file as a Directory: %v, want the type check's error", err)
+	}
+	if _, err := openHostPath(mqttPod(file), hostPathVol(filepath.Join(file, "x"), v1.HostPathFileOrCreate)); err == nil {
+		t.Error("a path beneath an allowed file opened")
+	}
+	if _, err := openHostPath(mqttPod(link), hostPathVol(link, v1.HostPathFile)); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Errorf("an allowed path that is a symlink: %v, want it refused", err)
+	}
+}

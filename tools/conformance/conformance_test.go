@@ -163,7 +163,10 @@ func TestConformance(t *testing.T) {
 		"--image-fs-dir", dir,
 		"--cni-conf-dir", net.ConfDir, "--cni-bin-dir", net.BinDir,
 		"--mqtt-broker", broker.TLS, "--mqtt-ca-file", broker.CAFile,
-		"--mqtt-cert-file", cert, "--mqtt-key-file", key)
+		"--mqtt-cert-file", cert, "--mqtt-key-file", key,
+		// KubeletManagedEtcHosts mounts the host's /etc/hosts (hostPath): a node takes hostPath
+		// from MQTT only where its operator allows it.
+		"--mqtt-allowed-host-path", "/etc/hosts")
 	procs = append(procs, agent)
 	agentAPI := api.NewClient(sock)
 	waitFor(t, 60*time.Second, "the agent's local API answers", func() (bool, string) {
