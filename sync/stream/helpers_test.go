@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/mqlet/mqlet/core/execio"
@@ -66,4 +67,26 @@ func (quietPod) ExecStream(ctx context.Context, id string, cmd []string, s execi
 	s.Stdout.Write([]byte("started\n"))
 	<-ctx.Done()
 	return -1, ctx.Err()
+}
+
+// runServer runs srv until the test ends and returns once it serves (a Handle before that is
+// dropped, as the server is not running yet).
+func runServer(t *testing.T, srv *Server) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for deadline := time.Now().Add(testTimeout); ; {
+		srv.mu.Lock()
+		up := srv.ctx != nil
+		srv.mu.Unlock()
+		if up {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the exec server did not start")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -81,19 +81,7 @@ func TestReplayedOpenAfterRestart(t *testing.T) {
 		t.Helper()
 		cp := &capPub{}
 		srv := NewServer(ServerOptions{Node: node, Topics: tp, Exec: chattyPod{}, Pub: cp, Key: key, Trusted: trusted})
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- srv.Run(ctx) }()
-		defer func() { cancel(); <-done }()
-		for {
-			srv.mu.Lock()
-			up := srv.ctx != nil
-			srv.mu.Unlock()
-			if up {
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		runServer(t, srv)
 		srv.Handle(open()) // made once the server runs: issued after it started
 		return cp.first(t)
 	}

@@ -26,20 +26,8 @@ func TestExecNodeGoesSilent(t *testing.T) {
 	b := newBus()
 	srv := NewServer(ServerOptions{Node: node, Topics: tp, Exec: quietPod{}, Pub: b, Key: key,
 		Trusted: []ed25519.PublicKey{pub}, Lease: 2 * time.Second})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	for {
-		srv.mu.Lock()
-		up := srv.ctx != nil
-		srv.mu.Unlock()
-		if up {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	b.Subscribe(ctx, tp.ExecRequest(node), srv.Handle)
+	runServer(t, srv)
+	b.Subscribe(context.Background(), tp.ExecRequest(node), srv.Handle)
 
 	var out testbuf.Buffer
 	errc := make(chan error, 1)

@@ -51,10 +51,7 @@ func TestStalledVanishedClientFreesItsSlot(t *testing.T) {
 	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
 	srv := NewServer(ServerOptions{Node: node, Topics: tp, Exec: chattyPod{}, Pub: nopPub{}, Key: key,
 		Trusted: []ed25519.PublicKey{pub}, Lease: 300 * time.Millisecond})
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go srv.Run(ctx)
-	time.Sleep(50 * time.Millisecond)
+	runServer(t, srv) // a Handle before Run serves is dropped: a fixed sleep raced it under load
 	eph, _ := ecdh.X25519().GenerateKey(rand.Reader)
 	req := protocol.ExecRequest{APIVersion: protocol.APIVersion, ID: "exec-1", Op: protocol.ExecOpen, Namespace: "default", Pod: "web",
 		Port: 80, ClientKey: base64.StdEncoding.EncodeToString(eph.PublicKey().Bytes()), NodeKeyID: sealing.KeyID(key.PublicKey()), Window: 64 << 10,
