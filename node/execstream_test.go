@@ -22,9 +22,7 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"github.com/containerd/containerd/v2/pkg/oci"
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/core/execio"
@@ -185,7 +183,7 @@ func newRig(t *testing.T, o stream.ServerOptions) *rig {
 	}
 	rc.Close()
 	const id = "exec-over-mqtt"
-	runBusybox(t, env, ns, id, filepath.Join(t.TempDir(), "log"), "exec sleep 3600")
+	env.RunBusybox(t, ns, id, filepath.Join(t.TempDir(), "log"), "exec sleep 3600")
 
 	nodeKey := make([]byte, 32)
 	rand.Read(nodeKey)
@@ -219,32 +217,6 @@ func newRig(t *testing.T, o stream.ServerOptions) *rig {
 	})
 	r.client = pahoTransport{dial(t, r.b, "client")}
 	return r
-}
-
-func runBusybox(t *testing.T, env testenv.Env, ns, id, logPath, script string) {
-	t.Helper()
-	c, err := containerd.New(env.ContainerdAddress)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx := namespaces.WithNamespace(context.Background(), ns)
-	img, err := c.GetImage(ctx, testenv.BusyboxRef)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctr, err := c.NewContainer(ctx, id, containerd.WithNewSnapshot(id, img),
-		containerd.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("sh", "-c", script)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := ctr.NewTask(ctx, cio.LogFile(logPath))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := task.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // processes counts the container's processes, from containerd.

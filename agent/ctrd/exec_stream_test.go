@@ -29,7 +29,7 @@ func TestExecStream(t *testing.T) {
 	rt, env, ns := newRuntime(t)
 	logPath := filepath.Join(t.TempDir(), "log")
 	const id = "exec-stream-target"
-	runBusybox(t, env, ns, id, logPath, "echo inside > /tmp/marker; echo ready; exec sleep 3600")
+	env.RunBusybox(t, ns, id, logPath, "echo inside > /tmp/marker; echo ready; exec sleep 3600")
 	waitLog(t, logPath, "ready")
 	ctx := context.Background()
 

@@ -25,7 +25,7 @@ func TestStrayExecsOfAKilledAgentAreKilled(t *testing.T) {
 	_, env, ns := newRuntime(t)
 	logPath := filepath.Join(t.TempDir(), "log")
 	const id = "exec-sweep"
-	runBusybox(t, env, ns, id, logPath, "echo ready; while true; do sleep 0.1; done")
+	env.RunBusybox(t, ns, id, logPath, "echo ready; while true; do sleep 0.1; done")
 	waitLog(t, logPath, "ready")
 
 	dead := exec.Command("true")

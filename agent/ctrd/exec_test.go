@@ -58,7 +58,7 @@ func TestExecRunsInTheContainer(t *testing.T) {
 	rt, env, ns := newRuntime(t)
 	logPath := filepath.Join(t.TempDir(), "log")
 	const id = "exec-target"
-	runBusybox(t, env, ns, id, logPath, "echo inside > /tmp/marker; echo ready; exec sleep 3600")
+	env.RunBusybox(t, ns, id, logPath, "echo inside > /tmp/marker; echo ready; exec sleep 3600")
 	waitLog(t, logPath, "ready")
 	ctx := context.Background()
 
@@ -133,7 +133,7 @@ func TestKillContainerKeepsTheExit(t *testing.T) {
 	rt, env, ns := newRuntime(t)
 	logPath := filepath.Join(t.TempDir(), "log")
 	const id = "kill-keeps-exit"
-	runBusybox(t, env, ns, id, logPath, "trap 'echo got-term; exit 7' TERM; echo ready; while true; do sleep 0.1; done")
+	env.RunBusybox(t, ns, id, logPath, "trap 'echo got-term; exit 7' TERM; echo ready; while true; do sleep 0.1; done")
 	waitLog(t, logPath, "ready")
 	ctx := context.Background()
 	if err := rt.KillContainer(ctx, id, 10*time.Second); err != nil {

@@ -10,9 +10,6 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/cio"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
-	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/internal/testenv"
 )
@@ -41,34 +38,6 @@ func newRuntime(t *testing.T) (*ctrd.Runtime, testenv.Env, string) {
 	return rt, env, ns
 }
 
-// runBusybox starts sh -c script in a container of the busybox test image, with its output in
-// logPath. It goes through the client, not StartContainer, so that only StopContainer is under test.
-func runBusybox(t *testing.T, env testenv.Env, ns, id, logPath, script string) {
-	t.Helper()
-	c, err := containerd.New(env.ContainerdAddress)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx := namespaces.WithNamespace(context.Background(), ns)
-	img, err := c.GetImage(ctx, testenv.BusyboxRef)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctr, err := c.NewContainer(ctx, id, containerd.WithNewSnapshot(id, img),
-		containerd.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("sh", "-c", script)))
-	if err != nil {
-		t.Fatalf("create container %s: %v", id, err)
-	}
-	task, err := ctr.NewTask(ctx, cio.LogFile(logPath))
-	if err != nil {
-		t.Fatalf("create task %s: %v", id, err)
-	}
-	if err := task.Start(ctx); err != nil {
-		t.Fatalf("start task %s: %v", id, err)
-	}
-}
-
 // A stop whose status read fails must still go the graceful way: SIGTERM, then the grace period.
 // Before, an unreadable status sent the container straight to SIGKILL.
 func TestStopWithUnreadableStatusSendsSIGTERM(t *testing.T) {
@@ -76,7 +45,7 @@ func TestStopWithUnreadableStatusSendsSIGTERM(t *testing.T) {
 	logPath := filepath.Join(t.TempDir(), "log")
 	const id = "stop-status-fails"
 	// The marker is written only once the trap is set, so the test knows SIGTERM can be seen.
-	runBusybox(t, env, ns, id, logPath, "trap 'echo got-term; exit 0' TERM; echo ready; while true; do sleep 0.1; done")
+	env.RunBusybox(t, ns, id, logPath, "trap 'echo got-term; exit 0' TERM; echo ready; while true; do sleep 0.1; done")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		b, _ := readLog(logPath)

@@ -26,7 +26,9 @@ import (
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"github.com/mqlet/mqlet/agent/ctrd"
 )
@@ -362,5 +364,34 @@ func removeSnapshots(ctx context.Context, client *containerd.Client, logf func(s
 				break
 			}
 		}
+	}
+}
+
+// RunBusybox starts `sh -c script` in container id of containerd namespace ns, from the busybox
+// test image (imported already), its output in logPath, straight through containerd's client: for
+// tests of what acts on a running container (stop, exec) rather than of how mqlet starts one.
+func (e Env) RunBusybox(t testing.TB, ns, id, logPath, script string) {
+	t.Helper()
+	c, err := containerd.New(e.ContainerdAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := namespaces.WithNamespace(context.Background(), ns)
+	img, err := c.GetImage(ctx, BusyboxRef)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctr, err := c.NewContainer(ctx, id, containerd.WithNewSnapshot(id, img),
+		containerd.WithNewSpec(oci.WithImageConfig(img), oci.WithProcessArgs("sh", "-c", script)))
+	if err != nil {
+		t.Fatalf("create container %s: %v", id, err)
+	}
+	task, err := ctr.NewTask(ctx, cio.LogFile(logPath))
+	if err != nil {
+		t.Fatalf("create task %s: %v", id, err)
+	}
+	if err := task.Start(ctx); err != nil {
+		t.Fatalf("start task %s: %v", id, err)
 	}
 }
