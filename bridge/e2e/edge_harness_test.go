@@ -44,6 +44,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 )
 
 const (
@@ -535,14 +536,23 @@ func (w *edgeWorld) startCloudNode(name string) {
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
 		Spec:       v1.NodeSpec{Taints: []v1.Taint{{Key: "e2e.mqlet.io/cloud", Effect: v1.TaintEffectNoSchedule}}},
 	}
-	n, err := w.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{})
-	if err != nil {
+	if _, err := w.kube.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
 		w.t.Fatalf("create Node %s: %v", name, err)
 	}
-	now := metav1.Now()
-	n.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady",
-		LastHeartbeatTime: now, LastTransitionTime: now}}
-	if _, err := w.kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+	// The controller-manager's node controllers (taints, lifecycle) may write the new Node
+	// between our create and this status write; read again and retry on a conflict.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := w.kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		now := metav1.Now()
+		cur.Status.Conditions = []v1.NodeCondition{{Type: v1.NodeReady, Status: v1.ConditionTrue, Reason: "KubeletReady",
+			LastHeartbeatTime: now, LastTransitionTime: now}}
+		_, err = w.kube.CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		w.t.Fatalf("status of Node %s: %v", name, err)
 	}
 	leases := w.kube.CoordinationV1().Leases("kube-node-lease")
