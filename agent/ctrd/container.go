@@ -17,6 +17,7 @@ import (
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/errdefs/pkg/errgrpc"
 	"github.com/distribution/reference"
@@ -137,6 +138,18 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		LabelImageID:       imageID(img),
 		LabelGracePeriod:   strconv.FormatInt(int64(PodGrace(pod)/time.Second), 10),
 	}
+	// What an attach needs to know (attach.go): the container has a stdin, closed after the first
+	// attach with stdinOnce, and a terminal.
+	if c.Stdin {
+		labels[LabelStdin] = "open"
+		if c.StdinOnce {
+			labels[LabelStdin] = "once"
+		}
+	}
+	if c.TTY {
+		labels[LabelTTY] = "true"
+		opts = append(opts, oci.WithTTY)
+	}
 	for k, v := range resizeLabels(pod, c) { // resize.go
 		labels[k] = v
 	}
@@ -169,7 +182,7 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 		return Container{}, &StartError{"CreateContainerError", fmt.Errorf("create container %s: %w", id, err)}
 	}
 	notifyCreated(ctx, c.Name)
-	ioCreator, releaseIO, err := r.newContainerIO(string(pod.UID), id, logPath) // logio.go
+	ioCreator, releaseIO, err := r.newContainerIO(string(pod.UID), id, logPath, c.Stdin, c.TTY) // logio.go
 	if err != nil {
 		ctr.Delete(ctx, containerd.WithSnapshotCleanup)
 		return Container{}, &StartError{"RunContainerError", err}

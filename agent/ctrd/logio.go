@@ -63,6 +63,78 @@ type logCopier struct {
 	files []*os.File    // the read ends; closing them stops the copy
 	done  chan struct{} // closed once both streams ended and the log file is closed
 	left  atomic.Int32  // streams still copying
+
+	// subs are the attaches taking a copy of the output as it comes (attach.go).
+	mu    sync.Mutex
+	subs  map[*outputSub]struct{}
+	ended bool // the output ended: subscribe nothing more
+}
+
+// outputSub is one attach's share of a container's output from the moment it subscribed.
+type outputSub struct {
+	ch     chan outChunk // closed when the output ends, or when the attach fell behind (lagged)
+	lagged bool          // set before ch is closed for falling behind
+}
+
+// outChunk is one read of a stream (0 stdout, 1 stderr).
+type outChunk struct {
+	stream int
+	b      []byte
+}
+
+// subLen bounds what an attach may fall behind by: this many reads (32 KiB at most each). An
+// attach that falls further behind is cut off rather than hold up the container or the log.
+const subLen = 64
+
+// subscribe adds an attach; nil when the output has ended already.
+func (c *logCopier) subscribe() *outputSub {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended {
+		return nil
+	}
+	if c.subs == nil {
+		c.subs = map[*outputSub]struct{}{}
+	}
+	s := &outputSub{ch: make(chan outChunk, subLen)}
+	c.subs[s] = struct{}{}
+	return s
+}
+
+// unsubscribe takes an attach off (it went away); its channel is closed if not already.
+func (c *logCopier) unsubscribe(s *outputSub) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.subs[s]; ok {
+		delete(c.subs, s)
+		close(s.ch)
+	}
+}
+
+// fan hands a copy of one read to every attach, never waiting: one that is full is cut off.
+func (c *logCopier) fan(stream int, p []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for s := range c.subs {
+		select {
+		case s.ch <- outChunk{stream, append([]byte(nil), p...)}:
+		default:
+			s.lagged = true
+			delete(c.subs, s)
+			close(s.ch)
+		}
+	}
+}
+
+// end closes every attach's channel: the output ended.
+func (c *logCopier) end() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ended = true
+	for s := range c.subs {
+		close(s.ch)
+	}
+	c.subs = nil
 }
 
 func (r *Runtime) logRotation() (int64, int) {
@@ -84,12 +156,21 @@ func (r *Runtime) fifoDir(podUID, id string) (string, error) {
 	return joinUnder(r.opts.StateDir, "pods", podUID, "io", id)
 }
 
+// stdinFIFO is the name of a container's stdin FIFO in its FIFO dir, made only for a container
+// whose spec asks for stdin. The shim reads it into the container and holds a write end of its
+// own, so the container's stdin stays open while nobody is attached (and across agent restarts)
+// until the agent closes it (stdinOnce).
+const stdinFIFO = "stdin"
+
 // openFIFOs opens the read ends of a container's stdout and stderr FIFOs, without waiting for a
-// writer.
+// writer. A container with a terminal has one stream only (the terminal's): stdout.
 func openFIFOs(dir string) ([]*os.File, error) {
 	var files []*os.File
 	for _, name := range []string{logs.Stdout, logs.Stderr} {
 		f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDONLY|unix.O_NONBLOCK, 0)
+		if name == logs.Stderr && errors.Is(err, os.ErrNotExist) && len(files) == 1 {
+			break // a terminal's container
+		}
 		if err != nil {
 			for _, f := range files {
 				f.Close()
@@ -104,7 +185,10 @@ func openFIFOs(dir string) ([]*os.File, error) {
 // newContainerIO makes the FIFOs of a new container, starts copying them to logPath and returns
 // what NewTask needs. release must be called once NewTask returned: until then the agent holds the
 // write ends too, so the copy does not see an end before the shim opened them.
-func (r *Runtime) newContainerIO(podUID, id, logPath string) (cio.Creator, func(), error) {
+//
+// stdin gives the container a stdin FIFO (its spec's stdin), tty a terminal (its spec's tty), whose
+// output is the one stream, stdout.
+func (r *Runtime) newContainerIO(podUID, id, logPath string, stdin, tty bool) (cio.Creator, func(), error) {
 	dir, err := r.fifoDir(podUID, id)
 	if err != nil {
 		return nil, nil, err
@@ -112,10 +196,26 @@ func (r *Runtime) newContainerIO(podUID, id, logPath string) (cio.Creator, func(
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("container output of %s: %w", id, err)
 	}
-	cfg := cio.Config{Stdout: filepath.Join(dir, logs.Stdout), Stderr: filepath.Join(dir, logs.Stderr)}
-	for _, p := range []string{cfg.Stdout, cfg.Stderr} {
-		// A leftover of an attempt cut short is reused: its stale container was removed already.
-		if err := unix.Mkfifo(p, 0o600); err != nil && !errors.Is(err, unix.EEXIST) {
+	// A leftover of an attempt cut short is removed first: its FIFOs may be of the other shape
+	// (a stderr beside a terminal's stdout would be taken for a second stream).
+	for _, name := range []string{logs.Stdout, logs.Stderr, stdinFIFO} {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, nil, fmt.Errorf("container output of %s: %w", id, err)
+		}
+	}
+	cfg := cio.Config{Stdout: filepath.Join(dir, logs.Stdout), Terminal: tty}
+	outs := []string{cfg.Stdout}
+	if !tty {
+		cfg.Stderr = filepath.Join(dir, logs.Stderr)
+		outs = append(outs, cfg.Stderr)
+	}
+	fifos := outs
+	if stdin {
+		cfg.Stdin = filepath.Join(dir, stdinFIFO)
+		fifos = append(fifos, cfg.Stdin)
+	}
+	for _, p := range fifos {
+		if err := unix.Mkfifo(p, 0o600); err != nil {
 			return nil, nil, fmt.Errorf("container output of %s: mkfifo %s: %w", id, p, err)
 		}
 	}
@@ -124,7 +224,7 @@ func (r *Runtime) newContainerIO(podUID, id, logPath string) (cio.Creator, func(
 		return nil, nil, fmt.Errorf("container output of %s: %w", id, err)
 	}
 	var holds []*os.File
-	for _, p := range []string{cfg.Stdout, cfg.Stderr} {
+	for _, p := range outs {
 		w, err := os.OpenFile(p, os.O_WRONLY|unix.O_NONBLOCK, 0)
 		if err != nil {
 			for _, f := range append(files, holds...) {
@@ -192,13 +292,14 @@ func (r *Runtime) startCopier(id, logPath string, files []*os.File) error {
 		go func() {
 			defer r.logIO.wg.Done()
 			s := logs.NewStream(w, name)
-			err := copyFIFO(f, s, &r.logIO)
+			err := copyFIFO(f, s, &r.logIO, func(p []byte) { c.fan(i, p) })
 			err = errors.Join(err, s.Close())
 			if err != nil && warned.CompareAndSwap(false, true) {
 				r.log.Warn("container output: lines may be missing from its log", "container", id, "stream", name, "err", err)
 			}
 			if c.left.Add(-1) == 0 {
 				w.Close()
+				c.end()
 				close(c.done)
 			}
 		}()
@@ -206,9 +307,9 @@ func (r *Runtime) startCopier(id, logPath string, files []*os.File) error {
 	return nil
 }
 
-// copyFIFO copies f into s until the writers close f (the container and its shim are done) or
-// the agent closes f.
-func copyFIFO(f *os.File, s *logs.Stream, l *logCopiers) error {
+// copyFIFO copies f into s, and each read to fan, until the writers close f (the container and its
+// shim are done) or the agent closes f.
+func copyFIFO(f *os.File, s *logs.Stream, l *logCopiers, fan func([]byte)) error {
 	rc, err := f.SyscallConn()
 	if err != nil {
 		return err
@@ -238,6 +339,7 @@ func copyFIFO(f *os.File, s *logs.Stream, l *logCopiers) error {
 				if _, err := s.Write((*buf)[:n]); err != nil && werr == nil {
 					werr = err // keep reading: a full disk must not block the container
 				}
+				fan((*buf)[:n])
 			}
 			l.bufs.Put(buf)
 		}

@@ -28,6 +28,7 @@ type rig struct {
 	t     *testing.T
 	r     *ctrd.Runtime
 	state string
+	opts  ctrd.Options
 }
 
 func newRig(t *testing.T) *rig {
@@ -39,16 +40,35 @@ func newRig(t *testing.T) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := ctrd.New(context.Background(), ctrd.Options{Address: env.ContainerdAddress, Namespace: ns, StateDir: state,
-		Executable: exe, Log: slog.New(slog.DiscardHandler)})
+	opts := ctrd.Options{Address: env.ContainerdAddress, Namespace: ns, StateDir: state,
+		Executable: exe, Log: slog.New(slog.DiscardHandler)}
+	r, err := ctrd.New(context.Background(), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { r.Close() })
+	g := &rig{t: t, r: r, state: state, opts: opts}
+	t.Cleanup(func() { g.r.Close() })
 	if _, err := r.ImportArchiveIfMissing(context.Background(), env.Image(testenv.Busybox)); err != nil {
 		t.Fatal(err)
 	}
-	return &rig{t: t, r: r, state: state}
+	return g
+}
+
+// restart closes the runtime and opens another on the same state, as a restarted agent does: the
+// copies of container output stop and the new runtime resumes them when it lists the containers.
+func (g *rig) restart() {
+	g.t.Helper()
+	if err := g.r.Close(); err != nil {
+		g.t.Fatalf("close the runtime: %v", err)
+	}
+	r, err := ctrd.New(context.Background(), g.opts)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	g.r = r
+	if _, err := r.ListContainers(context.Background(), ""); err != nil {
+		g.t.Fatal(err)
+	}
 }
 
 func newPod(uid string, ctrs ...v1.Container) *v1.Pod {
