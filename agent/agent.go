@@ -1205,6 +1205,17 @@ func (a *Agent) ExecStream(ctx context.Context, id string, cmd []string, s execi
 	return rt.ExecStream(ctx, id, cmd, s)
 }
 
+// AttachStream joins the process of container id (ExecTarget's) with s: kubectl attach over MQTT.
+func (a *Agent) AttachStream(ctx context.Context, id string, s execio.Streams) (int, error) {
+	rt, ok := a.rt.(interface {
+		AttachStream(ctx context.Context, id string, s execio.Streams) (int, error)
+	})
+	if !ok {
+		return -1, errors.New("this agent's runtime cannot attach")
+	}
+	return rt.AttachStream(ctx, id, s)
+}
+
 // DialPod connects to port on the pod's 127.0.0.1, from inside its network namespace (the one of
 // its running container; the host's for a hostNetwork pod), for `mqlet ctl port-forward`.
 func (a *Agent) DialPod(ctx context.Context, namespace, name string, port int) (net.Conn, error) {

@@ -126,6 +126,14 @@ func (v *view) ExecStream(ctx context.Context, id string, cmd []string, s execio
 	return v.agent.ExecStream(ctx, id, cmd, s)
 }
 
+// AttachStream joins a container's process for the MQTT exec server's attach sessions.
+func (v *view) AttachStream(ctx context.Context, id string, s execio.Streams) (int, error) {
+	if v.agent == nil {
+		return -1, fmt.Errorf("the agent is starting")
+	}
+	return v.agent.AttachStream(ctx, id, s)
+}
+
 // DialPod connects into a pod's network for the MQTT exec server's port-forward sessions.
 func (v *view) DialPod(ctx context.Context, namespace, name string, port int) (net.Conn, error) {
 	if v.agent == nil {

@@ -168,9 +168,9 @@ func FieldRules() []FieldRule {
 		{Path: "terminationMessagePolicy", Class: Implemented},
 		{Path: "imagePullPolicy", Class: Implemented},
 		{Path: "securityContext", Class: Implemented},
-		{Path: "stdin", Class: Refused, Note: "the node has no attach: a container's stdin is /dev/null, so a shell kept alive by stdin would exit"},
-		{Path: "stdinOnce", Class: Refused, Note: "no attach (see stdin)"},
-		{Path: "tty", Class: Refused, Note: "no attach: containers get no terminal"},
+		{Path: "stdin", Class: Implemented, Note: "kept open by the shim between attaches and across agent restarts (kubectl attach, kubectl run -it)"},
+		{Path: "stdinOnce", Class: Implemented, Note: "stdin closed when the first attach ends"},
+		{Path: "tty", Class: Implemented, Note: "a terminal, sized by the attach; its output is the log's stdout"},
 	}
 	const otherSources = "mqlet runs emptyDir, hostPath, configMap, secret, downwardAPI, projected and image volumes"
 	refusedSource := func(name, why string) FieldRule {

@@ -294,11 +294,11 @@ func TestRefusedFieldMessages(t *testing.T) {
 		{Name: "ok", VolumeSource: v1.VolumeSource{EmptyDir: &v1.EmptyDirVolumeSource{}}},
 		{Name: "share", VolumeSource: v1.VolumeSource{NFS: &v1.NFSVolumeSource{Server: "nas", Path: "/x"}}},
 	}
-	p.Spec.InitContainers = []v1.Container{{Name: "i", Image: "busybox:1", TTY: true}}
+	p.Spec.InitContainers = []v1.Container{{Name: "i", Image: "busybox:1", VolumeDevices: []v1.VolumeDevice{{Name: "ok", DevicePath: "/dev/xvda"}}}}
 	_, err := admitPod(p, source.File)
 	for _, want := range []string{
 		"spec.volumes[1].nfs: Forbidden: not supported by mqlet: mqlet runs emptyDir, hostPath, configMap, secret, downwardAPI, projected and image volumes",
-		"spec.initContainers[0].tty: Forbidden: not supported by mqlet: no attach",
+		"spec.initContainers[0].volumeDevices: Forbidden: not supported by mqlet: raw block devices",
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("error %v; want it to contain %q", err, want)

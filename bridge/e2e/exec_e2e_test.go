@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/mqlet/mqlet/internal/testbuf"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,9 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/internal/loopback"
+	"github.com/mqlet/mqlet/internal/testbuf"
+	"github.com/mqlet/mqlet/internal/testenv"
+	v1 "k8s.io/api/core/v1"
 )
 
 // kubectl runs the cluster's kubectl (of its own version) as the admin in testNS with stdin, and
@@ -46,8 +48,8 @@ func (w *edgeWorld) kubectl(t *testing.T, stdin string, timeout time.Duration, a
 // TestKubectlExec: kubectl exec through an unmodified API server reaches the container on the
 // edge node over MQTT (a sealed session the bridge opens): stdout and stderr apart, the exit code,
 // stdin to its end, and 2 MB of output through the session's flow control; kubectl port-forward
-// to a port the pod serves on its loopback only, several connections. attach answers why it is not
-// there; with the node offline, exec fails at once saying so.
+// to a port the pod serves on its loopback only, several connections; kubectl run -i and kubectl
+// attach; with the node offline, exec fails at once saying so.
 func TestKubectlExec(t *testing.T) {
 	w := newEdgeWorld(t)
 	w.startBridge(t, "bridge-a")
@@ -113,9 +115,24 @@ func TestKubectlExec(t *testing.T) {
 		t.Errorf("/run: %q, stderr %q, exit %d", out, errOut, code)
 	}
 
-	_, errOut, code = w.kubectl(t, "", 60*time.Second, "attach", p.Name)
-	if code == 0 || !strings.Contains(errOut, "not supported") {
-		t.Errorf("attach: exit %d, stderr %q; want a refusal saying attach is not supported", code, errOut)
+	// kubectl run -i: a pod with stdin (stdinOnce), attached as soon as it runs; the container
+	// reads its stdin through the attach, and kubectl gives its exit code.
+	overrides := fmt.Sprintf(`{"apiVersion":"v1","spec":{"nodeName":%q,"terminationGracePeriodSeconds":5}}`, edgeNode)
+	out, errOut, code = w.kubectl(t, "from-kubectl\n", 120*time.Second, "run", uniqueName("run-i"), "-i", "--restart=Never",
+		"--image="+testenv.BusyboxRef, "--image-pull-policy=IfNotPresent", "--overrides="+overrides, "--",
+		"sh", "-c", "read l; echo got:$l; exit 4")
+	if !strings.Contains(out, "got:from-kubectl\n") || code != 4 {
+		t.Errorf("kubectl run -i: stdout %q, stderr %q, exit %d; want got:from-kubectl and the container's exit 4", out, errOut, code)
+	}
+	// kubectl attach to a running container: its output from then on, until the container ends.
+	talker := edgePod(uniqueName("talker"), edgeTolerations()...)
+	talker.Spec.Containers[0].Command = []string{"sh", "-c", "sleep 3; for i in 1 2 3; do echo tick-$i; sleep 1; done"}
+	talker.Spec.RestartPolicy = v1.RestartPolicyNever
+	s.createPod(t, talker)
+	s.waitRunning(t, talker.Name)
+	out, errOut, code = w.kubectl(t, "", 60*time.Second, "attach", talker.Name)
+	if !strings.Contains(out, "tick-3\n") || code != 0 {
+		t.Errorf("kubectl attach: stdout %q, stderr %q, exit %d; want the ticks up to tick-3", out, errOut, code)
 	}
 
 	w.stopAgent(t)

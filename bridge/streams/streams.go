@@ -1,5 +1,5 @@
-// Package streams serves the interactive endpoints of the kubelet API for edge nodes (exec and
-// portForward; attach is refused with the reason): the API server's request, in the protocols it
+// Package streams serves the interactive endpoints of the kubelet API for edge nodes (exec, attach
+// and portForward): the API server's request, in the protocols it
 // speaks to a kubelet (SPDY and websocket, k8s.io/cri-streaming), becomes sealed sessions to the
 // node over MQTT (sync/stream), the same sessions `mqlet ctl exec` and `ctl port-forward` open
 // (one per forwarded connection).
@@ -108,13 +108,6 @@ func (s *Server) ServeStream(w http.ResponseWriter, r *http.Request, node string
 		http.Error(w, err.Error(), http.StatusNotFound)
 		return
 	}
-	switch t.verb {
-	case "attach":
-		// A container's stdin is /dev/null and its output goes to its log only: there is nothing
-		// to attach to (docs/kubernetes.md). Logs (-f) show the output.
-		http.Error(w, fmt.Sprintf("attach to %s/%s on edge node %s is not supported: mqlet containers have no stdin or terminal to attach to; use kubectl logs -f, or kubectl exec", t.namespace, t.pod, node), http.StatusBadRequest)
-		return
-	}
 	key, err := s.o.NodeKey(node)
 	if err != nil {
 		http.Error(w, fmt.Sprintf("%s on node %s: %v", t.verb, node, err), http.StatusBadRequest)
@@ -137,6 +130,11 @@ func (s *Server) ServeStream(w http.ResponseWriter, r *http.Request, node string
 	opts, err := remotecommand.NewOptions(r)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	if t.verb == "attach" {
+		remotecommand.ServeAttach(w, r, ex, t.pod, t.uid, t.container, opts, s.o.IdleTimeout, s.o.CreationTimeout,
+			remotecommand.SupportedStreamingProtocols)
 		return
 	}
 	cmd := r.URL.Query()["command"] // kubelet's name (api.ExecCommandParam)
@@ -206,6 +204,29 @@ type executor struct {
 func (e *executor) ExecInContainer(ctx context.Context, pod, _, container string, cmd []string, in io.Reader, out, errw io.WriteCloser,
 	tty bool, resize <-chan remotecommand.TerminalSize, _ time.Duration) error {
 	req := protocol.ExecRequest{Namespace: e.namespace, Pod: pod, Container: container, Command: cmd, TTY: tty}
+	code, err := e.session(ctx, req, in, out, errw, resize)
+	if err != nil {
+		return err
+	}
+	if code != 0 {
+		return utilexec.CodeExitError{Err: fmt.Errorf("command terminated with exit code %d", code), Code: code}
+	}
+	return nil
+}
+
+// AttachContainer joins the container's own process (kubectl attach, run -it, debug -it). It ends
+// when the process does, and succeeds then whatever its exit code, as kubelet's attach: the code
+// is the pod status's.
+func (e *executor) AttachContainer(ctx context.Context, pod, _, container string, in io.Reader, out, errw io.WriteCloser,
+	tty bool, resize <-chan remotecommand.TerminalSize) error {
+	req := protocol.ExecRequest{Namespace: e.namespace, Pod: pod, Container: container, Attach: true, TTY: tty}
+	_, err := e.session(ctx, req, in, out, errw, resize)
+	return err
+}
+
+// session runs one exec or attach session to the node and returns the exit code.
+func (e *executor) session(ctx context.Context, req protocol.ExecRequest, in io.Reader, out, errw io.WriteCloser,
+	resize <-chan remotecommand.TerminalSize) (int, error) {
 	var sizes chan protocol.TermSize
 	if resize != nil {
 		sizes = make(chan protocol.TermSize)
@@ -231,15 +252,13 @@ func (e *executor) ExecInContainer(ctx context.Context, pod, _, container string
 	var stdout, stderr io.Writer = discardNil(out), discardNil(errw)
 	start := time.Now()
 	code, err := stream.Exec(ctx, e.s.o.Transport, e.s.o.Topics, e.s.o.SigningKey, e.node, e.key, req, in, stdout, stderr, sizes)
-	e.s.o.Log.Info("exec", "node", e.node, "pod", e.namespace+"/"+pod, "container", container, "exit", code,
+	verb := "exec"
+	if req.Attach {
+		verb = "attach"
+	}
+	e.s.o.Log.Info(verb, "node", e.node, "pod", e.namespace+"/"+req.Pod, "container", req.Container, "exit", code,
 		"took", time.Since(start).Round(time.Millisecond), "err", err)
-	if err != nil {
-		return err
-	}
-	if code != 0 {
-		return utilexec.CodeExitError{Err: fmt.Errorf("command terminated with exit code %d", code), Code: code}
-	}
-	return nil
+	return code, err
 }
 
 // PortForward copies one port-forward stream of the API server to port in the pod: a session whose

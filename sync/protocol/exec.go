@@ -36,10 +36,13 @@ type ExecRequest struct {
 	Command    []string `json:"command,omitempty"`
 	// Port, instead of Command, makes the session a port-forward: the node connects to this
 	// port on the pod's 127.0.0.1 and the session's stdin and stdout are the connection's bytes.
-	Port  int32     `json:"port,omitempty"`
-	Stdin bool      `json:"stdin,omitempty"`
-	TTY   bool      `json:"tty,omitempty"`
-	Size  *TermSize `json:"size,omitempty"`
+	Port int32 `json:"port,omitempty"`
+	// Attach, instead of Command or Port, joins the container's own process (kubectl attach): its
+	// output from now on, its stdin if the container has one, its terminal's size.
+	Attach bool      `json:"attach,omitempty"`
+	Stdin  bool      `json:"stdin,omitempty"`
+	TTY    bool      `json:"tty,omitempty"`
+	Size   *TermSize `json:"size,omitempty"`
 	// ClientKey is the client's ephemeral X25519 public key (base64); NodeKeyID the id
 	// (sealing.KeyID) of the node sealing key the client agreed with.
 	ClientKey string `json:"clientKey"`
@@ -116,6 +119,9 @@ func DecodeExecRequest(payload []byte, max int) (*ExecRequest, error) {
 		}
 	}
 	switch {
+	case x.Attach && (x.Port != 0 || len(x.Command) > 0):
+		return nil, fmt.Errorf("exec request %s: an attach with a command or a port; a session is one of the three", x.ID)
+	case x.Attach:
 	case x.Port != 0 && len(x.Command) > 0:
 		return nil, fmt.Errorf("exec request %s: both a command and a port; a session is one or the other", x.ID)
 	case x.Port != 0 && (x.Port < 1 || x.Port > 65535):

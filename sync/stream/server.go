@@ -26,6 +26,12 @@ type Execer interface {
 	ExecStream(ctx context.Context, id string, cmd []string, s execio.Streams) (int, error)
 }
 
+// Attacher is implemented by Execers that can join a container's own process (attach sessions);
+// the agent does.
+type Attacher interface {
+	AttachStream(ctx context.Context, id string, s execio.Streams) (int, error)
+}
+
 // PodDialer is implemented by Execers that can connect into a pod's network (port-forward
 // sessions); the agent does.
 type PodDialer interface {
@@ -374,12 +380,22 @@ func (se *session) run(ctx context.Context) {
 		run = func(ctx context.Context, s execio.Streams) (int, error) {
 			return o.Exec.ExecStream(ctx, id, req.Command, s)
 		}
+		if req.Attach {
+			a, ok := o.Exec.(Attacher)
+			if !ok {
+				se.final(ctx, kindError, []byte("this node cannot attach"), log)
+				return
+			}
+			run = func(ctx context.Context, s execio.Streams) (int, error) {
+				return a.AttachStream(ctx, id, s)
+			}
+		}
 	}
 	if err := se.send(ctx, kindAccepted, u32(int(o.Window))); err != nil {
 		log.Warn("exec session: accept not sent", "err", err)
 		return
 	}
-	log.Info("exec session started", "container", req.Container, "command", req.Command, "port", req.Port)
+	log.Info("exec session started", "container", req.Container, "command", req.Command, "port", req.Port, "attach", req.Attach)
 
 	var (
 		actMu    sync.Mutex
