@@ -31,8 +31,8 @@ const (
 	LabelLogPath       = "io.mqlet.container.log"
 	LabelImageID       = "io.mqlet.container.image-id"
 	LabelGracePeriod   = "io.mqlet.pod.grace-period" // seconds: an orphan is stopped with its own pod's grace
-	LabelStdin         = "io.mqlet.container.stdin" // "open" or "once" (stdinOnce): the container has a stdin FIFO
-	LabelTTY           = "io.mqlet.container.tty"   // "true": the container has a terminal
+	LabelStdin         = "io.mqlet.container.stdin"  // "open" or "once" (stdinOnce): the container has a stdin FIFO
+	LabelTTY           = "io.mqlet.container.tty"    // "true": the container has a terminal
 	// What an in-place resize checks and updates (resize.go): the spec hash without the
 	// resources, the resources the container's cgroup has (JSON) and the pod's QoS class.
 	LabelResizeBase = "io.mqlet.container.resize-base"
