@@ -19,12 +19,14 @@ func TestDecodeExecRequestRefusesBadOpens(t *testing.T) {
 		mod  func(*ExecRequest)
 		want string
 	}{
-		"command and port": {func(r *ExecRequest) { r.Port = 80 }, "both a command and a port"},
-		"neither":          {func(r *ExecRequest) { r.Command = nil }, "no command"},
-		"bad port":         {func(r *ExecRequest) { r.Command, r.Port = nil, 70000 }, "not a TCP port"},
-		"short key":        {func(r *ExecRequest) { r.ClientKey = "AAAA" }, "32-byte X25519"},
-		"no window":        {func(r *ExecRequest) { r.Window = 0 }, "window 0"},
-		"bad container":    {func(r *ExecRequest) { r.Container = "A_B" }, "container name"},
+		"command and port":   {func(r *ExecRequest) { r.Port = 80 }, "both a command and a port"},
+		"attach and command": {func(r *ExecRequest) { r.Attach = true }, "an attach with a command or a port"},
+		"attach and port":    {func(r *ExecRequest) { r.Command, r.Attach, r.Port = nil, true, 80 }, "an attach with a command or a port"},
+		"neither":            {func(r *ExecRequest) { r.Command = nil }, "no command"},
+		"bad port":           {func(r *ExecRequest) { r.Command, r.Port = nil, 70000 }, "not a TCP port"},
+		"short key":          {func(r *ExecRequest) { r.ClientKey = "AAAA" }, "32-byte X25519"},
+		"no window":          {func(r *ExecRequest) { r.Window = 0 }, "window 0"},
+		"bad container":      {func(r *ExecRequest) { r.Container = "A_B" }, "container name"},
 	} {
 		r := execOpen()
 		tc.mod(&r)
@@ -37,6 +39,11 @@ func TestDecodeExecRequestRefusesBadOpens(t *testing.T) {
 	b, _ := Encode(&r)
 	if _, err := DecodeExecRequest(b, 0); err != nil {
 		t.Errorf("a good open: %v", err)
+	}
+	r.Command, r.Attach = nil, true
+	b, _ = Encode(&r)
+	if _, err := DecodeExecRequest(b, 0); err != nil {
+		t.Errorf("a good attach: %v", err)
 	}
 }
 
