@@ -43,6 +43,7 @@ type CtlCmd struct {
 	Describe    CtlDescribeCmd    `cmd:"" help:"Show a node or a pod in detail."`
 	Logs        CtlLogsCmd        `cmd:"" help:"Print the log of a container of a pod on a node."`
 	Exec        CtlExecCmd        `cmd:"" help:"Run a command in a container of a pod on a node, sealed end to end (like kubectl exec)."`
+	Attach      CtlAttachCmd      `cmd:"" help:"Attach to the process of a container of a pod on a node, sealed end to end (like kubectl attach)."`
 	PortForward CtlPortForwardCmd `cmd:"" name:"port-forward" help:"Forward a local port to a port of a pod on a node, sealed end to end (like kubectl port-forward)."`
 	Keygen      CtlKeygenCmd      `cmd:"" help:"Make a key pair that signs desired state: PREFIX.key (keep it secret) and PREFIX.pub (give it to the nodes)."`
 }

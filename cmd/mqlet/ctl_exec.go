@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
 	"github.com/mqlet/mqlet/core/execio"
+	"github.com/mqlet/mqlet/sync/ctlclient"
 	"github.com/mqlet/mqlet/sync/protocol"
 )
 
@@ -53,12 +55,18 @@ func (c *CtlExecCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 		return fmt.Errorf("ctl exec %s/%s: %w", ns, name, err)
 	}
 	defer cl.Close()
-	streams, restore, err := execTerminal(ctx, env, c.Stdin, c.TTY)
+	return runSession(ctx, cl, env, node, protocol.ExecRequest{Namespace: ns, Pod: name, Container: c.Container, Command: cmd}, c.Stdin, c.TTY)
+}
+
+// runSession runs one exec or attach session with the terminal's streams and exits with the exit
+// code it brings back.
+func runSession(ctx context.Context, cl *ctlclient.Client, env *ctlEnv, node string, req protocol.ExecRequest, stdin, tty bool) error {
+	streams, restore, err := execTerminal(ctx, env, stdin, tty)
 	if err != nil {
 		return err
 	}
 	defer restore()
-	req := protocol.ExecRequest{Namespace: ns, Pod: name, Container: c.Container, Command: cmd, TTY: streams.TTY}
+	req.TTY = streams.TTY
 	if streams.TTY && streams.Size.Width > 0 {
 		req.Size = &protocol.TermSize{Width: streams.Size.Width, Height: streams.Size.Height}
 	}
@@ -76,6 +84,34 @@ func (c *CtlExecCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 		return exitStatus(code)
 	}
 	return nil
+}
+
+// CtlAttachCmd is `mqlet ctl attach NODE/POD`: the container's own process (like kubectl attach),
+// through the broker, sealed end to end: its output from now on, stdin with -i when its spec has
+// stdin, its terminal with -t. It ends when the container does, with its exit code.
+type CtlAttachCmd struct {
+	Node      string `help:"Node of the pod (else POD is NODE/POD or NODE/NAMESPACE/POD)."`
+	Namespace string `short:"n" default:"default" help:"Namespace of the pod."`
+	Container string `short:"c" help:"Container (default: the pod's first)."`
+	Stdin     bool   `short:"i" help:"Pass stdin to the container (its spec must have stdin)."`
+	TTY       bool   `short:"t" help:"The container has a terminal (its spec's tty; stdin must be one)."`
+	Pod       string `arg:"" help:"NODE/POD, NODE/NAMESPACE/POD, or with --node POD or NAMESPACE/POD."`
+}
+
+// Run attaches and exits with the container's exit code once it ended.
+func (c *CtlAttachCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
+	node, ns, name, err := ctlExecTarget(c.Node, c.Namespace, c.Pod)
+	if err != nil {
+		return fmt.Errorf("ctl attach: %w", err)
+	}
+	ctx, stop := env.context()
+	defer stop()
+	cl, err := ctl.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("ctl attach %s/%s: %w", ns, name, err)
+	}
+	defer cl.Close()
+	return runSession(ctx, cl, env, node, protocol.ExecRequest{Namespace: ns, Pod: name, Container: c.Container, Attach: true}, c.Stdin, c.TTY)
 }
 
 // forwardSizes turns the terminal's sizes into the protocol's until done.

@@ -63,8 +63,25 @@ func TestExecThroughTheAgent(t *testing.T) {
 	}
 }
 
+// stdinReader reads one line from its stdin (given through an attach) and ends.
+const stdinReader = `apiVersion: v1
+kind: Pod
+metadata:
+  name: reader
+spec:
+  restartPolicy: Never
+  terminationGracePeriodSeconds: 2
+  containers:
+  - name: reader
+    image: mqlet.test/busybox:1
+    stdin: true
+    stdinOnce: true
+    command: ["sh", "-c", "read l; echo got:$l; exit 7"]
+`
+
 // `mqlet ctl exec` runs a command in a pod's container through the broker, sealed end to end:
-// stdin in, stdout and stderr apart, the exit code as mqlet's; an offline node fails at once.
+// stdin in, stdout and stderr apart, the exit code as mqlet's; `ctl attach` joins a container's
+// process; an offline node fails at once.
 func TestCtlExecOverMQTT(t *testing.T) {
 	mqtttest.Require(t)
 	h := newHarness(t)
@@ -100,6 +117,18 @@ func TestCtlExecOverMQTT(t *testing.T) {
 	_, errOut, code = run("", "exec", "--node", e2eNode, "nope", "--", "true")
 	if code != 1 || !strings.Contains(errOut, "pod default/nope not found") {
 		t.Errorf("unknown pod: exit %d, stderr %q", code, errOut)
+	}
+
+	// attach: a container with stdin (stdinOnce) reads a line through the attach, and ctl attach
+	// exits with the container's exit code once it ended.
+	h.writeManifest("reader.yaml", stdinReader)
+	waitFor(t, "the reader pod running", func() bool {
+		_, errOut, _ := run("", "exec", e2eNode+"/reader", "--", "true")
+		return errOut == ""
+	})
+	out, errOut, code = run("through-attach\n", "attach", "-i", e2eNode+"/reader")
+	if out != "got:through-attach\n" || code != 7 {
+		t.Errorf("ctl attach -i: stdout %q, stderr %q, exit %d; want got:through-attach and 7", out, errOut, code)
 	}
 
 	// port-forward: an HTTP request through the local port reaches the server container, which
