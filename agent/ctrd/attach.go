@@ -17,13 +17,13 @@ import (
 
 // Attach (kubectl attach, kubectl run -it, kubectl debug -it) joins a container's own process: its
 // output from now on, as the agent copies it to the log (logio.go: each attach takes a copy of
-// every read, bounded by subLen), and, for a container whose spec has stdin, its stdin FIFO. The
+// every read, bounded by subLen and subBytes), and, for a container whose spec has stdin, its stdin FIFO. The
 // shim holds that FIFO's write end itself, so the container's stdin stays open between attaches
 // and while the agent restarts; with stdinOnce it is closed when the first attach ends, as kubelet
 // does. A container with a terminal (tty) is resized to the attach's size.
 
 // ErrAttachLagged ends an attach that fell behind the container's output by more than subLen
-// reads: the log and the container never wait for an attach.
+// reads or subBytes: the log and the container never wait for an attach.
 var ErrAttachLagged = errors.New("the attach fell too far behind the container's output and was cut off; the log has all of it (kubectl logs)")
 
 // AttachStream connects s to container id's process until the process's output ends (it exited)
@@ -151,6 +151,7 @@ func (r *Runtime) AttachStream(ctx context.Context, id string, s ExecStreams) (i
 					return -1, ctx.Err()
 				}
 			}
+			sub.took(ch)
 			if w := outs[ch.stream]; w != nil {
 				if _, err := w.Write(ch.b); err != nil {
 					return -1, fmt.Errorf("attach to %s: write output: %w", id, err)

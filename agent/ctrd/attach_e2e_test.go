@@ -213,3 +213,52 @@ func TestAttachRefusesStoppedContainer(t *testing.T) {
 		t.Errorf("attach to an exited container: %v, want 'not running'", err)
 	}
 }
+
+// gate is a writer whose writes wait until it opens: a client that does not keep up.
+type gate struct {
+	open chan struct{}
+	n    int
+}
+
+func (g *gate) Write(p []byte) (int, error) {
+	<-g.open
+	g.n += len(p)
+	return len(p), nil
+}
+
+// An attach whose client does not keep up is cut off; the container and its log never wait for it.
+func TestAttachSlowClientIsCutOffNotTheContainer(t *testing.T) {
+	g := newRig(t)
+	c := shell("flood", `echo ready; read l; head -c 3000000 /dev/zero | tr '\0' a; echo; echo all-written; sleep 3600`)
+	c.Stdin = true
+	p := newPod("a77a0005-attach", c)
+	sb := g.sandbox(p)
+	ctr := g.start(p, sb, &p.Spec.Containers[0])
+	g.waitLog(ctr, "ready")
+
+	slow := &gate{open: make(chan struct{})}
+	in, stdin := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.r.AttachStream(context.Background(), ctr.ID, ctrd.ExecStreams{Stdin: in, Stdout: slow})
+		in.Close()
+		done <- err
+	}()
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	// The container writes its 3 MB and goes on although the attach took none of it.
+	g.waitLog(ctr, "all-written")
+	close(slow.open)
+	select {
+	case err := <-done:
+		if !errors.Is(err, ctrd.ErrAttachLagged) {
+			t.Errorf("slow attach ended with %v, want ErrAttachLagged", err)
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("the slow attach did not end")
+	}
+	if slow.n >= 3000000 {
+		t.Errorf("the slow client got all %d bytes: it was not cut off", slow.n)
+	}
+}

@@ -74,7 +74,11 @@ type logCopier struct {
 type outputSub struct {
 	ch     chan outChunk // closed when the output ends, or when the attach fell behind (lagged)
 	lagged bool          // set before ch is closed for falling behind
+	queued atomic.Int64  // bytes in ch: added by fan, taken off by the reader (took)
 }
+
+// took is the attach's note that it took chunk c off its channel.
+func (s *outputSub) took(c outChunk) { s.queued.Add(-int64(len(c.b))) }
 
 // outChunk is one read of a stream (0 stdout, 1 stderr).
 type outChunk struct {
@@ -82,9 +86,14 @@ type outChunk struct {
 	b      []byte
 }
 
-// subLen bounds what an attach may fall behind by: this many reads (32 KiB at most each). An
-// attach that falls further behind is cut off rather than hold up the container or the log.
-const subLen = 64
+// subLen and subBytes bound what an attach may fall behind by: this many reads, this many bytes
+// (at most 4 sessions per node, so a few MiB at worst). An attach that falls further behind (a
+// client slower than the container's output) is cut off rather than hold up the container or its
+// log, which kubelet's runtime would do instead.
+const (
+	subLen   = 256
+	subBytes = 1 << 20
+)
 
 // subscribe adds an attach; nil when the output has ended already.
 func (c *logCopier) subscribe() *outputSub {
@@ -116,13 +125,17 @@ func (c *logCopier) fan(stream int, p []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for s := range c.subs {
-		select {
-		case s.ch <- outChunk{stream, append([]byte(nil), p...)}:
-		default:
-			s.lagged = true
-			delete(c.subs, s)
-			close(s.ch)
+		if s.queued.Load()+int64(len(p)) <= subBytes {
+			select {
+			case s.ch <- outChunk{stream, append([]byte(nil), p...)}:
+				s.queued.Add(int64(len(p)))
+				continue
+			default:
+			}
 		}
+		s.lagged = true
+		delete(c.subs, s)
+		close(s.ch)
 	}
 }
 
