@@ -31,22 +31,13 @@ var ErrAttachLagged = errors.New("the attach fell too far behind the container's
 // ctx's error when the client left first.
 func (r *Runtime) AttachStream(ctx context.Context, id string, s ExecStreams) (int, error) {
 	ctx = r.ctx(ctx)
-	ctr, err := r.client.LoadContainer(ctx, id)
+	ctr, task, err := r.runningTask(ctx, id)
 	if err != nil {
 		return -1, fmt.Errorf("attach to %s: %w", id, err)
 	}
 	labels, err := ctr.Labels(ctx)
 	if err != nil {
 		return -1, fmt.Errorf("attach to %s: %w", id, err)
-	}
-	task, err := ctr.Task(ctx, nil)
-	if err != nil {
-		return -1, fmt.Errorf("attach to %s: container has no running task: %w", id, err)
-	}
-	if st, err := task.Status(ctx); err != nil {
-		return -1, fmt.Errorf("attach to %s: task status: %w", id, err)
-	} else if st.Status != containerd.Running {
-		return -1, fmt.Errorf("attach to %s: container is %s, not running", id, st.Status)
 	}
 	r.logIO.mu.Lock()
 	c := r.logIO.m[id]

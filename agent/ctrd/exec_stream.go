@@ -31,18 +31,9 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s Exe
 	if len(cmd) == 0 {
 		return -1, fmt.Errorf("exec in %s: empty command", id)
 	}
-	ctr, err := r.client.LoadContainer(ctx, id)
+	ctr, task, err := r.runningTask(ctx, id)
 	if err != nil {
 		return -1, fmt.Errorf("exec in %s: %w", id, err)
-	}
-	task, err := ctr.Task(ctx, nil)
-	if err != nil {
-		return -1, fmt.Errorf("exec in %s: container has no running task: %w", id, err)
-	}
-	if st, err := task.Status(ctx); err != nil {
-		return -1, fmt.Errorf("exec in %s: task status: %w", id, err)
-	} else if st.Status != containerd.Running {
-		return -1, fmt.Errorf("exec in %s: container is %s, not running", id, st.Status)
 	}
 	spec, err := ctr.Spec(ctx)
 	if err != nil {
@@ -198,6 +189,24 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s Exe
 }
 
 var errExecEnded = errors.New("exec ended")
+
+// runningTask loads container id and its task, which must be running (ctx carries the namespace).
+func (r *Runtime) runningTask(ctx context.Context, id string) (containerd.Container, containerd.Task, error) {
+	ctr, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("container has no running task: %w", err)
+	}
+	if st, err := task.Status(ctx); err != nil {
+		return nil, nil, fmt.Errorf("task status: %w", err)
+	} else if st.Status != containerd.Running {
+		return nil, nil, fmt.Errorf("container is %s, not running", st.Status)
+	}
+	return ctr, task, nil
+}
 
 // feedStdin copies the caller's stdin into w until its EOF (passed on as EOF) or until done
 // closes (passed on as an error, so no stdin close is asked for an exec that is gone). A Read on in

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"strings"
 
 	"github.com/mqlet/mqlet/core/execio"
-	"github.com/mqlet/mqlet/sync/ctlclient"
 	"github.com/mqlet/mqlet/sync/protocol"
 )
 
@@ -48,19 +46,19 @@ func (c *CtlExecCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 	if len(cmd) == 0 {
 		return fmt.Errorf("ctl exec %s: no command given (mqlet ctl exec NODE/POD -- CMD [ARG...])", c.Pod)
 	}
-	ctx, stop := env.context()
-	defer stop()
-	cl, err := ctl.connect(ctx)
-	if err != nil {
-		return fmt.Errorf("ctl exec %s/%s: %w", ns, name, err)
-	}
-	defer cl.Close()
-	return runSession(ctx, cl, env, node, protocol.ExecRequest{Namespace: ns, Pod: name, Container: c.Container, Command: cmd}, c.Stdin, c.TTY)
+	return runSession(ctl, env, "exec", node, protocol.ExecRequest{Namespace: ns, Pod: name, Container: c.Container, Command: cmd}, c.Stdin, c.TTY)
 }
 
 // runSession runs one exec or attach session with the terminal's streams and exits with the exit
 // code it brings back.
-func runSession(ctx context.Context, cl *ctlclient.Client, env *ctlEnv, node string, req protocol.ExecRequest, stdin, tty bool) error {
+func runSession(ctl *CtlCmd, env *ctlEnv, verb, node string, req protocol.ExecRequest, stdin, tty bool) error {
+	ctx, stop := env.context()
+	defer stop()
+	cl, err := ctl.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("ctl %s %s/%s: %w", verb, req.Namespace, req.Pod, err)
+	}
+	defer cl.Close()
 	streams, restore, err := execTerminal(ctx, env, stdin, tty)
 	if err != nil {
 		return err
@@ -104,14 +102,7 @@ func (c *CtlAttachCmd) Run(ctl *CtlCmd, env *ctlEnv) error {
 	if err != nil {
 		return fmt.Errorf("ctl attach: %w", err)
 	}
-	ctx, stop := env.context()
-	defer stop()
-	cl, err := ctl.connect(ctx)
-	if err != nil {
-		return fmt.Errorf("ctl attach %s/%s: %w", ns, name, err)
-	}
-	defer cl.Close()
-	return runSession(ctx, cl, env, node, protocol.ExecRequest{Namespace: ns, Pod: name, Container: c.Container, Attach: true}, c.Stdin, c.TTY)
+	return runSession(ctl, env, "attach", node, protocol.ExecRequest{Namespace: ns, Pod: name, Container: c.Container, Attach: true}, c.Stdin, c.TTY)
 }
 
 // forwardSizes turns the terminal's sizes into the protocol's until done.
