@@ -1122,7 +1122,7 @@ func (a *Agent) LogPath(namespace, name, container string, previous bool) (strin
 		return "", fmt.Errorf("pod %s/%s not found", namespace, name)
 	}
 	var names []string
-	for _, c := range podspec.AllContainers(&p.Spec) {
+	for _, c := range podspec.EveryContainer(&p.Spec) {
 		names = append(names, c.Name)
 	}
 	if container == "" {
@@ -1176,7 +1176,7 @@ func (a *Agent) ExecTarget(namespace, name, container string) (string, error) {
 		container = p.Spec.Containers[0].Name
 	}
 	var names []string
-	for _, c := range podspec.AllContainers(&p.Spec) {
+	for _, c := range podspec.EveryContainer(&p.Spec) {
 		names = append(names, c.Name)
 	}
 	if !slices.Contains(names, container) {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/mqlet/mqlet/agent/podspec"
 	"github.com/mqlet/mqlet/agent/sysctl"
 	"github.com/mqlet/mqlet/core/source"
 	v1 "k8s.io/api/core/v1"
@@ -182,6 +183,11 @@ func setDefaults(pod *v1.Pod, nodeName string) {
 	for i := range s.Containers {
 		defaultContainer(&s.Containers[i])
 	}
+	for i := range s.EphemeralContainers {
+		c := v1.Container(s.EphemeralContainers[i].EphemeralContainerCommon)
+		defaultContainer(&c)
+		s.EphemeralContainers[i].EphemeralContainerCommon = v1.EphemeralContainerCommon(c)
+	}
 }
 
 func defaultContainer(c *v1.Container) {
@@ -283,6 +289,7 @@ func validatePod(pod *v1.Pod) field.ErrorList {
 		}
 		errs = append(errs, validateContainer(&pod.Spec.Containers[i], spec.Child("containers").Index(i), names)...)
 	}
+	errs = append(errs, validateEphemeral(&pod.Spec, spec, names)...)
 	errs = append(errs, validateObjectVolumes(&pod.Spec, spec)...) // objvolumes.go
 	errs = append(errs, validateImageVolumes(&pod.Spec, spec)...)  // imagevolumes.go
 	return append(errs, checkFields(&pod.Spec, errs)...)           // fields.go: no field silently ignored
@@ -403,4 +410,25 @@ func sortedKeys[K ~string, V any](m map[K]V) []K {
 	}
 	sort.Slice(keys, func(i, j int) bool { return keys[i] < keys[j] })
 	return keys
+}
+
+// validateEphemeral checks the ephemeral containers like the others (names unique across all of
+// the pod's containers) and their targetContainerName, which must name an init or app container
+// (the API's rule). Fields the API forbids on them (ports, probes...) are refused by FieldRules.
+func validateEphemeral(spec *v1.PodSpec, path *field.Path, names map[string]*field.Path) field.ErrorList {
+	var errs field.ErrorList
+	targets := map[string]bool{}
+	for _, c := range podspec.AllContainers(spec) {
+		targets[c.Name] = true
+	}
+	for i := range spec.EphemeralContainers {
+		ec := &spec.EphemeralContainers[i]
+		p := path.Child("ephemeralContainers").Index(i)
+		c := v1.Container(ec.EphemeralContainerCommon)
+		errs = append(errs, validateContainer(&c, p, names)...)
+		if t := ec.TargetContainerName; t != "" && !targets[t] {
+			errs = append(errs, field.NotFound(p.Child("targetContainerName"), t))
+		}
+	}
+	return errs
 }

@@ -41,8 +41,8 @@ type FieldRule struct {
 	// used tells whether a pod uses the field in the way the class is about (a Refused or Warned
 	// field left at its default is fine); nil means any value that is not empty.
 	used func(reflect.Value) bool
-	// derived rules only list the fields of a refused parent (ephemeral containers), so the
-	// inventory test notices new ones; they are neither checked nor printed on their own.
+	// derived rules repeat a containers[*] rule for ephemeral containers: checked like it, not
+	// printed again in docs/pods.md (the containers[*] row says it).
 	derived bool
 }
 
@@ -72,7 +72,7 @@ func FieldRules() []FieldRule {
 		{Path: "volumes", Class: Implemented, Note: "the sources below"},
 		{Path: "initContainers", Class: Implemented, Note: "in order, before the app containers; a sidecar (restartPolicy Always) starts in that order and runs beside them"},
 		{Path: "containers", Class: Implemented},
-		{Path: "ephemeralContainers", Class: Refused, Note: "added through the API's ephemeralcontainers subresource (kubectl debug), which the node does not serve; every field of an ephemeral container goes with it"},
+		{Path: "ephemeralContainers", Class: Implemented, Note: "added to a running pod through the API's ephemeralcontainers subresource (kubectl debug, via mqlet-bridge) or with the pod's spec: started once in the pod's network, IPC and UTS namespaces, never restarted, not probed, not part of the pod's phase or readiness, stopped with the pod. Its fields are a container's (the containers[*] rows apply), except those below"},
 		{Path: "restartPolicy", Class: Implemented},
 		{Path: "terminationGracePeriodSeconds", Class: Implemented},
 		{Path: "activeDeadlineSeconds", Class: Implemented, Note: "the pod fails with DeadlineExceeded"},
@@ -247,14 +247,29 @@ func FieldRules() []FieldRule {
 		out = append(out, r)
 	}
 	out = append(out, volumeRules...)
-	// Ephemeral containers are refused whole; their fields are listed so that the inventory test
-	// sees a new one.
+	// An ephemeral container's fields are a container's and take the container's rule (derived:
+	// checked, not printed again), except those the API forbids on an ephemeral container, which
+	// are refused with their parts, and targetContainerName, which containers do not have.
+	forbidden := map[string]bool{"ports": true, "resources": true, "resizePolicy": true, "restartPolicy": true, "restartPolicyRules": true,
+		"livenessProbe": true, "readinessProbe": true, "startupProbe": true, "lifecycle": true}
 	for _, r := range containerRules {
-		if !strings.Contains(r.Path, ".") && !strings.Contains(r.Path, "[") {
-			out = append(out, FieldRule{Path: "ephemeralContainers[*]." + r.Path, Class: Refused, derived: true})
+		top := r.Path
+		if i := strings.IndexAny(top, ".["); i >= 0 {
+			top = top[:i]
 		}
+		if forbidden[top] {
+			if top == r.Path {
+				out = append(out, FieldRule{Path: "ephemeralContainers[*]." + r.Path, Class: Refused,
+					Note: "not allowed on an ephemeral container (the API forbids it too): it runs once, unprobed, with no resources of its own"})
+			}
+			continue
+		}
+		r.Path = "ephemeralContainers[*]." + r.Path
+		r.derived = true
+		out = append(out, r)
 	}
-	return append(out, FieldRule{Path: "ephemeralContainers[*].targetContainerName", Class: Refused, derived: true})
+	return append(out, FieldRule{Path: "ephemeralContainers[*].targetContainerName", Class: Implemented,
+		Note: "the ephemeral container joins the PID namespace of the named container's running task (kubectl debug --target), unless the pod shares one process namespace (shareProcessNamespace), whose it joins. While the target runs no task, the start fails (CreateContainerError) and is retried with back-off"})
 }
 
 // checkFields returns an error for each Refused field pod uses and each value of an Implemented
@@ -267,7 +282,7 @@ func checkFields(spec *v1.PodSpec, found field.ErrorList) field.ErrorList {
 	}
 	var errs field.ErrorList
 	for _, r := range FieldRules() {
-		if r.Class != Refused || r.derived {
+		if r.Class != Refused {
 			continue
 		}
 		for _, p := range usedAt(spec, r) {

@@ -255,6 +255,9 @@ func TestEveryClassifiedFieldActs(t *testing.T) {
 			always := v1.ContainerRestartPolicyAlways
 			p.Spec.InitContainers = []v1.Container{{Name: "i", Image: "busybox:1", RestartPolicy: &always}}
 			want = "spec.initContainers[0].restartPolicy"
+		} else if r.Path == "ephemeralContainers[*].resources" {
+			// A struct is set by its fields; the API forbids them all on an ephemeral container.
+			setAt(t, reflect.ValueOf(&p.Spec), strings.Split(r.Path+".limits", "."))
 		} else {
 			setAt(t, reflect.ValueOf(&p.Spec), strings.Split(r.Path, "."))
 		}
@@ -376,5 +379,41 @@ func TestFieldWarningsAndDefaults(t *testing.T) {
 	slices.Sort(want)
 	if !slices.Equal(ws, want) {
 		t.Errorf("warnings:\n %q\nwant\n %q", ws, want)
+	}
+}
+
+// An ephemeral container (kubectl debug) is admitted and defaulted like a container; its target
+// must be one of the pod's containers, its name unique, and a refused container field (volumeDevices)
+// or one the API forbids on it (ports) refuses the pod naming its path.
+func TestEphemeralContainers(t *testing.T) {
+	debug := func(target string) v1.EphemeralContainer {
+		return v1.EphemeralContainer{TargetContainerName: target,
+			EphemeralContainerCommon: v1.EphemeralContainerCommon{Name: "debugger", Image: "busybox:1", Command: []string{"sleep", "3600"}}}
+	}
+	p := basePod()
+	p.Spec.EphemeralContainers = []v1.EphemeralContainer{debug("c")}
+	got, err := admitPod(p, source.MQTT)
+	if err != nil {
+		t.Fatalf("ephemeral container refused: %v", err)
+	}
+	if ec := got.Spec.EphemeralContainers[0]; ec.ImagePullPolicy != v1.PullIfNotPresent || ec.TerminationMessagePath == "" {
+		t.Errorf("ephemeral container not defaulted: %+v", ec)
+	}
+	for _, tc := range []struct {
+		mutate func(*v1.EphemeralContainer)
+		want   string
+	}{
+		{func(ec *v1.EphemeralContainer) { ec.TargetContainerName = "nope" }, `spec.ephemeralContainers[0].targetContainerName: Not found: "nope"`},
+		{func(ec *v1.EphemeralContainer) { ec.Name = "c" }, `spec.ephemeralContainers[0].name: Duplicate value: "c"`},
+		{func(ec *v1.EphemeralContainer) { ec.Ports = []v1.ContainerPort{{ContainerPort: 80}} }, "spec.ephemeralContainers[0].ports: Forbidden: not supported by mqlet: not allowed on an ephemeral container"},
+		{func(ec *v1.EphemeralContainer) { ec.VolumeDevices = []v1.VolumeDevice{{Name: "d", DevicePath: "/dev/x"}} }, "spec.ephemeralContainers[0].volumeDevices: Forbidden: not supported by mqlet"},
+	} {
+		p := basePod()
+		ec := debug("c")
+		tc.mutate(&ec)
+		p.Spec.EphemeralContainers = []v1.EphemeralContainer{ec}
+		if _, err := admitPod(p, source.MQTT); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("admitted with error %v; want %q", err, tc.want)
+		}
 	}
 }

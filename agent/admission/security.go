@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/mqlet/mqlet/agent/podspec"
 	"github.com/mqlet/mqlet/agent/sysctl"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -67,6 +68,7 @@ func validateSecurity(pod *v1.Pod, allow *sysctl.Allowlist) field.ErrorList {
 	}
 	each(pod.Spec.InitContainers, spec.Child("initContainers"))
 	each(pod.Spec.Containers, spec.Child("containers"))
+	each(podspec.EphemeralContainers(&pod.Spec), spec.Child("ephemeralContainers"))
 	return errs
 }
 
@@ -240,5 +242,6 @@ func SecurityWarnings(pod *v1.Pod) []string {
 	}
 	each(pod.Spec.InitContainers, spec.Child("initContainers"))
 	each(pod.Spec.Containers, spec.Child("containers"))
+	each(podspec.EphemeralContainers(&pod.Spec), spec.Child("ephemeralContainers"))
 	return out
 }

@@ -392,7 +392,7 @@ func (m *Manager) detect(ctx context.Context, now time.Time) (map[string]bool, e
 func (m *Manager) protected() (map[string]bool, error) {
 	keep := map[string]bool{}
 	for _, p := range m.o.Pods() {
-		for _, c := range podspec.AllContainers(&p.Spec) {
+		for _, c := range podspec.EveryContainer(&p.Spec) {
 			if n, err := ctrd.NormalizeImage(c.Image); err == nil {
 				keep[n] = true
 			}
@@ -533,7 +533,7 @@ func (m *Manager) reclaimContainers(ctx context.Context, pods []v1.Pod) (int64, 
 			continue
 		}
 		named := map[string]bool{}
-		for _, c := range podspec.AllContainers(&p.Spec) {
+		for _, c := range podspec.EveryContainer(&p.Spec) {
 			named[c.Name] = true
 		}
 		newest := map[string]ctrd.Container{}

@@ -32,7 +32,7 @@ func UsesObject(spec *v1.PodSpec, kind, name string) bool {
 			}
 		}
 	}
-	for _, c := range AllContainers(spec) {
+	for _, c := range EveryContainer(spec) {
 		for _, e := range c.EnvFrom {
 			if cm && e.ConfigMapRef != nil && e.ConfigMapRef.Name == name || secret && e.SecretRef != nil && e.SecretRef.Name == name {
 				return true
