@@ -406,7 +406,9 @@ func TestEphemeralContainers(t *testing.T) {
 		{func(ec *v1.EphemeralContainer) { ec.TargetContainerName = "nope" }, `spec.ephemeralContainers[0].targetContainerName: Not found: "nope"`},
 		{func(ec *v1.EphemeralContainer) { ec.Name = "c" }, `spec.ephemeralContainers[0].name: Duplicate value: "c"`},
 		{func(ec *v1.EphemeralContainer) { ec.Ports = []v1.ContainerPort{{ContainerPort: 80}} }, "spec.ephemeralContainers[0].ports: Forbidden: not supported by mqlet: not allowed on an ephemeral container"},
-		{func(ec *v1.EphemeralContainer) { ec.VolumeDevices = []v1.VolumeDevice{{Name: "d", DevicePath: "/dev/x"}} }, "spec.ephemeralContainers[0].volumeDevices: Forbidden: not supported by mqlet"},
+		{func(ec *v1.EphemeralContainer) {
+			ec.VolumeDevices = []v1.VolumeDevice{{Name: "d", DevicePath: "/dev/x"}}
+		}, "spec.ephemeralContainers[0].volumeDevices: Forbidden: not supported by mqlet"},
 	} {
 		p := basePod()
 		ec := debug("c")
