@@ -101,11 +101,19 @@ func (r *Runtime) StartContainer(ctx context.Context, pod *v1.Pod, sb *Sandbox, 
 	if err := r.setUpImageVolumes(ctx, pod, sb, c); err != nil { // imagevolume.go
 		return Container{}, err
 	}
+	// ephemeral.go: kubectl debug --target. The target's namespace is held open until runc has
+	// joined it, when the task is created.
+	targetOpts, releaseTarget, err := r.targetPIDOpts(ctx, pod, c)
+	if err != nil {
+		return Container{}, err
+	}
+	defer releaseTarget()
 	id := ContainerID(string(pod.UID), c.Name, restarts)
 	opts, stage, err := r.specOpts(pod, sb, c, img, id)
 	if err != nil {
 		return Container{}, startErr(err)
 	}
+	opts = append(opts, targetOpts...) // replaces the pod's PID namespace (a new one) with the target's
 	// The hostPath and subPath mounts come from this stage (mountstage.go), which runc reads when
 	// it creates the task: it stays until then, and goes however this returns.
 	defer stage.Release()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mqlet/mqlet/agent/ctrd"
+	"github.com/mqlet/mqlet/agent/podspec"
 	"github.com/mqlet/mqlet/core/event"
 	v1 "k8s.io/api/core/v1"
 )
@@ -28,6 +29,9 @@ func (w *Worker) emitContainer(pod *v1.Pod, name string, typ event.Type, reason,
 func fieldPath(pod *v1.Pod, name string) string {
 	if isInit(pod, name) {
 		return fmt.Sprintf("spec.initContainers{%s}", name)
+	}
+	if podspec.Ephemeral(&pod.Spec, name) != nil {
+		return fmt.Sprintf("spec.ephemeralContainers{%s}", name)
 	}
 	return fmt.Sprintf("spec.containers{%s}", name)
 }

@@ -21,6 +21,9 @@ import (
 // policyFor is the restart policy container c lives under: the pod's, except for a sidecar, which
 // restarts until the pod is done.
 func (w *Worker) policyFor(pod *v1.Pod, c *v1.Container) v1.RestartPolicy {
+	if podspec.Ephemeral(&pod.Spec, c.Name) != nil {
+		return v1.RestartPolicyNever // an ephemeral container runs once, whatever the pod's policy (ephemeral.go)
+	}
 	if podspec.Sidecar(&pod.Spec, c.Name) == nil {
 		return pod.Spec.RestartPolicy
 	}
@@ -76,8 +79,9 @@ func (w *Worker) sidecarStarted(c *v1.Container, cur *ctrd.Container) bool {
 }
 
 // stopSidecars stops the running sidecars of a pod that is done, in reverse spec order, each with
-// the pod's grace period, keeping their exits visible. It reports whether it stopped any; the next
-// sync records their exits as final.
+// the pod's grace period, keeping their exits visible; its running ephemeral containers stop with
+// them, as kubelet stops everything of a pod that finished. It reports whether it stopped any; the
+// next sync records their exits as final.
 func (w *Worker) stopSidecars(ctx context.Context, pod *v1.Pod, newest map[string]*ctrd.Container) bool {
 	var running []ctrd.Container
 	for i := range pod.Spec.InitContainers {
@@ -86,10 +90,15 @@ func (w *Worker) stopSidecars(ctx context.Context, pod *v1.Pod, newest map[strin
 			running = append(running, *cur)
 		}
 	}
+	for _, ec := range pod.Spec.EphemeralContainers {
+		if cur := newest[ec.Name]; cur != nil && cur.State == ctrd.StateRunning {
+			running = append(running, *cur)
+		}
+	}
 	if len(running) == 0 {
 		return false
 	}
-	w.env.Log.Info("pod done; stopping its sidecars", "sidecars", len(running))
+	w.env.Log.Info("pod done; stopping its sidecars and ephemeral containers", "containers", len(running))
 	w.killing(pod, running...)
 	w.mutations++
 	rt := w.withOrderedStop(pod, running...)
@@ -100,7 +109,7 @@ func (w *Worker) stopSidecars(ctx context.Context, pod *v1.Pod, newest map[strin
 		go func() {
 			defer wg.Done()
 			if err := rt.kill(ctx, c.ID, g); err != nil {
-				w.env.Log.Error("stop sidecar of a finished pod", "container", c.Name, "err", err)
+				w.env.Log.Error("stop sidecar or ephemeral container of a finished pod", "container", c.Name, "err", err)
 			}
 		}()
 	}

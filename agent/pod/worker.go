@@ -464,6 +464,9 @@ func (w *Worker) ensureSandbox(ctx context.Context, pod *v1.Pod, observed []ctrd
 		if isInit(pod, name) {
 			r.terminated, r.crashes, r.retryAt, r.failure = nil, 0, time.Time{}, nil
 		}
+		if podspec.Ephemeral(&pod.Spec, name) != nil {
+			ranOnce(r, time.Now()) // ephemeral.go: it went with the old sandbox and does not run again
+		}
 	}
 	return w.env.Runtime.ListContainers(ctx, string(pod.UID))
 }
@@ -512,7 +515,7 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 		return w.sandboxFailed(ctx, pod, observed, err)
 	}
 	wanted := map[string]bool{}
-	for _, c := range podspec.AllContainers(&pod.Spec) {
+	for _, c := range podspec.EveryContainer(&pod.Spec) {
 		wanted[c.Name] = true
 	}
 	// Keep only the newest attempt of each container; older ones and containers the spec no longer
@@ -584,6 +587,8 @@ func (w *Worker) sync(ctx context.Context, pod *v1.Pod) time.Duration {
 			want(reconcile(c, newest[c.Name]))
 		}
 	}
+	// Whether or not the init containers are done, as kubelet starts them (ephemeral.go).
+	want(w.syncEphemeral(pod, newest, stoppedSidecars, reconcile))
 	if !w.done && w.finished(pod) {
 		// The app containers finished for good, or a regular init container failed for good:
 		// the next sync stops the sidecars.
@@ -689,10 +694,13 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 	}
 	if cur != nil {
 		attempt = cur.RestartCount + 1
+		// An ephemeral container is never replaced: the API lets no field of it change, and one
+		// from another source that changed still ran once (ephemeral.go).
+		changed := podspec.Ephemeral(&pod.Spec, c.Name) == nil && !ctrspec.SpecHashMatches(cur.Hash, pod, c)
 		switch {
-		case !ctrspec.SpecHashMatches(cur.Hash, pod, c) && w.resizeInPlace(ctx, pod, c, cur): // resize.go
+		case changed && w.resizeInPlace(ctx, pod, c, cur): // resize.go
 			return 0
-		case !ctrspec.SpecHashMatches(cur.Hash, pod, c):
+		case changed:
 			w.env.Log.Info("container spec changed; recreating", "container", c.Name)
 			if !w.stopAndRemove(ctx, pod, cur) {
 				return relistRetry
@@ -873,6 +881,7 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*ctrd.Container, now tim
 	for i := range pod.Spec.Containers {
 		ctrs = append(ctrs, w.containerStatus(pod, &pod.Spec.Containers[i], newest[pod.Spec.Containers[i].Name], now))
 	}
+	eph := w.ephemeralStatuses(pod, newest, now) // ephemeral.go: in neither the phase nor the conditions
 
 	w.mu.Lock()
 	prev, failure := w.status, w.life.Failure
@@ -880,7 +889,7 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*ctrd.Container, now tim
 	if failure != nil {
 		// Containers that never ran have nothing to report in a pod the node failed (kubelet
 		// reports a pod rejected at admission with no container statuses at all).
-		init, ctrs = withoutWaiting(init), withoutWaiting(ctrs)
+		init, ctrs, eph = withoutWaiting(init), withoutWaiting(ctrs), withoutWaiting(eph)
 	}
 	st := v1.PodStatus{
 		Phase:                 Phase(&pod.Spec, init, ctrs),
@@ -908,6 +917,9 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*ctrd.Container, now tim
 	if len(init) == 0 {
 		st.InitContainerStatuses = nil
 	}
+	if len(eph) > 0 {
+		st.EphemeralContainerStatuses = eph
+	}
 	// The generation the worker runs: a spec update that changes nothing else (tolerations, an
 	// active deadline) is news too, as kubelet's status.observedGeneration.
 	st.ObservedGeneration = pod.Generation
@@ -929,7 +941,8 @@ func equalStatus(a, b *v1.PodStatus) bool {
 		a.ObservedGeneration == b.ObservedGeneration &&
 		condStates(a.Conditions) == condStates(b.Conditions) &&
 		equality.Semantic.DeepEqual(a.ContainerStatuses, b.ContainerStatuses) &&
-		equality.Semantic.DeepEqual(a.InitContainerStatuses, b.InitContainerStatuses)
+		equality.Semantic.DeepEqual(a.InitContainerStatuses, b.InitContainerStatuses) &&
+		equality.Semantic.DeepEqual(a.EphemeralContainerStatuses, b.EphemeralContainerStatuses)
 }
 
 func condStates(cs []v1.PodCondition) string {

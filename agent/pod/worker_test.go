@@ -345,7 +345,7 @@ func describe(st *v1.PodStatus) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "phase=%s", st.Phase)
-	for _, group := range [][]v1.ContainerStatus{st.InitContainerStatuses, st.ContainerStatuses} {
+	for _, group := range [][]v1.ContainerStatus{st.InitContainerStatuses, st.ContainerStatuses, st.EphemeralContainerStatuses} {
 		for _, cs := range group {
 			fmt.Fprintf(&b, " %s(restarts=%d ", cs.Name, cs.RestartCount)
 			switch s := cs.State; {
