@@ -12,9 +12,9 @@ type Ref struct {
 }
 
 // References lists the configMaps and secrets a pod needs on its node: volumes (configMap,
-// secret, projected sources), env valueFrom, envFrom of every init and app container, and
+// secret, projected sources), env valueFrom, envFrom of every init, app and ephemeral container, and
 // imagePullSecrets (which are always optional: kubelet pulls without a missing one). A name
-// referenced both optionally and not counts as required. Order: first reference first.
+// referenced both optionally and not counts as required. Ephemeral containers' env counts too. Order: first reference first.
 func References(spec *v1.PodSpec) []Ref {
 	var out []Ref
 	at := map[Ref]int{} // Kind+Name (Optional false) -> index in out
@@ -77,6 +77,9 @@ func References(spec *v1.PodSpec) []Ref {
 	}
 	containers(spec.InitContainers)
 	containers(spec.Containers)
+	for i := range spec.EphemeralContainers { // kubectl debug's containers read env like any
+		containers([]v1.Container{v1.Container(spec.EphemeralContainers[i].EphemeralContainerCommon)})
+	}
 	for _, s := range spec.ImagePullSecrets {
 		add("Secret", s.Name, &yes)
 	}

@@ -64,6 +64,9 @@ func sanitizePod(in *v1.Pod, keepTokens bool) *v1.Pod {
 		for i := range p.Spec.Containers {
 			dropMounts(&p.Spec.Containers[i], drop)
 		}
+		for i := range p.Spec.EphemeralContainers { // the same fields as a container's
+			dropMounts((*v1.Container)(&p.Spec.EphemeralContainers[i].EphemeralContainerCommon), drop)
+		}
 	}
 	return p
 }

@@ -35,6 +35,10 @@ func admitAsNode(t *testing.T, node string, p *v1.Pod) (*v1.Pod, []string, error
 
 func TestSanitizedAPIPodPassesTheNodesAdmissionWithoutWarnings(t *testing.T) {
 	in := apiPod("default", "web-1", "edge-a", "6f1c2d3e-aaaa-4bbb-8ccc-0123456789ab")
+	// As kubectl debug --target adds one through the ephemeralcontainers subresource, defaulted.
+	in.Spec.EphemeralContainers = []v1.EphemeralContainer{{TargetContainerName: in.Spec.Containers[0].Name,
+		EphemeralContainerCommon: v1.EphemeralContainerCommon{Name: "debugger-x7k2p", Image: "busybox:1.36", Command: []string{"sleep", "3600"},
+			TerminationMessagePath: "/dev/termination-log", TerminationMessagePolicy: v1.TerminationMessageReadFile, ImagePullPolicy: v1.PullIfNotPresent}}}
 	before, _ := json.Marshal(in)
 	p := SanitizePod(in)
 	after, _ := json.Marshal(in)
@@ -65,6 +69,8 @@ func TestSanitizedAPIPodPassesTheNodesAdmissionWithoutWarnings(t *testing.T) {
 func TestSanitizeStripsOnlyWhatItMust(t *testing.T) {
 	in := apiPod("default", "web-1", "edge-a", "6f1c2d3e-aaaa-4bbb-8ccc-0123456789ab")
 	in.Spec.InitContainers = []v1.Container{{Name: "init", Image: "x:1", VolumeMounts: in.Spec.Containers[0].VolumeMounts}}
+	in.Spec.EphemeralContainers = []v1.EphemeralContainer{{TargetContainerName: in.Spec.Containers[0].Name,
+		EphemeralContainerCommon: v1.EphemeralContainerCommon{Name: "debugger", Image: "x:1", VolumeMounts: in.Spec.Containers[0].VolumeMounts}}}
 	p := SanitizePod(in)
 	if p.ManagedFields != nil || p.ResourceVersion != "" {
 		t.Errorf("managedFields %v, resourceVersion %q: want both gone", p.ManagedFields, p.ResourceVersion)
@@ -72,7 +78,7 @@ func TestSanitizeStripsOnlyWhatItMust(t *testing.T) {
 	if len(p.Spec.Volumes) != 1 || p.Spec.Volumes[0].Name != "config" {
 		t.Errorf("volumes %+v: want only config", p.Spec.Volumes)
 	}
-	for _, cs := range [][]v1.Container{p.Spec.InitContainers, p.Spec.Containers} {
+	for _, cs := range [][]v1.Container{p.Spec.InitContainers, p.Spec.Containers, {v1.Container(p.Spec.EphemeralContainers[0].EphemeralContainerCommon)}} {
 		if len(cs[0].VolumeMounts) != 1 || cs[0].VolumeMounts[0].Name != "config" {
 			t.Errorf("container %s mounts %+v: want only config", cs[0].Name, cs[0].VolumeMounts)
 		}
