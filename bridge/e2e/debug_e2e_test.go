@@ -1,0 +1,100 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// TestKubectlDebug: what `kubectl debug --target` does, through the API's pods/ephemeralcontainers
+// subresource (client-go's UpdateEphemeralContainers, kubectl's call), reaches the edge node as a
+// pod update: the ephemeral container runs in the pod's network namespace and its target's PID
+// namespace, its status comes back as ephemeralContainerStatuses, the other container is left
+// running as it was, and it goes with the pod.
+func TestKubectlDebug(t *testing.T) {
+	w := newEdgeWorld(t)
+	w.startBridge(t, "bridge-a")
+	w.startAgent(t)
+	s := &edgeSuite{w: w}
+	ctx := context.Background()
+	pods := w.kube.CoreV1().Pods(testNS)
+
+	name := uniqueName("debugged")
+	p := edgePod(name, edgeTolerations()...)
+	p.Spec.Containers[0].Command = []string{"sh", "-c", "echo main-net=$(readlink /proc/self/ns/net); exec sleep 7777"}
+	s.createPod(t, p)
+	p = s.waitRunning(t, name)
+	main := p.Status.ContainerStatuses[0]
+	mainPid := w.tasks(t)[containerdID(main.ContainerID)]
+
+	p.Spec.EphemeralContainers = append(p.Spec.EphemeralContainers, v1.EphemeralContainer{TargetContainerName: "main",
+		EphemeralContainerCommon: v1.EphemeralContainerCommon{Name: "debugger", Image: p.Spec.Containers[0].Image,
+			Command:                  []string{"sh", "-c", `echo dbg-net=$(readlink /proc/self/ns/net); echo dbg-pid1=$(tr '\0' ' ' < /proc/1/cmdline); exec sleep 3600`},
+			TerminationMessagePolicy: v1.TerminationMessageReadFile}})
+	if _, err := pods.UpdateEphemeralContainers(ctx, name, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("update pods/ephemeralcontainers of %s: %v", name, err)
+	}
+	var dbg v1.ContainerStatus
+	within(t, runBound, "ephemeral container debugger running in the API's status", func() (bool, string) {
+		got, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		p = got
+		for _, cs := range got.Status.EphemeralContainerStatuses {
+			if cs.Name == "debugger" {
+				dbg = cs
+				return cs.State.Running != nil, podSummary(got) + " debugger " + cs.State.String()
+			}
+		}
+		return false, podSummary(got) + " (no ephemeral container status yet)"
+	})
+	if dbg.ImageID == "" || dbg.ContainerID == "" || dbg.RestartCount != 0 || dbg.Ready {
+		t.Errorf("debugger status %+v; want an image id, a container id, no restarts, not ready", dbg)
+	}
+	if _, ok := w.tasks(t)[containerdID(dbg.ContainerID)]; !ok {
+		t.Errorf("debugger %s runs no task in containerd", dbg.ContainerID)
+	}
+	var log string
+	within(t, runBound, "debugger's log written", func() (bool, string) {
+		var err error
+		log, err = w.containerLog(testNS, name, "debugger")
+		return err == nil && strings.Contains(log, "dbg-pid1="), log
+	})
+	mainLog, err := w.containerLog(testNS, name, "main")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mainNet, dbgNet := grepValue(mainLog, "main-net="), grepValue(log, "dbg-net=")
+	if mainNet == "" || mainNet != dbgNet {
+		t.Errorf("network namespace: main %q, debugger %q; want the same", mainNet, dbgNet)
+	}
+	if got := grepValue(log, "dbg-pid1="); got != "sleep 7777" {
+		t.Errorf("debugger's /proc/1/cmdline %q; want its target's process, sleep 7777", got)
+	}
+	now := p.Status.ContainerStatuses[0]
+	if now.ContainerID != main.ContainerID || now.RestartCount != 0 || w.tasks(t)[containerdID(main.ContainerID)] != mainPid || !podConditionTrue(p, v1.PodReady) {
+		t.Errorf("main after the debugger was added: %+v (task pid was %d); want the same running container and a Ready pod", now, mainPid)
+	}
+
+	if err := pods.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.waitPodGone(t, p)
+	if pid, ok := w.tasks(t)[containerdID(dbg.ContainerID)]; ok {
+		t.Errorf("the pod is gone but its ephemeral container still runs (pid %d)", pid)
+	}
+}
+
+// grepValue is what follows prefix on the first line of s that starts with it.
+func grepValue(s, prefix string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), prefix); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
