@@ -637,6 +637,9 @@ func (a *Agent) plan(k source.Kind, c source.Change, desired map[types.UID]store
 			}
 			reject(source.Rejection{Ref: it.Ref, Key: key, Reason: err.Error()}, reason, byKey[key])
 			seen[key] = true // what runs under this name stays until the manifest is fixed or removed
+			if d, ok := a.deletionOfRunning(it, byKey[key], desired, k); ok {
+				p.put = append(p.put, d)
+			}
 			continue
 		}
 		uid := pod.UID
@@ -704,6 +707,35 @@ func (a *Agent) plan(k source.Kind, c source.Change, desired map[types.UID]store
 	}
 	slices.Sort(p.del)
 	return p
+}
+
+// deletionOfRunning is, for an item admission refused that deletes the pod this source runs under
+// uid (the API's deletionTimestamp, docs/protocol.md section 4.3), the running version with that
+// deletion: the delete applies though the rest of the version does not, or a pod whose last update
+// was refused (an ephemeral container the policy denies) could never be deleted.
+func (a *Agent) deletionOfRunning(it source.Item, uid types.UID, desired map[types.UID]store.DesiredPod, k source.Kind) (store.DesiredPod, bool) {
+	old, ok := desired[uid]
+	if it.Pod == nil || it.Pod.DeletionTimestamp == nil || !ok || old.Source.Kind != k || it.Pod.UID != "" && it.Pod.UID != uid ||
+		old.Generation > it.Generation || old.Pod.DeletionTimestamp != nil && removalGraceOf(old.Pod) <= removalGraceOf(it.Pod) {
+		return store.DesiredPod{}, false
+	}
+	p, err := admission.WithDeletion(old.Pod, it.Pod)
+	if err != nil {
+		a.log.Error("deletion of a pod whose version was refused", "pod", source.Key(it.Pod), "err", err)
+		return store.DesiredPod{}, false
+	}
+	return store.DesiredPod{Pod: p, Source: it.Ref, Generation: it.Generation}, true
+}
+
+// removalGraceOf is a deleting pod's deletionGracePeriodSeconds, or its spec's grace; -1 unset.
+func removalGraceOf(p *v1.Pod) int64 {
+	if g := p.DeletionGracePeriodSeconds; g != nil {
+		return *g
+	}
+	if g := p.Spec.TerminationGracePeriodSeconds; g != nil {
+		return *g
+	}
+	return -1
 }
 
 // sameConfig reports whether two versions of a desired pod are the same: by admission's config

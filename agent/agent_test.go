@@ -18,6 +18,7 @@ import (
 	"github.com/mqlet/mqlet/core/source"
 	"github.com/mqlet/mqlet/store"
 	v1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -561,4 +562,39 @@ func TestRunLeavesNoGoroutines(t *testing.T) {
 	eventually(t, "pods run", func() bool { return rt.podContainers(uidOf(a, "a")) == 1 && rt.podContainers(uidOf(a, "b")) == 1 })
 	a.stopAgent()
 	eventually(t, "goroutines end", func() bool { return runtime.NumGoroutine() <= before })
+}
+
+// A deletion carried by a version admission refuses (the API's pod after kubectl debug added an
+// ephemeral container the policy denies) still deletes the version that runs, or the pod could
+// never be deleted; a refused version without a deletion changes nothing.
+func TestRefusedVersionStillDeletes(t *testing.T) {
+	rt, st, src := newFakeRuntime(), store.NewMemory(), newFakeSource(source.MQTT)
+	a := startAgent(t, rt, st, src)
+	src.ch <- source.Change{Op: source.Resync}
+	ref := source.Ref{Kind: source.MQTT, Origin: "t/pods/default/m"}
+	src.ch <- source.Change{Op: source.Upsert, Items: []source.Item{{Pod: testPod("m"), Ref: ref, Generation: 1}}}
+	eventually(t, "m runs", func() bool { return a.podNames() == "default/m" && rt.podContainers(uidOf(a, "m")) == 1 })
+	uid := uidOf(a, "m")
+
+	bad := testPod("m")
+	bad.UID = uid
+	bad.Spec.EphemeralContainers = []v1.EphemeralContainer{{EphemeralContainerCommon: v1.EphemeralContainerCommon{Name: "debugger", Image: "busybox:1",
+		SecurityContext: &v1.SecurityContext{Capabilities: &v1.Capabilities{Add: []v1.Capability{"SYS_PTRACE"}}}}}}
+	src.ch <- source.Change{Op: source.Upsert, Items: []source.Item{{Pod: bad, Ref: ref, Generation: 2}}}
+	eventually(t, "the version refused", func() bool { return len(a.Rejected()) == 1 })
+	for _, p := range a.Pods() {
+		if p.DeletionTimestamp != nil || len(p.Spec.EphemeralContainers) != 0 {
+			t.Fatalf("the refused version reached the pod: deletion %v, ephemeral containers %v", p.DeletionTimestamp, p.Spec.EphemeralContainers)
+		}
+	}
+
+	deleting := bad.DeepCopy()
+	now, grace := metav1.Now(), int64(1)
+	deleting.DeletionTimestamp, deleting.DeletionGracePeriodSeconds = &now, &grace
+	src.ch <- source.Change{Op: source.Upsert, Items: []source.Item{{Pod: deleting, Ref: ref, Generation: 3}}}
+	eventually(t, "m's containers stopped and removed", func() bool { return rt.podContainers(uid) == 0 })
+	ds, _, _ := st.ListDesired()
+	if len(ds) != 1 || ds[0].Pod.DeletionTimestamp == nil || len(ds[0].Pod.Spec.EphemeralContainers) != 0 || ds[0].Generation != 3 {
+		t.Errorf("stored %+v; want the running version with the deletion, at generation 3", ds)
+	}
 }

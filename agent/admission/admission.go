@@ -99,13 +99,42 @@ func (a Admitter) Admit(it source.Item) (*v1.Pod, error) {
 			pod.Annotations[AnnotationHostPathRoots] = string(b)
 		}
 	}
+	if err := setConfigHash(pod); err != nil {
+		return nil, err
+	}
+	return pod, nil
+}
+
+// setConfigHash sets the pod's AnnotationConfigHash: a hash of the whole admitted pod.
+func setConfigHash(pod *v1.Pod) error {
+	delete(pod.Annotations, AnnotationConfigHash)
 	sum, err := json.Marshal(pod)
 	if err != nil {
-		return nil, fmt.Errorf("hashing pod %s/%s: %w", pod.Namespace, pod.Name, err)
+		return fmt.Errorf("hashing pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	h := sha256.Sum256(sum)
 	pod.Annotations[AnnotationConfigHash] = hex.EncodeToString(h[:16])
-	return pod, nil
+	return nil
+}
+
+// WithDeletion is the admitted pod running with the deletion that a newer version of it carries
+// (deletionTimestamp and deletionGracePeriodSeconds), for a version admission refuses: a delete
+// must reach what runs whatever else that version changed (an ephemeral container the policy
+// refuses, kubectl debug's SYS_PTRACE). The result is a new admitted pod; running is not modified.
+func WithDeletion(running, deleting *v1.Pod) (*v1.Pod, error) {
+	p := running.DeepCopy()
+	p.DeletionTimestamp = deleting.DeletionTimestamp.DeepCopy()
+	if g := deleting.DeletionGracePeriodSeconds; g != nil {
+		v := *g
+		p.DeletionGracePeriodSeconds = &v
+	}
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
+	}
+	if err := setConfigHash(p); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // configSource is the value kubelet would put in kubernetes.io/config.source.

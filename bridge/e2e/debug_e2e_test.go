@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -75,9 +76,69 @@ func TestKubectlDebug(t *testing.T) {
 	if got := grepValue(log, "dbg-pid1="); got != "sleep 7777" {
 		t.Errorf("debugger's /proc/1/cmdline %q; want its target's process, sleep 7777", got)
 	}
-	now := p.Status.ContainerStatuses[0]
-	if now.ContainerID != main.ContainerID || now.RestartCount != 0 || w.tasks(t)[containerdID(main.ContainerID)] != mainPid || !podConditionTrue(p, v1.PodReady) {
-		t.Errorf("main after the debugger was added: %+v (task pid was %d); want the same running container and a Ready pod", now, mainPid)
+	untouched := func(when string) {
+		t.Helper()
+		now := p.Status.ContainerStatuses[0]
+		if now.ContainerID != main.ContainerID || now.RestartCount != 0 || w.tasks(t)[containerdID(main.ContainerID)] != mainPid || !podConditionTrue(p, v1.PodReady) {
+			t.Errorf("main %s: %+v (task pid was %d); want the same running container and a Ready pod", when, now, mainPid)
+		}
+	}
+	untouched("after the debugger was added")
+
+	// kubectl debug itself, without -i/-t (stdin and terminals are not served yet), with the
+	// baseline profile: its default, general, adds the SYS_PTRACE capability, which the node's
+	// default MQTT policy refuses (below). Then kubectl exec into it.
+	image := p.Spec.Containers[0].Image
+	if out, errOut, code := w.kubectl(t, "", 60*time.Second, "debug", name, "--image="+image, "--image-pull-policy=IfNotPresent",
+		"--target=main", "--profile=baseline", "-c", "kdebug", "--", "sleep", "3600"); code != 0 {
+		t.Fatalf("kubectl debug: exit %d, %s %s", code, out, errOut)
+	}
+	within(t, runBound, "kubectl debug's container kdebug running", func() (bool, string) {
+		got, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, cs := range got.Status.EphemeralContainerStatuses {
+			if cs.Name == "kdebug" {
+				return cs.State.Running != nil, cs.State.String()
+			}
+		}
+		return false, podSummary(got)
+	})
+	out, errOut, code := w.kubectl(t, "", 60*time.Second, "exec", name, "-c", "kdebug", "--", "cat", "/proc/1/cmdline")
+	if code != 0 || out != "sleep\x007777\x00" {
+		t.Errorf("kubectl exec -c kdebug -- cat /proc/1/cmdline: %q (stderr %q, exit %d); want the target's sleep 7777", out, errOut, code)
+	}
+
+	// The general profile's SYS_PTRACE: the node refuses that version of the pod by its policy
+	// (a PolicyDenied event naming the capability) and keeps running the one it has.
+	if out, errOut, code := w.kubectl(t, "", 60*time.Second, "debug", name, "--image="+image, "--image-pull-policy=IfNotPresent",
+		"--target=main", "-c", "ptrace", "--", "sleep", "3600"); code != 0 {
+		t.Fatalf("kubectl debug (general profile): exit %d, %s %s", code, out, errOut)
+	}
+	within(t, runBound, "a PolicyDenied event naming SYS_PTRACE", func() (bool, string) {
+		evs, err := w.kube.EventsV1().Events(testNS).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		var seen []string
+		for _, e := range evs.Items {
+			if e.Regarding.Kind == "Pod" && e.Regarding.Name == name {
+				seen = append(seen, e.Reason+": "+e.Note)
+				if e.Reason == "PolicyDenied" && strings.Contains(e.Note, "SYS_PTRACE") {
+					return true, ""
+				}
+			}
+		}
+		return false, strings.Join(seen, "; ")
+	})
+	p, err = pods.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	untouched("after two more ephemeral containers, one refused")
+	if cs := p.Status.EphemeralContainerStatuses; len(cs) != 2 {
+		t.Errorf("ephemeral container statuses %v; want debugger and kdebug only (ptrace was refused)", cs)
 	}
 
 	if err := pods.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
