@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/podspec"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"sigs.k8s.io/yaml"
@@ -281,6 +282,10 @@ func describePod(out io.Writer, pod *v1.Pod, now time.Time) error {
 	}
 	d.header(0, "Containers")
 	describeContainers(d, pod.Spec.Containers, pod.Status.ContainerStatuses)
+	if len(pod.Spec.EphemeralContainers) > 0 { // kubectl debug's, as kubectl describe lists them
+		d.header(0, "Ephemeral Containers")
+		describeContainers(d, podspec.EphemeralContainers(&pod.Spec), pod.Status.EphemeralContainerStatuses)
+	}
 
 	if len(pod.Status.Conditions) == 0 {
 		d.line(0, "Conditions", "<none>")

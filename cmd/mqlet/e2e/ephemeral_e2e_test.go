@@ -94,6 +94,10 @@ func TestEphemeralContainerJoinsRunningPod(t *testing.T) {
 		t.Errorf("app's task pid %d, was %d: the app was restarted", pid, appPid)
 	}
 
+	if out := h.mqlet("describe", "pod", "debugged"); !strings.Contains(out, "Ephemeral Containers:") || !strings.Contains(out, "debugger") {
+		t.Errorf("mqlet describe pod lists no ephemeral container:\n%s", out)
+	}
+
 	// An agent restart adopts the debugger as it adopts the app: the same task, not run again.
 	dbgID := strings.TrimPrefix(dbg.ContainerID, "containerd://")
 	dbgPid := h.tasks()[dbgID]
