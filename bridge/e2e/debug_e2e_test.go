@@ -110,6 +110,10 @@ func TestKubectlDebug(t *testing.T) {
 		t.Errorf("kubectl exec -c kdebug -- cat /proc/1/cmdline: %q (stderr %q, exit %d); want the target's sleep 7777", out, errOut, code)
 	}
 
+	if out, errOut, code := w.kubectl(t, "", 60*time.Second, "logs", name, "-c", "debugger"); code != 0 || !strings.Contains(out, "dbg-pid1=sleep 7777") {
+		t.Errorf("kubectl logs -c debugger: %q (stderr %q, exit %d); want its output", out, errOut, code)
+	}
+
 	// The general profile's SYS_PTRACE: the node refuses that version of the pod by its policy
 	// (a PolicyDenied event naming the capability) and keeps running the one it has.
 	if out, errOut, code := w.kubectl(t, "", 60*time.Second, "debug", name, "--image="+image, "--image-pull-policy=IfNotPresent",
