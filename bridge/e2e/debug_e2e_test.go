@@ -14,7 +14,9 @@ import (
 // subresource (client-go's UpdateEphemeralContainers, kubectl's call), reaches the edge node as a
 // pod update: the ephemeral container runs in the pod's network namespace and its target's PID
 // namespace, its status comes back as ephemeralContainerStatuses, the other container is left
-// running as it was, and it goes with the pod.
+// running as it was, and it goes with the pod. kubectl debug itself too: with exec and logs into
+// it, with -i (stdin through the attach), and with its default profile, whose SYS_PTRACE the
+// node's policy refuses without disturbing the pod or its later deletion.
 func TestKubectlDebug(t *testing.T) {
 	w := newEdgeWorld(t)
 	w.startBridge(t, "bridge-a")
@@ -85,9 +87,8 @@ func TestKubectlDebug(t *testing.T) {
 	}
 	untouched("after the debugger was added")
 
-	// kubectl debug itself, without -i/-t (stdin and terminals are not served yet), with the
-	// baseline profile: its default, general, adds the SYS_PTRACE capability, which the node's
-	// default MQTT policy refuses (below). Then kubectl exec into it.
+	// kubectl debug itself, with the baseline profile: its default, general, adds the SYS_PTRACE
+	// capability, which the node's default MQTT policy refuses (below). Then kubectl exec into it.
 	image := p.Spec.Containers[0].Image
 	if out, errOut, code := w.kubectl(t, "", 60*time.Second, "debug", name, "--image="+image, "--image-pull-policy=IfNotPresent",
 		"--target=main", "--profile=baseline", "-c", "kdebug", "--", "sleep", "3600"); code != 0 {
@@ -113,6 +114,26 @@ func TestKubectlDebug(t *testing.T) {
 	if out, errOut, code := w.kubectl(t, "", 60*time.Second, "logs", name, "-c", "debugger"); code != 0 || !strings.Contains(out, "dbg-pid1=sleep 7777") {
 		t.Errorf("kubectl logs -c debugger: %q (stderr %q, exit %d); want its output", out, errOut, code)
 	}
+
+	// kubectl debug -i: a debugger with stdin (stdinOnce), attached as soon as it runs; it reads a
+	// line through the attach and prints it beside its target's process.
+	out, errOut, code = w.kubectl(t, "from-debug\n", 120*time.Second, "debug", "-i", name, "--image="+image, "--image-pull-policy=IfNotPresent",
+		"--target=main", "--profile=baseline", "-c", "idebug", "--", "sh", "-c", `read l; echo got:$l:$(tr '\0' ' ' < /proc/1/cmdline); exit 5`)
+	if !strings.Contains(out, "got:from-debug:sleep 7777") {
+		t.Errorf("kubectl debug -i: stdout %q, stderr %q, exit %d; want the line read through the attach and the target's process", out, errOut, code)
+	}
+	within(t, runBound, "idebug terminated with its exit code 5, not restarted", func() (bool, string) {
+		got, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, cs := range got.Status.EphemeralContainerStatuses {
+			if cs.Name == "idebug" {
+				return cs.State.Terminated != nil && cs.State.Terminated.ExitCode == 5 && cs.RestartCount == 0, cs.State.String()
+			}
+		}
+		return false, podSummary(got)
+	})
 
 	// The general profile's SYS_PTRACE: the node refuses that version of the pod by its policy
 	// (a PolicyDenied event naming the capability) and keeps running the one it has.
@@ -141,8 +162,8 @@ func TestKubectlDebug(t *testing.T) {
 		t.Fatal(err)
 	}
 	untouched("after two more ephemeral containers, one refused")
-	if cs := p.Status.EphemeralContainerStatuses; len(cs) != 2 {
-		t.Errorf("ephemeral container statuses %v; want debugger and kdebug only (ptrace was refused)", cs)
+	if cs := p.Status.EphemeralContainerStatuses; len(cs) != 3 {
+		t.Errorf("ephemeral container statuses %v; want debugger, kdebug and idebug only (ptrace was refused)", cs)
 	}
 
 	if err := pods.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
