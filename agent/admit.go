@@ -65,7 +65,7 @@ func (a *Agent) admitNew(put []store.DesiredPod, del []types.UID) verdicts {
 		if leaving[uid] || w.Failed() != nil {
 			continue
 		}
-		p := w.Pod()
+		p := w.AllocatedPod() // at the resources it holds, not those of a resize still pending
 		if p.DeletionTimestamp != nil || p.Status.Phase == v1.PodFailed || p.Status.Phase == v1.PodSucceeded {
 			continue
 		}

@@ -400,6 +400,21 @@ func (a *Agent) onGone(last pod.Desired) {
 	if !again {
 		a.report.PodGone(store.DesiredPod(last))
 	}
+	if a.resizesPending() {
+		a.requestRelist() // the pod's resources are free: the relist retries deferred resizes
+	}
+}
+
+// resizesPending reports whether a pod's resize is Deferred.
+func (a *Agent) resizesPending() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, w := range a.workers {
+		if w.ResizePending() == v1.PodReasonDeferred {
+			return true
+		}
+	}
+	return false
 }
 
 // rejection is a source.Rejection with what its event says.
@@ -465,6 +480,7 @@ func (a *Agent) apply(k source.Kind, c source.Change) ([]event.Event, source.Res
 	events := a.unstoredEvents(k, nil)
 	// Admission reads the node and probes host ports: I/O, so before a.mu is taken.
 	verdicts := a.admitNew(p.put, p.del)
+	a.judgeResizes(p.put, p.del, verdicts) // resize.go: before the workers get the new versions
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -844,6 +860,7 @@ func (a *Agent) relistLoop(ctx context.Context) {
 		} else if sweep {
 			lastSweep = time.Now()
 		}
+		a.retryResizes() // resize.go
 		a.heartbeat()
 	wait:
 		for {

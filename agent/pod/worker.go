@@ -2,6 +2,7 @@ package pod
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/podspec"
@@ -127,6 +128,21 @@ type Worker struct {
 	// are not restarted. Set at the start of each sync.
 	done bool
 
+	// alloc is the cpu and memory the node set aside for each container (resize.go): the loop runs
+	// the desired pod with these. allocGen counts its changes and pending is the PodResizePending
+	// condition of a resize the agent could not allocate. Guarded by mu.
+	alloc    allocation
+	allocGen int
+	pending  *v1.PodCondition
+	// eff caches the pod the loop syncs (effective); resizeErrs holds, by container name, why its
+	// last in-place resize failed. Loop-owned.
+	eff struct {
+		src *v1.Pod
+		gen int
+		pod *v1.Pod
+	}
+	resizeErrs map[string]string
+
 	exitMsgs map[string]exitMessage // loop-owned: container name -> termination message of its last exit
 	probes   *probe.Set             // the pod's probes, for the span of Run (probes.go)
 	hooks    []containerHook        // the container hooks, for the span of Run (container_hooks.go)
@@ -136,7 +152,8 @@ type Worker struct {
 // so start times and last states survive the restart.
 func NewWorker(d Desired, prev *v1.PodStatus, env Env) *Worker {
 	pod := d.Pod
-	w := &Worker{env: env, nudge: make(chan struct{}, 1), desired: d, active: d, recs: map[string]*record{}, objects: true, stopping: make(chan struct{})}
+	w := &Worker{env: env, nudge: make(chan struct{}, 1), desired: d, active: d, recs: map[string]*record{}, objects: true, stopping: make(chan struct{}),
+		alloc: allocationOf(pod)} // the pod was admitted with what it asks for
 	if env.Log == nil {
 		w.env.Log = slog.Default()
 	}
@@ -322,11 +339,11 @@ func (w *Worker) Run(ctx context.Context) {
 		case <-timer.C:
 		}
 		w.mu.Lock()
-		d, life, ooms, objects := w.desired, w.life, w.ooms, w.objects
+		d, life, ooms, objects, alloc, allocGen := w.desired, w.life, w.ooms, w.objects, w.alloc, w.allocGen
 		w.ooms, w.objects = nil, false
 		w.mu.Unlock()
 		w.active = d
-		pod := d.Pod
+		pod := w.effective(d.Pod, alloc, allocGen) // with the resources allocated to it (resize.go)
 		todo := life.work()
 		if objects && todo == syncPod {
 			w.objectsChanged(ctx, pod)
@@ -684,6 +701,7 @@ func leftState(reason string) bool {
 // reconcile brings one container towards its spec and returns when to look again.
 func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cur *ctrd.Container, now time.Time) time.Duration {
 	r := w.rec(c.Name)
+	var next time.Duration
 	attempt := r.attempt // nothing in containerd: retry the attempt that failed to start, if any
 	if r.failure != nil && leftState(r.failure.Reason) {
 		// The failed try got as far as containerd, which may keep state under its container id
@@ -698,8 +716,8 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 		// from another source that changed still ran once (ephemeral.go).
 		changed := podspec.Ephemeral(&pod.Spec, c.Name) == nil && !ctrspec.SpecHashMatches(cur.Hash, pod, c)
 		switch {
-		case changed && w.resizeInPlace(ctx, pod, c, cur): // resize.go
-			return 0
+		case changed && w.tookResize(ctx, pod, c, cur, &next): // resize.go
+			return next
 		case changed:
 			w.env.Log.Info("container spec changed; recreating", "container", c.Name)
 			if !w.stopAndRemove(ctx, pod, cur) {
@@ -707,6 +725,7 @@ func (w *Worker) reconcile(ctx context.Context, pod *v1.Pod, c *v1.Container, cu
 			}
 			r.crashes, r.retryAt, r.failure = 0, time.Time{}, nil
 		case cur.State == ctrd.StateRunning:
+			delete(w.resizeErrs, c.Name) // it runs with its allocation
 			if killed, next := w.killUnhealthy(ctx, pod, c, cur); killed {
 				return next
 			}
@@ -914,6 +933,9 @@ func (w *Worker) publish(pod *v1.Pod, newest map[string]*ctrd.Container, now tim
 		st.Phase, st.Reason, st.Message = v1.PodFailed, failure.Reason, failure.Message
 	}
 	st.Conditions = Conditions(&pod.Spec, st.Phase, init, ctrs, prev.Conditions, metav1.NewTime(now))
+	if failure == nil && st.Phase != v1.PodSucceeded && st.Phase != v1.PodFailed {
+		st.Conditions = append(st.Conditions, w.resizeConditions(pod, newest, prev.Conditions, metav1.NewTime(now))...)
+	}
 	if len(init) == 0 {
 		st.InitContainerStatuses = nil
 	}
@@ -948,7 +970,7 @@ func equalStatus(a, b *v1.PodStatus) bool {
 func condStates(cs []v1.PodCondition) string {
 	s := ""
 	for _, c := range cs {
-		s += string(c.Type) + "=" + string(c.Status) + c.Reason + ";"
+		s += string(c.Type) + "=" + string(c.Status) + c.Reason + "/" + c.Message + ";"
 	}
 	return s
 }
@@ -966,7 +988,7 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *ctrd.Contain
 		cs.ContainerID = ctrd.StatusContainerID(cur.ID)
 		cs.RestartCount = int32(cur.RestartCount)
 		cs.ImageID = cur.ImageID
-		cs.Resources, cs.AllocatedResources = appliedResources(c)
+		cs.Resources, cs.AllocatedResources = appliedResources(c, cur)
 		switch cur.State {
 		case ctrd.StateRunning:
 			started := r.startTime(cur)
@@ -1009,22 +1031,31 @@ func (w *Worker) containerStatus(pod *v1.Pod, c *v1.Container, cur *ctrd.Contain
 }
 
 // appliedResources is a container's status.resources and allocatedResources, as kubelet reports
-// them: the requests and limits the container runs with, and the requests the node set aside for
-// it. They are the spec's: the spec hash (ctrspec.SpecHash) covers the resources, so a container in
-// containerd was made with exactly the resources of the spec it is matched to, and a change of
-// them (a resize) replaces the container rather than updating it in place.
-func appliedResources(c *v1.Container) (*v1.ResourceRequirements, v1.ResourceList) {
-	if len(c.Resources.Requests) == 0 && len(c.Resources.Limits) == 0 {
-		return nil, nil
-	}
-	r := &v1.ResourceRequirements{}
-	if len(c.Resources.Limits) > 0 {
-		r.Limits = c.Resources.Limits.DeepCopy()
-	}
+// them: the requests and limits the container runs with (what its labels record it was made or
+// last resized with: ctrd.LabelResources), and the requests the node set aside for it (c is the
+// container of the pod with its allocated resources). A container without the label (made by an
+// older mqlet) was made from a spec with c's resources: the spec hash covers them.
+func appliedResources(c *v1.Container, cur *ctrd.Container) (*v1.ResourceRequirements, v1.ResourceList) {
 	var alloc v1.ResourceList
 	if len(c.Resources.Requests) > 0 {
-		r.Requests = c.Resources.Requests.DeepCopy()
 		alloc = c.Resources.Requests.DeepCopy()
+	}
+	actual := c.Resources
+	if cur != nil && cur.Resources != "" {
+		var rec v1.ResourceRequirements
+		if json.Unmarshal([]byte(cur.Resources), &rec) == nil {
+			actual = rec
+		}
+	}
+	if len(actual.Requests) == 0 && len(actual.Limits) == 0 {
+		return nil, alloc
+	}
+	r := &v1.ResourceRequirements{}
+	if len(actual.Limits) > 0 {
+		r.Limits = actual.Limits.DeepCopy()
+	}
+	if len(actual.Requests) > 0 {
+		r.Requests = actual.Requests.DeepCopy()
 	}
 	return r, alloc
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/mqlet/mqlet/sync/protocol"
 	v1 "k8s.io/api/core/v1"
@@ -178,6 +179,12 @@ func MergeStatus(api, node *v1.PodStatus, observedGeneration int64) v1.PodStatus
 	if observedGeneration > 0 {
 		out.ObservedGeneration = observedGeneration
 	}
+	// The resize conditions are the node's alone and come and go: one the node no longer reports
+	// is over (kubelet's status manager clears them the same way).
+	out.Conditions = slices.DeleteFunc(out.Conditions, func(c v1.PodCondition) bool {
+		return (c.Type == v1.PodResizePending || c.Type == v1.PodResizeInProgress) &&
+			!slices.ContainsFunc(n.Conditions, func(nc v1.PodCondition) bool { return nc.Type == c.Type })
+	})
 	for _, nc := range n.Conditions {
 		if nc.Type == v1.PodScheduled {
 			continue

@@ -48,3 +48,29 @@ func TestMergeStatusPassesSidecarsAndResources(t *testing.T) {
 		}
 	}
 }
+
+// The resize conditions are the node's: one it stops reporting (the resize is done) leaves the API's
+// status too, where a controller's condition of another type stays.
+func TestMergeStatusClearsResizeConditions(t *testing.T) {
+	api := &v1.PodStatus{Phase: v1.PodRunning, Conditions: []v1.PodCondition{
+		{Type: v1.PodResizePending, Status: v1.ConditionTrue, Reason: v1.PodReasonDeferred},
+		{Type: v1.PodResizeInProgress, Status: v1.ConditionTrue},
+		{Type: "example.com/gate", Status: v1.ConditionTrue},
+	}}
+	node := &v1.PodStatus{Phase: v1.PodRunning, Conditions: []v1.PodCondition{{Type: v1.PodReady, Status: v1.ConditionTrue},
+		{Type: v1.PodResizeInProgress, Status: v1.ConditionTrue, Reason: v1.PodReasonError, Message: "below current usage"}}}
+	got := MergeStatus(api, node, 2)
+	types := map[v1.PodConditionType]v1.PodCondition{}
+	for _, c := range got.Conditions {
+		types[c.Type] = c
+	}
+	if _, ok := types[v1.PodResizePending]; ok {
+		t.Errorf("PodResizePending kept after the node cleared it: %+v", got.Conditions)
+	}
+	if c := types[v1.PodResizeInProgress]; c.Reason != v1.PodReasonError {
+		t.Errorf("PodResizeInProgress = %+v, want the node's", c)
+	}
+	if _, ok := types["example.com/gate"]; !ok {
+		t.Errorf("a controller's condition was dropped: %+v", got.Conditions)
+	}
+}
