@@ -149,7 +149,6 @@ var known = []struct{ spec, group, why string }{
 	{"ImageVolume should succeed", notApplicable, "image volumes work (agent/ctrd TestImageVolume), but the spec checks that the kitten image's /etc/os-release says Alpine Linux; the lane's kitten is agnhost on busybox, since upstream's alpine base is not reachable from the registries this project uses"},
 	{"consumable via the environment", notApplicable, busyboxEnv},
 	{"as environment variable names", notApplicable, busyboxEnv},
-	{"Pod InPlace Resize", notImplemented, "in-place resize is done for cpu and memory on a running container, but not the resize status the spec checks (PodResizePending/InProgress conditions, feasibility against the node), nor every case it changes"},
 }
 
 var spaces = regexp.MustCompile(`\s+`)
