@@ -24,25 +24,25 @@ type resizeJob struct {
 	d store.DesiredPod
 }
 
-// ResizeVerdict is the allocation of a resize: Reason "" allocates it; v1.PodReasonDeferred or
+// resizeVerdict is the allocation of a resize: Reason "" allocates it; v1.PodReasonDeferred or
 // v1.PodReasonInfeasible keep it pending with Message.
-type ResizeVerdict struct {
+type resizeVerdict struct {
 	Reason, Message string
 }
 
-// JudgeResize decides a resize of p: canResize says whether the runtime resizes in place, others
+// judgeResize decides a resize of p: canResize says whether the runtime resizes in place, others
 // are the node's other pods at their allocated resources, allocatable what the node offers (nil
 // skips the fit, as for admission).
-func JudgeResize(p *v1.Pod, canResize bool, others []*v1.Pod, allocatable v1.ResourceList) ResizeVerdict {
+func judgeResize(p *v1.Pod, canResize bool, others []*v1.Pod, allocatable v1.ResourceList) resizeVerdict {
 	if !canResize {
-		return ResizeVerdict{v1.PodReasonInfeasible, "In-place pod resize is not supported by this node's container runtime"}
+		return resizeVerdict{v1.PodReasonInfeasible, "In-place pod resize is not supported by this node's container runtime"}
 	}
 	if allocatable != nil {
 		if r := admission.Fit(resources.PodRequests(&p.Spec), others, allocatable); r != nil {
-			return ResizeVerdict{v1.PodReasonDeferred, r.Message}
+			return resizeVerdict{v1.PodReasonDeferred, r.Message}
 		}
 	}
-	return ResizeVerdict{}
+	return resizeVerdict{}
 }
 
 // judgeResizes allocates the resizes among put (pods of a source change) whose worker runs them and
@@ -64,9 +64,12 @@ func (a *Agent) judgeResizes(put []store.DesiredPod, del []types.UID, judged ver
 }
 
 // retryResizes judges the Deferred resizes again (kubelet retries them when pods leave and
-// periodically).
+// periodically). It runs on the relist loop, whose heartbeat must not wait for a source change
+// being applied: then it leaves the retry to the next round.
 func (a *Agent) retryResizes() {
-	a.applyMu.Lock()
+	if !a.resizesPending() || !a.applyMu.TryLock() {
+		return
+	}
 	defer a.applyMu.Unlock()
 	a.mu.Lock()
 	var jobs []resizeJob
@@ -103,7 +106,7 @@ func (a *Agent) allocate(jobs []resizeJob, leaving []types.UID) {
 	}
 	canResize := pod.CanResize(a.rt)
 	for _, j := range resizes {
-		v := JudgeResize(j.d.Pod, canResize, a.allocatedPods(j.d.Pod.UID, gone), alloc)
+		v := judgeResize(j.d.Pod, canResize, a.allocatedPods(j.d.Pod.UID, gone), alloc)
 		if v.Reason != "" {
 			if j.w.ResizePending() != v.Reason {
 				a.log.Info("pod resize pending", "pod", j.d.Pod.Namespace+"/"+j.d.Pod.Name, "reason", v.Reason, "message", v.Message)

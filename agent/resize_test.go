@@ -54,7 +54,7 @@ func TestJudgeResize(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			v := JudgeResize(tt.p, tt.canResize, others, tt.alloc)
+			v := judgeResize(tt.p, tt.canResize, others, tt.alloc)
 			if v.Reason != tt.reason || !strings.Contains(v.Message, tt.message) {
 				t.Errorf("verdict %+v, want reason %q with %q", v, tt.reason, tt.message)
 			}

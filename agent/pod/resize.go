@@ -106,7 +106,7 @@ func sameCPUMem(a, b v1.ResourceRequirements) bool {
 	return eq(x.Requests, y.Requests) && eq(x.Limits, y.Limits)
 }
 
-// ResizeRequested reports whether pod's spec asks any container for other cpu or memory than alloc
+// resizeRequested reports whether pod's spec asks any container for other cpu or memory than alloc
 // gives it. A container alloc does not know (a new one: the spec changed more than its resources)
 // takes its spec's resources and asks for nothing.
 func (alloc allocation) resizeRequested(pod *v1.Pod) bool {
