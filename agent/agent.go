@@ -860,7 +860,12 @@ func (a *Agent) relistLoop(ctx context.Context) {
 		} else if sweep {
 			lastSweep = time.Now()
 		}
-		a.retryResizes() // resize.go
+		// Deferred resizes are retried here (resize.go); when a source change holds the desired
+		// set, again a second later rather than at the next period.
+		var retry <-chan time.Time
+		if !a.retryResizes() {
+			retry = time.After(resizeRetryWait)
+		}
 		a.heartbeat()
 	wait:
 		for {
@@ -873,6 +878,11 @@ func (a *Agent) relistLoop(ctx context.Context) {
 				break wait
 			case <-beat:
 				a.heartbeat()
+			case <-retry:
+				retry = nil
+				if !a.retryResizes() {
+					retry = time.After(resizeRetryWait)
+				}
 			}
 		}
 	}

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"time"
+
 	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/agent/pod"
 	"github.com/mqlet/mqlet/agent/resources"
@@ -63,12 +65,19 @@ func (a *Agent) judgeResizes(put []store.DesiredPod, del []types.UID, judged ver
 	a.allocate(jobs, del)
 }
 
+// resizeRetryWait is how soon the relist loop tries deferred resizes again when a source change
+// held the desired set.
+const resizeRetryWait = time.Second
+
 // retryResizes judges the Deferred resizes again (kubelet retries them when pods leave and
 // periodically). It runs on the relist loop, whose heartbeat must not wait for a source change
-// being applied: then it leaves the retry to the next round.
-func (a *Agent) retryResizes() {
-	if !a.resizesPending() || !a.applyMu.TryLock() {
-		return
+// being applied: then it does nothing and reports false (the loop tries again shortly).
+func (a *Agent) retryResizes() bool {
+	if !a.resizesPending() {
+		return true
+	}
+	if !a.applyMu.TryLock() {
+		return false
 	}
 	defer a.applyMu.Unlock()
 	a.mu.Lock()
@@ -80,6 +89,7 @@ func (a *Agent) retryResizes() {
 	}
 	a.mu.Unlock()
 	a.allocate(jobs, nil)
+	return true
 }
 
 // allocate judges each job in turn, each against the others' allocation as it stands after the
