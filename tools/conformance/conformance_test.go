@@ -164,9 +164,10 @@ func TestConformance(t *testing.T) {
 		"--cni-conf-dir", net.ConfDir, "--cni-bin-dir", net.BinDir,
 		"--mqtt-broker", broker.TLS, "--mqtt-ca-file", broker.CAFile,
 		"--mqtt-cert-file", cert, "--mqtt-key-file", key,
-		// KubeletManagedEtcHosts mounts the host's /etc/hosts (hostPath): a node takes hostPath
-		// from MQTT only where its operator allows it.
-		"--mqtt-allowed-host-path", "/etc/hosts")
+		// KubeletManagedEtcHosts mounts the host's /etc/hosts (hostPath) and runs a hostNetwork
+		// pod: a node takes hostPath and the host's namespaces from MQTT only where its operator
+		// allows them, as this cluster's owner does here.
+		"--mqtt-allowed-host-path", "/etc/hosts", "--mqtt-allow-host-namespaces")
 	procs = append(procs, agent)
 	agentAPI := api.NewClient(sock)
 	waitFor(t, 60*time.Second, "the agent's local API answers", func() (bool, string) {
