@@ -140,7 +140,7 @@ const (
 )
 
 // busyboxEnv explains the envFrom specs that fail in this lane only.
-const busyboxEnv = "mqlet sets every envFrom key, names such as data-1 included (cmd/mqlet/e2e TestEnvFromConfigMapAndSecret reads one from the container's environment), but the spec reads them through `sh -c env`, and the lane's busybox is Debian's 1.35, whose sh leaves names that are not shell names out of the environment it gives env; the spec passes with the upstream busybox image the lane cannot reach"
+const busyboxEnv = "mqlet sets every envFrom key, names such as data-1 included (cmd/mqlet/e2e TestEnvFromConfigMapAndSecret reads one from the container's environment), but the spec reads them through `sh -c env`, and the lane's busybox is Debian's 1.35, whose sh leaves names that are not shell names out of the environment it gives env (Debian's 1.37, tried by hand, does the same); the spec is written for the upstream busybox image, which the lane cannot reach"
 
 // known are the specs whose failure is understood, by a part of the spec's name: the reason says
 // why, and the suite's own message follows. Checked before the patterns.
