@@ -7,24 +7,43 @@
 # rebuilt only when this recipe changes: a clean build of e2e.test takes half an hour on a loaded
 # 2-core machine.
 #
-# Usage: scripts/conformance-bins.sh [--cached-only] [version]
+# With --ci it builds the CI subset's suite instead (`make conformance-ci`, docs/testing.md "The CI
+# subset"): the test main in tools/conformance/testdata/cisuite, which imports the suite's set-up
+# and the sig-node spec packages only, into $CONF_DIR/<version>/ci-bin (still named e2e.test, beside
+# its own ginkgo), keyed by the same recipe plus that file's digest.
+#
+# Usage: scripts/conformance-bins.sh [--cached-only] [--ci] [version]
 #   version        default: the k8s.io/api version in go.mod, v0.Y.Z -> v1.Y.Z
 #   --cached-only  build nothing: print the bin directory if it is complete, else fail
+#   --ci           the CI subset's suite
 # Prints the bin directory (holding e2e.test and ginkgo) on stdout.
 set -euo pipefail
 export PATH=/usr/local/go/bin:$PATH
 
 CACHED_ONLY=0
-if [ "${1:-}" = --cached-only ]; then
-	CACHED_ONLY=1
+CI=0
+while [ $# -gt 0 ]; do
+	case $1 in
+	--cached-only) CACHED_ONLY=1 ;;
+	--ci) CI=1 ;;
+	-*)
+		echo "conformance-bins: unknown option $1" >&2
+		exit 2
+		;;
+	*) break ;;
+	esac
 	shift
-fi
+done
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 API=$(awk '$1=="k8s.io/api"{print $2; exit}' "$REPO_ROOT/go.mod")
 VERSION=${1:-v1.${API#v0.}}
 MINOR=v0.${VERSION#v1.}
 CONF_DIR=${CONF_DIR:-/var/lib/mqlet-test/conformance}
 BIN=$CONF_DIR/$VERSION/bin
+CI_SRC=$REPO_ROOT/tools/conformance/testdata/cisuite/cisuite_test.go
+if [ $CI = 1 ]; then
+	BIN=$CONF_DIR/$VERSION/ci-bin
+fi
 # The release's version stamped in, as hack/lib/version.sh does: the suite logs it and compares
 # it with the server's.
 MAJ=${VERSION#v}
@@ -36,7 +55,16 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 	VERSION_LDFLAGS+=" -X $pkg.gitVersion=$VERSION -X $pkg.gitMajor=$MAJ -X $pkg.gitMinor=$MIN -X $pkg.gitTreeState=clean"
 done
 GOFLAGS_BUILD=(-trimpath -gcflags=all=-dwarf=false -ldflags "-s -w$VERSION_LDFLAGS")
-RECIPE="go test -c ${GOFLAGS_BUILD[*]} k8s.io/kubernetes/test/e2e; go build github.com/onsi/ginkgo/v2/ginkgo"
+SUITE_PKG=k8s.io/kubernetes/test/e2e
+RECIPE="go test -c ${GOFLAGS_BUILD[*]} $SUITE_PKG; go build github.com/onsi/ginkgo/v2/ginkgo"
+if [ $CI = 1 ]; then
+	# The CI subset is built with go's default compile flags (only the link's differ), so the
+	# packages `make test` has just compiled for mqlet's own tests (client-go, api, apimachinery,
+	# klog, ...) come from the build cache; -trimpath or -gcflags would make every one a miss.
+	GOFLAGS_BUILD=(-ldflags "-s -w$VERSION_LDFLAGS")
+	SUITE_PKG=./cisuite
+	RECIPE="go test -c ${GOFLAGS_BUILD[*]} cisuite $(sha256sum <"$CI_SRC" | cut -d' ' -f1); go build github.com/onsi/ginkgo/v2/ginkgo"
+fi
 
 have_all() {
 	[ -x "$BIN/e2e.test" ] && [ -x "$BIN/ginkgo" ] &&
@@ -51,7 +79,7 @@ fi
 log() { echo "conformance-bins: $*" >&2; }
 mkdir -p "$BIN"
 # Two builds of the same version at once would each spend half an hour: the second waits.
-exec 9>"$CONF_DIR/$VERSION.lock"
+exec 9>"$CONF_DIR/$VERSION$([ $CI = 0 ] || echo -ci).lock"
 if ! flock -n 9; then
 	log "another conformance-bins.sh is building $VERSION; waiting for it"
 	flock 9
@@ -89,15 +117,20 @@ STAGING=$(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$K
 # The suite's test main imports every test package; tidy only sees what this module's files
 # import, so one file imports the suite's packages (the list e2e_test.go imports) and the ginkgo CLI.
 KSRC=$(go mod download -json "k8s.io/kubernetes@$VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+# (--ci: the cisuite package is in this module, so tidy sees its imports itself.)
 {
 	echo "//go:build tools"
 	echo "package tools"
 	echo "import ("
 	echo "	_ \"github.com/onsi/ginkgo/v2/ginkgo\""
-	sed -n '/^import (/,/^)/p' "$KSRC/test/e2e/e2e_test.go" |
+	[ $CI = 1 ] || sed -n '/^import (/,/^)/p' "$KSRC/test/e2e/e2e_test.go" |
 		grep -o '"k8s.io/kubernetes/[^"]*"' | sort -u | sed 's/^/	_ /'
 	echo ")"
 } >tools.go
+if [ $CI = 1 ]; then
+	mkdir cisuite
+	cp "$CI_SRC" cisuite/
+fi
 
 log "resolving k8s.io/kubernetes $VERSION (staging modules at $MINOR)"
 # A staging module the release does not publish at $MINOR makes tidy fail naming it: drop its
@@ -116,14 +149,14 @@ log "modules resolved ($((SECONDS - START))s); ginkgo $GINKGO_VERSION"
 
 mkdir -p out
 CGO_ENABLED=0 go build "${GOFLAGS_BUILD[@]}" -o out/ginkgo github.com/onsi/ginkgo/v2/ginkgo
-log "ginkgo built ($((SECONDS - START))s); building e2e.test (half an hour on a loaded machine; progress every 60s)"
+log "ginkgo built ($((SECONDS - START))s); building e2e.test from $SUITE_PKG (progress every 60s)"
 (
 	while sleep 60; do
 		log "building e2e.test: $((SECONDS - START))s"
 	done
 ) >&2 &
 PROGRESS_PID=$!
-if ! CGO_ENABLED=0 go test -c -o out/e2e.test "${GOFLAGS_BUILD[@]}" k8s.io/kubernetes/test/e2e 2>build.log; then
+if ! CGO_ENABLED=0 go test -c -o out/e2e.test "${GOFLAGS_BUILD[@]}" "$SUITE_PKG" 2>build.log; then
 	tail -n 40 build.log >&2
 	exit 1
 fi

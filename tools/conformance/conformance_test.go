@@ -46,6 +46,8 @@ var (
 	specLimit   = flag.Duration("conformance.timeout", 100*time.Minute, "ginkgo --timeout for the whole suite")
 	keepDir     = flag.String("conformance.keep", "", "copy the logs and the junit report here at the end")
 	dryRun      = flag.Bool("conformance.start-only", false, "start everything, check the node is Ready, stop: no suite")
+	specsFile   = flag.String("conformance.specs", "", "run exactly the specs this file lists, one name a line (tools/conformance/ci-specs.txt); replaces -conformance.focus")
+	strict      = flag.Bool("conformance.strict", false, "fail unless every selected spec ran and passed (and, with -conformance.specs, every listed one and no other)")
 )
 
 const (
@@ -57,6 +59,14 @@ const (
 func TestConformance(t *testing.T) {
 	if *binDir == "" && !*dryRun {
 		t.Fatal("-conformance.bin-dir is required (run it through `make conformance`)")
+	}
+	var listed []string
+	if *specsFile != "" {
+		var err error
+		if listed, err = readSpecList(*specsFile); err != nil {
+			t.Fatal(err)
+		}
+		*focus = focusFor(listed)
 	}
 	env := testenv.Require(t)
 	root, err := filepath.Abs("../..")
@@ -241,6 +251,18 @@ func TestConformance(t *testing.T) {
 	res := summarize(specs)
 	res.selected = selectedSpecs(filepath.Join(dir, "ginkgo.log"))
 	t.Logf("conformance: %d of %d specs passed (%d ran)", res.passed, max(res.total, res.selected), res.total)
+	if *strict {
+		problems := strictProblems(specs, res, listed)
+		for _, p := range problems {
+			t.Error(p)
+		}
+		if len(problems) == 0 && runErr != nil {
+			t.Errorf("ginkgo exited with %v though every spec passed", runErr)
+		}
+		if t.Failed() {
+			t.Logf("last lines of ginkgo's output:\n%s", tailFile(filepath.Join(dir, "ginkgo.log"), 80))
+		}
+	}
 	if *report != "" {
 		md := renderReport(res, reportInfo{procs: *ginkgoProcs, runTime: runTime, focus: *focus, skip: *skip, node: nodeName})
 		if err := os.WriteFile(*report, []byte(md), 0o644); err != nil {
