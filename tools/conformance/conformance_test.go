@@ -8,8 +8,10 @@
 // It then runs ginkgo on e2e.test and writes the result to docs/conformance.md.
 //
 // It is a test only to reuse the harness packages (they clean up through testing.TB); the build
-// tag keeps it out of `go test ./...` and CI. `make conformance` (scripts/conformance.sh) builds
-// e2e.test, ginkgo and the images first and passes their paths.
+// tag keeps it out of `go test ./...`. `make conformance` (scripts/conformance.sh) builds
+// e2e.test, ginkgo and the images first and passes their paths. `make conformance-ci`, part of
+// `make test`, runs the specs ci-specs.txt lists with -conformance.specs and -conformance.strict
+// and no report.
 package conformance
 
 import (
