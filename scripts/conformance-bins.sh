@@ -9,8 +9,9 @@
 #
 # With --ci it builds the CI subset's suite instead (`make conformance-ci`, docs/testing.md "The CI
 # subset"): the test main in tools/conformance/testdata/cisuite, which imports the suite's set-up
-# and the sig-node spec packages only, into $CONF_DIR/<version>/ci-bin (still named e2e.test, beside
-# its own ginkgo), keyed by the same recipe plus that file's digest.
+# and the spec packages test/e2e/common and test/e2e/node only (a quarter less to compile), into
+# $CONF_DIR/<version>/ci-bin (still named e2e.test, beside its own ginkgo), keyed by the same
+# recipe plus that file's digest.
 #
 # Usage: scripts/conformance-bins.sh [--cached-only] [--ci] [version]
 #   version        default: the k8s.io/api version in go.mod, v0.Y.Z -> v1.Y.Z
