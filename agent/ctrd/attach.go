@@ -95,29 +95,11 @@ func (r *Runtime) AttachStream(ctx context.Context, id string, s ExecStreams) (i
 		})
 	}
 	if labels[LabelTTY] == "true" {
-		resize := func(sz TermSize) {
-			if sz.Width == 0 || sz.Height == 0 {
-				return
-			}
-			if err := task.Resize(wctx, uint32(sz.Width), uint32(sz.Height)); err != nil && !errdefs.IsNotFound(err) {
-				r.log.Debug("attach resize", "container", id, "err", err)
-			}
-		}
-		resize(s.Size)
+		resize := func(w, h uint32) error { return task.Resize(wctx, w, h) }
+		log := r.log.With("attach to", id)
+		applySize(s.Size, resize, log)
 		if s.Resize != nil {
-			helpers.Go(func() {
-				for {
-					select {
-					case <-done:
-						return
-					case sz, ok := <-s.Resize:
-						if !ok {
-							return
-						}
-						resize(sz)
-					}
-				}
-			})
+			helpers.Go(func() { followSizes(done, s.Resize, resize, log) })
 		}
 	}
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"sync"
 	"syscall"
 	"time"
@@ -133,22 +134,7 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s Exe
 	}
 	if s.TTY && s.Resize != nil {
 		helpers.Go(func() {
-			for {
-				select {
-				case <-done:
-					return
-				case sz, ok := <-s.Resize:
-					if !ok {
-						return
-					}
-					if sz.Width == 0 || sz.Height == 0 {
-						continue
-					}
-					if err := proc.Resize(wctx, uint32(sz.Width), uint32(sz.Height)); err != nil && !errdefs.IsNotFound(err) {
-						r.log.Debug("exec resize", "container", id, "err", err)
-					}
-				}
-			}
+			followSizes(done, s.Resize, func(w, h uint32) error { return proc.Resize(wctx, w, h) }, r.log.With("exec in", id))
 		})
 	}
 
@@ -189,6 +175,32 @@ func (r *Runtime) ExecStream(ctx context.Context, id string, cmd []string, s Exe
 }
 
 var errExecEnded = errors.New("exec ended")
+
+// followSizes applies each terminal size from sizes with resize until done or sizes closes; an
+// empty size (a client that does not know it) is skipped.
+func followSizes(done <-chan struct{}, sizes <-chan TermSize, resize func(w, h uint32) error, log *slog.Logger) {
+	for {
+		select {
+		case <-done:
+			return
+		case sz, ok := <-sizes:
+			if !ok {
+				return
+			}
+			applySize(sz, resize, log)
+		}
+	}
+}
+
+// applySize resizes a terminal to sz, unless sz is empty.
+func applySize(sz TermSize, resize func(w, h uint32) error, log *slog.Logger) {
+	if sz.Width == 0 || sz.Height == 0 {
+		return
+	}
+	if err := resize(uint32(sz.Width), uint32(sz.Height)); err != nil && !errdefs.IsNotFound(err) {
+		log.Debug("terminal resize", "err", err)
+	}
+}
 
 // runningTask loads container id and its task, which must be running (ctx carries the namespace).
 func (r *Runtime) runningTask(ctx context.Context, id string) (containerd.Container, containerd.Task, error) {
