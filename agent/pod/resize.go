@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/mqlet/mqlet/agent/podspec"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/ctrd"
@@ -157,6 +158,30 @@ func (w *Worker) Allocate(pod *v1.Pod) {
 	w.pending = nil
 	w.mu.Unlock()
 	w.Nudge()
+}
+
+// restoreAllocation takes the allocation an earlier agent left (NewWorker, after a restart): what
+// each container ran with, as the stored status says, not what the desired pod asks for. A resize
+// that was pending (or allocated and not yet applied) when the agent stopped is then pending again,
+// Deferred, so the agent judges it against the node once more (retryResizes) instead of applying it
+// unjudged; kubelet keeps its allocation in a checkpoint for the same reason.
+func (w *Worker) restoreAllocation(pod *v1.Pod, prev *v1.PodStatus) {
+	for _, cs := range podspec.AllStatuses(prev) {
+		if _, ok := w.alloc[cs.Name]; ok && cs.Resources != nil {
+			w.alloc[cs.Name] = cpuMem(*cs.Resources)
+		}
+	}
+	if !w.alloc.resizeRequested(pod) {
+		return
+	}
+	reason, msg := v1.PodReasonDeferred, "the resize is judged again after the agent restarted"
+	for _, c := range prev.Conditions {
+		if c.Type == v1.PodResizePending && c.Reason != "" {
+			reason, msg = c.Reason, c.Message
+		}
+	}
+	w.pending = &v1.PodCondition{Type: v1.PodResizePending, Status: v1.ConditionTrue, Reason: reason, Message: msg,
+		ObservedGeneration: pod.Generation}
 }
 
 // DeferResize keeps the allocation as it is and reports the resize pending, with kubelet's reason

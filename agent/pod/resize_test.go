@@ -247,3 +247,32 @@ func TestWorkerResizeStatus(t *testing.T) {
 		t.Errorf("restarted: %s", describe(st))
 	}
 }
+
+// A worker made after an agent restart takes the allocation the containers ran with (the stored
+// status), not the desired pod's: a resize that was pending is pending again, to be judged anew,
+// and is not applied unjudged.
+func TestRestoredAllocationKeepsAPendingResizePending(t *testing.T) {
+	q := func(s string) resource.Quantity { return resource.MustParse(s) }
+	old := v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: q("20m"), v1.ResourceMemory: q("35Mi")}}
+	p := testPod(v1.RestartPolicyAlways, "c1")
+	p.Generation = 3
+	p.Spec.Containers[0].Resources = v1.ResourceRequirements{Requests: v1.ResourceList{v1.ResourceCPU: q("64"), v1.ResourceMemory: q("35Mi")}}
+	prev := &v1.PodStatus{Phase: v1.PodRunning,
+		Conditions:        []v1.PodCondition{{Type: v1.PodResizePending, Status: v1.ConditionTrue, Reason: v1.PodReasonDeferred, Message: "Node didn't have enough resource: cpu"}},
+		ContainerStatuses: []v1.ContainerStatus{{Name: "c1", Resources: &old, State: v1.ContainerState{Running: &v1.ContainerStateRunning{}}}}}
+	w := NewWorker(Desired{Pod: p}, prev, Env{})
+	if got := w.ResizePending(); got != v1.PodReasonDeferred {
+		t.Errorf("ResizePending() = %q after the restart, want Deferred", got)
+	}
+	a := w.AllocatedPod()
+	if r := a.Spec.Containers[0].Resources; !sameCPUMem(r, old) {
+		t.Errorf("allocated after the restart: %v, want what the container ran with, %v", r, old)
+	}
+
+	// Nothing pending before the restart, and nothing asked beyond it: no resize.
+	prev.Conditions = nil
+	p.Spec.Containers[0].Resources = old
+	if w := NewWorker(Desired{Pod: p}, prev, Env{}); w.ResizePending() != "" {
+		t.Errorf("a pod without a resize restored with one pending: %q", w.ResizePending())
+	}
+}

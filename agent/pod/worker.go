@@ -170,6 +170,7 @@ func NewWorker(d Desired, prev *v1.PodStatus, env Env) *Worker {
 		if f := restoredFailure(prev); f != nil {
 			w.settle(input{op: opFail, failure: f}) // the first sync kills what may still run
 		}
+		w.restoreAllocation(pod, prev) // resize.go
 		w.status = *prev.DeepCopy()
 		for _, cs := range podspec.AllStatuses(prev) {
 			r := w.rec(cs.Name)
