@@ -144,7 +144,7 @@ func FieldRules() []FieldRule {
 		{Path: "resources.limits", Class: Implemented},
 		{Path: "resources.requests", Class: Implemented},
 		{Path: "resources.claims", Class: Refused, Note: "dynamic resource allocation " + notOnNode},
-		{Path: "resizePolicy", Class: Implemented, Note: "a change of only cpu and memory requests and limits (the API's resize subresource) is written into the running container's cgroup with NotRequired (the default); RestartContainer, a lowered memory limit, an added or removed limit, another resource or a QoS class change replaces the container"},
+		{Path: "resizePolicy", Class: Implemented, Note: "a change of only cpu and memory requests and limits (the API's resize subresource), limits added, changed or removed, is written into the running container's cgroup with NotRequired (the default) once the node allocates it (else `PodResizePending`/`Deferred`); a memory limit below the usage is refused with `PodResizeInProgress`/`Error`; RestartContainer, another resource or a QoS class change replaces the container"},
 		{Path: "restartPolicy", Class: Implemented, Note: "Always on an init container makes it a sidecar, as kubelet's; any other value, and any value on an app container (per-container restart policies, alpha), is refused"},
 		{Path: "restartPolicyRules", Class: Refused, Note: "per-container restart rules (alpha) are not supported"},
 		{Path: "volumeMounts", Class: Implemented},
