@@ -409,6 +409,10 @@ func TestEphemeralContainers(t *testing.T) {
 		{func(ec *v1.EphemeralContainer) {
 			ec.VolumeDevices = []v1.VolumeDevice{{Name: "d", DevicePath: "/dev/x"}}
 		}, "spec.ephemeralContainers[0].volumeDevices: Forbidden: not supported by mqlet"},
+		// As for any container (the API's rule), not left to fail at every start try.
+		{func(ec *v1.EphemeralContainer) {
+			ec.VolumeMounts = []v1.VolumeMount{{Name: "v", MountPath: "/v", SubPath: "a", SubPathExpr: "$(X)"}}
+		}, `spec.ephemeralContainers[0].volumeMounts[0].subPathExpr: Invalid value: "$(X)": subPathExpr and subPath are mutually exclusive`},
 	} {
 		p := basePod()
 		ec := debug("c")

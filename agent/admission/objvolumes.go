@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/mqlet/mqlet/agent/atomicwriter"
+	"github.com/mqlet/mqlet/agent/podspec"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
@@ -62,7 +63,7 @@ func validateObjectVolumes(spec *v1.PodSpec, specPath *field.Path) field.ErrorLi
 	for _, group := range []struct {
 		name string
 		list []v1.Container
-	}{{"initContainers", spec.InitContainers}, {"containers", spec.Containers}} {
+	}{{"initContainers", spec.InitContainers}, {"containers", spec.Containers}, {"ephemeralContainers", podspec.EphemeralContainers(spec)}} {
 		for i, c := range group.list {
 			for j, m := range c.VolumeMounts {
 				if m.SubPath != "" && m.SubPathExpr != "" {
