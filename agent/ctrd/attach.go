@@ -64,6 +64,7 @@ func (r *Runtime) AttachStream(ctx context.Context, id string, s ExecStreams) (i
 	defer close(done)
 
 	mode := labels[LabelStdin]
+	var f *os.File
 	if s.Stdin != nil && mode != "" {
 		dir, err := r.fifoDir(labels[LabelPodUID], id)
 		if err != nil {
@@ -71,10 +72,18 @@ func (r *Runtime) AttachStream(ctx context.Context, id string, s ExecStreams) (i
 		}
 		// The shim has the read end open: a non-blocking open succeeds at once, and Go's poller
 		// makes the writes wait for room instead of failing.
-		f, err := os.OpenFile(filepath.Join(dir, stdinFIFO), os.O_WRONLY|unix.O_NONBLOCK, 0)
-		if err != nil {
+		f, err = os.OpenFile(filepath.Join(dir, stdinFIFO), os.O_WRONLY|unix.O_NONBLOCK, 0)
+		switch {
+		case errors.Is(err, unix.ENXIO):
+			// Nobody reads the FIFO: the container's stdin was closed (stdinOnce, after its first
+			// attach). The attach follows the output without stdin, as containerd's CRI does.
+			r.log.Debug("attach: the container's stdin is closed; attached without it", "container", id)
+			f = nil
+		case err != nil:
 			return -1, fmt.Errorf("attach to %s: open its stdin: %w", id, err)
 		}
+	}
+	if f != nil {
 		if mode == "once" {
 			defer r.closeStdin(task, id)
 		}

@@ -153,6 +153,35 @@ func TestAttachStdinOnceClosesAfterFirstAttach(t *testing.T) {
 	}
 }
 
+// An attach with stdin after stdinOnce closed the container's stdin (a second kubectl attach -i to a
+// kubectl run -i pod) follows the output without stdin, as containerd's CRI does, rather than fail
+// on the FIFO nobody reads any more (ENXIO).
+func TestAttachAfterStdinOnceClosedFollowsOutput(t *testing.T) {
+	g := newRig(t)
+	c := shell("once", `echo ready; while read l; do echo "got:$l"; done; echo stdin-closed; while true; do echo tick; sleep 0.1; done`)
+	c.Stdin, c.StdinOnce = true, true
+	p := newPod("a77a0006-attach", c)
+	sb := g.sandbox(p)
+	ctr := g.start(p, sb, &p.Spec.Containers[0])
+	g.waitLog(ctr, "ready")
+
+	a := g.attach(ctr.ID, ctrd.ExecStreams{})
+	a.send(t, "x\n")
+	a.waitOut(t, "got:x\n")
+	a.stdin.Close()
+	a.waitOut(t, "stdin-closed\n")
+	a.cancel()
+	a.wait(t)
+
+	b := g.attach(ctr.ID, ctrd.ExecStreams{})
+	b.waitOut(t, "tick\n")
+	b.cancel()
+	b.wait(t)
+	if !errors.Is(b.err, context.Canceled) {
+		t.Errorf("second attach ended with code %d err %v, want context.Canceled (left by its client)", b.code, b.err)
+	}
+}
+
 func TestAttachTerminal(t *testing.T) {
 	g := newRig(t)
 	c := shell("tty", `exec sh`)
