@@ -20,6 +20,12 @@ func policyPod(mutate func(*v1.Pod)) *v1.Pod {
 	return p
 }
 
+// debugger is an ephemeral container as kubectl debug --target main adds it, with sc.
+func debugger(sc *v1.SecurityContext) v1.EphemeralContainer {
+	return v1.EphemeralContainer{TargetContainerName: "main", EphemeralContainerCommon: v1.EphemeralContainerCommon{
+		Name: "debugger", Image: "busybox:1", Stdin: true, TTY: true, SecurityContext: sc}}
+}
+
 func yes() *bool { t := true; return &t }
 func no() *bool  { f := false; return &f }
 
@@ -66,6 +72,16 @@ func TestMQTTPolicy(t *testing.T) {
 		{"ALL", strict, func(p *v1.Pod) {
 			p.Spec.InitContainers[0].SecurityContext = &v1.SecurityContext{Capabilities: &v1.Capabilities{Add: []v1.Capability{"ALL"}}}
 		}, []string{"spec.initContainers[0].securityContext.capabilities.add[0]", `"ALL"`}},
+		// kubectl debug through the bridge: an ephemeral container is held to the same policy.
+		{"privileged ephemeral container", strict, func(p *v1.Pod) {
+			p.Spec.EphemeralContainers = []v1.EphemeralContainer{debugger(&v1.SecurityContext{Privileged: yes()})}
+		},
+			[]string{"spec.ephemeralContainers[0].securityContext.privileged", "mqttPolicy.allowPrivileged"}},
+		{"ephemeral container escalation and SYS_PTRACE", strict, func(p *v1.Pod) {
+			p.Spec.EphemeralContainers = []v1.EphemeralContainer{debugger(&v1.SecurityContext{AllowPrivilegeEscalation: yes(),
+				Capabilities: &v1.Capabilities{Add: []v1.Capability{"SYS_PTRACE"}}})}
+		}, []string{"spec.ephemeralContainers[0].securityContext.allowPrivilegeEscalation", "spec.ephemeralContainers[0].securityContext.capabilities.add[0]", `"SYS_PTRACE"`}},
+		{"plain ephemeral container", strict, func(p *v1.Pod) { p.Spec.EphemeralContainers = []v1.EphemeralContainer{debugger(nil)} }, nil},
 		{"hostNetwork", strict, func(p *v1.Pod) { p.Spec.HostNetwork = true },
 			[]string{"spec.hostNetwork", "mqttPolicy.allowHostNamespaces"}},
 		{"hostPID", strict, func(p *v1.Pod) { p.Spec.HostPID = true }, []string{"spec.hostPID", "mqttPolicy.allowHostNamespaces"}},
