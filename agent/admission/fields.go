@@ -169,7 +169,7 @@ func FieldRules() []FieldRule {
 		{Path: "imagePullPolicy", Class: Implemented},
 		{Path: "securityContext", Class: Implemented},
 		{Path: "stdin", Class: Implemented, Note: "kept open by the shim between attaches and across agent restarts (kubectl attach, kubectl run -it)"},
-		{Path: "stdinOnce", Class: Implemented, Note: "stdin closed when the first attach ends"},
+		{Path: "stdinOnce", Class: Implemented, Note: "stdin closed when the first attach ends, unless the container has a terminal (tty), as containerd's CRI does: a cut kubectl run -it session can be resumed with kubectl attach"},
 		{Path: "tty", Class: Implemented, Note: "a terminal, sized by the attach; its output is the log's stdout"},
 	}
 	const otherSources = "mqlet runs emptyDir, hostPath, configMap, secret, downwardAPI, projected and image volumes"

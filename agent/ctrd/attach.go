@@ -20,7 +20,7 @@ import (
 // every read, bounded by subLen and subBytes), and, for a container whose spec has stdin, its stdin FIFO. The
 // shim holds that FIFO's write end itself, so the container's stdin stays open between attaches
 // and while the agent restarts; with stdinOnce it is closed when the first attach ends, as kubelet
-// does. A container with a terminal (tty) is resized to the attach's size.
+// does (containerd's CRI), unless the container has a terminal. A container with a terminal (tty) is resized to the attach's size.
 
 // ErrAttachLagged ends an attach that fell behind the container's output by more than subLen
 // reads or subBytes: the log and the container never wait for an attach.
@@ -64,6 +64,12 @@ func (r *Runtime) AttachStream(ctx context.Context, id string, s ExecStreams) (i
 	defer close(done)
 
 	mode := labels[LabelStdin]
+	if mode == "once" && labels[LabelTTY] == "true" {
+		// stdinOnce with a terminal (kubectl run -it): the stdin stays open when an attach ends,
+		// as containerd's CRI keeps it, so a session cut (the link, a closed laptop) leaves the
+		// shell running for `kubectl attach -it` to resume, as kubectl offers.
+		mode = "true"
+	}
 	var f *os.File
 	if s.Stdin != nil && mode != "" {
 		dir, err := r.fifoDir(labels[LabelPodUID], id)

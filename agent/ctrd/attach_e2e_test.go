@@ -291,3 +291,30 @@ func TestAttachSlowClientIsCutOffNotTheContainer(t *testing.T) {
 		t.Errorf("the slow client got all %d bytes: it was not cut off", slow.n)
 	}
 }
+
+// stdinOnce with a terminal (kubectl run -it): an attach that ends leaves the stdin open, as
+// containerd's CRI does, so the next attach reaches the same shell (kubectl's "resume using
+// kubectl attach").
+func TestAttachTerminalStdinOnceStaysOpen(t *testing.T) {
+	g := newRig(t)
+	c := shell("tty", `exec sh`)
+	c.Stdin, c.StdinOnce, c.TTY = true, true, true
+	p := newPod("a77a0007-attach", c)
+	sb := g.sandbox(p)
+	ctr := g.start(p, sb, &p.Spec.Containers[0])
+
+	a := g.attach(ctr.ID, ctrd.ExecStreams{TTY: true})
+	a.send(t, "echo first-$((1+1))\n")
+	a.waitOut(t, "first-2")
+	a.cancel() // the session is cut
+	a.wait(t)
+
+	b := g.attach(ctr.ID, ctrd.ExecStreams{TTY: true})
+	b.send(t, "echo second-$((2+2))\n")
+	b.waitOut(t, "second-4")
+	b.send(t, "exit 6\n")
+	b.wait(t)
+	if b.err != nil || b.code != 6 {
+		t.Errorf("second attach ended with code %d err %v, want the shell's exit code 6", b.code, b.err)
+	}
+}
