@@ -5,11 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/mqlet/mqlet/agent/podspec"
 	"time"
 
 	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/ctrspec"
+	"github.com/mqlet/mqlet/agent/podspec"
 	"github.com/mqlet/mqlet/agent/qos"
 	"github.com/mqlet/mqlet/core/event"
 	v1 "k8s.io/api/core/v1"
