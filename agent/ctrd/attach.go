@@ -68,7 +68,7 @@ func (r *Runtime) AttachStream(ctx context.Context, id string, s ExecStreams) (i
 		// stdinOnce with a terminal (kubectl run -it): the stdin stays open when an attach ends,
 		// as containerd's CRI keeps it, so a session cut (the link, a closed laptop) leaves the
 		// shell running for `kubectl attach -it` to resume, as kubectl offers.
-		mode = "true"
+		mode = "open"
 	}
 	var f *os.File
 	if s.Stdin != nil && mode != "" {
