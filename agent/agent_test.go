@@ -576,15 +576,17 @@ func TestRefusedVersionStillDeletes(t *testing.T) {
 	eventually(t, "m runs", func() bool { return a.podNames() == "default/m" && rt.podContainers(uidOf(a, "m")) == 1 })
 	uid := uidOf(a, "m")
 
+	// A version the policy refuses whole (an app container made privileged; a refused ephemeral
+	// container alone is left out instead, ephemeral_refusal_test.go).
 	bad := testPod("m")
 	bad.UID = uid
-	bad.Spec.EphemeralContainers = []v1.EphemeralContainer{{EphemeralContainerCommon: v1.EphemeralContainerCommon{Name: "debugger", Image: "busybox:1",
-		SecurityContext: &v1.SecurityContext{Capabilities: &v1.Capabilities{Add: []v1.Capability{"SYS_PTRACE"}}}}}}
+	privileged := true
+	bad.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: &privileged}
 	src.ch <- source.Change{Op: source.Upsert, Items: []source.Item{{Pod: bad, Ref: ref, Generation: 2}}}
 	eventually(t, "the version refused", func() bool { return len(a.Rejected()) == 1 })
 	for _, p := range a.Pods() {
-		if p.DeletionTimestamp != nil || len(p.Spec.EphemeralContainers) != 0 {
-			t.Fatalf("the refused version reached the pod: deletion %v, ephemeral containers %v", p.DeletionTimestamp, p.Spec.EphemeralContainers)
+		if p.DeletionTimestamp != nil || p.Spec.Containers[0].SecurityContext != nil && p.Spec.Containers[0].SecurityContext.Privileged != nil {
+			t.Fatalf("the refused version reached the pod: deletion %v, security context %+v", p.DeletionTimestamp, p.Spec.Containers[0].SecurityContext)
 		}
 	}
 
@@ -594,7 +596,7 @@ func TestRefusedVersionStillDeletes(t *testing.T) {
 	src.ch <- source.Change{Op: source.Upsert, Items: []source.Item{{Pod: deleting, Ref: ref, Generation: 3}}}
 	eventually(t, "m's containers stopped and removed", func() bool { return rt.podContainers(uid) == 0 })
 	ds, _, _ := st.ListDesired()
-	if len(ds) != 1 || ds[0].Pod.DeletionTimestamp == nil || len(ds[0].Pod.Spec.EphemeralContainers) != 0 || ds[0].Generation != 3 {
+	if len(ds) != 1 || ds[0].Pod.DeletionTimestamp == nil || ds[0].Pod.Spec.Containers[0].SecurityContext != nil && ds[0].Pod.Spec.Containers[0].SecurityContext.Privileged != nil || ds[0].Generation != 3 {
 		t.Errorf("stored %+v; want the running version with the deletion, at generation 3", ds)
 	}
 }

@@ -54,6 +54,7 @@ func (a Admitter) Admit(it source.Item) (*v1.Pod, error) {
 		return nil, fmt.Errorf("no pod")
 	}
 	pod := it.Pod.DeepCopy()
+	delete(pod.Annotations, AnnotationRefusedEphemeral) // only admission says what it left out
 	// A manifest is desired state; a pasted `kubectl get -o yaml` may carry a status that
 	// must not be mistaken for what is running here.
 	pod.Status = v1.PodStatus{}
@@ -79,7 +80,15 @@ func (a Admitter) Admit(it source.Item) (*v1.Pod, error) {
 		return nil, fmt.Errorf("%s", strings.Join(msgs, "; "))
 	}
 	if len(violations) > 0 {
-		return nil, &PolicyError{Pod: pod.Namespace + "/" + pod.Name, Source: string(it.Ref.Kind), Violations: violations}
+		refused, only := ephemeralViolations(violations)
+		if !only {
+			return nil, &PolicyError{Pod: pod.Namespace + "/" + pod.Name, Source: string(it.Ref.Kind), Violations: violations}
+		}
+		// Only ephemeral containers are refused: the rest of the pod is admitted without them
+		// (ephemeral_refusal.go).
+		if err := leaveOutEphemeral(pod, refused, string(it.Ref.Kind)); err != nil {
+			return nil, err
+		}
 	}
 	if pod.UID == "" {
 		pod.UID = StableUID(a.NodeName, pod.Namespace, pod.Name)

@@ -73,14 +73,11 @@ func TestMQTTPolicy(t *testing.T) {
 			p.Spec.InitContainers[0].SecurityContext = &v1.SecurityContext{Capabilities: &v1.Capabilities{Add: []v1.Capability{"ALL"}}}
 		}, []string{"spec.initContainers[0].securityContext.capabilities.add[0]", `"ALL"`}},
 		// kubectl debug through the bridge: an ephemeral container is held to the same policy.
-		{"privileged ephemeral container", strict, func(p *v1.Pod) {
+		{"privileged ephemeral container beside a privileged app container", strict, func(p *v1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: yes()}
 			p.Spec.EphemeralContainers = []v1.EphemeralContainer{debugger(&v1.SecurityContext{Privileged: yes()})}
 		},
-			[]string{"spec.ephemeralContainers[0].securityContext.privileged", "mqttPolicy.allowPrivileged"}},
-		{"ephemeral container escalation and SYS_PTRACE", strict, func(p *v1.Pod) {
-			p.Spec.EphemeralContainers = []v1.EphemeralContainer{debugger(&v1.SecurityContext{AllowPrivilegeEscalation: yes(),
-				Capabilities: &v1.Capabilities{Add: []v1.Capability{"SYS_PTRACE"}}})}
-		}, []string{"spec.ephemeralContainers[0].securityContext.allowPrivilegeEscalation", "spec.ephemeralContainers[0].securityContext.capabilities.add[0]", `"SYS_PTRACE"`}},
+			[]string{"spec.containers[0].securityContext.privileged", "spec.ephemeralContainers[0].securityContext.privileged", "mqttPolicy.allowPrivileged"}},
 		{"plain ephemeral container", strict, func(p *v1.Pod) { p.Spec.EphemeralContainers = []v1.EphemeralContainer{debugger(nil)} }, nil},
 		{"hostNetwork", strict, func(p *v1.Pod) { p.Spec.HostNetwork = true },
 			[]string{"spec.hostNetwork", "mqttPolicy.allowHostNamespaces"}},

@@ -1,10 +1,13 @@
 package pod
 
 import (
+	"fmt"
 	"time"
 
+	"github.com/mqlet/mqlet/agent/admission"
 	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/agent/podspec"
+	"github.com/mqlet/mqlet/core/event"
 	v1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -44,6 +47,28 @@ func (w *Worker) ephemeralStatuses(pod *v1.Pod, newest map[string]*ctrd.Containe
 		cs := w.containerStatus(pod, &c, newest[c.Name], now)
 		cs.Started, cs.Ready = nil, false
 		out = append(out, cs)
+	}
+	return append(out, w.refusedEphemeral(pod, now)...)
+}
+
+// refusedEphemeral are the statuses of the ephemeral containers admission left out for the node's
+// policy (admission's ephemeral_refusal.go): terminated, never run, with reason PolicyDenied and
+// the policy's words, so kubectl debug stops waiting and says why. Each is also reported once as a
+// PolicyDenied event.
+func (w *Worker) refusedEphemeral(pod *v1.Pod, now time.Time) []v1.ContainerStatus {
+	var out []v1.ContainerStatus
+	for _, r := range admission.RefusedEphemeralContainers(pod) {
+		rec := w.rec(r.Name)
+		if rec.terminated == nil {
+			rec.terminated = &v1.ContainerStateTerminated{ExitCode: 128, Reason: admission.ReasonPolicyDenied, Message: r.Message,
+				StartedAt: metav1.NewTime(now), FinishedAt: metav1.NewTime(now)}
+			if w.env.Emit != nil {
+				e := event.Event{Time: now, Type: event.Warning, Reason: admission.ReasonPolicyDenied, Message: r.Message, Object: event.PodObject(pod)}
+				e.Object.FieldPath = fmt.Sprintf("spec.ephemeralContainers{%s}", r.Name) // not in the admitted spec
+				w.env.Emit(e)
+			}
+		}
+		out = append(out, v1.ContainerStatus{Name: r.Name, Image: r.Image, State: v1.ContainerState{Terminated: rec.terminated}})
 	}
 	return out
 }

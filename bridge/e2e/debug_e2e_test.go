@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -135,8 +136,8 @@ func TestKubectlDebug(t *testing.T) {
 		return false, podSummary(got)
 	})
 
-	// The general profile's SYS_PTRACE: the node refuses that version of the pod by its policy
-	// (a PolicyDenied event naming the capability) and keeps running the one it has.
+	// The general profile's SYS_PTRACE: the node's policy refuses that ephemeral container (a
+	// PolicyDenied event naming the capability) and admits the rest of the version without it.
 	if out, errOut, code := w.kubectl(t, "", 60*time.Second, "debug", name, "--image="+image, "--image-pull-policy=IfNotPresent",
 		"--target=main", "-c", "ptrace", "--", "sleep", "3600"); code != 0 {
 		t.Fatalf("kubectl debug (general profile): exit %d, %s %s", code, out, errOut)
@@ -162,8 +163,22 @@ func TestKubectlDebug(t *testing.T) {
 		t.Fatal(err)
 	}
 	untouched("after two more ephemeral containers, one refused")
-	if cs := p.Status.EphemeralContainerStatuses; len(cs) != 3 {
-		t.Errorf("ephemeral container statuses %v; want debugger, kdebug and idebug only (ptrace was refused)", cs)
+	// The refused one is reported terminated, PolicyDenied, never run; the pod takes later updates.
+	within(t, runBound, "the refused ptrace container reported PolicyDenied", func() (bool, string) {
+		p, err = pods.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, cs := range p.Status.EphemeralContainerStatuses {
+			if cs.Name == "ptrace" {
+				tm := cs.State.Terminated
+				return tm != nil && tm.Reason == "PolicyDenied" && strings.Contains(tm.Message, "SYS_PTRACE") && cs.ContainerID == "", fmt.Sprintf("%+v", cs)
+			}
+		}
+		return false, fmt.Sprintf("%+v", p.Status.EphemeralContainerStatuses)
+	})
+	if cs := p.Status.EphemeralContainerStatuses; len(cs) != 4 {
+		t.Errorf("ephemeral container statuses %v; want debugger, kdebug, idebug and the refused ptrace", cs)
 	}
 
 	if err := pods.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
