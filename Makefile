@@ -64,6 +64,7 @@ testenv-down:
 test: testenv
 	set -a && . $(TESTENV) && set +a && MQLET_TEST_REQUIRE=1 go test -count=1 -timeout 20m ./...
 	cd tools/release && go test -count=1 ./...
+	go test -tags conformance -count=1 -skip '^TestConformance$$' ./tools/conformance/
 	bash scripts/conformance.sh -ci
 	$(MAKE) fuzz
 	$(MAKE) test-vm test-arm

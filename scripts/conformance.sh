@@ -44,7 +44,7 @@ GO_TIMEOUT=150m
 while [ $# -gt 0 ]; do
 	case $1 in
 	-ci)
-		# ginkgo's --timeout for the 15 specs (about 3 minutes with 2 processes): a hang fails
+		# ginkgo's --timeout for the 17 specs (about 3 minutes with 2 processes): a hang fails
 		# CI in 15 minutes, not 100.
 		BINS_ARGS+=(--ci)
 		ARGS+=(-conformance.specs="$REPO_ROOT/tools/conformance/ci-specs.txt" -conformance.strict -conformance.timeout=15m)

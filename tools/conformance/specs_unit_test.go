@@ -17,8 +17,9 @@ func TestSpecListFocus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(names) < 8 || len(names) > 15 {
-		t.Errorf("ci-specs.txt lists %d specs; the CI subset is meant to be 8-15", len(names))
+	// Each listed spec costs CI time (docs/testing.md, "The CI subset"): keep it short.
+	if len(names) < 8 || len(names) > 20 {
+		t.Errorf("ci-specs.txt lists %d specs; the CI subset is meant to be 8-20", len(names))
 	}
 	re := regexp.MustCompile(focusFor([]string{
 		"[sig-storage] ConfigMap should be consumable from pods in volume",
