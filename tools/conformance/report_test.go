@@ -145,7 +145,7 @@ const busyboxEnv = "mqlet sets every envFrom key, names such as data-1 included 
 // known are the specs whose failure is understood, by a part of the spec's name: the reason says
 // why, and the suite's own message follows. Checked before the patterns.
 var known = []struct{ spec, group, why string }{
-	{"Ephemeral Containers", notImplemented, "ephemeral containers run on the node since the run that listed this spec (kubectl debug, -i and -it included: pods/ephemeralcontainers reaches the node, which starts the container once in the pod's namespaces and its target's PID namespace; bridge/e2e TestKubectlDebug), not measured by a conformance run since; a failure here is new"},
+	{"Ephemeral Containers", notImplemented, "ephemeral containers run on the node (kubectl debug, -i and -it included; bridge/e2e TestKubectlDebug) and both specs passed in the lane on 2026-12-06 (commits de1a83c and dfe6ec9): a failure here is new, look at the suite's message"},
 	{"ImageVolume should succeed", notApplicable, "image volumes work (agent/ctrd TestImageVolume), but the spec checks that the kitten image's /etc/os-release says Alpine Linux; the lane's kitten is agnhost on busybox, since upstream's alpine base is not reachable from the registries this project uses"},
 	{"consumable via the environment", notApplicable, busyboxEnv},
 	{"as environment variable names", notApplicable, busyboxEnv},
