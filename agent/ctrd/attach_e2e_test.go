@@ -14,7 +14,20 @@ import (
 
 	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/internal/testbuf"
+	v1 "k8s.io/api/core/v1"
 )
+
+// ttyIO is what a test container's spec asks for: stdin, stdinOnce, a terminal.
+type ttyIO struct{ stdin, once, tty bool }
+
+// startWith starts a one-container pod of uid running script with io's stdin and terminal.
+func (g *rig) startWith(uid, name, script string, io ttyIO) (*v1.Pod, ctrd.Container) {
+	g.t.Helper()
+	c := shell(name, script)
+	c.Stdin, c.StdinOnce, c.TTY = io.stdin, io.once, io.tty
+	p := newPod(uid, c)
+	return p, g.start(p, g.sandbox(p), &p.Spec.Containers[0])
+}
 
 // attachment is one AttachStream in progress.
 type attachment struct {
@@ -76,11 +89,7 @@ func (a *attachment) wait(t *testing.T) {
 
 func TestAttachStdinKeptOpenAcrossAttachesAndRestart(t *testing.T) {
 	g := newRig(t)
-	c := shell("reader", `echo before-any-attach; while read l; do echo "got:$l"; echo "err:$l" >&2; done; echo stdin-closed; sleep 3600`)
-	c.Stdin = true
-	p := newPod("a77a0001-attach", c)
-	sb := g.sandbox(p)
-	ctr := g.start(p, sb, &p.Spec.Containers[0])
+	p, ctr := g.startWith("a77a0001-attach", "reader", `echo before-any-attach; while read l; do echo "got:$l"; echo "err:$l" >&2; done; echo stdin-closed; sleep 3600`, ttyIO{stdin: true})
 	g.waitLog(ctr, "before-any-attach")
 
 	a := g.attach(ctr.ID, ctrd.ExecStreams{})
@@ -135,11 +144,7 @@ func TestAttachStdinKeptOpenAcrossAttachesAndRestart(t *testing.T) {
 
 func TestAttachStdinOnceClosesAfterFirstAttach(t *testing.T) {
 	g := newRig(t)
-	c := shell("once", `echo ready; while read l; do echo "got:$l"; done; echo stdin-closed; exit 3`)
-	c.Stdin, c.StdinOnce = true, true
-	p := newPod("a77a0002-attach", c)
-	sb := g.sandbox(p)
-	ctr := g.start(p, sb, &p.Spec.Containers[0])
+	_, ctr := g.startWith("a77a0002-attach", "once", `echo ready; while read l; do echo "got:$l"; done; echo stdin-closed; exit 3`, ttyIO{stdin: true, once: true})
 	g.waitLog(ctr, "ready")
 
 	a := g.attach(ctr.ID, ctrd.ExecStreams{})
@@ -158,11 +163,7 @@ func TestAttachStdinOnceClosesAfterFirstAttach(t *testing.T) {
 // on the FIFO nobody reads any more (ENXIO).
 func TestAttachAfterStdinOnceClosedFollowsOutput(t *testing.T) {
 	g := newRig(t)
-	c := shell("once", `echo ready; while read l; do echo "got:$l"; done; echo stdin-closed; while true; do echo tick; sleep 0.1; done`)
-	c.Stdin, c.StdinOnce = true, true
-	p := newPod("a77a0006-attach", c)
-	sb := g.sandbox(p)
-	ctr := g.start(p, sb, &p.Spec.Containers[0])
+	_, ctr := g.startWith("a77a0006-attach", "once", `echo ready; while read l; do echo "got:$l"; done; echo stdin-closed; while true; do echo tick; sleep 0.1; done`, ttyIO{stdin: true, once: true})
 	g.waitLog(ctr, "ready")
 
 	a := g.attach(ctr.ID, ctrd.ExecStreams{})
@@ -184,11 +185,7 @@ func TestAttachAfterStdinOnceClosedFollowsOutput(t *testing.T) {
 
 func TestAttachTerminal(t *testing.T) {
 	g := newRig(t)
-	c := shell("tty", `exec sh`)
-	c.Stdin, c.TTY = true, true
-	p := newPod("a77a0003-attach", c)
-	sb := g.sandbox(p)
-	ctr := g.start(p, sb, &p.Spec.Containers[0])
+	_, ctr := g.startWith("a77a0003-attach", "tty", `exec sh`, ttyIO{stdin: true, tty: true})
 
 	resize := make(chan ctrd.TermSize, 1)
 	a := g.attach(ctr.ID, ctrd.ExecStreams{TTY: true, Size: ctrd.TermSize{Width: 100, Height: 40}, Resize: resize})
@@ -258,11 +255,7 @@ func (g *gate) Write(p []byte) (int, error) {
 // An attach whose client does not keep up is cut off; the container and its log never wait for it.
 func TestAttachSlowClientIsCutOffNotTheContainer(t *testing.T) {
 	g := newRig(t)
-	c := shell("flood", `echo ready; read l; head -c 3000000 /dev/zero | tr '\0' a; echo; echo all-written; sleep 3600`)
-	c.Stdin = true
-	p := newPod("a77a0005-attach", c)
-	sb := g.sandbox(p)
-	ctr := g.start(p, sb, &p.Spec.Containers[0])
+	_, ctr := g.startWith("a77a0005-attach", "flood", `echo ready; read l; head -c 3000000 /dev/zero | tr '\0' a; echo; echo all-written; sleep 3600`, ttyIO{stdin: true})
 	g.waitLog(ctr, "ready")
 
 	slow := &gate{open: make(chan struct{})}
@@ -297,11 +290,7 @@ func TestAttachSlowClientIsCutOffNotTheContainer(t *testing.T) {
 // kubectl attach").
 func TestAttachTerminalStdinOnceStaysOpen(t *testing.T) {
 	g := newRig(t)
-	c := shell("tty", `exec sh`)
-	c.Stdin, c.StdinOnce, c.TTY = true, true, true
-	p := newPod("a77a0007-attach", c)
-	sb := g.sandbox(p)
-	ctr := g.start(p, sb, &p.Spec.Containers[0])
+	_, ctr := g.startWith("a77a0007-attach", "tty", `exec sh`, ttyIO{stdin: true, once: true, tty: true})
 
 	a := g.attach(ctr.ID, ctrd.ExecStreams{TTY: true})
 	a.send(t, "echo first-$((1+1))\n")
