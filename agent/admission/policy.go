@@ -21,6 +21,10 @@ type Policy struct {
 	AllowPrivileged bool
 	// AllowHostNamespaces allows hostNetwork, hostPID and hostIPC.
 	AllowHostNamespaces bool
+	// AllowDebugPtrace lets ephemeral containers (kubectl debug) add SYS_PTRACE, which kubectl's
+	// default debug profile (general) asks for, and nothing more: the debugger can trace the
+	// processes of the pod it is in (the target's, with --target), not the host's.
+	AllowDebugPtrace bool
 	// AllowedHostPaths are absolute, clean path prefixes; a hostPath volume is allowed when its path
 	// equals one or lies below one, segment by segment (/data allows /data/x, not /database).
 	// Empty: no hostPath volume at all.
@@ -33,6 +37,7 @@ const (
 	settingPrivileged     = "mqttPolicy.allowPrivileged"
 	settingHostNamespaces = "mqttPolicy.allowHostNamespaces"
 	settingHostPaths      = "mqttPolicy.allowedHostPaths"
+	settingDebugPtrace    = "mqttPolicy.allowDebugPtrace or mqttPolicy.allowPrivileged"
 )
 
 // baselineCapabilities are the capabilities the Pod Security Standards' baseline profile lets a pod
@@ -95,20 +100,26 @@ func (p Policy) Check(spec *v1.PodSpec) []Violation {
 	}
 	if !p.AllowPrivileged {
 		for i := range spec.InitContainers {
-			out = append(out, privileges(s.Child("initContainers").Index(i), spec.InitContainers[i].SecurityContext)...)
+			out = append(out, privileges(s.Child("initContainers").Index(i), spec.InitContainers[i].SecurityContext, nil)...)
 		}
 		for i := range spec.Containers {
-			out = append(out, privileges(s.Child("containers").Index(i), spec.Containers[i].SecurityContext)...)
+			out = append(out, privileges(s.Child("containers").Index(i), spec.Containers[i].SecurityContext, nil)...)
 		}
+		debug := &debugCaps{allowed: p.AllowDebugPtrace}
 		for i := range spec.EphemeralContainers {
-			out = append(out, privileges(s.Child("ephemeralContainers").Index(i), spec.EphemeralContainers[i].SecurityContext)...)
+			out = append(out, privileges(s.Child("ephemeralContainers").Index(i), spec.EphemeralContainers[i].SecurityContext, debug)...)
 		}
 	}
 	return out
 }
 
-// privileges lists what a container's securityContext asks beyond an unprivileged container.
-func privileges(c *field.Path, sc *v1.SecurityContext) []Violation {
+// debugCaps is what an ephemeral container may add beyond the baseline set: SYS_PTRACE, when
+// allowed (Policy.AllowDebugPtrace).
+type debugCaps struct{ allowed bool }
+
+// privileges lists what a container's securityContext asks beyond an unprivileged container; debug
+// is set for an ephemeral container.
+func privileges(c *field.Path, sc *v1.SecurityContext, debug *debugCaps) []Violation {
 	if sc == nil {
 		return nil
 	}
@@ -124,6 +135,13 @@ func privileges(c *field.Path, sc *v1.SecurityContext) []Violation {
 		for i, cp := range sc.Capabilities.Add {
 			// The runtime accepts "net_admin" and "CAP_NET_ADMIN" alike (capNames); so must the check.
 			name := strings.TrimPrefix(strings.ToUpper(string(cp)), "CAP_")
+			if debug != nil && name == "SYS_PTRACE" {
+				if !debug.allowed {
+					out = append(out, Violation{p.Child("capabilities", "add").Index(i).String(),
+						fmt.Sprintf("capability %q (kubectl debug's general profile; --profile=baseline does without) is not one of the baseline capabilities a pod may add", cp), settingDebugPtrace})
+				}
+				continue
+			}
 			if !slices.Contains(baselineCapabilities, name) {
 				out = append(out, Violation{p.Child("capabilities", "add").Index(i).String(),
 					fmt.Sprintf("capability %q is not one of the baseline capabilities a pod may add", cp), settingPrivileged})

@@ -79,6 +79,16 @@ func TestMQTTPolicy(t *testing.T) {
 		},
 			[]string{"spec.containers[0].securityContext.privileged", "spec.ephemeralContainers[0].securityContext.privileged", "mqttPolicy.allowPrivileged"}},
 		{"plain ephemeral container", strict, func(p *v1.Pod) { p.Spec.EphemeralContainers = []v1.EphemeralContainer{debugger(nil)} }, nil},
+		{"SYS_PTRACE in an ephemeral container, allowed for debugging", Policy{AllowDebugPtrace: true}, func(p *v1.Pod) {
+			p.Spec.EphemeralContainers = []v1.EphemeralContainer{debugger(&v1.SecurityContext{Capabilities: &v1.Capabilities{Add: []v1.Capability{"SYS_PTRACE"}}})}
+		}, nil},
+		{"SYS_PTRACE in an app container, with only debugging allowed", Policy{AllowDebugPtrace: true}, func(p *v1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Capabilities: &v1.Capabilities{Add: []v1.Capability{"SYS_PTRACE"}}}
+		}, []string{"spec.containers[0].securityContext.capabilities.add[0]", `"SYS_PTRACE"`, "mqttPolicy.allowPrivileged"}},
+		{"SYS_PTRACE and SYS_ADMIN in a debugger, with only debugging allowed", Policy{AllowDebugPtrace: true}, func(p *v1.Pod) {
+			p.Spec.Containers[0].SecurityContext = &v1.SecurityContext{Privileged: yes()} // so the pod is refused whole
+			p.Spec.EphemeralContainers = []v1.EphemeralContainer{debugger(&v1.SecurityContext{Capabilities: &v1.Capabilities{Add: []v1.Capability{"SYS_PTRACE", "SYS_ADMIN"}}})}
+		}, []string{"spec.ephemeralContainers[0].securityContext.capabilities.add[1]", `"SYS_ADMIN"`}},
 		{"hostNetwork", strict, func(p *v1.Pod) { p.Spec.HostNetwork = true },
 			[]string{"spec.hostNetwork", "mqttPolicy.allowHostNamespaces"}},
 		{"hostPID", strict, func(p *v1.Pod) { p.Spec.HostPID = true }, []string{"spec.hostPID", "mqttPolicy.allowHostNamespaces"}},
@@ -124,6 +134,9 @@ func TestMQTTPolicy(t *testing.T) {
 				}
 				if got == nil || got.UID == "" {
 					t.Fatalf("admitted pod %+v", got)
+				}
+				if r := RefusedEphemeralContainers(got); len(r) > 0 || len(got.Spec.EphemeralContainers) != len(pod.Spec.EphemeralContainers) {
+					t.Fatalf("admitted with ephemeral containers left out: %+v", r)
 				}
 				return
 			}

@@ -132,6 +132,7 @@ type Config struct {
 type MQTTPolicy struct {
 	AllowPrivileged     bool     `json:"allowPrivileged" flag:"mqtt-allow-privileged" env:"MQLET_MQTT_ALLOW_PRIVILEGED" help:"Let pods from MQTT be privileged, escalate privileges or add capabilities beyond the baseline set"`
 	AllowHostNamespaces bool     `json:"allowHostNamespaces" flag:"mqtt-allow-host-namespaces" env:"MQLET_MQTT_ALLOW_HOST_NAMESPACES" help:"Let pods from MQTT use hostNetwork, hostPID and hostIPC"`
+	AllowDebugPtrace    bool     `json:"allowDebugPtrace" flag:"mqtt-allow-debug-ptrace" env:"MQLET_MQTT_ALLOW_DEBUG_PTRACE" help:"Let ephemeral containers from MQTT (kubectl debug) add SYS_PTRACE, as kubectl's default debug profile asks"`
 	AllowedHostPaths    []string `json:"allowedHostPaths" flag:"mqtt-allowed-host-path" env:"MQLET_MQTT_ALLOWED_HOST_PATHS" placeholder:"DIR" help:"Host directory that pods from MQTT may mount as hostPath, with what lies below it, or a single file (/etc/hosts); repeatable or comma-separated"`
 }
 

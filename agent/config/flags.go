@@ -79,5 +79,6 @@ type Flags struct {
 	RegistryAuthFile                 *string        `name:"registry-auth-file" placeholder:"FILE" help:"Node-wide registry credentials, a docker config.json ({\"auths\": ...}), readable by its owner only (default none)."`
 	MQTTAllowPrivileged              *bool          `name:"mqtt-allow-privileged" help:"Let pods from MQTT be privileged, escalate privileges or add capabilities beyond the baseline set (default ${mqtt_allow_privileged})."`
 	MQTTAllowHostNamespaces          *bool          `name:"mqtt-allow-host-namespaces" help:"Let pods from MQTT use hostNetwork, hostPID and hostIPC (default ${mqtt_allow_host_namespaces})."`
+	MQTTAllowDebugPtrace             *bool          `name:"mqtt-allow-debug-ptrace" help:"Let ephemeral containers from MQTT (kubectl debug) add SYS_PTRACE, as kubectl's default debug profile asks (default ${mqtt_allow_debug_ptrace})."`
 	MQTTAllowedHostPaths             []string       `name:"mqtt-allowed-host-path" placeholder:"DIR" help:"Host directory that pods from MQTT may mount as hostPath, with what lies below it, or a single file (/etc/hosts); repeatable or comma-separated (default none)."`
 }

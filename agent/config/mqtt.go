@@ -96,6 +96,7 @@ func (c Config) AdmissionPolicy() admission.Policy {
 	return admission.Policy{
 		AllowPrivileged:     c.MQTTPolicy.AllowPrivileged,
 		AllowHostNamespaces: c.MQTTPolicy.AllowHostNamespaces,
+		AllowDebugPtrace:    c.MQTTPolicy.AllowDebugPtrace,
 		AllowedHostPaths:    append([]string(nil), c.MQTTPolicy.AllowedHostPaths...),
 	}
 }

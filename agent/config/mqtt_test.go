@@ -85,7 +85,7 @@ func (f mqttFixture) config() Config {
 func TestMQTTSettingsValid(t *testing.T) {
 	f := newMQTTFixture(t)
 	c := f.config()
-	c.MQTTPolicy = MQTTPolicy{AllowPrivileged: true, AllowedHostPaths: []string{"/data", "/var/log/app"}}
+	c.MQTTPolicy = MQTTPolicy{AllowPrivileged: true, AllowDebugPtrace: true, AllowedHostPaths: []string{"/data", "/var/log/app"}}
 	if err := c.Validate(); err != nil {
 		t.Fatalf("valid MQTT settings refused: %v", err)
 	}
@@ -96,7 +96,7 @@ func TestMQTTSettingsValid(t *testing.T) {
 	if err != nil || pw != testPassword {
 		t.Errorf("MQTTPassword() = %q, %v; want the file's content without its newline", pw, err)
 	}
-	want := admission.Policy{AllowPrivileged: true, AllowedHostPaths: []string{"/data", "/var/log/app"}}
+	want := admission.Policy{AllowPrivileged: true, AllowDebugPtrace: true, AllowedHostPaths: []string{"/data", "/var/log/app"}}
 	if got := c.AdmissionPolicy(); !reflect.DeepEqual(got, want) {
 		t.Errorf("AdmissionPolicy() = %+v, want %+v", got, want)
 	}
@@ -436,7 +436,7 @@ mqttPolicy:
   allowedHostPaths: [/data]
 `)
 	flags := mustParseFlags(t, "--config="+file, "--node-name=node-1", "--mqtt-username=flag-user",
-		"--mqtt-allowed-host-path=/srv/a,/srv/b", "--mqtt-allowed-host-path", "/srv/c", "--mqtt-reconnect-max=30s", "--mqtt-allow-privileged")
+		"--mqtt-allowed-host-path=/srv/a,/srv/b", "--mqtt-allowed-host-path", "/srv/c", "--mqtt-reconnect-max=30s", "--mqtt-allow-privileged", "--mqtt-allow-debug-ptrace")
 	c, err := Load(flags, []string{"MQLET_MQTT_MAX_PAYLOAD=2048", "MQLET_MQTT_ALLOW_HOST_NAMESPACES=false", "MQLET_MQTT_ALLOWED_HOST_PATHS=/env"})
 	if err != nil {
 		t.Fatal(err)
@@ -453,7 +453,7 @@ mqttPolicy:
 	want.MQTTMaxPayload = 2048
 	want.OutboxMaxBytes = 4194304
 	want.SecretKeyFile = "/etc/mqlet/keys/node.key"
-	want.MQTTPolicy = MQTTPolicy{AllowPrivileged: true, AllowHostNamespaces: false, AllowedHostPaths: []string{"/srv/a", "/srv/b", "/srv/c"}}
+	want.MQTTPolicy = MQTTPolicy{AllowPrivileged: true, AllowHostNamespaces: false, AllowDebugPtrace: true, AllowedHostPaths: []string{"/srv/a", "/srv/b", "/srv/c"}}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load() =\n%+v\nwant\n%+v", c, want)
 	}
