@@ -38,6 +38,24 @@ func resizeLabels(pod *v1.Pod, c *v1.Container) map[string]string {
 	}
 }
 
+// decodeResources reads a LabelResources value.
+func decodeResources(label string) (v1.ResourceRequirements, error) {
+	var r v1.ResourceRequirements
+	err := json.Unmarshal([]byte(label), &r)
+	return r, err
+}
+
+// RecordedResources are the resources the container was made or last resized with, as its
+// LabelResources records them; false for a container without a readable label (made before
+// mqlet resized in place).
+func (c Container) RecordedResources() (v1.ResourceRequirements, bool) {
+	if c.Resources == "" {
+		return v1.ResourceRequirements{}, false
+	}
+	r, err := decodeResources(c.Resources)
+	return r, err == nil
+}
+
 // ErrBelowUsage marks a resize refused because a new memory limit is below what the container
 // uses now: the kernel would reclaim and then OOM-kill it (v2) or refuse the write (v1). kubelet
 // refuses such a resize the same way and keeps it in progress with the error until it can be done.
@@ -61,7 +79,7 @@ func (r *Runtime) ResizeContainer(ctx context.Context, pod *v1.Pod, c *v1.Contai
 	}
 	var old v1.ResourceRequirements
 	if s := info.Labels[LabelResources]; s != "" {
-		if err := json.Unmarshal([]byte(s), &old); err != nil {
+		if old, err = decodeResources(s); err != nil {
 			return fmt.Errorf("resize %s: its recorded resources %q: %w", id, s, err)
 		}
 	}

@@ -240,8 +240,8 @@ func CanResizeInPlace(pod *v1.Pod, c *v1.Container, cur *ctrd.Container) (bool, 
 	if cur.QOSClass != string(qos.Class(&pod.Spec)) {
 		return false, "the pod's QoS class changed"
 	}
-	var old v1.ResourceRequirements
-	if err := json.Unmarshal([]byte(cur.Resources), &old); err != nil {
+	old, ok := cur.RecordedResources()
+	if !ok {
 		return false, "its recorded resources are unreadable"
 	}
 	now := c.Resources
@@ -347,11 +347,10 @@ func (w *Worker) resizeConditions(pod *v1.Pod, newest map[string]*ctrd.Container
 		for i := range cs {
 			c := &cs[i]
 			cur := newest[c.Name]
-			if cur == nil || cur.State != ctrd.StateRunning || cur.Resources == "" {
+			if cur == nil || cur.State != ctrd.StateRunning {
 				continue
 			}
-			var actual v1.ResourceRequirements
-			if json.Unmarshal([]byte(cur.Resources), &actual) != nil || sameCPUMem(actual, c.Resources) {
+			if actual, ok := cur.RecordedResources(); !ok || sameCPUMem(actual, c.Resources) {
 				continue
 			}
 			if inProgress == nil {

@@ -2,7 +2,6 @@ package pod
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"github.com/mqlet/mqlet/agent/ctrspec"
 	"github.com/mqlet/mqlet/agent/podspec"
@@ -1042,9 +1041,8 @@ func appliedResources(c *v1.Container, cur *ctrd.Container) (*v1.ResourceRequire
 		alloc = c.Resources.Requests.DeepCopy()
 	}
 	actual := c.Resources
-	if cur != nil && cur.Resources != "" {
-		var rec v1.ResourceRequirements
-		if json.Unmarshal([]byte(cur.Resources), &rec) == nil {
+	if cur != nil {
+		if rec, ok := cur.RecordedResources(); ok {
 			actual = rec
 		}
 	}
