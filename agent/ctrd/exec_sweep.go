@@ -1,10 +1,8 @@
 package ctrd
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -40,37 +38,18 @@ func ownerAlive(execID string) bool {
 	if !ok || !ok2 || err != nil || pid <= 0 {
 		return true
 	}
-	now, err := processStart(pid)
+	_, now, err := procStat(pid) // hook_pidns.go
 	if err != nil {
 		return !errors.Is(err, os.ErrNotExist) // no such process: gone; unreadable: leave it
 	}
-	return now == start
+	return strconv.FormatUint(now, 10) == start
 }
 
 // execOwner is this process's part of the exec ids it makes: pid.starttime.
 var execOwner = sync.OnceValue(func() string {
-	start, _ := processStart(os.Getpid())
-	return strconv.Itoa(os.Getpid()) + "." + start
+	_, start, _ := procStat(os.Getpid())
+	return strconv.Itoa(os.Getpid()) + "." + strconv.FormatUint(start, 10)
 })
-
-// processStart is the start time of process pid (field 22 of /proc/<pid>/stat, clock ticks since
-// boot): with the pid, it names one process for the life of the machine.
-func processStart(pid int) (string, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return "", err
-	}
-	// The command name (field 2) is in parentheses and may hold spaces: count after its end.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return "", fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return "", fmt.Errorf("/proc/%d/stat: %d fields after the name", pid, len(f))
-	}
-	return f[19], nil // field 22 overall: the third after the name is field 3
-}
 
 // SweepExecs kills and deletes the execs agent processes no longer running left in the
 // namespace's tasks. The agent calls it once at start.
