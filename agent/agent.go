@@ -728,7 +728,7 @@ func (a *Agent) plan(k source.Kind, c source.Change, desired map[types.UID]store
 // deletionOfRunning is, for an item admission refused that deletes the pod this source runs under
 // uid (the API's deletionTimestamp, docs/protocol.md section 4.3), the running version with that
 // deletion: the delete applies though the rest of the version does not, or a pod whose last update
-// was refused (an ephemeral container the policy denies) could never be deleted.
+// was refused could never be deleted.
 func (a *Agent) deletionOfRunning(it source.Item, uid types.UID, desired map[types.UID]store.DesiredPod, k source.Kind) (store.DesiredPod, bool) {
 	old, ok := desired[uid]
 	if it.Pod == nil || it.Pod.DeletionTimestamp == nil || !ok || old.Source.Kind != k || it.Pod.UID != "" && it.Pod.UID != uid ||

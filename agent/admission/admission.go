@@ -127,9 +127,9 @@ func setConfigHash(pod *v1.Pod) error {
 }
 
 // WithDeletion is the admitted pod running with the deletion that a newer version of it carries
-// (deletionTimestamp and deletionGracePeriodSeconds), for a version admission refuses: a delete
-// must reach what runs whatever else that version changed (an ephemeral container the policy
-// refuses, kubectl debug's SYS_PTRACE). The result is a new admitted pod; running is not modified.
+// (deletionTimestamp and deletionGracePeriodSeconds), for a version admission refuses whole: a
+// delete must reach what runs whatever else that version changed (a container made privileged, an
+// invalid field). The result is a new admitted pod; running is not modified.
 func WithDeletion(running, deleting *v1.Pod) (*v1.Pod, error) {
 	p := running.DeepCopy()
 	p.DeletionTimestamp = deleting.DeletionTimestamp.DeepCopy()

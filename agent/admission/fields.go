@@ -269,7 +269,7 @@ func FieldRules() []FieldRule {
 		out = append(out, r)
 	}
 	return append(out, FieldRule{Path: "ephemeralContainers[*].targetContainerName", Class: Implemented,
-		Note: "the ephemeral container joins the PID namespace of the named container's running task (kubectl debug --target), unless the pod shares one process namespace (shareProcessNamespace), whose it joins. While the target runs no task, the start fails (CreateContainerError) and is retried with back-off"})
+		Note: "the ephemeral container joins the PID namespace of the named container's running task (kubectl debug --target), unless the pod shares one process namespace (shareProcessNamespace), whose it joins. While the target runs no task, the start fails (CreateContainerConfigError) and is retried with back-off"})
 }
 
 // checkFields returns an error for each Refused field pod uses and each value of an Implemented
