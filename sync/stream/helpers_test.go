@@ -26,14 +26,31 @@ var tp = protocol.MustTopics(protocol.DefaultPrefix)
 // bus is an in-memory broker: a publish reaches the handlers subscribed to its exact topic, in
 // order, unless muted for that topic's prefix.
 type bus struct {
-	mu    sync.Mutex
-	subs  map[string][]func([]byte)
-	muted atomic.Value // string prefix: publishes to topics under it are lost
+	mu     sync.Mutex
+	subs   map[string][]func([]byte)
+	topics []string     // every topic published to, in order, delivered or not
+	muted  atomic.Value // string prefix: publishes to topics under it are lost
+}
+
+// published counts the publishes so far to topics under prefix.
+func (b *bus) published(prefix string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, t := range b.topics {
+		if strings.HasPrefix(t, prefix) {
+			n++
+		}
+	}
+	return n
 }
 
 func newBus() *bus { return &bus{subs: map[string][]func([]byte){}} }
 
 func (b *bus) Publish(ctx context.Context, topic string, payload []byte) error {
+	b.mu.Lock()
+	b.topics = append(b.topics, topic)
+	b.mu.Unlock()
 	if m, _ := b.muted.Load().(string); m != "" && strings.HasPrefix(topic, m) {
 		return nil // taken, never delivered
 	}
@@ -77,16 +94,19 @@ func runServer(t *testing.T, srv *Server) {
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	for deadline := time.Now().Add(testTimeout); ; {
+	waitUntil(t, "the exec server serves", func() bool {
 		srv.mu.Lock()
-		up := srv.ctx != nil
-		srv.mu.Unlock()
-		if up {
-			return
-		}
+		defer srv.mu.Unlock()
+		return srv.ctx != nil
+	})
+}
+
+// waitUntil polls cond until it holds, failing the test after testTimeout.
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(testTimeout); !cond(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("the exec server did not start")
+			t.Fatalf("%s: not within %s", what, testTimeout)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -31,19 +31,11 @@ func (c *capPub) Publish(ctx context.Context, topic string, payload []byte) erro
 
 func (c *capPub) first(t *testing.T) *protocol.ExecSealed {
 	t.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for {
+	waitUntil(t, "the node's first frame", func() bool {
 		c.mu.Lock()
-		n := len(c.got)
-		c.mu.Unlock()
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the node sent nothing")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer c.mu.Unlock()
+		return len(c.got) > 0
+	})
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	f, err := protocol.DecodeExecSealed(c.got[0], 0)
@@ -77,27 +69,29 @@ func TestReplayedOpenAfterRestart(t *testing.T) {
 		b, _ := protocol.Encode(&req)
 		return b
 	}
-	serve := func(open func() []byte, trusted []ed25519.PublicKey) *protocol.ExecSealed {
+	// serve runs a node's exec server (an agent start) whose clock is ahead by skew.
+	serve := func(open func() []byte, trusted []ed25519.PublicKey, skew time.Duration) *protocol.ExecSealed {
 		t.Helper()
 		cp := &capPub{}
-		srv := NewServer(ServerOptions{Node: node, Topics: tp, Exec: chattyPod{}, Pub: cp, Key: key, Trusted: trusted})
+		srv := NewServer(ServerOptions{Node: node, Topics: tp, Exec: chattyPod{}, Pub: cp, Key: key, Trusted: trusted,
+			Now: func() time.Time { return time.Now().Add(skew) }})
 		runServer(t, srv)
 		srv.Handle(open()) // made once the server runs: issued after it started
 		return cp.first(t)
 	}
 
 	var signed []byte
-	if f := serve(func() []byte { signed = mkOpen(true); return signed }, []ed25519.PublicKey{pub}); f.Error != "" {
+	if f := serve(func() []byte { signed = mkOpen(true); return signed }, []ed25519.PublicKey{pub}, 0); f.Error != "" {
 		t.Fatalf("the open, fresh: refused: %s", f.Error)
 	}
-	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second))) // the agent starts again a second later
-	if f := serve(func() []byte { return signed }, []ed25519.PublicKey{pub}); !strings.Contains(f.Error, "before this node's agent started") {
+	// The agent starts again, a second later by the node's clock.
+	if f := serve(func() []byte { return signed }, []ed25519.PublicKey{pub}, time.Second); !strings.Contains(f.Error, "before this node's agent started") {
 		t.Errorf("the signed open replayed after a restart: %+v, want it refused as issued before the start", f)
 	}
 
 	unsigned := mkOpen(false)
 	replay := func() []byte { return unsigned }
-	a, b := serve(replay, nil), serve(replay, nil)
+	a, b := serve(replay, nil, 0), serve(replay, nil, 0)
 	if a.Error != "" || b.Error != "" || len(a.Nonce) != protocol.ExecNonceSize || bytes.Equal(a.Nonce, b.Nonce) || bytes.Equal(a.Box, b.Box) {
 		t.Errorf("the same unsigned open served twice: nonces %x / %x, frame 0 equal %v; want fresh nonces and other keys",
 			a.Nonce, b.Nonce, bytes.Equal(a.Box, b.Box))

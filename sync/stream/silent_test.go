@@ -37,18 +37,17 @@ func TestExecNodeGoesSilent(t *testing.T) {
 			protocol.ExecRequest{Pod: "web", Command: []string{"sleep"}}, nil, &out, nil, nil)
 		errc <- err
 	}()
-	deadline := time.Now().Add(testTimeout)
-	for !strings.Contains(out.String(), "started") {
-		if time.Now().After(deadline) {
-			t.Fatal("the command never started")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	// Quiet but answering: five silent limits pass and the session holds.
+	waitUntil(t, "the command started", func() bool { return strings.Contains(out.String(), "started") })
+	// Quiet but answering: five silent limits pass and the session holds, on the node's answers
+	// to its leases (counted, so the wait shows them, not only the absence of an error).
+	answers := b.published(tp.ExecReply(node, ""))
 	select {
 	case err := <-errc:
 		t.Fatalf("the session of a quiet command that answers its leases ended: %v", err)
 	case <-time.After(5 * tm.silent):
+	}
+	if n := b.published(tp.ExecReply(node, "")) - answers; n < 5 {
+		t.Errorf("the node sent %d frames in five silent limits; want its answers to the leases (one each %s)", n, tm.lease)
 	}
 	b.muted.Store(tp.ExecReply(node, "")) // the node's frames are lost from now on
 	select {
@@ -60,16 +59,9 @@ func TestExecNodeGoesSilent(t *testing.T) {
 		t.Fatal("the client still waits on a node that went silent")
 	}
 	// The node frees the session (its command ends) when the lease runs out or the cancel arrives.
-	for deadline := time.Now().Add(testTimeout); ; {
+	waitUntil(t, "the silent session frees its slot on the node", func() bool {
 		srv.mu.Lock()
-		n := len(srv.sessions)
-		srv.mu.Unlock()
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the silent session still holds its slot on the node")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		defer srv.mu.Unlock()
+		return len(srv.sessions) == 0
+	})
 }
