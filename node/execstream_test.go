@@ -21,8 +21,6 @@ import (
 	"testing"
 	"time"
 
-	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	mqtt "github.com/eclipse/paho.mqtt.golang"
 	"github.com/mqlet/mqlet/agent/ctrd"
 	"github.com/mqlet/mqlet/core/execio"
@@ -222,25 +220,7 @@ func newRig(t *testing.T, o stream.ServerOptions) *rig {
 // processes counts the container's processes, from containerd.
 func (r *rig) processes(t *testing.T) int {
 	t.Helper()
-	c, err := containerd.New(r.env.ContainerdAddress)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx := namespaces.WithNamespace(context.Background(), r.ns)
-	ctr, err := c.LoadContainer(ctx, r.ex.id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := ctr.Task(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ps, err := task.Pids(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ps)
+	return r.env.Processes(t, r.ns, r.ex.id)
 }
 
 // waitProcesses waits (bounded) until the container has n processes.

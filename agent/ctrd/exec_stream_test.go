@@ -112,7 +112,7 @@ func TestExecStream(t *testing.T) {
 		if err := <-errc; !errors.Is(err, context.Canceled) {
 			t.Fatalf("err %v, want context.Canceled", err)
 		}
-		if n := processes(t, env.ContainerdAddress, ns, id); n != 1 {
+		if n := env.Processes(t, ns, id); n != 1 {
 			t.Errorf("%d processes in the container after the cancel, want 1", n)
 		}
 	})

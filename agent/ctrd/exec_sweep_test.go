@@ -69,7 +69,7 @@ func TestStrayExecsOfAKilledAgentAreKilled(t *testing.T) {
 	f := strings.Fields(string(start0[bytes.LastIndexByte(start0, ')')+1:]))
 	self := fmt.Sprintf("%d.%s", os.Getpid(), f[19])
 	stray := fmt.Sprintf("exec-%d.12345-0123456789abcdef", dead.Process.Pid)
-	reused := fmt.Sprintf("exec-%d.1-00112233445566778", os.Getpid()) // this pid, another start time
+	reused := fmt.Sprintf("exec-%d.1-0011223344556677", os.Getpid()) // this pid, another start time
 	live := "exec-" + self + "-fedcba9876543210"
 	old := fmt.Sprintf("exec-%d-aabbccddeeff0011", dead.Process.Pid) // an older mqlet's id: owner unknown
 	foreign := "someone-elses-exec"

@@ -30,30 +30,6 @@ func waitLog(t *testing.T, path, want string) {
 	}
 }
 
-// processes lists the pids of the container's task, straight from containerd.
-func processes(t *testing.T, addr, ns, id string) int {
-	t.Helper()
-	c, err := containerd.New(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx := namespaces.WithNamespace(context.Background(), ns)
-	ctr, err := c.LoadContainer(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := ctr.Task(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ps, err := task.Pids(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(ps)
-}
-
 func TestExecRunsInTheContainer(t *testing.T) {
 	rt, env, ns := newRuntime(t)
 	logPath := filepath.Join(t.TempDir(), "log")
@@ -115,7 +91,7 @@ func TestExecRunsInTheContainer(t *testing.T) {
 			t.Fatalf("err %v, want ErrExecTimeout", err)
 		}
 		// Only the container's own process is left: the timed-out command was killed, not abandoned.
-		if n := processes(t, env.ContainerdAddress, ns, id); n != 1 {
+		if n := env.Processes(t, ns, id); n != 1 {
 			t.Errorf("%d processes in the container after the timeout, want 1", n)
 		}
 	})

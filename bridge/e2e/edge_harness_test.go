@@ -597,6 +597,20 @@ func (w *edgeWorld) startCloudNode(name string) {
 // containerd itself so that assertions do not rest on the agent's or the API's word.
 func (w *edgeWorld) tasks(t *testing.T) map[string]uint32 {
 	t.Helper()
+	out := map[string]uint32{}
+	w.eachTask(t, func(ctx context.Context, ctr containerd.Container, task containerd.Task) bool {
+		if st, err := task.Status(ctx); err == nil && st.Status == containerd.Running {
+			out[ctr.ID()] = task.Pid()
+		}
+		return true
+	})
+	return out
+}
+
+// eachTask calls fn with each container in the agent's namespace that has a task, until fn says
+// stop (false).
+func (w *edgeWorld) eachTask(t *testing.T, fn func(context.Context, containerd.Container, containerd.Task) bool) {
+	t.Helper()
 	c, err := containerd.New(w.env.ContainerdAddress)
 	if err != nil {
 		t.Fatal(err)
@@ -607,17 +621,15 @@ func (w *edgeWorld) tasks(t *testing.T) map[string]uint32 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]uint32{}
 	for _, ctr := range ctrs {
 		task, err := ctr.Task(ctx, nil)
 		if err != nil {
 			continue
 		}
-		if st, err := task.Status(ctx); err == nil && st.Status == containerd.Running {
-			out[ctr.ID()] = task.Pid()
+		if !fn(ctx, ctr, task) {
+			return
 		}
 	}
-	return out
 }
 
 // containers lists the container ids in the agent's namespace, running or not.

@@ -125,14 +125,39 @@ func TestKubectlExec(t *testing.T) {
 		t.Errorf("kubectl run -i: stdout %q, stderr %q, exit %d; want got:from-kubectl and the container's exit 4", out, errOut, code)
 	}
 	// kubectl attach to a running container: its output from then on, until the container ends.
+	// The container waits (saying so) until the test has seen the attach follow it, then ends:
+	// nothing here rests on how soon kubectl attaches.
 	talker := edgePod(uniqueName("talker"), edgeTolerations()...)
-	talker.Spec.Containers[0].Command = []string{"sh", "-c", "sleep 3; for i in 1 2 3; do echo tick-$i; sleep 1; done"}
+	talker.Spec.Containers[0].Command = []string{"sh", "-c", "until [ -e /tmp/go ]; do echo waiting; sleep 0.2; done; echo finished"}
 	talker.Spec.RestartPolicy = v1.RestartPolicyNever
 	s.createPod(t, talker)
 	s.waitRunning(t, talker.Name)
-	out, errOut, code = w.kubectl(t, "", 60*time.Second, "attach", talker.Name)
-	if !strings.Contains(out, "tick-3\n") || code != 0 {
-		t.Errorf("kubectl attach: stdout %q, stderr %q, exit %d; want the ticks up to tick-3", out, errOut, code)
+	at := exec.Command(w.cluster.Kubectl(), "--kubeconfig", w.cluster.Kubeconfig(), "-n", testNS, "attach", talker.Name)
+	var atOut, atErr testbuf.Buffer
+	at.Stdout, at.Stderr = &atOut, &atErr
+	if err := at.Start(); err != nil {
+		t.Fatal(err)
+	}
+	atDone := make(chan error, 1)
+	go func() { atDone <- at.Wait() }()
+	defer func() {
+		at.Process.Kill()
+		<-atDone
+	}()
+	within(t, runBound, "kubectl attach following the container's output", func() (bool, string) {
+		return strings.Contains(atOut.String(), "waiting\n"), atOut.String() + atErr.String()
+	})
+	if _, errOut, code := w.kubectl(t, "", 60*time.Second, "exec", talker.Name, "--", "touch", "/tmp/go"); code != 0 {
+		t.Fatalf("touch /tmp/go in the talker: exit %d, %s", code, errOut)
+	}
+	select {
+	case err := <-atDone:
+		atDone <- err // for the deferred wait
+		if err != nil || !strings.Contains(atOut.String(), "finished\n") {
+			t.Errorf("kubectl attach: %v, stdout %q, stderr %q; want it to follow the output to finished and exit 0", err, atOut.String(), atErr.String())
+		}
+	case <-time.After(runBound):
+		t.Errorf("kubectl attach did not end with the container: stdout %q", atOut.String())
 	}
 
 	w.stopAgent(t)

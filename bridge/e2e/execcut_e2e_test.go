@@ -12,7 +12,6 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 )
 
 // cutBound is how long a kubectl exec whose stream was cut may take to end, and the command it
@@ -114,31 +113,20 @@ func TestKubectlExecCut(t *testing.T) {
 // what (read from the host's /proc: the test runs beside the shims).
 func (w *edgeWorld) containerRuns(t *testing.T, what string) bool {
 	t.Helper()
-	c, err := containerd.New(w.env.ContainerdAddress)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	ctx := namespaces.WithNamespace(context.Background(), w.ns)
-	ctrs, err := c.Containers(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, ctr := range ctrs {
-		task, err := ctr.Task(ctx, nil)
-		if err != nil {
-			continue
-		}
+	found := false
+	w.eachTask(t, func(ctx context.Context, _ containerd.Container, task containerd.Task) bool {
 		ps, err := task.Pids(ctx)
 		if err != nil {
-			continue
+			return true
 		}
 		for _, p := range ps {
 			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.Pid))
 			if err == nil && strings.Contains(strings.ReplaceAll(string(b), "\x00", " "), what) {
-				return true
+				found = true
+				return false
 			}
 		}
-	}
-	return false
+		return true
+	})
+	return found
 }

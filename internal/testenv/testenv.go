@@ -367,6 +367,31 @@ func removeSnapshots(ctx context.Context, client *containerd.Client, logf func(s
 	}
 }
 
+// Processes counts the processes of container id's task in containerd namespace ns, as
+// containerd reports them (its own process and any exec).
+func (e Env) Processes(t testing.TB, ns, id string) int {
+	t.Helper()
+	c, err := containerd.New(e.ContainerdAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := namespaces.WithNamespace(context.Background(), ns)
+	ctr, err := c.LoadContainer(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps, err := task.Pids(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ps)
+}
+
 // RunBusybox starts `sh -c script` in container id of containerd namespace ns, from the busybox
 // test image (imported already), its output in logPath, straight through containerd's client: for
 // tests of what acts on a running container (stop, exec) rather than of how mqlet starts one.

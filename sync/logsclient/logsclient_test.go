@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -164,7 +165,7 @@ func TestUsageAnswerIsBounded(t *testing.T) {
 	o := opts()
 	o.Timeout = 20 * time.Second
 	_, err := Usage(context.Background(), pacedBroker{f}, o, "n1")
-	if err == nil || !strings.Contains(err.Error(), "over") {
+	if want := fmt.Sprintf("the answer is over %d bytes", MaxUsage); err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("usage answer of %d MiB: %v, want it refused as too large", n*len(junk)>>20, err)
 	}
 }
